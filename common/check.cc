@@ -1,0 +1,19 @@
+#include "common/check.h"
+
+namespace pwm::detail {
+
+void throw_check(const char* file, int line, const std::string& msg) {
+  // Keep only the path below the project root so messages stay short.
+  std::string f = file;
+  for (const char* root : {"/common/", "/collectives/", "/model/", "/spmd/", "/pathways/",
+                           "/tests/", "/bench/"}) {
+    auto pos = f.rfind(root);
+    if (pos != std::string::npos) {
+      f = f.substr(pos + 1);
+      break;
+    }
+  }
+  throw Error(fmt::format("{}:{}: {}", f, line, msg));
+}
+
+}  // namespace pwm::detail

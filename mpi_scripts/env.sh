@@ -1,0 +1,47 @@
+# Sourced by the other scripts: installs what is missing, configures and builds what is stale.
+# Variables: BUILD_DIR (default build/), PWM_PORTABLE=1 for a build without -march=native.
+set -euo pipefail
+
+PWM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build}"
+
+# OpenMPI refuses to run as root without these; harmless otherwise.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Quiet OpenMPI's warnings about missing high-speed NICs on laptops/containers.
+export OMPI_MCA_btl_base_warn_component_unused=0
+export PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none"
+
+# Debian packages the project needs (names checked on Debian 12 / Ubuntu 22.04+).
+PWM_PACKAGES=(cmake ninja-build g++ make openmpi-bin libopenmpi-dev libeigen3-dev libfmt-dev
+              libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev gnuplot-nox python3)
+
+pwm_install_deps() {
+  local missing=()
+  for p in "${PWM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "pathways-mpi: installing missing packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      sudo="sudo"
+    else
+      echo "pathways-mpi: error: missing packages ${missing[*]}; install them with:" >&2
+      echo "  sudo apt-get install -y ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+pwm_build() {
+  local portable=OFF
+  [ "${PWM_PORTABLE:-0}" = "1" ] && portable=ON
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    cmake -S "$PWM_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPORTABLE=$portable >/dev/null
+  fi
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
