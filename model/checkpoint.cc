@@ -1,0 +1,509 @@
+#include "model/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/check.h"
+
+// File layout (docs/checkpoint-format.md is the byte-exact reference):
+//
+//   [0, 32)                 preamble: magic "PWMCKPT\0", u32 version, u32 header_bytes H,
+//                           u64 data_offset, u64 data_bytes (all little-endian)
+//   [32, 32 + H)            JSON header: config, step, train_config, tensor table
+//   [32 + H, data_offset)   zero padding; data_offset is a multiple of 64
+//   [data_offset, +data_bytes)  tensors, little-endian float32, each at a multiple of 64
+//   last 4 bytes            u32 CRC-32 (zlib's) of every byte before it
+//
+// The CRC sits at the end so the writer can stream: it checksums as it writes and never seeks.
+// The preamble carries the section sizes so a truncated file is told apart from a corrupt one
+// before the checksum is even computed.
+
+namespace pwm::model {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kMagic[8] = {'P', 'W', 'M', 'C', 'K', 'P', 'T', '\0'};
+constexpr uint64_t kPreambleBytes = 32;
+constexpr uint64_t kAlign = 64;
+constexpr uint64_t kCrcBytes = 4;
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint.cc writes host floats as little-endian; add byte swapping for this host");
+// Every Config field is serialized below and compared in check_compatible. A new field changes
+// the size: add it to config_to_json, config_from_json and check_compatible, then update this.
+static_assert(sizeof(Config) == 88, "Config changed: update the checkpoint (de)serialization");
+
+// ---- CRC-32, slicing by 8 -----------------------------------------------------------------
+
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+
+constexpr CrcTables make_crc_tables() {
+  CrcTables t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    t[0][i] = c;
+  }
+  for (int s = 1; s < 8; ++s)
+    for (uint32_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  return t;
+}
+
+constexpr CrcTables kCrc = make_crc_tables();
+
+uint32_t load_u32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;  // little-endian host (static_assert above)
+}
+uint64_t load_u64(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+void store_u32(unsigned char* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void store_u64(unsigned char* p, uint64_t v) { std::memcpy(p, &v, 8); }
+
+uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// ---- Config <-> JSON ----------------------------------------------------------------------
+
+json config_to_json(const Config& c) {
+  return json{{"d_model", c.d_model},   {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
+              {"head_dim", c.head_dim}, {"d_ff", c.d_ff},         {"vocab", c.vocab},
+              {"seq_len", c.seq_len},   {"z_loss", c.z_loss},     {"rope_base", c.rope_base},
+              {"norm", norm_name(c.norm)}, {"seed", c.seed}};
+}
+
+Config config_from_json(const json& j) {
+  Config c;
+  c.d_model = j.at("d_model").get<int64_t>();
+  c.n_layers = j.at("n_layers").get<int64_t>();
+  c.n_heads = j.at("n_heads").get<int64_t>();
+  c.head_dim = j.at("head_dim").get<int64_t>();
+  c.d_ff = j.at("d_ff").get<int64_t>();
+  c.vocab = j.at("vocab").get<int64_t>();
+  c.seq_len = j.at("seq_len").get<int64_t>();
+  c.z_loss = j.at("z_loss").get<double>();
+  c.rope_base = j.at("rope_base").get<double>();
+  c.norm = parse_norm(j.at("norm").get<std::string>());
+  c.seed = j.at("seed").get<uint64_t>();
+  return c;
+}
+
+// ---- Structural checks shared by save and load --------------------------------------------
+
+int64_t shape_numel(const std::vector<int64_t>& shape, const std::string& where) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) PWM_THROW("{}: negative dimension {}", where, d);
+    if (d != 0 && n > (int64_t{1} << 40) / d)
+      PWM_THROW("{}: shape has more than 2^40 elements", where);
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// `what` names the checkpoint in messages ("checkpoint PATH").
+void check_tensors(const Checkpoint& c, const std::string& what) {
+  auto check_group = [&](const std::vector<TensorData>& g, const char* group) {
+    std::set<std::string> names;
+    for (const auto& t : g) {
+      const std::string where = fmt::format("{}: {} tensor '{}'", what, group, t.name);
+      if (t.name.empty()) PWM_THROW("{}: a {} tensor has an empty name", what, group);
+      if (!names.insert(t.name).second) PWM_THROW("{} appears twice", where);
+      const int64_t n = shape_numel(t.shape, where);
+      if (n != static_cast<int64_t>(t.values.size()))
+        PWM_THROW("{} has shape {} ({} values) but holds {} values", where, shape_str(t.shape), n,
+                  t.values.size());
+    }
+  };
+  if (c.step < 0) PWM_THROW("{}: negative step {}", what, c.step);
+  check_group(c.params, "params");
+  check_group(c.adam_m, "adam_m");
+  check_group(c.adam_v, "adam_v");
+  if (c.adam_m.empty() != c.adam_v.empty())
+    PWM_THROW("{}: has {} AdamW first moments but {} second moments", what, c.adam_m.size(),
+              c.adam_v.size());
+  if (c.adam_m.empty()) return;
+  auto mirrors = [&](const std::vector<TensorData>& g, const char* group) {
+    if (g.size() != c.params.size())
+      PWM_THROW("{}: has {} params but {} {} tensors", what, c.params.size(), g.size(), group);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (g[i].name != c.params[i].name || g[i].shape != c.params[i].shape)
+        PWM_THROW("{}: {} tensor {} is '{}' {} but param {} is '{}' {}", what, group, i,
+                  g[i].name, shape_str(g[i].shape), i, c.params[i].name,
+                  shape_str(c.params[i].shape));
+  };
+  mirrors(c.adam_m, "adam_m");
+  mirrors(c.adam_v, "adam_v");
+}
+
+// ---- Writing ------------------------------------------------------------------------------
+
+// Writes to a file descriptor through a buffer, checksumming every byte.
+class CrcWriter {
+ public:
+  CrcWriter(int fd, const std::string& tmp) : fd_(fd), tmp_(tmp) { buf_.reserve(kBuf); }
+
+  void write(const void* data, size_t n) {
+    crc_ = checkpoint_crc32(crc_, data, n);
+    const auto* p = static_cast<const char*>(data);
+    if (buf_.size() + n <= kBuf) {
+      buf_.insert(buf_.end(), p, p + n);
+      return;
+    }
+    flush();
+    if (n >= kBuf) {
+      raw_write(p, n);
+    } else {
+      buf_.insert(buf_.end(), p, p + n);
+    }
+  }
+  void zeros(size_t n) {
+    static constexpr char kZeros[kAlign] = {};
+    while (n > 0) {
+      const size_t k = std::min<size_t>(n, kAlign);
+      write(kZeros, k);
+      n -= k;
+    }
+  }
+  void flush() {
+    raw_write(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  uint32_t crc() const { return crc_; }
+  uint64_t written() const { return written_; }
+
+ private:
+  static constexpr size_t kBuf = 1 << 20;
+
+  void raw_write(const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t k = ::write(fd_, p, n);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) PWM_THROW("cannot write {}: {}", tmp_, std::strerror(errno));
+      p += k;
+      n -= static_cast<size_t>(k);
+      written_ += static_cast<uint64_t>(k);
+    }
+  }
+
+  int fd_;
+  std::string tmp_;
+  std::vector<char> buf_;
+  uint32_t crc_ = 0;
+  uint64_t written_ = 0;
+};
+
+struct Entry {
+  const char* group;
+  const TensorData* t;
+  uint64_t offset;  // relative to data_offset
+  uint64_t bytes;
+};
+
+void write_file(int fd, const std::string& tmp, const Checkpoint& c) {
+  std::vector<Entry> entries;
+  uint64_t data_bytes = 0;
+  auto add = [&](const std::vector<TensorData>& g, const char* group) {
+    for (const auto& t : g) {
+      data_bytes = align_up(data_bytes);
+      entries.push_back({group, &t, data_bytes, t.values.size() * sizeof(float)});
+      data_bytes += t.values.size() * sizeof(float);
+    }
+  };
+  add(c.params, "params");
+  add(c.adam_m, "adam_m");
+  add(c.adam_v, "adam_v");
+
+  json table = json::array();
+  for (const auto& e : entries)
+    table.push_back({{"group", e.group},
+                     {"name", e.t->name},
+                     {"shape", e.t->shape},
+                     {"dtype", "float32"},
+                     {"offset", e.offset},
+                     {"bytes", e.bytes}});
+  const json header = {{"format", "pwm-checkpoint"},
+                       {"version", kCheckpointVersion},
+                       {"config", config_to_json(c.config)},
+                       {"step", c.step},
+                       {"train_config", c.train_config_json},
+                       {"tensors", std::move(table)}};
+  const std::string text = header.dump();
+  PWM_CHECK_LT(text.size(), uint64_t{1} << 31);
+  const uint64_t data_offset = align_up(kPreambleBytes + text.size());
+
+  unsigned char pre[kPreambleBytes];
+  std::memcpy(pre, kMagic, 8);
+  store_u32(pre + 8, kCheckpointVersion);
+  store_u32(pre + 12, static_cast<uint32_t>(text.size()));
+  store_u64(pre + 16, data_offset);
+  store_u64(pre + 24, data_bytes);
+
+  CrcWriter w(fd, tmp);
+  w.write(pre, sizeof(pre));
+  w.write(text.data(), text.size());
+  w.zeros(data_offset - kPreambleBytes - text.size());
+  uint64_t pos = 0;
+  for (const auto& e : entries) {
+    w.zeros(e.offset - pos);
+    w.write(e.t->values.data(), e.bytes);
+    pos = e.offset + e.bytes;
+  }
+  PWM_CHECK_EQ(pos, data_bytes);
+  unsigned char crc[kCrcBytes];
+  store_u32(crc, w.crc());
+  w.write(crc, sizeof(crc));
+  w.flush();
+  PWM_CHECK_EQ(w.written(), data_offset + data_bytes + kCrcBytes);
+}
+
+std::string parent_dir(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+// ---- Reading ------------------------------------------------------------------------------
+
+std::vector<unsigned char> read_all(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) PWM_THROW("checkpoint {}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    PWM_THROW("checkpoint {}: {}", path,
+              S_ISDIR(st.st_mode) ? "is a directory, not a checkpoint file" : std::strerror(err));
+  }
+  std::vector<unsigned char> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t k = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      const int err = errno;
+      ::close(fd);
+      PWM_THROW("checkpoint {}: cannot read: {}", path, std::strerror(err));
+    }
+    if (k == 0) break;  // shrank while reading: the size checks below report it
+    done += static_cast<size_t>(k);
+  }
+  bytes.resize(done);
+  ::close(fd);
+  return bytes;
+}
+
+std::vector<TensorData>& group_of(Checkpoint& c, const std::string& group,
+                                  const std::string& what) {
+  if (group == "params") return c.params;
+  if (group == "adam_m") return c.adam_m;
+  if (group == "adam_v") return c.adam_v;
+  PWM_THROW("{}: unknown tensor group '{}' in the header", what, group);
+}
+
+const TensorData& find(const std::vector<TensorData>& g, const std::string& name,
+                       const Checkpoint& c, const char* kind) {
+  for (const auto& t : g)
+    if (t.name == name) return t;
+  PWM_THROW("checkpoint {} has no {} '{}'", c.path.empty() ? "(in memory)" : c.path, kind, name);
+}
+
+}  // namespace
+
+uint32_t checkpoint_crc32(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  while (n >= 8) {
+    const uint32_t lo = load_u32(p) ^ crc;
+    const uint32_t hi = load_u32(p + 4);
+    crc = kCrc[7][lo & 0xFF] ^ kCrc[6][(lo >> 8) & 0xFF] ^ kCrc[5][(lo >> 16) & 0xFF] ^
+          kCrc[4][lo >> 24] ^ kCrc[3][hi & 0xFF] ^ kCrc[2][(hi >> 8) & 0xFF] ^
+          kCrc[1][(hi >> 16) & 0xFF] ^ kCrc[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) crc = kCrc[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+int64_t TensorData::numel() const { return shape_numel(shape, "tensor '" + name + "'"); }
+
+const TensorData& Checkpoint::param(const std::string& name) const {
+  return find(params, name, *this, "parameter");
+}
+const TensorData& Checkpoint::m(const std::string& name) const {
+  return find(adam_m, name, *this, "AdamW first moment");
+}
+const TensorData& Checkpoint::v(const std::string& name) const {
+  return find(adam_v, name, *this, "AdamW second moment");
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
+  check_tensors(ckpt, "checkpoint " + path);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    PWM_THROW("checkpoint {}: cannot create {}: {}; check that the directory exists and is "
+              "writable",
+              path, tmp, std::strerror(errno));
+  // Until the rename succeeds, any failure closes and removes the temporary file.
+  bool renamed = false;
+  struct Cleanup {
+    int& fd;
+    const std::string& tmp;
+    bool& renamed;
+    ~Cleanup() {
+      if (fd >= 0) ::close(fd);
+      if (!renamed) ::unlink(tmp.c_str());
+    }
+  } cleanup{fd, tmp, renamed};
+  try {
+    write_file(fd, tmp, ckpt);
+    if (::fsync(fd) != 0) PWM_THROW("cannot fsync {}: {}", tmp, std::strerror(errno));
+    const int rc = ::close(fd);
+    fd = -1;
+    if (rc != 0) PWM_THROW("cannot close {}: {}", tmp, std::strerror(errno));
+  } catch (const Error& e) {
+    PWM_THROW("checkpoint {}: {}", path, e.what());
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    PWM_THROW("checkpoint {}: cannot rename {} onto it: {}", path, tmp, std::strerror(errno));
+  renamed = true;
+  // The rename is durable only once the directory entry is on disk.
+  const std::string dir = parent_dir(path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) PWM_THROW("checkpoint {}: cannot open directory {} to fsync it: {}", path, dir,
+                         std::strerror(errno));
+  const int rc = ::fsync(dfd);
+  const int err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL)  // some filesystems cannot fsync a directory; nothing to do then
+    PWM_THROW("checkpoint {}: cannot fsync directory {}: {}", path, dir, std::strerror(err));
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  const std::string what = "checkpoint " + path;
+  const std::vector<unsigned char> f = read_all(path);
+  const uint64_t size = f.size();
+
+  // Magic first, on as many bytes as exist, so a foreign file is not called "truncated".
+  if (size == 0) PWM_THROW("{}: truncated: the file is empty", what);
+  if (std::memcmp(f.data(), kMagic, std::min<uint64_t>(size, 8)) != 0)
+    PWM_THROW("{}: not a pwm checkpoint (bad magic; expected \"PWMCKPT\\0\")", what);
+  if (size < kPreambleBytes + kCrcBytes)
+    PWM_THROW("{}: truncated: {} bytes, shorter than the {}-byte preamble and checksum", what,
+              size, kPreambleBytes + kCrcBytes);
+  const uint32_t version = load_u32(f.data() + 8);
+  if (version != kCheckpointVersion)
+    PWM_THROW("{}: format version {}, but this build reads version {}", what, version,
+              kCheckpointVersion);
+  const uint64_t header_bytes = load_u32(f.data() + 12);
+  const uint64_t data_offset = load_u64(f.data() + 16);
+  const uint64_t data_bytes = load_u64(f.data() + 24);
+  if (data_offset % kAlign != 0 || data_offset < kPreambleBytes + header_bytes ||
+      data_offset - (kPreambleBytes + header_bytes) >= kAlign)
+    PWM_THROW("{}: corrupt preamble: header of {} bytes and data offset {} are inconsistent",
+              what, header_bytes, data_offset);
+  // Overflow-safe: expected = data_offset + data_bytes + 4.
+  const bool fits = data_offset <= size && data_bytes <= size - data_offset &&
+                    size - data_offset - data_bytes >= kCrcBytes;
+  if (!fits || size - data_offset - data_bytes != kCrcBytes) {
+    if (data_offset > (uint64_t{1} << 62) || data_bytes > (uint64_t{1} << 62))
+      PWM_THROW("{}: corrupt preamble: data offset {} / size {} are implausible", what,
+                data_offset, data_bytes);
+    const uint64_t expected = data_offset + data_bytes + kCrcBytes;
+    if (size < expected)
+      PWM_THROW("{}: truncated: the preamble promises {} bytes but the file has {}", what,
+                expected, size);
+    PWM_THROW("{}: {} unexpected bytes after the end the preamble promises ({} bytes)", what,
+              size - expected, expected);
+  }
+  const uint32_t stored = load_u32(f.data() + size - kCrcBytes);
+  const uint32_t computed = checkpoint_crc32(0, f.data(), size - kCrcBytes);
+  if (stored != computed)
+    PWM_THROW("{}: checksum mismatch (stored {:08x}, computed {:08x}): the file is corrupt", what,
+              stored, computed);
+
+  Checkpoint c;
+  c.path = path;
+  try {
+    const json h = json::parse(f.begin() + kPreambleBytes,
+                               f.begin() + static_cast<std::ptrdiff_t>(kPreambleBytes + header_bytes));
+    if (h.at("format").get<std::string>() != "pwm-checkpoint")
+      PWM_THROW("{}: header format is not pwm-checkpoint", what);
+    if (h.at("version").get<uint32_t>() != version)
+      PWM_THROW("{}: header version disagrees with the preamble", what);
+    c.config = config_from_json(h.at("config"));
+    c.step = h.at("step").get<int64_t>();
+    c.train_config_json = h.at("train_config").get<std::string>();
+    for (const auto& e : h.at("tensors")) {
+      TensorData t;
+      t.name = e.at("name").get<std::string>();
+      t.shape = e.at("shape").get<std::vector<int64_t>>();
+      const auto group = e.at("group").get<std::string>();
+      const std::string where = fmt::format("{}: {} tensor '{}'", what, group, t.name);
+      if (e.at("dtype").get<std::string>() != "float32")
+        PWM_THROW("{} has dtype {}, only float32 is supported", where,
+                  e.at("dtype").get<std::string>());
+      const auto offset = e.at("offset").get<uint64_t>();
+      const auto bytes = e.at("bytes").get<uint64_t>();
+      const int64_t n = shape_numel(t.shape, where);
+      if (bytes != static_cast<uint64_t>(n) * sizeof(float))
+        PWM_THROW("{} has shape {} but {} bytes", where, shape_str(t.shape), bytes);
+      if (offset % sizeof(float) != 0 || offset > data_bytes || bytes > data_bytes - offset)
+        PWM_THROW("{} lies outside the data section ({} bytes at offset {}, section of {})", where,
+                  bytes, offset, data_bytes);
+      t.values.resize(static_cast<size_t>(n));
+      std::memcpy(t.values.data(), f.data() + data_offset + offset, bytes);
+      group_of(c, group, what).push_back(std::move(t));
+    }
+  } catch (const json::exception& e) {
+    PWM_THROW("{}: malformed header: {}", what, e.what());
+  }
+  check_tensors(c, what);
+  return c;
+}
+
+void check_compatible(const Checkpoint& ckpt, const Config& expected) {
+  const std::string name = ckpt.path.empty() ? "(in memory)" : ckpt.path;
+  auto field = [&](const char* key, const auto& have, const auto& want) {
+    if (have != want)
+      PWM_THROW("checkpoint {} was written for {}={} but this run has {}={}; resume with the "
+                "checkpoint's model config or start a new run",
+                name, key, have, key, want);
+  };
+  const Config& c = ckpt.config;
+  field("d_model", c.d_model, expected.d_model);
+  field("n_layers", c.n_layers, expected.n_layers);
+  field("n_heads", c.n_heads, expected.n_heads);
+  field("head_dim", c.head_dim, expected.head_dim);
+  field("d_ff", c.d_ff, expected.d_ff);
+  field("vocab", c.vocab, expected.vocab);
+  field("seq_len", c.seq_len, expected.seq_len);
+  field("z_loss", c.z_loss, expected.z_loss);
+  field("rope_base", c.rope_base, expected.rope_base);
+  field("norm", std::string(norm_name(c.norm)), std::string(norm_name(expected.norm)));
+  field("seed", c.seed, expected.seed);
+}
+
+}  // namespace pwm::model
