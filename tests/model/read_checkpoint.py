@@ -68,11 +68,10 @@ def read_checkpoint(path):
         if nbytes != 4 * n or offset % ALIGN or offset + nbytes > data_bytes:
             raise Invalid(f"tensor {e['name']}: offset {offset} bytes {nbytes} shape {e['shape']}")
         start = data_offset + offset
-        values = struct.unpack_from(f"<{n}f", data, start)
-        bits = struct.unpack_from(f"<{n}I", data, start)
         tensors.append(
             {"group": e["group"], "name": e["name"], "shape": e["shape"],
-             "values": [v.hex() for v in values], "bits": list(bits)})
+             "values": struct.unpack_from(f"<{n}f", data, start),
+             "bits": struct.unpack_from(f"<{n}I", data, start)})
     return {"config": header["config"], "step": header["step"],
             "train_config": header["train_config"], "crc32": stored, "tensors": tensors}
 
@@ -91,6 +90,9 @@ def main(argv):
     for t in ckpt["tensors"]:
         print(f"  {t['group']:7} {t['name']:24} {t['shape']}")
     if len(argv) == 4:
+        for t in ckpt["tensors"]:
+            t["values"] = [v.hex() for v in t["values"]]
+            t["bits"] = list(t["bits"])
         with open(argv[3], "w") as f:
             json.dump(ckpt, f)
     return 0
