@@ -1,0 +1,143 @@
+// Collectives over a group of world ranks: the library's public API.
+//
+// A Communicator is a list of world ranks plus a context id (its own tag space). Every member
+// constructs it with the same list and context; non-members are not involved at all, so a
+// runtime can form device slices at any time without a collective MPI_Comm_create. Context ids
+// must differ between communicators that share a rank and are used concurrently (< 1024).
+//
+// Which ranks must call: every collective must be called by every member of the group, in the
+// same order (the per-communicator sequence number). Set PWM_COLL_DEBUG=1 to have every call
+// fingerprinted (op, algorithm, dtype, count, root, sequence number) and a mismatch reported.
+//
+// Blocking: the blocking forms return when this rank's part is complete (its buffers are
+// final). The i-forms return a Work at once; the caller keeps the buffers alive and untouched
+// until Work::test() returns true or Work::wait() returns. Progress happens only inside
+// test()/wait() (and the blocking calls): a trainer that overlaps an AllReduce with compute
+// calls test() between its layers. Every wait has a watchdog (CommOptions::timeout_s, default
+// 300 s or PWM_COLL_TIMEOUT): on expiry it prints the collective and the peers it waits for and
+// aborts the whole job.
+//
+// Thread safety: a Communicator and its Works are used by one thread at a time.
+// Determinism: same inputs, algorithm and group give bitwise-identical results on every member
+// and every run (docs/collectives.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/cost_model.h"
+#include "collectives/transport.h"
+#include "collectives/types.h"
+
+namespace pwm::collectives {
+
+class Executor;
+class ScratchPool;
+
+struct CommOptions {
+  double timeout_s = 300.0;        // watchdog; PWM_COLL_TIMEOUT overrides the default
+  bool fingerprint = false;        // PWM_COLL_DEBUG=1
+  size_t segment_bytes = 256 << 10;  // ring/tree pipelining segment; PWM_COLL_SEGMENT_BYTES
+  CostModel cost_model;
+
+  // Defaults with the environment variables applied.
+  static CommOptions from_env();
+};
+
+// A started collective. Move-only. Destroying an unfinished Work waits for it (the buffers it
+// uses belong to the caller, who must not free them while the transport may still touch them).
+class Work {
+ public:
+  Work();
+  explicit Work(std::unique_ptr<Executor> e);
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  ~Work();
+
+  bool test();  // progresses without blocking; true once complete. Throws pwm::Error on failure.
+  void wait();  // blocks until complete (watchdog applies)
+  bool valid() const { return e_ != nullptr; }
+
+ private:
+  std::unique_ptr<Executor> e_;
+};
+
+class Communicator {
+ public:
+  // `world_ranks`: the group, in group-rank order, each rank once; must contain this rank.
+  Communicator(std::shared_ptr<Transport> transport, std::vector<int> world_ranks, uint32_t context,
+               CommOptions options = CommOptions::from_env());
+  // The whole world, context 0.
+  static Communicator world(std::shared_ptr<Transport> transport,
+                            CommOptions options = CommOptions::from_env());
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+
+  int rank() const { return rank_; }  // index in the group
+  int size() const { return static_cast<int>(group_.size()); }
+  const std::vector<int>& group() const { return group_; }
+  uint32_t context() const { return context_; }
+  Transport& transport() { return *transport_; }
+  CommOptions& options() { return options_; }
+  // The algorithm kAuto resolves to for an AllReduce of `bytes` bytes on this group.
+  Algorithm resolve_allreduce(Algorithm a, size_t bytes) const;
+
+  // send == recv means in place. `count` is per-rank elements.
+  Work iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
+                  Algorithm algo = Algorithm::kAuto);
+  // send: size() * count elements; recv: count elements (block rank()).
+  Work ireduce_scatter(const void* send, void* recv, size_t count, DataType t, ReduceOp op);
+  // send: count elements; recv: size() * count elements.
+  Work iallgather(const void* send, void* recv, size_t count, DataType t);
+  // root is a group rank.
+  Work ibroadcast(void* buf, size_t count, DataType t, int root);
+  // recv is written on root only (may be null elsewhere).
+  Work ireduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op, int root);
+  Work ibarrier();
+
+  void allreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
+                 Algorithm algo = Algorithm::kAuto) {
+    iallreduce(send, recv, count, t, op, algo).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType t, ReduceOp op) {
+    ireduce_scatter(send, recv, count, t, op).wait();
+  }
+  void allgather(const void* send, void* recv, size_t count, DataType t) {
+    iallgather(send, recv, count, t).wait();
+  }
+  void broadcast(void* buf, size_t count, DataType t, int root) { ibroadcast(buf, count, t, root).wait(); }
+  void reduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op, int root) {
+    ireduce(send, recv, count, t, op, root).wait();
+  }
+  void barrier() { ibarrier().wait(); }
+
+  // Typed conveniences, in place.
+  template <typename T>
+  void allreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum, Algorithm algo = Algorithm::kAuto) {
+    allreduce(data.data(), data.data(), data.size(), dtype_of<std::remove_const_t<T>>(), op, algo);
+  }
+  template <typename T>
+  void broadcast(std::span<T> data, int root) {
+    broadcast(data.data(), data.size(), dtype_of<T>(), root);
+  }
+
+ private:
+  struct Call;
+  Work start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count, int root,
+             const std::function<void(class Schedule&)>& build);
+
+  std::shared_ptr<Transport> transport_;
+  std::vector<int> group_;
+  uint32_t context_;
+  int rank_ = -1;
+  CommOptions options_;
+  uint64_t seq_ = 0;
+  std::shared_ptr<ScratchPool> pool_;
+};
+
+}  // namespace pwm::collectives

@@ -1,0 +1,33 @@
+// The alpha-beta-gamma cost model behind Algorithm::kAuto (docs/collectives.md).
+//
+// time(message of m bytes) = alpha + m * beta; reducing m bytes costs m * gamma. For an
+// AllReduce of N bytes over p ranks (p2 = largest power of two <= p, extra fold-in/out
+// exchanges of N bytes when p is not a power of two):
+//   ring:               2(p-1) * alpha' + 2 (p-1)/p * N * beta + (p-1)/p * N * gamma
+//                       (alpha' = alpha per segment: the chunk goes in ceil(N/p / seg) messages)
+//   halving-doubling:   2 log2(p2) * alpha + 2 (p2-1)/p2 * N * beta + (p2-1)/p2 * N * gamma
+//   recursive doubling: log2(p2) * (alpha + N * beta + N * gamma)
+// The defaults were measured on one 2-core machine with OpenMPI's shared-memory transport;
+// PWM_COLL_ALPHA_US, PWM_COLL_BETA_NS_PER_B, PWM_COLL_GAMMA_NS_PER_B override them.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/types.h"
+
+namespace pwm::collectives {
+
+struct CostModel {
+  double alpha_us = 1.0;          // per message
+  double beta_ns_per_byte = 0.5;  // ~2 GB/s point-to-point
+  double gamma_ns_per_byte = 0.2; // ~5 GB/s reduction (memory bound)
+
+  static CostModel from_env();  // defaults, overridden by the environment variables above
+
+  // Predicted microseconds; `seg_bytes` is the ring's pipelining segment.
+  double allreduce_us(Algorithm a, size_t bytes, int p, size_t seg_bytes) const;
+  // The cheapest of ring, halving-doubling and recursive doubling (never kMpi).
+  Algorithm pick_allreduce(size_t bytes, int p, size_t seg_bytes) const;
+};
+
+}  // namespace pwm::collectives

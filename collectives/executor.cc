@@ -1,0 +1,238 @@
+#include "collectives/executor.h"
+
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/check.h"
+#include "common/time.h"
+
+namespace pwm::collectives {
+
+namespace {
+
+constexpr size_t kFingerprintWords = 8;
+constexpr uint64_t kFingerprintMagic = 0x70776d66'70000001ull;  // "pwmfp", version 1
+
+const char* kOpNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce",
+                          "barrier"};
+
+uint64_t op_code(const char* op) {
+  for (uint64_t i = 0; i < std::size(kOpNames); ++i)
+    if (std::strcmp(kOpNames[i], op) == 0) return i;
+  return 99;
+}
+
+std::string describe_fingerprint(const uint64_t* f) {
+  const char* op = f[1] < std::size(kOpNames) ? kOpNames[f[1]] : "?";
+  return fmt::format("{}({}, {}, {}, count={}, root={}, seq={})", op,
+                     algorithm_name(static_cast<Algorithm>(f[2])),
+                     dtype_name(static_cast<DataType>(f[3])),
+                     reduce_op_name(static_cast<ReduceOp>(f[4])), f[5],
+                     static_cast<int64_t>(f[6]), f[7]);
+}
+
+}  // namespace
+
+std::string CollectiveInfo::describe() const {
+  std::string g = group ? fmt::format("[{}]", fmt::join(*group, ",")) : "[]";
+  std::string extra = root >= 0 ? fmt::format(", root={}", root) : "";
+  return fmt::format("{}({}, {}, {}, count={}, bytes={}{}, seq={}, context={}, group={})", op,
+                     algorithm_name(algo), dtype_name(dtype), reduce_op_name(redop), count,
+                     count * dtype_size(dtype), extra, seq, context, g);
+}
+
+Executor::Executor(Transport& transport, Schedule&& schedule, CollectiveInfo info, int tag,
+                   int fingerprint_tag, double timeout_s)
+    : t_(transport), sched_(std::move(schedule)), info_(info), tag_(tag), timeout_s_(timeout_s),
+      start_us_(now_us()) {
+  state_.assign(sched_.steps().size(), 0);
+  req_.resize(sched_.steps().size());
+  size_t n = info_.group ? info_.group->size() : 1;
+  send_blocked_.assign(n, 0);
+  recv_blocked_.assign(n, 0);
+  if (fingerprint_tag >= 0) start_fingerprint(fingerprint_tag);
+}
+
+Executor::Executor(Transport& transport, std::unique_ptr<NativeOp> native, CollectiveInfo info,
+                   double timeout_s)
+    : t_(transport), sched_(info.dtype, info.redop, nullptr), info_(info), tag_(-1),
+      timeout_s_(timeout_s), start_us_(now_us()), native_(std::move(native)) {}
+
+Executor::~Executor() = default;
+
+void Executor::start_fingerprint(int fingerprint_tag) {
+  // Every member sends its fingerprint to every other member (debug mode only: O(n^2) tiny
+  // messages), then compares. Fixed size, so the exchange itself cannot mismatch.
+  const auto& group = *info_.group;
+  const size_t n = group.size();
+  fp_tag_ = fingerprint_tag;
+  fp_buf_.assign(n * kFingerprintWords, 0);
+  uint64_t* mine = &fp_buf_[info_.group_rank * kFingerprintWords];
+  mine[0] = kFingerprintMagic;
+  mine[1] = op_code(info_.op);
+  mine[2] = static_cast<uint64_t>(info_.algo);
+  mine[3] = static_cast<uint64_t>(info_.dtype);
+  mine[4] = static_cast<uint64_t>(info_.redop);
+  mine[5] = info_.count;
+  mine[6] = static_cast<uint64_t>(static_cast<int64_t>(info_.root));
+  mine[7] = info_.seq;
+  fp_sched_ = std::make_unique<Schedule>(DataType::kInt64, ReduceOp::kSum, nullptr);
+  for (size_t p = 0; p < n; ++p) {
+    if (static_cast<int>(p) == info_.group_rank) continue;
+    fp_sched_->send(static_cast<int>(p), mine, kFingerprintWords);
+    fp_sched_->recv(static_cast<int>(p), &fp_buf_[p * kFingerprintWords], kFingerprintWords);
+  }
+  fp_state_.assign(fp_sched_->steps().size(), 0);
+  fp_req_.resize(fp_sched_->steps().size());
+}
+
+void Executor::check_fingerprints() {
+  const auto& group = *info_.group;
+  const uint64_t* mine = &fp_buf_[info_.group_rank * kFingerprintWords];
+  for (size_t p = 0; p < group.size(); ++p) {
+    const uint64_t* theirs = &fp_buf_[p * kFingerprintWords];
+    if (std::memcmp(mine, theirs, kFingerprintWords * sizeof(uint64_t)) != 0) {
+      PWM_THROW(
+          "collective mismatch (PWM_COLL_DEBUG): world rank {} called {} but world rank {} "
+          "called {} (context {}, group [{}])",
+          group[info_.group_rank], describe_fingerprint(mine), group[p],
+          describe_fingerprint(theirs), info_.context, fmt::join(group, ","));
+    }
+  }
+  fp_sched_.reset();
+}
+
+bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
+                                 std::vector<Request>& req, std::vector<uint32_t>& active,
+                                 uint32_t& first, int tag) {
+  const auto& steps = s.steps();
+  const auto& deps = s.deps();
+  const size_t elem = s.elem();
+  const std::vector<int>& group = *info_.group;
+  bool progressed = true;
+  while (progressed) {
+    progressed = false;
+    // 1. Test what is in flight.
+    for (size_t i = 0; i < active.size();) {
+      uint32_t id = active[i];
+      size_t got = 0;
+      if (t_.test(req[id], &got)) {
+        const Step& st = steps[id];
+        if (st.kind == StepKind::kRecv && got != st.count * elem)
+          PWM_THROW("{}: received {} bytes from world rank {} where {} were expected "
+                    "(mismatched collectives? set PWM_COLL_DEBUG=1 to check every call)",
+                    info_.describe(), got, group[st.peer], st.count * elem);
+        state[id] = 2;
+        active[i] = active.back();
+        active.pop_back();
+        progressed = true;
+      } else {
+        ++i;
+      }
+    }
+    // 2. Post or run every step whose dependencies are done, keeping per-peer FIFO order.
+    std::fill(send_blocked_.begin(), send_blocked_.end(), 0);
+    std::fill(recv_blocked_.begin(), recv_blocked_.end(), 0);
+    for (uint32_t id = first; id < steps.size(); ++id) {
+      if (state[id] != 0) continue;
+      const Step& st = steps[id];
+      bool ready = true;
+      for (uint32_t d = st.dep_begin; d < st.dep_end && ready; ++d) ready = state[deps[d]] == 2;
+      switch (st.kind) {
+        case StepKind::kSend:
+          if (send_blocked_[st.peer]) break;
+          if (!ready) {
+            send_blocked_[st.peer] = 1;
+            break;
+          }
+          req[id] = t_.isend(st.a, st.count * elem, group[st.peer], tag);
+          state[id] = 1;
+          active.push_back(id);
+          progressed = true;
+          break;
+        case StepKind::kRecv:
+          if (recv_blocked_[st.peer]) break;
+          if (!ready) {
+            recv_blocked_[st.peer] = 1;
+            break;
+          }
+          req[id] = t_.irecv(st.dst, st.count * elem, group[st.peer], tag);
+          state[id] = 1;
+          active.push_back(id);
+          progressed = true;
+          break;
+        case StepKind::kReduce:
+          if (!ready) break;
+          reduce_into(st.dst, st.a, st.b, st.count, s.dtype(), s.op());
+          state[id] = 2;
+          progressed = true;
+          break;
+        case StepKind::kCopy:
+          if (!ready) break;
+          if (st.count > 0 && st.dst != st.a) std::memcpy(st.dst, st.a, st.count * elem);
+          state[id] = 2;
+          progressed = true;
+          break;
+      }
+    }
+    while (first < steps.size() && state[first] == 2) ++first;
+    if (first == steps.size()) return true;
+  }
+  return false;
+}
+
+bool Executor::progress() {
+  if (done_) return true;
+  if (native_) {
+    done_ = native_->test();
+  } else {
+    if (fp_sched_) {
+      if (!progress_schedule(*fp_sched_, fp_state_, fp_req_, fp_active_, fp_first_, fp_tag_)) {
+        if (now_us() - start_us_ > timeout_s_ * 1e6) fire_watchdog();
+        return false;
+      }
+      check_fingerprints();
+    }
+    done_ = progress_schedule(sched_, state_, req_, active_, first_, tag_);
+  }
+  if (!done_ && now_us() - start_us_ > timeout_s_ * 1e6) fire_watchdog();
+  return done_;
+}
+
+void Executor::wait() {
+  while (!progress()) t_.idle();
+}
+
+void Executor::fire_watchdog() {
+  // Name the peers this rank is waiting for: posted receives first (their sender has not
+  // arrived), else posted sends (their receiver has not posted), else blocked steps.
+  const std::vector<int>& group = *info_.group;
+  std::set<int> recv_from, send_to;
+  bool in_fp = fp_sched_ != nullptr;
+  const Schedule& s = in_fp ? *fp_sched_ : sched_;
+  const auto& state = in_fp ? fp_state_ : state_;
+  for (uint32_t id = 0; id < s.steps().size(); ++id) {
+    const Step& st = s.steps()[id];
+    if (state[id] == 2 || st.peer < 0) continue;
+    if (st.kind == StepKind::kRecv) recv_from.insert(group[st.peer]);
+    if (st.kind == StepKind::kSend && state[id] == 1) send_to.insert(group[st.peer]);
+  }
+  std::string waiting;
+  if (native_)
+    waiting = "inside MPI's native collective (MPI does not say which peer)";
+  else if (!recv_from.empty())
+    waiting = fmt::format("waiting for world rank(s) {} to send", fmt::join(recv_from, ","));
+  else if (!send_to.empty())
+    waiting = fmt::format("waiting for world rank(s) {} to receive", fmt::join(send_to, ","));
+  else
+    waiting = "with no message outstanding";
+  t_.abort(fmt::format(
+      "collective watchdog: world rank {} timed out after {:.1f} s in {}{}, {}; aborting the job "
+      "(timeout: PWM_COLL_TIMEOUT or --coll-timeout)",
+      t_.rank(), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
+}
+
+}  // namespace pwm::collectives

@@ -1,0 +1,82 @@
+// Runs one Schedule over a Transport: posts ready sends and receives, runs ready local steps,
+// tests what is in flight, and (in wait) enforces the watchdog timeout. Internal header; users
+// see it only through collectives::Work.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/schedule.h"
+#include "collectives/transport.h"
+
+namespace pwm::collectives {
+
+// What a collective is, for the watchdog's and the fingerprint check's messages.
+struct CollectiveInfo {
+  const char* op = "";         // "allreduce", "broadcast", ...
+  Algorithm algo = Algorithm::kAuto;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  uint64_t seq = 0;            // per-communicator sequence number
+  uint32_t context = 0;
+  size_t count = 0;
+  int root = -1;
+  const std::vector<int>* group = nullptr;  // world ranks (owned by the communicator)
+  int group_rank = 0;
+  std::string describe() const;  // "allreduce(ring, float32, sum, count=..., seq=3, context=0, group=[0,1])"
+};
+
+class Executor {
+ public:
+  // `tag` is this collective's tag; `fingerprint_tag` is used for the debug-mode fingerprint
+  // exchange (enabled when fingerprint_tag >= 0) that runs before the schedule.
+  Executor(Transport& transport, Schedule&& schedule, CollectiveInfo info, int tag,
+           int fingerprint_tag, double timeout_s);
+  // Runs kMpi: the whole collective is the transport's native op.
+  Executor(Transport& transport, std::unique_ptr<NativeOp> native, CollectiveInfo info,
+           double timeout_s);
+  ~Executor();
+
+  // Does all that can be done without blocking. Returns true once the collective is complete.
+  // Also fires the watchdog when the timeout has passed since the collective started.
+  bool progress();
+  // Progresses until complete; fires the watchdog after the timeout.
+  void wait();
+  bool done() const { return done_; }
+
+ private:
+  bool progress_schedule(Schedule& s, std::vector<uint8_t>& state, std::vector<Request>& req,
+                         std::vector<uint32_t>& active, uint32_t& first, int tag);
+  void start_fingerprint(int fingerprint_tag);
+  void check_fingerprints();
+  [[noreturn]] void fire_watchdog();
+
+  Transport& t_;
+  Schedule sched_;
+  CollectiveInfo info_;
+  int tag_;
+  double timeout_s_;
+  int64_t start_us_;
+  bool done_ = false;
+
+  std::vector<uint8_t> state_;    // per step: 0 pending, 1 posted, 2 done
+  std::vector<Request> req_;      // per step, valid while posted
+  std::vector<uint32_t> active_;  // posted send/recv steps
+  uint32_t first_ = 0;            // every step before it is done
+  std::vector<uint8_t> send_blocked_, recv_blocked_;  // per peer, scratch for one pass
+
+  // Debug-mode fingerprints: a small schedule run to completion before the main one.
+  std::unique_ptr<Schedule> fp_sched_;
+  std::vector<uint8_t> fp_state_;
+  std::vector<Request> fp_req_;
+  std::vector<uint32_t> fp_active_;
+  uint32_t fp_first_ = 0;
+  int fp_tag_ = -1;
+  std::vector<uint64_t> fp_buf_;  // group size x kFingerprintWords
+
+  std::unique_ptr<NativeOp> native_;
+};
+
+}  // namespace pwm::collectives

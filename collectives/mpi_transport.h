@@ -1,0 +1,44 @@
+// MPI underneath the collectives: the RAII environment and the MPI point-to-point transport.
+// This header does not include <mpi.h>; only collectives/*.cc do.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "collectives/transport.h"
+
+namespace pwm::collectives {
+
+// Initializes MPI on construction and finalizes it on destruction. Create exactly one, first
+// thing in main(), on every rank. Asks for MPI_THREAD_SERIALIZED (MPI may be called from more
+// than one thread, never at once). Also installs MPI_ERRORS_RETURN so that every MPI return
+// code reaches our checks instead of aborting inside MPI.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The transport over MPI_COMM_WORLD (a private duplicate of it). Shared by all communicators.
+  std::shared_ptr<Transport> transport() const { return transport_; }
+  std::string processor_name() const;
+
+  // Ends the whole job: prints `message` (if not empty) to stderr and calls MPI_Abort(code).
+  [[noreturn]] static void abort_job(const std::string& message, int code = 1);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  std::shared_ptr<Transport> transport_;
+};
+
+// Runs body() and turns an escaping exception into one line on stderr ("error: ...") and a
+// non-zero exit of the whole job, so that no rank hangs waiting for a rank that died.
+// Returns body()'s return value on success. Call inside main after MpiEnvironment.
+int run_mpi_main(MpiEnvironment& env, const std::function<int()>& body);
+
+}  // namespace pwm::collectives

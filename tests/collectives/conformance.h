@@ -1,0 +1,28 @@
+// Conformance checks written once against the Communicator interface and run on every
+// transport (in-process threads and real MPI ranks), as IFRT's conformance tests are.
+// Every member of `comm` must call the same function; each returns the failures it saw on this
+// rank (empty when all is well).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+
+namespace pwm::collectives::testing {
+
+struct ConformanceOptions {
+  std::vector<size_t> counts = {0, 1, 7, 131, 300007};  // 300007 floats > 1 MiB
+  bool with_mpi = false;                                // also algorithm kMpi as a reference
+};
+
+// AllReduce: every algorithm x op x dtype x count, in place and out of place, against the
+// analytic result; random floats: identical bits on every rank and every run, and within
+// float tolerance of the kMpi reference when with_mpi.
+std::vector<std::string> check_allreduce(Communicator& comm, const ConformanceOptions& o);
+// ReduceScatter, AllGather, Broadcast (every root), Reduce (every root), Barrier.
+std::vector<std::string> check_other_collectives(Communicator& comm, const ConformanceOptions& o);
+// Two non-blocking AllReduces in flight at once, progressed by test().
+std::vector<std::string> check_nonblocking(Communicator& comm);
+
+}  // namespace pwm::collectives::testing

@@ -1,0 +1,198 @@
+// The collectives over the in-process transport (ranks as threads): the whole conformance
+// matrix at group sizes 1..5, plus the watchdog, the fingerprint check and sub-groups.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <thread>
+
+#include "collectives/communicator.h"
+#include "collectives/inproc_transport.h"
+#include "tests/collectives/conformance.h"
+
+namespace pwm::collectives {
+namespace {
+
+using testing::ConformanceOptions;
+
+// Runs fn on n threads and collects the failures every rank reports.
+std::vector<std::string> on_ranks(int n, CommOptions opts,
+                                  const std::function<std::vector<std::string>(Communicator&)>& fn) {
+  std::mutex mu;
+  std::vector<std::string> all;
+  run_inproc(n, [&](int, std::shared_ptr<Transport> t) {
+    Communicator comm = Communicator::world(t, opts);
+    auto f = fn(comm);
+    std::lock_guard<std::mutex> lock(mu);
+    all.insert(all.end(), f.begin(), f.end());
+  });
+  return all;
+}
+
+CommOptions default_options() {
+  CommOptions o;
+  o.timeout_s = 60;
+  return o;
+}
+
+class InProcSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(InProcSizes, AllReduceMatchesAnalytic) {
+  auto fails = on_ranks(GetParam(), default_options(),
+                        [](Communicator& c) { return testing::check_allreduce(c, ConformanceOptions{}); });
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << fails.front();
+}
+
+TEST_P(InProcSizes, AllReduceWithTinySegmentsPipelines) {
+  CommOptions o = default_options();
+  o.segment_bytes = 64;  // many segments per chunk: exercises per-segment dependencies
+  ConformanceOptions co;
+  co.counts = {0, 1, 7, 131, 5003};
+  auto fails = on_ranks(GetParam(), o, [&](Communicator& c) { return testing::check_allreduce(c, co); });
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << fails.front();
+}
+
+TEST_P(InProcSizes, OtherCollectivesMatchAnalytic) {
+  CommOptions o = default_options();
+  o.segment_bytes = 4096;
+  ConformanceOptions co;
+  co.counts = {0, 1, 7, 131, 70001};  // 70001 x 4..8 bytes x 8 ranks: several MiB gathered
+  auto fails = on_ranks(GetParam(), o, [&](Communicator& c) {
+    return testing::check_other_collectives(c, co);
+  });
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << fails.front();
+}
+
+TEST_P(InProcSizes, NonBlockingOverlap) {
+  auto fails = on_ranks(GetParam(), default_options(), [](Communicator& c) { return testing::check_nonblocking(c); });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(GroupSizes, InProcSizes, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+TEST(InProcWatchdog, NamesTheMissingRankAndFires) {
+  CommOptions o;
+  o.timeout_s = 0.5;
+  std::string report;
+  std::mutex mu;
+  EXPECT_THROW(
+      run_inproc(3,
+                 [&](int rank, std::shared_ptr<Transport> t) {
+                   Communicator c = Communicator::world(t, o);
+                   if (rank == 2) return;  // rank 2 never calls the collective
+                   std::vector<float> x(100, 1.f);
+                   try {
+                     c.allreduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum,
+                                 Algorithm::kRing);
+                   } catch (const CollectiveTimeout& e) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     if (rank == 0) report = e.what();
+                     throw;
+                   }
+                 }),
+      CollectiveTimeout);
+  // In the ring rank 0 receives from rank 2, which never posts its part: rank 0 names it.
+  EXPECT_NE(report.find("collective watchdog"), std::string::npos) << report;
+  EXPECT_NE(report.find("allreduce(ring, float32, sum, count=100"), std::string::npos) << report;
+  EXPECT_NE(report.find("world rank(s) 2"), std::string::npos) << report;
+}
+
+TEST(InProcFingerprint, CountMismatchIsNamed) {
+  CommOptions o;
+  o.timeout_s = 5;
+  o.fingerprint = true;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_inproc(2, [&](int rank, std::shared_ptr<Transport> t) {
+    Communicator c = Communicator::world(t, o);
+    std::vector<float> x(8, 1.f);
+    const size_t count = rank == 1 ? 8 : 6;
+    try {
+      c.allreduce(x.data(), x.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+    } catch (const pwm::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("count=6"), std::string::npos) << e;
+    EXPECT_NE(e.find("count=8"), std::string::npos) << e;
+  }
+}
+
+TEST(InProcFingerprint, WithoutDebugACountMismatchIsStillAnError) {
+  // A longer message than the posted receive is a transport error, not silent corruption.
+  CommOptions o;
+  o.timeout_s = 2;
+  std::mutex mu;
+  int errors = 0;
+  EXPECT_ANY_THROW(run_inproc(2, [&](int rank, std::shared_ptr<Transport> t) {
+    Communicator c = Communicator::world(t, o);
+    std::vector<double> x(16, 1.0);
+    try {
+      c.allreduce(x.data(), x.data(), rank == 1 ? 16 : 4, DataType::kFloat64, ReduceOp::kSum,
+                  Algorithm::kRecursiveDoubling);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++errors;
+      throw;
+    }
+  }));
+  EXPECT_GE(errors, 1);
+}
+
+TEST(InProcGroups, DisjointSubgroupsRunConcurrently) {
+  // Ranks {1,3} reduce while {0,2} broadcast, at the same time, on different contexts.
+  std::mutex mu;
+  std::vector<std::string> fails;
+  run_inproc(4, [&](int rank, std::shared_ptr<Transport> t) {
+    if (rank == 1 || rank == 3) {
+      Communicator c(t, {1, 3}, 1, CommOptions{});
+      std::vector<int64_t> x(1000, rank);
+      for (int it = 0; it < 20; ++it) {
+        std::fill(x.begin(), x.end(), rank);
+        c.allreduce(x.data(), x.data(), x.size(), DataType::kInt64, ReduceOp::kSum);
+        if (x[999] != 4) {
+          std::lock_guard<std::mutex> lock(mu);
+          fails.push_back("subgroup {1,3} allreduce wrong");
+        }
+      }
+    } else {
+      Communicator c(t, {2, 0}, 2, CommOptions{});  // group order differs from world order
+      std::vector<int32_t> x(1000, rank == 2 ? 42 : 0);
+      for (int it = 0; it < 20; ++it) c.broadcast(x.data(), x.size(), DataType::kInt32, 0);
+      if (x[0] != 42 || c.rank() != (rank == 2 ? 0 : 1)) {
+        std::lock_guard<std::mutex> lock(mu);
+        fails.push_back("subgroup {2,0} broadcast wrong");
+      }
+    }
+  });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
+TEST(InProcGroups, BadGroupsAreClearErrors) {
+  InProcFabric f(2);
+  auto t = f.transport(0);
+  EXPECT_THROW(Communicator(t, {1}, 0), pwm::Error);        // not a member
+  EXPECT_THROW(Communicator(t, {0, 0}, 0), pwm::Error);     // duplicate
+  EXPECT_THROW(Communicator(t, {0, 5}, 0), pwm::Error);     // out of range
+  EXPECT_THROW(Communicator(t, {0, 1}, 5000), pwm::Error);  // context out of range
+  Communicator c(t, {0}, 0);
+  float x = 1;
+  EXPECT_THROW(c.allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum, Algorithm::kMpi), pwm::Error);
+}
+
+TEST(CostModel, PicksLatencyAlgorithmsForSmallAndBandwidthForLarge) {
+  CostModel m;
+  EXPECT_EQ(m.pick_allreduce(4, 2, 256 << 10), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(m.pick_allreduce(4, 8, 256 << 10), Algorithm::kRecursiveDoubling);
+  Algorithm big = m.pick_allreduce(64 << 20, 8, 256 << 10);
+  EXPECT_TRUE(big == Algorithm::kRing || big == Algorithm::kHalvingDoubling);
+  // Ring's bandwidth term equals halving-doubling's; its latency term is larger.
+  EXPECT_GT(m.allreduce_us(Algorithm::kRing, 1024, 8, 1 << 20),
+            m.allreduce_us(Algorithm::kHalvingDoubling, 1024, 8, 1 << 20));
+}
+
+}  // namespace
+}  // namespace pwm::collectives
