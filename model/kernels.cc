@@ -1,0 +1,390 @@
+#include "model/kernels.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <mutex>
+
+#include "common/check.h"
+#include "common/env.h"
+
+#ifdef PWM_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace pwm::model {
+
+namespace {
+
+#ifdef PWM_HAVE_OPENBLAS
+std::atomic<GemmBackend> g_backend{GemmBackend::kBlas};
+#else
+std::atomic<GemmBackend> g_backend{GemmBackend::kEigen};
+#endif
+std::once_flag g_threads_once;
+
+void apply_threads(int n) {
+#ifdef PWM_HAVE_OPENBLAS
+  openblas_set_num_threads(n);
+#endif
+  Eigen::setNbThreads(n);
+}
+
+void init_threads_once() {
+  std::call_once(g_threads_once, [] {
+    const int64_t n = env_int("PWM_MODEL_THREADS", 1);
+    if (n < 1) PWM_THROW("PWM_MODEL_THREADS must be >= 1 (got {})", n);
+    apply_threads(static_cast<int>(n));
+  });
+}
+
+template <typename S>
+using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename S>
+using CMap = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>;
+template <typename S>
+using MMap = Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>>;
+
+template <typename S>
+void gemm_eigen(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A,
+                int64_t lda, const S* B, int64_t ldb, S beta, S* C, int64_t ldc) {
+  MMap<S> c(C, M, N, Eigen::OuterStride<>(ldc));
+  CMap<S> a(A, ta ? K : M, ta ? M : K, Eigen::OuterStride<>(lda));
+  CMap<S> b(B, tb ? N : K, tb ? K : N, Eigen::OuterStride<>(ldb));
+  if (beta == S(0))
+    c.setZero();
+  else if (beta != S(1))
+    c *= beta;
+  if (!ta && !tb) c.noalias() += alpha * a * b;
+  if (!ta && tb) c.noalias() += alpha * a * b.transpose();
+  if (ta && !tb) c.noalias() += alpha * a.transpose() * b;
+  if (ta && tb) c.noalias() += alpha * a.transpose() * b.transpose();
+}
+
+#ifdef PWM_HAVE_OPENBLAS
+void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+#endif
+
+}  // namespace
+
+void set_gemm_backend(GemmBackend b) {
+  if (b == GemmBackend::kBlas && !have_blas())
+    PWM_THROW("gemm backend 'blas' requested but pwm_model was built without OpenBLAS");
+  g_backend = b;
+}
+GemmBackend gemm_backend() { return g_backend; }
+bool have_blas() {
+#ifdef PWM_HAVE_OPENBLAS
+  return true;
+#else
+  return false;
+#endif
+}
+const char* gemm_backend_name(GemmBackend b) { return b == GemmBackend::kBlas ? "blas" : "eigen"; }
+
+void set_num_threads(int n) {
+  PWM_CHECK_GE(n, 1);
+  init_threads_once();
+  apply_threads(n);
+}
+
+template <typename S>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A, int64_t lda,
+          const S* B, int64_t ldb, S beta, S* C, int64_t ldc) {
+  init_threads_once();
+  if (M == 0 || N == 0) return;
+#ifdef PWM_HAVE_OPENBLAS
+  if (g_backend.load(std::memory_order_relaxed) == GemmBackend::kBlas) {
+    gemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  gemm_eigen(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// ---- Deterministic building blocks ------------------------------------------------------------
+// Eigen's vectorized reductions and its exp() on a Map peel the first elements up to the next
+// aligned address and treat them with scalar code, so results would depend on where a buffer
+// lives. These helpers make every result a function of the values only: sums use kLanes
+// independent accumulators combined in a fixed tree, and exp() runs on fixed-size aligned
+// chunks (padded), so every element goes through the same SIMD code path.
+
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int kChunk = 64;
+
+template <typename S, typename F>
+S det_sum(int64_t n, F term) {
+  S acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
+  for (int j = 0; i + j < n; ++j) acc[j] += term(i + j);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+template <typename S>
+S row_max(const S* x, int64_t n) {
+  S m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+template <typename S>
+using Chunk = Eigen::Array<S, kChunk, 1>;
+
+// out[i] = exp(x[i] - shift) for i < n, through Eigen's packet exp on aligned chunks.
+template <typename S>
+void exp_shifted(const S* x, S shift, S* out, int64_t n) {
+  Chunk<S> a;
+  for (int64_t o = 0; o < n; o += kChunk) {
+    const int64_t cnt = std::min<int64_t>(kChunk, n - o);
+    for (int64_t i = 0; i < cnt; ++i) a[i] = x[o + i] - shift;
+    for (int64_t i = cnt; i < kChunk; ++i) a[i] = S(0);
+    a = a.exp();
+    for (int64_t i = 0; i < cnt; ++i) out[o + i] = a[i];
+  }
+}
+
+// out[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i])).
+template <typename S>
+void sigmoid(const S* x, S* out, int64_t n) {
+  Chunk<S> a;
+  for (int64_t o = 0; o < n; o += kChunk) {
+    const int64_t cnt = std::min<int64_t>(kChunk, n - o);
+    for (int64_t i = 0; i < cnt; ++i) a[i] = -x[o + i];
+    for (int64_t i = cnt; i < kChunk; ++i) a[i] = S(0);
+    a = S(1) / (S(1) + a.exp());
+    for (int64_t i = 0; i < cnt; ++i) out[o + i] = a[i];
+  }
+}
+
+}  // namespace
+
+// ---- Normalization ----------------------------------------------------------------------------
+
+template <typename S>
+void norm_forward(NormKind kind, int64_t N, int64_t C, const S* x, const S* g, S* h, S* mean,
+                  S* rstd) {
+  for (int64_t n = 0; n < N; ++n) {
+    const S* xr = x + n * C;
+    S* hr = h + n * C;
+    const S m =
+        kind == NormKind::kLayerNorm ? det_sum<S>(C, [&](int64_t i) { return xr[i]; }) / S(C) : S(0);
+    const S var = det_sum<S>(C, [&](int64_t i) { return (xr[i] - m) * (xr[i] - m); }) / S(C);
+    const S r = S(1) / std::sqrt(var + S(kNormEps));
+    mean[n] = m;
+    rstd[n] = r;
+    for (int64_t i = 0; i < C; ++i) hr[i] = (xr[i] - m) * r * g[i];
+  }
+}
+
+template <typename S>
+void norm_backward(NormKind kind, int64_t N, int64_t C, const S* dh, const S* x, const S* g,
+                   const S* mean, const S* rstd, S* dx, S* dg) {
+  for (int64_t n = 0; n < N; ++n) {
+    const S* dhr = dh + n * C;
+    const S* xr = x + n * C;
+    S* dxr = dx + n * C;
+    const S r = rstd[n], m = mean[n];
+    for (int64_t i = 0; i < C; ++i) dg[i] += dhr[i] * ((xr[i] - m) * r);
+    const S mean_dxhat_xhat =
+        det_sum<S>(C, [&](int64_t i) { return (dhr[i] * g[i]) * ((xr[i] - m) * r); }) / S(C);
+    const S mean_dxhat =
+        kind == NormKind::kLayerNorm ? det_sum<S>(C, [&](int64_t i) { return dhr[i] * g[i]; }) / S(C)
+                                     : S(0);
+    for (int64_t i = 0; i < C; ++i)
+      dxr[i] += r * ((dhr[i] * g[i]) - mean_dxhat - ((xr[i] - m) * r) * mean_dxhat_xhat);
+  }
+}
+
+// ---- Rotary embeddings ------------------------------------------------------------------------
+
+template <typename S>
+void rope_table(int64_t T, int64_t D, double base, S* cs) {
+  const int64_t h = D / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < h; ++i) {
+      // Computed in double and rounded once (the torch peer computes the angles in float).
+      const double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(D));
+      const double a = static_cast<double>(t) * inv;
+      cs[t * D + i] = static_cast<S>(std::cos(a));
+      cs[t * D + h + i] = static_cast<S>(std::sin(a));
+    }
+}
+
+template <typename S>
+void rope_forward(int64_t N, int64_t T, int64_t heads, int64_t D, const S* cs, S alpha,
+                  const S* x, int64_t ldx, S* y) {
+  const int64_t h = D / 2;
+  for (int64_t n = 0; n < N; ++n) {
+    const S* c = cs + (n % T) * D;
+    const S* s = c + h;
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const S* xi = x + n * ldx + hd * D;
+      S* yi = y + (n * heads + hd) * D;
+      for (int64_t i = 0; i < h; ++i) {
+        const S x1 = xi[i], x2 = xi[h + i];
+        yi[i] = alpha * (x1 * c[i] - x2 * s[i]);
+        yi[h + i] = alpha * (x1 * s[i] + x2 * c[i]);
+      }
+    }
+  }
+}
+
+template <typename S>
+void rope_backward(int64_t N, int64_t T, int64_t heads, int64_t D, const S* cs, S alpha,
+                   const S* dy, S* dx, int64_t ldx) {
+  const int64_t h = D / 2;
+  for (int64_t n = 0; n < N; ++n) {
+    const S* c = cs + (n % T) * D;
+    const S* s = c + h;
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const S* di = dy + (n * heads + hd) * D;
+      S* xo = dx + n * ldx + hd * D;
+      for (int64_t i = 0; i < h; ++i) {
+        const S d1 = di[i], d2 = di[h + i];
+        xo[i] = alpha * (d1 * c[i] + d2 * s[i]);
+        xo[h + i] = alpha * (d2 * c[i] - d1 * s[i]);
+      }
+    }
+  }
+}
+
+// ---- Attention softmax ------------------------------------------------------------------------
+
+template <typename S>
+void causal_softmax(int64_t T, int64_t heads, S* s) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      S* row = s + (t * heads + hd) * T;
+      const int64_t n = t + 1;
+      exp_shifted(row, row_max(row, n), row, n);
+      const S inv = S(1) / det_sum<S>(n, [&](int64_t i) { return row[i]; });
+      for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+      for (int64_t j = n; j < T; ++j) row[j] = S(0);
+    }
+}
+
+template <typename S>
+void causal_softmax_backward(int64_t T, int64_t heads, const S* p, S* dp) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      const S* pr = p + (t * heads + hd) * T;
+      S* dr = dp + (t * heads + hd) * T;
+      const int64_t n = t + 1;
+      const S dot = det_sum<S>(n, [&](int64_t i) { return pr[i] * dr[i]; });
+      for (int64_t i = 0; i < n; ++i) dr[i] = pr[i] * (dr[i] - dot);
+      for (int64_t j = n; j < T; ++j) dr[j] = S(0);
+    }
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+
+template <typename S>
+void swiglu_forward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in, S* g,
+                    int64_t ld_g) {
+  for (int64_t n = 0; n < N; ++n) {
+    const S* a = gate + n * ld_in;
+    const S* b = up + n * ld_in;
+    S* o = g + n * ld_g;
+    sigmoid(a, o, F);
+    for (int64_t i = 0; i < F; ++i) o[i] = a[i] * o[i] * b[i];
+  }
+}
+
+template <typename S>
+void swiglu_backward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in,
+                     const S* dg, int64_t ld_g, S* dgate, S* dup, int64_t ld_d) {
+  for (int64_t n = 0; n < N; ++n) {
+    const S* a = gate + n * ld_in;
+    const S* b = up + n * ld_in;
+    const S* d = dg + n * ld_g;
+    S* da = dgate + n * ld_d;
+    S* db = dup + n * ld_d;
+    sigmoid(a, da, F);  // sigmoid(gate), kept in da to avoid a temporary
+    for (int64_t i = 0; i < F; ++i) {
+      const S sig = da[i];
+      db[i] = d[i] * (a[i] * sig);
+      da[i] = d[i] * b[i] * (sig * (S(1) + a[i] * (S(1) - sig)));
+    }
+  }
+}
+
+// ---- Loss -------------------------------------------------------------------------------------
+
+template <typename S>
+double xent_forward(int64_t N, int64_t V, const int32_t* targets, int64_t stride, int64_t T,
+                    double z_loss, S* logits, S* lse) {
+  double total = 0.0;
+  for (int64_t n = 0; n < N; ++n) {
+    S* r = logits + n * V;
+    const int32_t y = targets[(n / T) * stride + n % T];
+    PWM_CHECK(y >= 0 && y < V, "target token {} out of range [0, {})", y, V);
+    const S target_logit = r[y];
+    const S m = row_max(r, V);
+    exp_shifted(r, m, r, V);
+    const S z = det_sum<S>(V, [&](int64_t i) { return r[i]; });
+    const S l = m + std::log(z);
+    const S inv = S(1) / z;
+    for (int64_t i = 0; i < V; ++i) r[i] *= inv;
+    lse[n] = l;
+    total += static_cast<double>(l - target_logit) + z_loss * static_cast<double>(l) * l;
+  }
+  return total;
+}
+
+template <typename S>
+void xent_backward(int64_t N, int64_t V, const int32_t* targets, int64_t stride, int64_t T,
+                   double z_loss, const S* probs, const S* lse, S seed, S* dlogits) {
+  for (int64_t n = 0; n < N; ++n) {
+    const S* p = probs + n * V;
+    S* d = dlogits + n * V;
+    const S f = seed * (S(1) + S(2 * z_loss) * lse[n]);
+    for (int64_t i = 0; i < V; ++i) d[i] = p[i] * f;
+    d[targets[(n / T) * stride + n % T]] -= seed;
+  }
+}
+
+// ---- Explicit instantiations ------------------------------------------------------------------
+
+#define PWM_INSTANTIATE_KERNELS(S)                                                              \
+  template void gemm<S>(bool, bool, int64_t, int64_t, int64_t, S, const S*, int64_t, const S*, \
+                        int64_t, S, S*, int64_t);                                               \
+  template void norm_forward<S>(NormKind, int64_t, int64_t, const S*, const S*, S*, S*, S*);   \
+  template void norm_backward<S>(NormKind, int64_t, int64_t, const S*, const S*, const S*,     \
+                                 const S*, const S*, S*, S*);                                   \
+  template void rope_table<S>(int64_t, int64_t, double, S*);                                    \
+  template void rope_forward<S>(int64_t, int64_t, int64_t, int64_t, const S*, S, const S*,     \
+                                int64_t, S*);                                                   \
+  template void rope_backward<S>(int64_t, int64_t, int64_t, int64_t, const S*, S, const S*,    \
+                                 S*, int64_t);                                                  \
+  template void causal_softmax<S>(int64_t, int64_t, S*);                                        \
+  template void causal_softmax_backward<S>(int64_t, int64_t, const S*, S*);                     \
+  template void swiglu_forward<S>(int64_t, int64_t, const S*, const S*, int64_t, S*, int64_t);  \
+  template void swiglu_backward<S>(int64_t, int64_t, const S*, const S*, int64_t, const S*,     \
+                                   int64_t, S*, S*, int64_t);                                   \
+  template double xent_forward<S>(int64_t, int64_t, const int32_t*, int64_t, int64_t, double,  \
+                                  S*, S*);                                                      \
+  template void xent_backward<S>(int64_t, int64_t, const int32_t*, int64_t, int64_t, double,   \
+                                 const S*, const S*, S, S*);
+
+PWM_INSTANTIATE_KERNELS(float)
+PWM_INSTANTIATE_KERNELS(double)
+
+}  // namespace pwm::model

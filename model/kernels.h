@@ -1,0 +1,92 @@
+// Numeric kernels of the Transformer, templated on the scalar type S (float for training,
+// double for the finite-difference tests). All matrices are row-major with an explicit leading
+// dimension (elements between consecutive rows). Every kernel is single-threaded and
+// deterministic: the same inputs give the same bits. Shapes use the glossary of model/config.h;
+// N = B*T rows.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+
+namespace pwm::model {
+
+// ---- Matrix products -------------------------------------------------------------------------
+
+enum class GemmBackend { kBlas, kEigen };
+// kBlas (OpenBLAS cblas_?gemm) when the library was built with it, else kEigen. Process-wide.
+void set_gemm_backend(GemmBackend b);
+GemmBackend gemm_backend();
+bool have_blas();
+const char* gemm_backend_name(GemmBackend b);
+// Threads used by BLAS (and Eigen). The first gemm call sets it from PWM_MODEL_THREADS
+// (default 1, one thread per MPI rank); calling this afterwards overrides it.
+void set_num_threads(int n);
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C. op(A) is [M,K] (A stored [K,M] when trans_a),
+// op(B) is [K,N] (B stored [N,K] when trans_b). beta == 0 ignores C's previous contents.
+template <typename S>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, S alpha, const S* A,
+          int64_t lda, const S* B, int64_t ldb, S beta, S* C, int64_t ldc);
+
+// ---- Normalization (shared pre-norm and final norm) -------------------------------------------
+
+constexpr double kNormEps = 1e-5;  // both kinds, as torch.nn.functional.layer_norm's default
+
+// h[n,:] = normalize(x[n,:]) * scale. LayerNorm (no bias): (x - mean) * rstd; RMSNorm: x * rstd.
+// x, h: [N, C]; scale: [C]; mean, rstd: [N] saved for the backward (mean = 0 for RMSNorm).
+template <typename S>
+void norm_forward(NormKind kind, int64_t N, int64_t C, const S* x, const S* scale, S* h, S* mean,
+                  S* rstd);
+// dx += d(h)/d(x)^T dh;  dscale += sum_n dh * xhat.  dh, x, dx: [N, C].
+template <typename S>
+void norm_backward(NormKind kind, int64_t N, int64_t C, const S* dh, const S* x, const S* scale,
+                   const S* mean, const S* rstd, S* dx, S* dscale);
+
+// ---- Rotary embeddings (rotate-half convention, as the torch peer) ---------------------------
+// For position t and i < D/2, angle = t * base^(-2i/D):
+//   y[i] = x[i] cos - x[i+D/2] sin,   y[i+D/2] = x[i] sin + x[i+D/2] cos.
+// cos_sin: [T, D] table, cos in [:, :D/2], sin in [:, D/2:].
+template <typename S>
+void rope_table(int64_t T, int64_t D, double base, S* cos_sin);
+// For each n in [0, N), t = n % T, and each of `heads` vectors of length D:
+// y[n, h*D : (h+1)*D] = alpha * rope(x[n, h*D : ...]) (y rows of length heads*D, contiguous).
+template <typename S>
+void rope_forward(int64_t N, int64_t T, int64_t heads, int64_t D, const S* cos_sin, S alpha,
+                  const S* x, int64_t ldx, S* y);
+// The transpose (inverse rotation): dx[n, h*D...] = alpha * rope^T(dy[n, h*D...]); dx has ldx.
+template <typename S>
+void rope_backward(int64_t N, int64_t T, int64_t heads, int64_t D, const S* cos_sin, S alpha,
+                   const S* dy, S* dx, int64_t ldx);
+
+// ---- Attention softmax ------------------------------------------------------------------------
+// s: [T * heads, T] scores of one sequence, rows (t, h) (row t*heads + h). In place: causal
+// softmax over columns 0..t, zeros in columns > t.
+template <typename S>
+void causal_softmax(int64_t T, int64_t heads, S* s);
+// ds = p * (dp - sum_j dp*p) over the causal columns, in place in dp (zeros above the diagonal).
+template <typename S>
+void causal_softmax_backward(int64_t T, int64_t heads, const S* p, S* dp);
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+// g[n, :] = silu(gate[n, :]) * up[n, :], rows of length F, each operand with its own ld.
+template <typename S>
+void swiglu_forward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in, S* g,
+                    int64_t ld_g);
+// dgate = dg * up * silu'(gate), dup = dg * silu(gate) (written, not accumulated).
+template <typename S>
+void swiglu_backward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in,
+                     const S* dg, int64_t ld_g, S* dgate, S* dup, int64_t ld_d);
+
+// ---- Loss -------------------------------------------------------------------------------------
+// logits: [N, V] in, replaced by softmax probabilities; lse: [N] log-sum-exp.
+// Returns sum_n (lse_n - logit[n, target_n] + z_loss * lse_n^2) (a sum, not a mean), in double.
+template <typename S>
+double xent_forward(int64_t N, int64_t V, const int32_t* targets, int64_t target_stride,
+                    int64_t T, double z_loss, S* logits, S* lse);
+// dlogits[n,:] = seed * (p * (1 + 2 z lse_n) - onehot(target_n)).
+template <typename S>
+void xent_backward(int64_t N, int64_t V, const int32_t* targets, int64_t target_stride,
+                   int64_t T, double z_loss, const S* probs, const S* lse, S seed, S* dlogits);
+
+}  // namespace pwm::model

@@ -1,0 +1,154 @@
+// The PaLM-style decoder, forward and backward by hand, over one tensor-parallel shard.
+//
+//   x0 = embed[tokens[:, :T]]                                   [N, C], N = B*T
+//   for each layer l:  h = Norm_l(x);  x = x + Attn(h) + MLP(h)   (parallel block, one norm)
+//     Attn: multi-query, causal; q = rope(h wq^T) [N, H, D], k = rope(h wk^T), v = h wv^T [N, D]
+//           a = softmax(q k^T / sqrt(D)) v  [N, H*D];  attn_out = a . wo
+//     MLP:  g = silu(h w_gate^T) * (h w_up^T)  [N, F];  mlp_out = g . w_down
+//   logits = FinalNorm(x) . embed^T  [N, V]
+//   loss = mean_n( lse_n - logits[n, target_n] + z_loss * lse_n^2 ),  targets = tokens[:, 1:]
+//
+// Tensor parallelism (Megatron style): a tp rank holds H/tp query heads (rows of wq and wo) and
+// F/tp MLP columns (rows of w_gate, w_up, w_down); the K/V head, the norms and the embedding are
+// replicated. Each block sums its attention and MLP outputs locally into ONE partial [N, C] that
+// the caller's `tp_allreduce` sums over the tp group: one reduction per block forward, one per
+// block backward (d(normed x) [N, C] plus the partial grads of wk, wv [2, D, C]). After backward,
+// the gradients of replicated parameters are complete and identical on every tp rank, so a
+// trainer only needs a dp AllReduce of the whole gradient buffer. The model never calls MPI.
+//
+// Gradient convention: every backward ACCUMULATES into `grads` (same layout as params):
+// grads += grad_scale * d(mean micro-batch loss)/d(params). Zero it yourself between steps.
+// Nothing here allocates after construction of Activations / Scratch; all of it is
+// single-threaded and deterministic.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace pwm::model {
+
+// Sums `count` elements at `data` in place over the tp group. Empty (or a no-op) for tp = 1.
+template <typename S>
+using TpReduce = std::function<void(S* data, size_t count)>;
+
+// Everything one micro-batch keeps between its forward and its backward, for the layers
+// [layer_begin, layer_end) (a pipeline stage may hold a range) plus the head. Owns its memory.
+template <typename S>
+class Activations {
+ public:
+  Activations(const ParamLayout& layout, int64_t B, int layer_begin = 0, int layer_end = -1);
+
+  int64_t B() const { return B_; }
+  int64_t N() const { return B_ * T_; }
+  int layer_begin() const { return l0_; }
+  int layer_end() const { return l1_; }
+  // Residual stream at the input of block l, l in [layer_begin, layer_end]: [N, C].
+  // x(layer_end) is the block range's output (x(L) feeds the head). A pipeline stage writes its
+  // input into x(layer_begin) before block_forward(layer_begin).
+  S* x(int l);
+  const S* x(int l) const;
+  // Gradient of the loss w.r.t. the residual stream where the backward currently is: [N, C].
+  // head_backward sets it to d/dx(L); block_backward(l) turns d/dx(l+1) into d/dx(l);
+  // embed_backward consumes d/dx(0). A pipeline stage writes the received gradient here.
+  S* dx() { return dx_.data(); }
+  const S* dx() const { return dx_.data(); }
+
+  struct Layer {
+    std::vector<S> mean, rstd;  // [N] norm statistics
+    std::vector<S> h;           // [N, C] normed input
+    std::vector<S> yin;         // [N, R_in] h . w_in^T: k | v | q | gate | up (pre-rope)
+    std::vector<S> q;           // [N, Hs, D] rope(q) / sqrt(D)
+    std::vector<S> k;           // [N, D] rope(k)
+    std::vector<S> p;           // [B, T*Hs, T] attention probabilities, rows (t, h)
+    std::vector<S> ag;          // [N, R_out] attention output a | swiglu output g
+  };
+  Layer& layer(int l);
+  const Layer& layer(int l) const;
+
+  // Head state.
+  std::vector<S> f_mean, f_rstd;  // [N]
+  std::vector<S> hf;              // [N, C] final-normed x(L)
+  std::vector<S> probs;           // [N, V] softmax of the logits
+  std::vector<S> lse;             // [N] log-sum-exp of the logits
+  std::vector<S> rope;            // [T, D] cos | sin table
+
+ private:
+  int64_t B_, T_, C_;
+  int l0_, l1_;
+  std::vector<S> xs_;  // [(l1 - l0 + 1), N, C]
+  std::vector<S> dx_;  // [N, C]
+  std::vector<Layer> layers_;
+};
+
+// Temporaries reused across calls (no state carried between calls). One per thread of work.
+template <typename S>
+class Scratch {
+ public:
+  Scratch(const ParamLayout& layout, int64_t B);
+  int64_t B;
+  std::vector<S> dyin;     // [N, R_in]
+  std::vector<S> dag;      // [N, R_out]
+  std::vector<S> reduce;   // [N*C + 2*D*C] backward tp reduction: d(h) | d(wk) | d(wv)
+  std::vector<S> att;      // [T*Hs, T] dP / dS of one sequence
+  std::vector<S> o;        // [T*Hs, D] attention output / its gradient, one sequence
+  std::vector<S> dq;       // [T*Hs, D]
+  std::vector<S> dk;       // [T, D]
+  std::vector<S> dlogits;  // [N, V]
+  std::vector<S> dhf;      // [N, C]
+};
+
+// Activations for all layers plus scratch: what forward_backward needs for micro-batches of B.
+template <typename S>
+struct Workspace {
+  Workspace(const ParamLayout& layout, int64_t B) : act(layout, B), scratch(layout, B) {}
+  Activations<S> act;
+  Scratch<S> scratch;
+};
+
+// ---- Pieces (a Pathways runtime runs them as separate nodes; a pipeline runs a layer range) ----
+// `tokens` is [B, T+1] int32 row-major: inputs tokens[:, :T], targets tokens[:, 1:].
+// params/grads: this tp rank's buffers of layout.total() elements.
+
+// x(0) = embed[tokens[:, :T]].
+template <typename S>
+void embed_forward(const ParamLayout& layout, const S* params, const int32_t* tokens,
+                   Activations<S>& act);
+// x(l+1) = x(l) + tp_allreduce(attn_partial + mlp_partial).
+template <typename S>
+void block_forward(const ParamLayout& layout, const S* params, int layer, Activations<S>& act,
+                   Scratch<S>& scratch, const TpReduce<S>& tp_allreduce);
+// Final norm, logits, loss; returns the micro-batch mean loss. Identical on every tp rank.
+template <typename S>
+S head_forward(const ParamLayout& layout, const S* params, const int32_t* tokens,
+               Activations<S>& act);
+// Seeds the backward: act.dx() = grad_scale * d(mean loss)/dx(L); accumulates the output-
+// projection part of grads["embed"] and grads["final_norm"].
+template <typename S>
+void head_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
+                   S grad_scale, Activations<S>& act, Scratch<S>& scratch);
+// act.dx(): d/dx(l+1) -> d/dx(l); accumulates the grads of layer l. One tp_allreduce call.
+template <typename S>
+void block_backward(const ParamLayout& layout, const S* params, S* grads, int layer,
+                    Activations<S>& act, Scratch<S>& scratch, const TpReduce<S>& tp_allreduce);
+// grads["embed"][tokens[b, t]] += act.dx()[b*T + t] (the lookup's part of the tied embedding).
+template <typename S>
+void embed_backward(const ParamLayout& layout, S* grads, const int32_t* tokens,
+                    const Activations<S>& act);
+
+// ---- Whole micro-batch ------------------------------------------------------------------------
+
+// The composition embed -> blocks -> head -> head_backward -> blocks reversed -> embed_backward.
+// grads += grad_scale * d(mean loss)/d(params); returns the mean loss. B must equal ws's B.
+template <typename S>
+S forward_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
+                   int64_t B, S grad_scale, Workspace<S>& ws, const TpReduce<S>& tp_allreduce);
+// Mean loss only (evaluation).
+template <typename S>
+S forward_loss(const ParamLayout& layout, const S* params, const int32_t* tokens, int64_t B,
+               Workspace<S>& ws, const TpReduce<S>& tp_allreduce);
+
+}  // namespace pwm::model

@@ -1,0 +1,165 @@
+// One parallel block, forward and backward, over this tp rank's shard (transformer.h).
+//
+// Per block the work is four big GEMMs over all N = B*T rows and the attention core:
+//   yin [N, R_in]  = h [N, C] . w_in^T        w_in = wk | wv | wq | w_gate | w_up (contiguous rows)
+//   out [N, C]     = ag [N, R_out] . w_out    w_out = wo | w_down, ag = a | swiglu(gate, up)
+// so the attention and MLP outputs are summed inside one GEMM and reduced once over tp.
+// Multi-query attention folds the Hs local heads of a sequence into the row dimension:
+// scores [T*Hs, T] = q_b [T*Hs, D] . k_b^T, one GEMM per sequence (rows (t, h)).
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/kernels.h"
+#include "model/transformer.h"
+
+namespace pwm::model {
+
+namespace {
+
+struct Dims {
+  int64_t B, T, N, C, D, Hs, Fs, R_in, R_out;
+  // Column offsets inside yin / rows inside w_in, and inside ag / w_out.
+  int64_t k() const { return 0; }
+  int64_t v() const { return D; }
+  int64_t q() const { return 2 * D; }
+  int64_t gate() const { return 2 * D + Hs * D; }
+  int64_t up() const { return 2 * D + Hs * D + Fs; }
+  int64_t g() const { return Hs * D; }
+};
+
+Dims dims(const ParamLayout& layout, int64_t B) {
+  const Config& c = layout.config();
+  Dims d;
+  d.B = B;
+  d.T = c.seq_len;
+  d.N = B * c.seq_len;
+  d.C = c.d_model;
+  d.D = c.head_dim;
+  d.Hs = layout.local_heads();
+  d.Fs = layout.local_ff();
+  d.R_in = layout.w_in_rows();
+  d.R_out = layout.w_out_rows();
+  return d;
+}
+
+}  // namespace
+
+template <typename S>
+void block_forward(const ParamLayout& layout, const S* params, int l, Activations<S>& act,
+                   Scratch<S>& sc, const TpReduce<S>& tp_allreduce) {
+  const Config& c = layout.config();
+  const Dims d = dims(layout, act.B());
+  PWM_CHECK_EQ(sc.B, act.B());
+  const LayerOffsets& lo = layout.layer(l);
+  auto& ly = act.layer(l);
+  const S* w_in = params + lo.w_in;    // [R_in, C]
+  const S* w_out = params + lo.w_out;  // [R_out, C]
+  const S* x = act.x(l);               // [N, C]
+  S* y = act.x(l + 1);                 // [N, C]
+  S* yin = ly.yin.data();              // [N, R_in]
+  S* ag = ly.ag.data();                // [N, R_out]
+  const S qscale = S(1) / std::sqrt(static_cast<S>(d.D));
+
+  norm_forward(c.norm, d.N, d.C, x, params + lo.norm, ly.h.data(), ly.mean.data(),
+               ly.rstd.data());
+  gemm<S>(false, true, d.N, d.R_in, d.C, S(1), ly.h.data(), d.C, w_in, d.C, S(0), yin, d.R_in);
+  rope_forward(d.N, d.T, d.Hs, d.D, act.rope.data(), qscale, yin + d.q(), d.R_in, ly.q.data());
+  rope_forward(d.N, d.T, int64_t{1}, d.D, act.rope.data(), S(1), yin + d.k(), d.R_in,
+               ly.k.data());
+
+  const int64_t TH = d.T * d.Hs;
+  for (int64_t b = 0; b < d.B; ++b) {
+    const S* qb = ly.q.data() + b * TH * d.D;          // [T*Hs, D]
+    const S* kb = ly.k.data() + b * d.T * d.D;         // [T, D]
+    const S* vb = yin + b * d.T * d.R_in + d.v();      // [T, D], ld R_in
+    S* pb = ly.p.data() + b * TH * d.T;                // [T*Hs, T]
+    gemm<S>(false, true, TH, d.T, d.D, S(1), qb, d.D, kb, d.D, S(0), pb, d.T);
+    causal_softmax(d.T, d.Hs, pb);
+    gemm<S>(false, false, TH, d.D, d.T, S(1), pb, d.T, vb, d.R_in, S(0), sc.o.data(), d.D);
+    for (int64_t t = 0; t < d.T; ++t)  // o [T, Hs*D] -> ag[b*T + t, :Hs*D]
+      std::memcpy(ag + (b * d.T + t) * d.R_out, sc.o.data() + t * d.Hs * d.D,
+                  sizeof(S) * d.Hs * d.D);
+  }
+  swiglu_forward(d.N, d.Fs, yin + d.gate(), yin + d.up(), d.R_in, ag + d.g(), d.R_out);
+
+  // Partial block output: attention + MLP of this shard's heads and columns, one GEMM.
+  gemm<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C);
+  if (tp_allreduce) tp_allreduce(y, static_cast<size_t>(d.N * d.C));
+  for (int64_t i = 0; i < d.N * d.C; ++i) y[i] += x[i];
+}
+
+template <typename S>
+void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
+                    Activations<S>& act, Scratch<S>& sc, const TpReduce<S>& tp_allreduce) {
+  const Config& c = layout.config();
+  const Dims d = dims(layout, act.B());
+  PWM_CHECK_EQ(sc.B, act.B());
+  const LayerOffsets& lo = layout.layer(l);
+  auto& ly = act.layer(l);
+  const S* w_in = params + lo.w_in;    // [R_in, C]
+  const S* w_out = params + lo.w_out;  // [R_out, C]
+  S* g_in = grads + lo.w_in;           // [R_in, C]
+  S* g_out = grads + lo.w_out;         // [R_out, C]
+  S* dx = act.dx();                    // [N, C] in: d/dx(l+1), out: d/dx(l)
+  const S* yin = ly.yin.data();        // [N, R_in]
+  S* dyin = sc.dyin.data();            // [N, R_in]
+  S* dag = sc.dag.data();              // [N, R_out]
+  const S qscale = S(1) / std::sqrt(static_cast<S>(d.D));
+
+  // Output projection: d(ag) = dy . w_out^T;  d(w_out) += ag^T . dy.
+  gemm<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out);
+  gemm<S>(true, false, d.R_out, d.C, d.N, S(1), ly.ag.data(), d.R_out, dx, d.C, S(1), g_out,
+          d.C);
+
+  const int64_t TH = d.T * d.Hs;
+  for (int64_t b = 0; b < d.B; ++b) {
+    const S* qb = ly.q.data() + b * TH * d.D;      // [T*Hs, D]
+    const S* kb = ly.k.data() + b * d.T * d.D;     // [T, D]
+    const S* vb = yin + b * d.T * d.R_in + d.v();  // [T, D], ld R_in
+    const S* pb = ly.p.data() + b * TH * d.T;      // [T*Hs, T]
+    S* dyb = dyin + b * d.T * d.R_in;              // [T, R_in]
+    S* dO = sc.o.data();                           // [T*Hs, D]
+    S* dS = sc.att.data();                         // [T*Hs, T]
+    for (int64_t t = 0; t < d.T; ++t)
+      std::memcpy(dO + t * d.Hs * d.D, dag + (b * d.T + t) * d.R_out, sizeof(S) * d.Hs * d.D);
+    // dP = dO . v^T;  dv = P^T . dO;  dS = softmax'(dP);  dq = dS . k;  dk = dS^T . q
+    gemm<S>(false, true, TH, d.T, d.D, S(1), dO, d.D, vb, d.R_in, S(0), dS, d.T);
+    gemm<S>(true, false, d.T, d.D, TH, S(1), pb, d.T, dO, d.D, S(0), dyb + d.v(), d.R_in);
+    causal_softmax_backward(d.T, d.Hs, pb, dS);
+    gemm<S>(false, false, TH, d.D, d.T, S(1), dS, d.T, kb, d.D, S(0), sc.dq.data(), d.D);
+    gemm<S>(true, false, d.T, d.D, TH, S(1), dS, d.T, qb, d.D, S(0), sc.dk.data(), d.D);
+    rope_backward(d.T, d.T, d.Hs, d.D, act.rope.data(), qscale, sc.dq.data(), dyb + d.q(),
+                  d.R_in);
+    rope_backward(d.T, d.T, int64_t{1}, d.D, act.rope.data(), S(1), sc.dk.data(), dyb + d.k(),
+                  d.R_in);
+  }
+  swiglu_backward(d.N, d.Fs, yin + d.gate(), yin + d.up(), d.R_in, dag + d.g(), d.R_out,
+                  dyin + d.gate(), dyin + d.up(), d.R_in);
+
+  // Input projection. The tp reduction buffer holds d(h) [N, C] then d(wk), d(wv) [2D, C]: both
+  // partial over the local heads/columns, summed in ONE tp_allreduce.
+  S* red = sc.reduce.data();
+  S* red_kv = red + d.N * d.C;
+  gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+  gemm<S>(true, false, d.R_in - d.q(), d.C, d.N, S(1), dyin + d.q(), d.R_in, ly.h.data(), d.C,
+          S(1), g_in + d.q() * d.C, d.C);
+  gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
+          d.C);
+  if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
+  for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];
+  // dx (= dy, the residual path) += Norm'(d(h)); d(norm scale) += ...
+  norm_backward(c.norm, d.N, d.C, red, act.x(l), params + lo.norm, ly.mean.data(),
+                ly.rstd.data(), dx, grads + lo.norm);
+}
+
+#define PWM_INSTANTIATE_BLOCK(S)                                                          \
+  template void block_forward<S>(const ParamLayout&, const S*, int, Activations<S>&,      \
+                                 Scratch<S>&, const TpReduce<S>&);                        \
+  template void block_backward<S>(const ParamLayout&, const S*, S*, int, Activations<S>&, \
+                                  Scratch<S>&, const TpReduce<S>&);
+
+PWM_INSTANTIATE_BLOCK(float)
+PWM_INSTANTIATE_BLOCK(double)
+
+}  // namespace pwm::model

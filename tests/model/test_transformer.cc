@@ -1,0 +1,146 @@
+// The model's composition and training behaviour: forward_backward is bitwise the composition
+// of the pieces (also split into pipeline stages), results are deterministic, and AdamW
+// overfits one batch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "common/check.h"
+#include "model/kernels.h"
+#include "model/optim.h"
+#include "model/params.h"
+#include "model/transformer.h"
+#include "tests/model/model_test_util.h"
+
+namespace pwm::model {
+namespace {
+
+Config small_config() {
+  Config c;
+  c.d_model = 32;
+  c.n_layers = 3;
+  c.n_heads = 2;
+  c.head_dim = 16;
+  c.d_ff = 64;
+  c.vocab = 32;
+  c.seq_len = 16;
+  c.z_loss = 1e-4;
+  c.seed = 5;
+  return c;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+TEST(Transformer, ForwardBackwardIsCompositionOfPiecesBitwise) {
+  const Config c = small_config();
+  const int64_t B = 2;
+  const int L = static_cast<int>(c.n_layers);
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total()), g1(lay.total(), 0.0f), g2(lay.total(), 0.0f);
+  init_params(lay, c.seed, p.data());
+  const auto tokens = testing::random_tokens(c, B, 1);
+  Workspace<float> ws(lay, B);
+  const float loss1 =
+      forward_backward<float>(lay, p.data(), g1.data(), tokens.data(), B, 0.5f, ws, {});
+
+  // Two pipeline stages: layers [0, 1) with the embedding, [1, L) with the head.
+  Activations<float> s0(lay, B, 0, 1), s1(lay, B, 1, L);
+  Scratch<float> sc(lay, B);
+  const size_t NC = static_cast<size_t>(B * c.seq_len * c.d_model);
+  embed_forward<float>(lay, p.data(), tokens.data(), s0);
+  block_forward<float>(lay, p.data(), 0, s0, sc, {});
+  std::memcpy(s1.x(1), s0.x(1), sizeof(float) * NC);  // "send" the activations
+  for (int l = 1; l < L; ++l) block_forward<float>(lay, p.data(), l, s1, sc, {});
+  const float loss2 = head_forward<float>(lay, p.data(), tokens.data(), s1);
+  head_backward<float>(lay, p.data(), g2.data(), tokens.data(), 0.5f, s1, sc);
+  for (int l = L - 1; l >= 1; --l) block_backward<float>(lay, p.data(), g2.data(), l, s1, sc, {});
+  std::memcpy(s0.dx(), s1.dx(), sizeof(float) * NC);  // "send" the gradient back
+  block_backward<float>(lay, p.data(), g2.data(), 0, s0, sc, {});
+  embed_backward<float>(lay, g2.data(), tokens.data(), s0);
+
+  EXPECT_EQ(0, std::memcmp(&loss1, &loss2, sizeof(float)));
+  EXPECT_TRUE(same_bits(g1, g2));
+
+  // Same inputs, same bits, on a fresh workspace too.
+  std::vector<float> g3(lay.total(), 0.0f);
+  Workspace<float> ws2(lay, B);
+  const float loss3 =
+      forward_backward<float>(lay, p.data(), g3.data(), tokens.data(), B, 0.5f, ws2, {});
+  EXPECT_EQ(0, std::memcmp(&loss1, &loss3, sizeof(float)));
+  EXPECT_TRUE(same_bits(g1, g3));
+}
+
+TEST(Transformer, InitialLossNearUniform) {
+  // Embedding std 1/sqrt(C) makes the tied logits start at unit scale: loss ~ log(V) + ~0.5.
+  const Config c = small_config();
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total());
+  init_params(lay, c.seed, p.data());
+  const auto tokens = testing::random_tokens(c, 4, 2);
+  Workspace<float> ws(lay, 4);
+  const float loss = forward_loss<float>(lay, p.data(), tokens.data(), 4, ws, {});
+  EXPECT_GT(loss, std::log(32.0) - 0.2);
+  EXPECT_LT(loss, std::log(32.0) + 1.5);
+}
+
+TEST(Transformer, OverfitsOneBatch) {
+  const Config c = small_config();
+  const int64_t B = 4;
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total()), g(lay.total()), m(lay.total(), 0.0f), v(lay.total(), 0.0f);
+  init_params(lay, c.seed, p.data());
+  auto tokens = testing::random_tokens(c, B, 3);
+  for (int64_t b = 0; b < B; ++b) tokens[b * (c.seq_len + 1)] = static_cast<int32_t>(b);
+  Workspace<float> ws(lay, B);
+  AdamWConfig opt;
+  opt.lr = 1e-2;
+  opt.weight_decay = 0.0;
+  opt.warmup_steps = 10;
+  float loss = 0;
+  int step = 0;
+  for (; step < 400; ++step) {
+    std::fill(g.begin(), g.end(), 0.0f);
+    loss = forward_backward<float>(lay, p.data(), g.data(), tokens.data(), B, 1.0f, ws, {});
+    if (loss < 0.05f) break;
+    const double clip = clip_factor(opt, grad_sq_norm_tp(lay, g.data()));
+    adamw_step(opt, lay, step, lr_at(opt, step), clip, p.data(), g.data(), m.data(), v.data());
+  }
+  EXPECT_LT(loss, 0.1f) << "after " << step << " steps";
+}
+
+TEST(Transformer, RejectsBadTokens) {
+  const Config c = small_config();
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total());
+  init_params(lay, c.seed, p.data());
+  auto tokens = testing::random_tokens(c, 1, 3);
+  tokens[2] = static_cast<int32_t>(c.vocab);
+  Workspace<float> ws(lay, 1);
+  EXPECT_THROW(forward_loss<float>(lay, p.data(), tokens.data(), 1, ws, {}), pwm::Error);
+}
+
+TEST(Kernels, BlasAndEigenGemmAgree) {
+  if (!have_blas()) GTEST_SKIP() << "built without OpenBLAS";
+  const int64_t M = 37, N = 29, K = 41;
+  std::vector<float> A(M * K), Bm(K * N), C1(M * N, 1.0f), C2(M * N, 1.0f);
+  for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
+  for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::fill(C1.begin(), C1.end(), 1.0f);
+      std::fill(C2.begin(), C2.end(), 1.0f);
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      set_gemm_backend(GemmBackend::kBlas);
+      gemm<float>(ta, tb, M, N, K, 0.5f, A.data(), lda, Bm.data(), ldb, 2.0f, C1.data(), N);
+      set_gemm_backend(GemmBackend::kEigen);
+      gemm<float>(ta, tb, M, N, K, 0.5f, A.data(), lda, Bm.data(), ldb, 2.0f, C2.data(), N);
+      set_gemm_backend(GemmBackend::kBlas);
+      for (size_t i = 0; i < C1.size(); ++i) EXPECT_NEAR(C1[i], C2[i], 1e-4) << ta << tb << i;
+    }
+}
+
+}  // namespace
+}  // namespace pwm::model
