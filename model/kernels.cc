@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "common/env.h"
+#include "common/time.h"
 
 #ifdef PWM_HAVE_OPENBLAS
 #include <cblas.h>
@@ -23,6 +24,8 @@ std::atomic<GemmBackend> g_backend{GemmBackend::kBlas};
 std::atomic<GemmBackend> g_backend{GemmBackend::kEigen};
 #endif
 std::once_flag g_threads_once;
+std::atomic<bool> g_profiling{false};
+GemmStats g_stats;  // only touched when profiling (single-threaded benchmark use)
 
 void apply_threads(int n) {
 #ifdef PWM_HAVE_OPENBLAS
@@ -94,6 +97,18 @@ bool have_blas() {
 }
 const char* gemm_backend_name(GemmBackend b) { return b == GemmBackend::kBlas ? "blas" : "eigen"; }
 
+std::string blas_info() {
+#ifdef PWM_HAVE_OPENBLAS
+  return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+#else
+  return "Eigen";
+#endif
+}
+
+void set_gemm_profiling(bool on) { g_profiling = on; }
+GemmStats gemm_stats() { return g_stats; }
+void reset_gemm_stats() { g_stats = GemmStats{}; }
+
 void set_num_threads(int n) {
   PWM_CHECK_GE(n, 1);
   init_threads_once();
@@ -105,6 +120,16 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A
           const S* B, int64_t ldb, S beta, S* C, int64_t ldc) {
   init_threads_once();
   if (M == 0 || N == 0) return;
+  if (g_profiling.load(std::memory_order_relaxed)) [[unlikely]] {
+    g_profiling = false;
+    const double t0 = now_s();
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    g_stats.seconds += now_s() - t0;
+    g_stats.flops += 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+    ++g_stats.calls;
+    g_profiling = true;
+    return;
+  }
 #ifdef PWM_HAVE_OPENBLAS
   if (g_backend.load(std::memory_order_relaxed) == GemmBackend::kBlas) {
     gemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/config.h"
 
@@ -19,9 +20,21 @@ void set_gemm_backend(GemmBackend b);
 GemmBackend gemm_backend();
 bool have_blas();
 const char* gemm_backend_name(GemmBackend b);
+// "OpenBLAS <config> core=<kernel set>" or "Eigen" (the kernel set follows OPENBLAS_CORETYPE).
+std::string blas_info();
 // Threads used by BLAS (and Eigen). The first gemm call sets it from PWM_MODEL_THREADS
 // (default 1, one thread per MPI rank); calling this afterwards overrides it.
 void set_num_threads(int n);
+
+// Optional accounting of every gemm call (for model_bench --profile): off by default.
+struct GemmStats {
+  int64_t calls = 0;
+  double flops = 0;    // 2*M*N*K summed
+  double seconds = 0;  // wall time inside gemm
+};
+void set_gemm_profiling(bool on);
+GemmStats gemm_stats();  // totals since the last reset
+void reset_gemm_stats();
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C. op(A) is [M,K] (A stored [K,M] when trans_a),
 // op(B) is [K,N] (B stored [N,K] when trans_b). beta == 0 ignores C's previous contents.

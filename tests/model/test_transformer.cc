@@ -86,6 +86,25 @@ TEST(Transformer, InitialLossNearUniform) {
   EXPECT_LT(loss, std::log(32.0) + 1.5);
 }
 
+// Causality: changing input token k changes no prediction at positions < k (bitwise), and does
+// change the prediction at k.
+TEST(Transformer, CausalNoLeakFromTheFuture) {
+  const Config c = small_config();
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total());
+  init_params(lay, c.seed, p.data());
+  const int64_t T = c.seq_len, V = c.vocab, k = 9;
+  auto tokens = testing::random_tokens(c, 1, 4);
+  Workspace<float> ws(lay, 1);
+  forward_loss<float>(lay, p.data(), tokens.data(), 1, ws, {});
+  const std::vector<float> before = ws.act.probs;
+  tokens[k] = (tokens[k] + 1) % static_cast<int32_t>(V);
+  forward_loss<float>(lay, p.data(), tokens.data(), 1, ws, {});
+  EXPECT_EQ(0, std::memcmp(before.data(), ws.act.probs.data(), sizeof(float) * k * V));
+  EXPECT_NE(0, std::memcmp(before.data() + k * V, ws.act.probs.data() + k * V, sizeof(float) * V));
+  EXPECT_EQ(T, 16);
+}
+
 TEST(Transformer, OverfitsOneBatch) {
   const Config c = small_config();
   const int64_t B = 4;
