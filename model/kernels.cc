@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <mutex>
 
@@ -140,16 +141,16 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A
 }
 
 // ---- Deterministic building blocks ------------------------------------------------------------
-// Eigen's vectorized reductions and its exp() on a Map peel the first elements up to the next
-// aligned address and treat them with scalar code, so results would depend on where a buffer
-// lives. These helpers make every result a function of the values only: sums use kLanes
-// independent accumulators combined in a fixed tree, and exp() runs on fixed-size aligned
-// chunks (padded), so every element goes through the same SIMD code path.
+// Every result must be a function of the values only, never of a buffer's address or of where
+// a loop's SIMD body ends (Eigen's vectorized reductions and exp() on a Map peel unaligned
+// elements into scalar code, so they are not used here). Sums use kLanes independent
+// accumulators combined in a fixed tree; exp is one branch-free formula that the compiler
+// vectorizes and that gives the same bits in the SIMD body and the scalar tail
+// (-ffp-contract=off, model/CMakeLists.txt).
 
 namespace {
 
 constexpr int kLanes = 16;
-constexpr int kChunk = 64;
 
 template <typename S, typename F>
 S det_sum(int64_t n, F term) {
@@ -163,43 +164,42 @@ S det_sum(int64_t n, F term) {
   return acc[0];
 }
 
+// max is exact, so any grouping gives the same value; kLanes lanes let it vectorize.
 template <typename S>
 S row_max(const S* x, int64_t n) {
-  S m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
-  return m;
+  S acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = acc[j] > x[i + j] ? acc[j] : x[i + j];
+  for (; i < n; ++i) acc[0] = acc[0] > x[i] ? acc[0] : x[i];
+  for (int j = 1; j < kLanes; ++j) acc[0] = acc[0] > acc[j] ? acc[0] : acc[j];
+  return acc[0];
 }
 
-template <typename S>
-using Chunk = Eigen::Array<S, kChunk, 1>;
-
-// out[i] = exp(x[i] - shift) for i < n, through Eigen's packet exp on aligned chunks.
-template <typename S>
-void exp_shifted(const S* x, S shift, S* out, int64_t n) {
-  Chunk<S> a;
-  for (int64_t o = 0; o < n; o += kChunk) {
-    const int64_t cnt = std::min<int64_t>(kChunk, n - o);
-    for (int64_t i = 0; i < cnt; ++i) a[i] = x[o + i] - shift;
-    for (int64_t i = cnt; i < kChunk; ++i) a[i] = S(0);
-    a = a.exp();
-    for (int64_t i = 0; i < cnt; ++i) out[o + i] = a[i];
-  }
+// exp(x) for float: Cephes' expf (range reduction by ln 2, degree-6 polynomial, 2^n by building
+// the exponent bits), ~1 ulp, inputs clamped to [-87.3, 88] (results stay finite and normal).
+inline float exp_det(float x) {
+  x = std::min(std::max(x, -87.3f), 88.0f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
 }
-
-// out[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i])).
-template <typename S>
-void sigmoid(const S* x, S* out, int64_t n) {
-  Chunk<S> a;
-  for (int64_t o = 0; o < n; o += kChunk) {
-    const int64_t cnt = std::min<int64_t>(kChunk, n - o);
-    for (int64_t i = 0; i < cnt; ++i) a[i] = -x[o + i];
-    for (int64_t i = cnt; i < kChunk; ++i) a[i] = S(0);
-    a = S(1) / (S(1) + a.exp());
-    for (int64_t i = 0; i < cnt; ++i) out[o + i] = a[i];
-  }
-}
+// Double is only used by the finite-difference tests: the library exp.
+inline double exp_det(double x) { return std::exp(x); }
 
 }  // namespace
+
+float exp_approx(float x) { return exp_det(x); }
 
 // ---- Normalization ----------------------------------------------------------------------------
 
@@ -299,7 +299,8 @@ void causal_softmax(int64_t T, int64_t heads, S* s) {
     for (int64_t hd = 0; hd < heads; ++hd) {
       S* row = s + (t * heads + hd) * T;
       const int64_t n = t + 1;
-      exp_shifted(row, row_max(row, n), row, n);
+      const S m = row_max(row, n);
+      for (int64_t i = 0; i < n; ++i) row[i] = exp_det(row[i] - m);
       const S inv = S(1) / det_sum<S>(n, [&](int64_t i) { return row[i]; });
       for (int64_t i = 0; i < n; ++i) row[i] *= inv;
       for (int64_t j = n; j < T; ++j) row[j] = S(0);
@@ -328,8 +329,7 @@ void swiglu_forward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld
     const S* a = gate + n * ld_in;
     const S* b = up + n * ld_in;
     S* o = g + n * ld_g;
-    sigmoid(a, o, F);
-    for (int64_t i = 0; i < F; ++i) o[i] = a[i] * o[i] * b[i];
+    for (int64_t i = 0; i < F; ++i) o[i] = a[i] * b[i] / (S(1) + exp_det(-a[i]));
   }
 }
 
@@ -342,9 +342,8 @@ void swiglu_backward(int64_t N, int64_t F, const S* gate, const S* up, int64_t l
     const S* d = dg + n * ld_g;
     S* da = dgate + n * ld_d;
     S* db = dup + n * ld_d;
-    sigmoid(a, da, F);  // sigmoid(gate), kept in da to avoid a temporary
     for (int64_t i = 0; i < F; ++i) {
-      const S sig = da[i];
+      const S sig = S(1) / (S(1) + exp_det(-a[i]));
       db[i] = d[i] * (a[i] * sig);
       da[i] = d[i] * b[i] * (sig * (S(1) + a[i] * (S(1) - sig)));
     }
@@ -363,7 +362,7 @@ double xent_forward(int64_t N, int64_t V, const int32_t* targets, int64_t stride
     PWM_CHECK(y >= 0 && y < V, "target token {} out of range [0, {})", y, V);
     const S target_logit = r[y];
     const S m = row_max(r, V);
-    exp_shifted(r, m, r, V);
+    for (int64_t i = 0; i < V; ++i) r[i] = exp_det(r[i] - m);
     const S z = det_sum<S>(V, [&](int64_t i) { return r[i]; });
     const S l = m + std::log(z);
     const S inv = S(1) / z;

@@ -91,6 +91,10 @@ template <typename S>
 void swiglu_backward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in,
                      const S* dg, int64_t ld_g, S* dgate, S* dup, int64_t ld_d);
 
+// The exp used by the float kernels (softmax, SiLU, loss): Cephes' expf, branch-free so it
+// vectorizes, ~1 ulp, input clamped to [-87.3, 88]. Exposed for tests.
+float exp_approx(float x);
+
 // ---- Loss -------------------------------------------------------------------------------------
 // logits: [N, V] in, replaced by softmax probabilities; lse: [N] log-sum-exp.
 // Returns sum_n (lse_n - logit[n, target_n] + z_loss * lse_n^2) (a sum, not a mean), in double.

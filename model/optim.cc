@@ -34,13 +34,16 @@ double lr_at(const AdamWConfig& c, int64_t step) {
 }
 
 double sq_norm(const float* data, size_t count) {
-  // Four independent accumulators keep the loop fast and the order fixed.
-  double s[4] = {0, 0, 0, 0};
+  // 16 independent accumulators (vectorized), combined in a fixed tree: a fixed order.
+  constexpr size_t kLanes = 16;
+  double s[kLanes] = {};
   size_t i = 0;
-  for (; i + 4 <= count; i += 4)
-    for (int j = 0; j < 4; ++j) s[j] += static_cast<double>(data[i + j]) * data[i + j];
-  for (; i < count; ++i) s[0] += static_cast<double>(data[i]) * data[i];
-  return (s[0] + s[1]) + (s[2] + s[3]);
+  for (; i + kLanes <= count; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) s[j] += static_cast<double>(data[i + j]) * data[i + j];
+  for (size_t j = 0; i + j < count; ++j) s[j] += static_cast<double>(data[i + j]) * data[i + j];
+  for (size_t w = kLanes / 2; w >= 1; w /= 2)
+    for (size_t j = 0; j < w; ++j) s[j] += s[j + w];
+  return s[0];
 }
 
 double grad_sq_norm_tp(const ParamLayout& layout, const float* grads) {

@@ -5,7 +5,9 @@
 //   out [N, C]     = ag [N, R_out] . w_out    w_out = wo | w_down, ag = a | swiglu(gate, up)
 // so the attention and MLP outputs are summed inside one GEMM and reduced once over tp.
 // Multi-query attention folds the Hs local heads of a sequence into the row dimension:
-// scores [T*Hs, T] = q_b [T*Hs, D] . k_b^T, one GEMM per sequence (rows (t, h)).
+// scores [T*Hs, T] = q_b [T*Hs, D] . k_b^T per sequence (rows (t, h)), in causal blocks of
+// query rows that skip the keys above the diagonal.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -16,6 +18,10 @@
 namespace pwm::model {
 
 namespace {
+
+// Query rows per causal block of the attention GEMMs: blocks skip the keys above the diagonal
+// (10/16 of the full score work at T = 128).
+constexpr int64_t kQueryBlock = 32;
 
 struct Dims {
   int64_t B, T, N, C, D, Hs, Fs, R_in, R_out;
@@ -74,9 +80,18 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
     const S* kb = ly.k.data() + b * d.T * d.D;         // [T, D]
     const S* vb = yin + b * d.T * d.R_in + d.v();      // [T, D], ld R_in
     S* pb = ly.p.data() + b * TH * d.T;                // [T*Hs, T]
-    gemm<S>(false, true, TH, d.T, d.D, S(1), qb, d.D, kb, d.D, S(0), pb, d.T);
+    // Causal blocks: query rows t in [t0, t1) only need keys [0, t1).
+    for (int64_t t0 = 0; t0 < d.T; t0 += kQueryBlock) {
+      const int64_t t1 = std::min(d.T, t0 + kQueryBlock), rows = (t1 - t0) * d.Hs;
+      gemm<S>(false, true, rows, t1, d.D, S(1), qb + t0 * d.Hs * d.D, d.D, kb, d.D, S(0),
+              pb + t0 * d.Hs * d.T, d.T);
+    }
     causal_softmax(d.T, d.Hs, pb);
-    gemm<S>(false, false, TH, d.D, d.T, S(1), pb, d.T, vb, d.R_in, S(0), sc.o.data(), d.D);
+    for (int64_t t0 = 0; t0 < d.T; t0 += kQueryBlock) {
+      const int64_t t1 = std::min(d.T, t0 + kQueryBlock), rows = (t1 - t0) * d.Hs;
+      gemm<S>(false, false, rows, d.D, t1, S(1), pb + t0 * d.Hs * d.T, d.T, vb, d.R_in, S(0),
+              sc.o.data() + t0 * d.Hs * d.D, d.D);
+    }
     for (int64_t t = 0; t < d.T; ++t)  // o [T, Hs*D] -> ag[b*T + t, :Hs*D]
       std::memcpy(ag + (b * d.T + t) * d.R_out, sc.o.data() + t * d.Hs * d.D,
                   sizeof(S) * d.Hs * d.D);
@@ -123,12 +138,28 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
     S* dS = sc.att.data();                         // [T*Hs, T]
     for (int64_t t = 0; t < d.T; ++t)
       std::memcpy(dO + t * d.Hs * d.D, dag + (b * d.T + t) * d.R_out, sizeof(S) * d.Hs * d.D);
-    // dP = dO . v^T;  dv = P^T . dO;  dS = softmax'(dP);  dq = dS . k;  dk = dS^T . q
-    gemm<S>(false, true, TH, d.T, d.D, S(1), dO, d.D, vb, d.R_in, S(0), dS, d.T);
-    gemm<S>(true, false, d.T, d.D, TH, S(1), pb, d.T, dO, d.D, S(0), dyb + d.v(), d.R_in);
+    // dP = dO . v^T;  dv = P^T . dO;  dS = softmax'(dP);  dq = dS . k;  dk = dS^T . q, over
+    // causal blocks. dv and dk sum over query blocks: the last block (all keys) initializes them,
+    // the earlier ones accumulate, in a fixed order.
+    for (int64_t t0 = 0; t0 < d.T; t0 += kQueryBlock) {
+      const int64_t t1 = std::min(d.T, t0 + kQueryBlock), rows = (t1 - t0) * d.Hs;
+      gemm<S>(false, true, rows, t1, d.D, S(1), dO + t0 * d.Hs * d.D, d.D, vb, d.R_in, S(0),
+              dS + t0 * d.Hs * d.T, d.T);
+    }
     causal_softmax_backward(d.T, d.Hs, pb, dS);
-    gemm<S>(false, false, TH, d.D, d.T, S(1), dS, d.T, kb, d.D, S(0), sc.dq.data(), d.D);
-    gemm<S>(true, false, d.T, d.D, TH, S(1), dS, d.T, qb, d.D, S(0), sc.dk.data(), d.D);
+    const int64_t last = ((d.T - 1) / kQueryBlock) * kQueryBlock;
+    for (int64_t t0 = last; t0 >= 0; t0 -= kQueryBlock) {
+      const int64_t t1 = std::min(d.T, t0 + kQueryBlock), rows = (t1 - t0) * d.Hs;
+      const S beta = t0 == last ? S(0) : S(1);
+      const S* p_blk = pb + t0 * d.Hs * d.T;  // [rows, t1], ld T
+      const S* ds_blk = dS + t0 * d.Hs * d.T;
+      gemm<S>(true, false, t1, d.D, rows, S(1), p_blk, d.T, dO + t0 * d.Hs * d.D, d.D, beta,
+              dyb + d.v(), d.R_in);
+      gemm<S>(false, false, rows, d.D, t1, S(1), ds_blk, d.T, kb, d.D, S(0),
+              sc.dq.data() + t0 * d.Hs * d.D, d.D);
+      gemm<S>(true, false, t1, d.D, rows, S(1), ds_blk, d.T, qb + t0 * d.Hs * d.D, d.D, beta,
+              sc.dk.data(), d.D);
+    }
     rope_backward(d.T, d.T, d.Hs, d.D, act.rope.data(), qscale, sc.dq.data(), dyb + d.q(),
                   d.R_in);
     rope_backward(d.T, d.T, int64_t{1}, d.D, act.rope.data(), S(1), sc.dk.data(), dyb + d.k(),

@@ -83,6 +83,13 @@ TEST(GradCheck, EveryParameterKindRmsNorm) {
   check_every_tensor(c);
 }
 
+// T = 40 spans two causal query blocks of the attention (32 + 8 rows of t).
+TEST(GradCheck, SequenceLongerThanOneAttentionBlock) {
+  Config c = testing::tiny_config();
+  c.seq_len = 40;
+  check_every_tensor(c);
+}
+
 // The embedding lookup in isolation: the gradient w.r.t. the block stack's input x(0), as left in
 // act.dx() by the backward just before embed_backward, against finite differences of x(0); then
 // embed_backward must scatter exactly those rows into grads["embed"].

@@ -141,6 +141,18 @@ TEST(Transformer, RejectsBadTokens) {
   EXPECT_THROW(forward_loss<float>(lay, p.data(), tokens.data(), 1, ws, {}), pwm::Error);
 }
 
+TEST(Kernels, ExpApproxIsAccurate) {
+  double worst = 0;
+  for (float x = -80.0f; x <= 80.0f; x += 0.01234f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(exp_approx(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);  // float eps is 1.2e-7: within ~2 ulp
+  EXPECT_EQ(exp_approx(0.0f), 1.0f);
+  EXPECT_GT(exp_approx(-1000.0f), 0.0f);  // clamped: finite, positive
+  EXPECT_TRUE(std::isfinite(exp_approx(1000.0f)));
+}
+
 TEST(Kernels, BlasAndEigenGemmAgree) {
   if (!have_blas()) GTEST_SKIP() << "built without OpenBLAS";
   const int64_t M = 37, N = 29, K = 41;
