@@ -1,0 +1,25 @@
+#include "collectives/strings.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pwm::collectives {
+
+std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine) {
+  const int n = comm.size();
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(n);
+  comm.allgather(&len, lens.data(), 1, DataType::kInt64);
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  // Pad to whole int64 words so the gather can use a fixed count.
+  const size_t words = static_cast<size_t>((max_len + 7) / 8);
+  std::vector<int64_t> send(std::max<size_t>(words, 1), 0), recv(std::max<size_t>(words, 1) * n, 0);
+  std::memcpy(send.data(), mine.data(), mine.size());
+  comm.allgather(send.data(), recv.data(), words, DataType::kInt64);
+  std::vector<std::string> out(n);
+  for (int r = 0; r < n; ++r)
+    out[r].assign(reinterpret_cast<const char*>(recv.data() + r * words), static_cast<size_t>(lens[r]));
+  return out;
+}
+
+}  // namespace pwm::collectives

@@ -1,0 +1,85 @@
+// The training workload: ONE definition shared by spmd_train and pathways_train, so that both
+// trainers run the identical workload by construction. Flags (CLI11) and a JSON config file
+// (--config FILE; flags given on the command line override the file) fill the same struct.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/optim.h"
+
+namespace CLI {
+class App;
+}
+
+namespace pwm::model {
+
+struct TrainConfig {
+  Config model;
+  AdamWConfig optim;
+
+  // Mesh: dp x tp ranks, tp ranks adjacent (world rank = dp_index * tp + tp_index).
+  int dp = 1;
+  int tp = 1;
+
+  // Workload.
+  int64_t global_batch = 16;  // sequences per optimizer step, over all dp ranks
+  int64_t microbatches = 1;   // gradient accumulation steps per dp rank
+  int64_t steps = 20;
+  uint64_t data_seed = 1;
+  std::string data;           // text file or directory; empty = default corpus
+  double val_fraction = 0.1;
+  int64_t eval_every = 0;     // validation loss every N steps (0: only at the end)
+  int64_t eval_batches = 4;   // validation batches (of global_batch sequences) per evaluation
+
+  // Outputs.
+  int64_t log_every = 5;
+  std::string metrics;        // JSON lines
+  std::string trace;          // Chrome/Perfetto trace JSON
+  std::string ckpt;           // checkpoint path
+  int64_t ckpt_every = 0;     // 0: only at the end (when --ckpt is given)
+  bool resume = false;        // start from --ckpt if it exists
+
+  // Execution (not part of the workload identity).
+  size_t bucket_bytes = 4 << 20;  // gradient AllReduce fusion buffer
+  bool overlap = true;            // overlap the bucket AllReduces with backward compute
+  double coll_timeout = 300;      // collectives watchdog, seconds
+  double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up
+
+  // Testing hook: SIGKILL world rank kill_rank in the middle of step kill_step (-1: never).
+  int64_t kill_step = -1;
+  int kill_rank = 0;
+  // Testing hook: sleep this long at the end of every step (to give an outside kill a window).
+  int64_t step_sleep_ms = 0;
+
+  // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
+  // number of compute ranks (dp * tp must equal it).
+  void validate(int world_size) const;
+  // Micro-batch size per dp rank.
+  int64_t micro_batch() const { return global_batch / dp / microbatches; }
+  int64_t tokens_per_step() const { return global_batch * model.seq_len; }
+
+  // The workload's identity as JSON (model, optimizer, batch, steps' schedule, data, seed): two
+  // runs with equal workload_json() train identically; a checkpoint stores it and --resume
+  // refuses another. Excludes mesh, outputs and execution settings.
+  std::string workload_json() const;
+  std::string to_json() const;  // everything, for the metrics file's header
+};
+
+// Registers every flag on `app`, bound to `cfg`. `--config FILE` is handled by
+// parse_train_config below.
+void add_train_flags(CLI::App& app, TrainConfig& cfg);
+
+// Parses argv into a TrainConfig: loads --config FILE first if given, then applies the flags.
+// Returns false if the program should exit (--help printed): `exit_code` is then set.
+// Throws pwm::Error on a bad flag, a bad file or an invalid value.
+bool parse_train_config(int argc, char** argv, const std::string& program,
+                        const std::string& description, TrainConfig& cfg, int& exit_code,
+                        bool print_help);
+
+// Loads a JSON config file (the keys are the long flag names without "--"). Throws pwm::Error
+// naming the file and the bad key.
+void load_train_config_file(const std::string& path, TrainConfig& cfg);
+
+}  // namespace pwm::model

@@ -1,0 +1,114 @@
+#include "model/train_report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "common/check.h"
+#include "common/stats.h"
+
+namespace pwm::model {
+
+namespace {
+nlohmann::json summary_json(const std::vector<double>& v) {
+  RankSummary s = summarize_ranks(v);
+  return {{"min", s.min}, {"median", s.median}, {"max", s.max}, {"slowest_rank", s.argmax}};
+}
+}  // namespace
+
+TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
+                         bool is_reporter)
+    : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(peak_gflops), reporter_(is_reporter) {
+  if (!reporter_ || cfg_.metrics.empty()) return;
+  tmp_path_ = fmt::format("{}.tmp.{}", cfg_.metrics, getpid());
+  out_.open(tmp_path_, std::ios::trunc);
+  if (!out_) PWM_THROW("--metrics {}: cannot write there (check the directory)", cfg_.metrics);
+  nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
+                         {"ranks", ranks_}, {"peak_gflops_per_rank", peak_},
+                         {"flops_per_token", cfg_.model.flops_per_token()}};
+  write(head.dump());
+}
+
+TrainReport::~TrainReport() {
+  if (out_.is_open()) {
+    out_.close();
+    std::remove(tmp_path_.c_str());  // finish() was not reached: leave no partial file
+  }
+}
+
+double TrainReport::tokens_per_s(double step_ms) const {
+  return step_ms > 0 ? static_cast<double>(cfg_.tokens_per_step()) / (step_ms * 1e-3) : 0.0;
+}
+
+double TrainReport::mfu(double tps) const {
+  return peak_ > 0 ? tps * cfg_.model.flops_per_token() / (ranks_ * peak_ * 1e9) : 0.0;
+}
+
+void TrainReport::write(const std::string& line) {
+  if (!out_.is_open()) return;
+  out_ << line << '\n';
+  out_.flush();
+}
+
+void TrainReport::step(const StepRecord& r) {
+  last_loss_ = r.loss;
+  if (!reporter_) return;
+  const double tps = tokens_per_s(r.step_ms);
+  std::vector<double> share(r.comm_ms.size());
+  for (size_t i = 0; i < share.size(); ++i) share[i] = r.step_ms > 0 ? r.comm_ms[i] / r.step_ms : 0;
+  const double comm_share = median(share);
+  step_ms_.push_back(r.step_ms);
+  tokens_per_s_.push_back(tps);
+  comm_share_.push_back(comm_share);
+  nlohmann::json j = {{"step", r.step},         {"loss", r.loss},
+                      {"lr", r.lr},             {"grad_norm", r.grad_norm},
+                      {"tokens_per_s", tps},    {"step_ms", r.step_ms},
+                      {"mfu", mfu(tps)},        {"comm_share", comm_share},
+                      {"compute_ms", summary_json(r.compute_ms)},
+                      {"comm_ms", summary_json(r.comm_ms)},
+                      {"wait_ms", summary_json(r.wait_ms)}};
+  write(j.dump());
+  if ((r.step + 1) % cfg_.log_every == 0 || r.step + 1 == cfg_.steps) {
+    const RankSummary c = summarize_ranks(r.compute_ms);
+    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}\n",
+               trainer_, r.step + 1, cfg_.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax);
+    std::fflush(stdout);
+  }
+}
+
+void TrainReport::validation(int64_t step, double val_loss) {
+  last_val_ = val_loss;
+  if (!reporter_) return;
+  write(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump());
+  fmt::print("[{}] step {:>5}/{} | val_loss {:.4f}\n", trainer_, step + 1, cfg_.steps, val_loss);
+  std::fflush(stdout);
+}
+
+void TrainReport::finish(const std::string& weights_hash) {
+  if (!reporter_) return;
+  const double tps = median(tokens_per_s_);
+  nlohmann::json j = {{"final", true},
+                      {"trainer", trainer_},
+                      {"steps", static_cast<int64_t>(step_ms_.size())},
+                      {"tokens_per_s", tps},
+                      {"mfu", mfu(tps)},
+                      {"step_ms_p50", median(step_ms_)},
+                      {"step_ms_p90", quantile(step_ms_, 0.9)},
+                      {"comm_share", median(comm_share_)},
+                      {"final_loss", last_loss_},
+                      {"final_val_loss", last_val_},
+                      {"weights_hash", weights_hash}};
+  write(j.dump());
+  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, weights {}\n",
+             trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_, weights_hash);
+  std::fflush(stdout);
+  if (out_.is_open()) {
+    out_.close();
+    if (std::rename(tmp_path_.c_str(), cfg_.metrics.c_str()) != 0)
+      PWM_THROW("cannot move {} into place at {}", tmp_path_, cfg_.metrics);
+  }
+}
+
+}  // namespace pwm::model

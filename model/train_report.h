@@ -1,0 +1,58 @@
+// What a trainer prints and writes, shared by spmd_train and pathways_train so that their
+// outputs line up column for column: the progress line, the --metrics JSON lines (one per step,
+// validation lines, and a last line with "final": true), computed from per-rank timings the
+// trainer gathers. No MPI here: the caller gathers and passes vectors.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/train_config.h"
+
+namespace pwm::model {
+
+// One step as seen by every rank (vectors are indexed by rank).
+struct StepRecord {
+  int64_t step = 0;  // 0-based optimizer step that was just taken
+  double loss = 0;   // mean training loss of the global batch
+  double lr = 0;
+  double grad_norm = 0;         // before clipping
+  double step_ms = 0;           // wall time of the step (rank 0)
+  std::vector<double> compute_ms, comm_ms, wait_ms;  // per rank
+};
+
+class TrainReport {
+ public:
+  // `ranks` compute ranks; `peak_gflops` per rank (for MFU). Opens --metrics (as PATH.tmp.<pid>,
+  // renamed onto PATH by finish()) when cfg.metrics is set. Only the reporting rank creates one.
+  TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
+              bool is_reporter);
+  ~TrainReport();
+
+  void step(const StepRecord& r);
+  void validation(int64_t step, double val_loss);
+  // Writes the final line, prints the summary, and moves the metrics file into place.
+  void finish(const std::string& weights_hash);
+
+  double tokens_per_s(double step_ms) const;
+  double mfu(double tokens_per_s) const;
+  double last_loss() const { return last_loss_; }
+  double last_val_loss() const { return last_val_; }
+
+ private:
+  void write(const std::string& line);
+
+  TrainConfig cfg_;
+  std::string trainer_;
+  int ranks_;
+  double peak_;
+  bool reporter_;
+  std::string tmp_path_;
+  std::ofstream out_;
+  std::vector<double> step_ms_, tokens_per_s_, comm_share_;
+  double last_loss_ = 0, last_val_ = -1;
+};
+
+}  // namespace pwm::model

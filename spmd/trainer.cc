@@ -1,0 +1,230 @@
+#include "spmd/trainer.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "collectives/strings.h"
+#include "common/check.h"
+#include "common/time.h"
+#include "model/checkpoint.h"
+#include "model/full_state.h"
+#include "model/optim.h"
+
+namespace pwm::spmd {
+
+using collectives::Algorithm;
+using collectives::Communicator;
+using collectives::DataType;
+using collectives::ReduceOp;
+
+namespace {
+// Context ids: world 0, tp groups 1, dp groups 2 (groups of one family are disjoint).
+constexpr uint32_t kTpContext = 1, kDpContext = 2;
+
+collectives::CommOptions comm_options(const model::TrainConfig& cfg) {
+  collectives::CommOptions o = collectives::CommOptions::from_env();
+  o.timeout_s = cfg.coll_timeout;
+  return o;
+}
+
+}  // namespace
+
+Mesh Mesh::make(int world_rank, int dp, int tp) {
+  Mesh m;
+  m.dp = dp;
+  m.tp = tp;
+  m.dp_rank = world_rank / tp;
+  m.tp_rank = world_rank % tp;
+  for (int t = 0; t < tp; ++t) m.tp_group.push_back(m.dp_rank * tp + t);
+  for (int d = 0; d < dp; ++d) m.dp_group.push_back(d * tp + m.tp_rank);
+  return m;
+}
+
+Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
+                 const model::TextDataset& data, double peak_gflops,
+                 const std::optional<model::Checkpoint>& resume_from)
+    : cfg_(cfg), transport_(transport), data_(data),
+      mesh_(Mesh::make(transport->rank(), cfg.dp, cfg.tp)),
+      world_(Communicator::world(transport, comm_options(cfg))),
+      tp_comm_(transport, mesh_.tp_group, kTpContext, comm_options(cfg)),
+      dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
+      layout_(cfg.model, mesh_.tp_rank, cfg.tp),
+      params_(layout_.total()), grads_(layout_.total()), m_(layout_.total()), v_(layout_.total()),
+      ws_(layout_, cfg.micro_batch()),
+      tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
+      trace_(!cfg.trace.empty(), transport->rank(), 0),
+      report_(cfg, "spmd", transport->size(), peak_gflops, transport->rank() == 0) {
+  if (resume_from) {
+    model::scatter_full(layout_, resume_from->params, params_.data());
+    model::scatter_full(layout_, resume_from->adam_m, m_.data());
+    model::scatter_full(layout_, resume_from->adam_v, v_.data());
+    first_step_ = resume_from->step;
+    if (transport->rank() == 0) fmt::print("[spmd] resumed from {} at step {}\n", cfg_.ckpt, first_step_);
+  } else {
+    model::init_params(layout_, cfg_.model.seed, params_.data());
+    if (cfg_.resume && transport->rank() == 0)
+      fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.ckpt);
+  }
+  reducer_ = std::make_unique<GradReducer>(&dp_comm_, layout_, cfg_.bucket_bytes, cfg_.overlap,
+                                           trace_.enabled() ? &trace_ : nullptr);
+  if (cfg_.tp > 1) {
+    tp_reduce_ = [this](float* d, size_t n) {
+      const int64_t t0 = now_us();
+      tp_comm_.allreduce(d, d, n, DataType::kFloat32, ReduceOp::kSum);
+      const int64_t t1 = now_us();
+      comm_s_ += (t1 - t0) * 1e-6;
+      trace_.span("tp allreduce", "comm", t0, t1, 0);
+    };
+  }
+  trace_.process_name(fmt::format("rank {} (dp {}, tp {})", transport->rank(), mesh_.dp_rank, mesh_.tp_rank));
+  trace_.thread_name(0, "compute");
+  trace_.thread_name(1, "dp allreduce");
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<model::TensorData> Trainer::full(const float* buffer) {
+  return model::gather_full(layout_, buffer, [this](const float* shard, float* out, size_t n) {
+    tp_comm_.allgather(shard, out, n, DataType::kFloat32);
+  });
+}
+
+void Trainer::save_checkpoint(int64_t steps_done) {
+  // One tp group holds a full replica; its members gather, world rank 0 writes.
+  if (mesh_.dp_rank != 0) return;
+  const int64_t t0 = now_us();
+  model::Checkpoint ck;
+  ck.config = cfg_.model;
+  ck.step = steps_done;
+  ck.train_config_json = cfg_.workload_json();
+  ck.params = full(params_.data());
+  ck.adam_m = full(m_.data());
+  ck.adam_v = full(v_.data());
+  if (transport_->rank() == 0) model::save_checkpoint(cfg_.ckpt, ck);
+  trace_.span("checkpoint", "io", t0, now_us());
+}
+
+double Trainer::evaluate() {
+  // Validation batches of global_batch windows, split over dp like training batches.
+  const int64_t G = cfg_.global_batch, T = cfg_.model.seq_len, b = cfg_.micro_batch();
+  const int64_t nb = std::min(cfg_.eval_batches, data_.num_val_batches(G, T));
+  double sum = 0;
+  for (int64_t i = 0; i < nb; ++i)
+    for (int64_t mb = 0; mb < cfg_.microbatches; ++mb) {
+      model::RowRange rows = model::batch_rows(G, mesh_.dp_rank, cfg_.dp, mb, cfg_.microbatches);
+      data_.val_batch(i, G, T, rows.begin, rows.end, tokens_.data());
+      sum += static_cast<double>(model::forward_loss<float>(layout_, params_.data(), tokens_.data(), b, ws_, tp_reduce_)) * b;
+    }
+  if (cfg_.dp > 1) dp_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  return sum / static_cast<double>(nb * G);
+}
+
+double Trainer::train_step(int64_t step, model::StepRecord& rec) {
+  const int64_t G = cfg_.global_batch, M = cfg_.microbatches;
+  const int L = static_cast<int>(cfg_.model.n_layers);
+  const float grad_scale = 1.0f / static_cast<float>(M * cfg_.dp);
+  comm_s_ = 0;
+  const int64_t step_t0 = now_us();
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  reducer_->begin(grads_.data());
+  double loss_sum = 0;
+  auto& act = ws_.act;
+  auto& scratch = ws_.scratch;
+  for (int64_t mb = 0; mb < M; ++mb) {
+    const bool last = mb == M - 1;
+    model::RowRange rows = model::batch_rows(G, mesh_.dp_rank, cfg_.dp, mb, M);
+    data_.train_batch(cfg_.data_seed, step, G, cfg_.model.seq_len, rows.begin, rows.end, tokens_.data());
+    // The pieces of model::forward_backward, so that the last micro-batch can hand finished
+    // layers to the reducer while the next layer's backward runs.
+    int64_t t0 = now_us();
+    model::embed_forward<float>(layout_, params_.data(), tokens_.data(), act);
+    for (int l = 0; l < L; ++l) model::block_forward<float>(layout_, params_.data(), l, act, scratch, tp_reduce_);
+    loss_sum += model::head_forward<float>(layout_, params_.data(), tokens_.data(), act);
+    int64_t t1 = now_us();
+    trace_.span("forward", "compute", t0, t1);
+    if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank && mb == 0) ::raise(SIGKILL);
+    model::head_backward<float>(layout_, params_.data(), grads_.data(), tokens_.data(), grad_scale, act, scratch);
+    if (last) reducer_->unit_done(0);
+    for (int l = L - 1; l >= 0; --l) {
+      model::block_backward<float>(layout_, params_.data(), grads_.data(), l, act, scratch, tp_reduce_);
+      if (last) reducer_->unit_done(reducer_->unit_of_layer(l));
+    }
+    model::embed_backward<float>(layout_, grads_.data(), tokens_.data(), act);
+    if (last) reducer_->unit_done(reducer_->num_units() - 1);
+    trace_.span("backward", "compute", t1, now_us());
+  }
+  reducer_->finish();
+  const int64_t t_opt = now_us();
+  // Loss of the global batch; squared gradient norm over the tp shards (grads are identical on
+  // every dp rank after the reduction).
+  double red[2] = {loss_sum / M, model::grad_sq_norm_tp(layout_, grads_.data())};
+  const int64_t tr0 = now_us();
+  if (cfg_.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (cfg_.dp > 1) dp_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  comm_s_ += (now_us() - tr0) * 1e-6;
+  const double loss = red[0] / cfg_.dp;
+  const double lr = model::lr_at(cfg_.optim, step);
+  const double clip = model::clip_factor(cfg_.optim, red[1]);
+  model::adamw_step(cfg_.optim, layout_, step, lr, clip, params_.data(), grads_.data(), m_.data(), v_.data());
+  const int64_t t_end = now_us();
+  trace_.span("optimizer", "compute", t_opt, t_end);
+  // Straggler accounting: this rank's compute and communication, then how long it waits for
+  // the slowest rank to finish the step.
+  const double step_comm = comm_s_ + reducer_->comm_seconds();
+  const double mine_compute = (t_end - step_t0) * 1e-6 - step_comm;
+  const int64_t w0 = now_us();
+  world_.barrier();
+  const int64_t w1 = now_us();
+  trace_.span("wait (step end)", "sync", w0, w1);
+  double mine[3] = {mine_compute * 1e3, step_comm * 1e3, (w1 - w0) * 1e-3};
+  std::vector<double> all(3 * world_.size());
+  world_.allgather(mine, all.data(), 3, DataType::kFloat64);
+  rec.step = step;
+  rec.loss = loss;
+  rec.lr = lr;
+  rec.grad_norm = std::sqrt(red[1]);
+  rec.step_ms = (w1 - step_t0) * 1e-3;
+  rec.compute_ms.clear();
+  rec.comm_ms.clear();
+  rec.wait_ms.clear();
+  for (int r = 0; r < world_.size(); ++r) {
+    rec.compute_ms.push_back(all[3 * r]);
+    rec.comm_ms.push_back(all[3 * r + 1]);
+    rec.wait_ms.push_back(all[3 * r + 2]);
+  }
+  return loss;
+}
+
+std::string Trainer::run() {
+  const int64_t first = first_step_;
+  world_.barrier();
+  trace_ = Trace(trace_.enabled(), transport_->rank(), now_us());  // common origin after the barrier
+  trace_.process_name(fmt::format("rank {} (dp {}, tp {})", transport_->rank(), mesh_.dp_rank, mesh_.tp_rank));
+  trace_.thread_name(0, "compute");
+  trace_.thread_name(1, "dp allreduce");
+  model::StepRecord rec;
+  for (int64_t step = first; step < cfg_.steps; ++step) {
+    train_step(step, rec);
+    report_.step(rec);
+    if (cfg_.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.step_sleep_ms));
+    const int64_t done = step + 1;
+    if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) report_.validation(step, evaluate());
+    if (!cfg_.ckpt.empty() && cfg_.ckpt_every > 0 && done % cfg_.ckpt_every == 0 && done != cfg_.steps)
+      save_checkpoint(done);
+  }
+  report_.validation(cfg_.steps - 1, evaluate());
+  if (!cfg_.ckpt.empty()) save_checkpoint(cfg_.steps);
+  const std::string hash = model::hash_hex(model::weights_hash(full(params_.data())));
+  if (!cfg_.trace.empty()) {
+    auto fragments = collectives::allgather_strings(world_, trace_.fragment());
+    if (transport_->rank() == 0) write_trace_file(cfg_.trace, fragments);
+  }
+  report_.finish(hash);
+  return hash;
+}
+
+}  // namespace pwm::spmd

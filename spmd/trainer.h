@@ -1,0 +1,71 @@
+// The SPMD / BSP trainer: every rank runs this same loop over a dp x tp mesh (tp ranks adjacent).
+//
+// One step: forward and backward over the rank's micro-batches (gradient accumulation), the tp
+// reductions inside each block through the tp group's communicator, the bucketed dp AllReduce
+// of the gradient buffer overlapped with the last micro-batch's backward (GradReducer), global-
+// norm clipping (the squared norm reduced over tp), AdamW. Parameters, gradients and moments are
+// this rank's tp shard in one contiguous buffer each (model/params.h); dp replicas stay
+// bitwise identical because they apply the same update to the same reduced gradient.
+//
+// Which ranks must call: every world rank constructs a Trainer and calls run(), collectively.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "common/trace.h"
+#include "model/checkpoint.h"
+#include "model/data.h"
+#include "model/train_config.h"
+#include "model/train_report.h"
+#include "model/transformer.h"
+#include "spmd/grad_reducer.h"
+
+namespace pwm::spmd {
+
+struct Mesh {
+  int dp = 1, tp = 1;
+  int dp_rank = 0, tp_rank = 0;
+  std::vector<int> tp_group, dp_group;  // world ranks
+  static Mesh make(int world_rank, int dp, int tp);
+};
+
+class Trainer {
+ public:
+  // Validates nothing: the caller ran cfg.validate(), opened the dataset and loaded the resume
+  // checkpoint (model::load_resume_checkpoint) on every rank.
+  Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
+          const model::TextDataset& data, double peak_gflops,
+          const std::optional<model::Checkpoint>& resume_from);
+  ~Trainer();
+
+  // Trains from the checkpoint's step (when resuming) to cfg.steps; writes metrics, trace and
+  // checkpoints as configured. Returns the hex weights hash.
+  std::string run();
+
+ private:
+  double train_step(int64_t step, model::StepRecord& rec);
+  double evaluate();
+  void save_checkpoint(int64_t steps_done);
+  std::vector<model::TensorData> full(const float* buffer);
+
+  model::TrainConfig cfg_;
+  std::shared_ptr<collectives::Transport> transport_;
+  const model::TextDataset& data_;
+  Mesh mesh_;
+  collectives::Communicator world_, tp_comm_, dp_comm_;
+  model::ParamLayout layout_;
+  std::vector<float> params_, grads_, m_, v_;
+  model::Workspace<float> ws_;
+  std::vector<int32_t> tokens_;
+  Trace trace_;
+  std::unique_ptr<GradReducer> reducer_;
+  model::TrainReport report_;
+  model::TpReduce<float> tp_reduce_;
+  double comm_s_ = 0;  // tp reductions and scalar reductions of the current step
+  int64_t first_step_ = 0;
+};
+
+}  // namespace pwm::spmd
