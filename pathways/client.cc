@@ -1,0 +1,264 @@
+// The client handles (client.h) and the Runtime front (runtime.h). Everything here runs on
+// client threads; the work itself is queued to the dispatcher (controller.cc).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "pathways/controller.h"
+#include "pathways/runtime.h"
+
+namespace pwm::pathways {
+
+// ---- handle states ----
+
+SliceState::~SliceState() {
+  if (auto c = ctl.lock()) c->rm().release(info.id);
+}
+
+ArrayState::~ArrayState() {
+  if (auto c = ctl.lock()) c->free_object(id);
+}
+
+ProgramState::~ProgramState() {
+  if (lowered)
+    if (auto c = ctl.lock()) c->evict(lowered);
+}
+
+ClientState::~ClientState() {
+  if (ctl) ctl->free_owner(id);
+}
+
+// ---- Slice ----
+
+int Slice::id() const { return s_->info.id; }
+int Slice::size() const { return static_cast<int>(s_->info.devices.size()); }
+int Slice::island() const { return s_->info.island; }
+const std::vector<int>& Slice::mesh() const { return s_->info.mesh; }
+std::vector<int> Slice::devices() const {
+  if (auto c = s_->ctl.lock())
+    if (c->rm().has_slice(id())) return c->rm().slice(id()).devices;
+  return s_->info.devices;
+}
+
+// ---- Array ----
+
+uint64_t Array::id() const { return s_->id; }
+const Slice& Array::slice() const { return s_->slice; }
+const ArgSpec& Array::spec() const { return s_->spec; }
+TensorSpec Array::logical() const { return s_->spec.logical(s_->slice.size()); }
+bool Array::ready() const { return s_->status.done(); }
+bool Array::ok() const { return s_->status.done() && !s_->status.failed(); }
+std::string Array::error() const { return s_->status.error(); }
+void Array::wait() const { s_->status.get(); }
+
+Future<HostTensor> Array::fetch() const {
+  auto f = std::make_shared<FutureState<HostTensor>>();
+  if (auto c = s_->ctl.lock())
+    c->fetch(s_, f);
+  else
+    f->fail("pathways runtime is gone");
+  return Future<HostTensor>(f);
+}
+
+// ---- Program, ProgramBuilder ----
+
+const ProgramDef& Program::def() const { return s_->def; }
+
+ProgramBuilder::ProgramBuilder(std::string name) : s_(std::make_shared<ProgramState>()) {
+  s_->def.name = std::move(name);
+}
+
+Value ProgramBuilder::make(ValueId id, const ArgSpec& spec) {
+  Value v;
+  v.id_ = id;
+  v.spec_ = spec;
+  v.builder_ = s_.get();
+  return v;
+}
+
+static void keep_slice(ProgramState& p, const Slice& s) {
+  for (auto& k : p.slices)
+    if (k.id() == s.id()) return;
+  p.slices.push_back(s);
+}
+
+Value ProgramBuilder::param(const Slice& slice, ArgSpec spec) {
+  PWM_CHECK(s_, "ProgramBuilder used after build()");
+  PWM_CHECK(slice.valid(), "param on an empty Slice");
+  keep_slice(*s_, slice);
+  int i = s_->def.add_param(slice.id(), slice.size(), spec);
+  return make({-1, i}, spec);
+}
+
+std::vector<Value> ProgramBuilder::call(const std::string& kernel, const Slice& slice, const std::vector<Value>& inputs,
+                                        std::vector<int64_t> attrs) {
+  PWM_CHECK(s_, "ProgramBuilder used after build()");
+  PWM_CHECK(slice.valid(), "call on an empty Slice");
+  keep_slice(*s_, slice);
+  std::vector<ValueId> ids;
+  for (auto& v : inputs) {
+    if (v.builder_ != s_.get() && s_->def.error.empty())
+      s_->def.error = fmt::format("program '{}': a value of another program was passed to '{}'", s_->def.name, kernel);
+    ids.push_back(v.id_);
+  }
+  int n = s_->def.add_call(KernelRegistry::global(), kernel, slice.id(), slice.size(), ids, std::move(attrs));
+  std::vector<Value> out;
+  const auto& specs = s_->def.nodes[n].out_specs;
+  for (size_t o = 0; o < specs.size(); ++o) out.push_back(make({n, static_cast<int>(o)}, specs[o]));
+  return out;
+}
+
+void ProgramBuilder::output(const Value& v) {
+  PWM_CHECK(s_, "ProgramBuilder used after build()");
+  PWM_CHECK(v.builder_ == s_.get(), "output of a value of another program");
+  s_->def.outputs.push_back(v.id_);
+}
+
+Program ProgramBuilder::build() {
+  PWM_CHECK(s_, "ProgramBuilder::build() called twice");
+  Program p;
+  p.s_ = std::move(s_);
+  return p;
+}
+
+// ---- Client ----
+
+uint64_t Client::id() const { return s_->id; }
+
+Slice Client::allocate(int devices, std::vector<int> mesh, int island) {
+  auto st = std::make_shared<SliceState>();
+  st->info = s_->ctl->rm().allocate(devices, std::move(mesh), island);
+  st->ctl = s_->ctl;
+  Slice s;
+  s.s_ = std::move(st);
+  return s;
+}
+
+Array Client::put(const Slice& slice, Sharding sharding, const TensorSpec& logical, const void* data) {
+  PWM_CHECK(slice.valid(), "put on an empty Slice");
+  const int n = slice.size();
+  ArgSpec spec{logical, sharding};
+  std::vector<std::vector<uint8_t>> shards(n);
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (sharding == Sharding::kSplit) {
+    if (logical.shape.empty() || logical.shape[0] % n != 0)
+      PWM_THROW("put: cannot split {} along dimension 0 over {} devices", logical.str(), n);
+    spec.shard.shape[0] /= n;
+    const size_t b = spec.shard.bytes();
+    for (int k = 0; k < n; ++k) shards[k].assign(p + k * b, p + (k + 1) * b);
+  } else {
+    for (int k = 0; k < n; ++k) shards[k].assign(p, p + logical.bytes());
+  }
+  auto a = std::make_shared<ArrayState>();
+  a->id = output_object_id(s_->ctl->new_id(), 0);
+  a->slice = slice;
+  a->spec = spec;
+  a->owner = s_->id;
+  a->ctl = s_->ctl;
+  s_->ctl->submit_put(a, std::move(shards));
+  Array r;
+  r.s_ = std::move(a);
+  return r;
+}
+
+std::vector<Array> Client::run(const Program& p, const std::vector<Array>& inputs, RunOptions o) {
+  PWM_CHECK(p.valid(), "run of an empty Program");
+  auto& ps = p.s_;
+  ps->ctl = s_->ctl;
+  const uint64_t run_id = s_->ctl->new_id();
+  PWM_CHECK_LT(run_id, uint64_t{1} << 47);
+  std::vector<std::shared_ptr<ArrayState>> in, out;
+  for (auto& a : inputs) {
+    PWM_CHECK(a.valid(), "run of '{}' with an empty Array", ps->def.name);
+    in.push_back(a.s_);
+  }
+  std::vector<Array> result;
+  for (size_t k = 0; k < ps->def.outputs.size(); ++k) {
+    const ValueId v = ps->def.outputs[k];
+    auto a = std::make_shared<ArrayState>();
+    a->id = output_object_id(run_id, static_cast<uint32_t>(k));
+    for (auto& s : ps->slices)
+      if (s.id() == ps->def.value_slice(v)) a->slice = s;
+    a->spec = ps->def.value_spec(v);
+    a->owner = s_->id;
+    a->ctl = s_->ctl;
+    out.push_back(a);
+    Array r;
+    r.s_ = a;
+    result.push_back(std::move(r));
+  }
+  s_->ctl->submit_run(ps, std::move(in), std::move(out), o, run_id);
+  return result;
+}
+
+std::vector<Array> Client::call(const std::string& kernel, const Slice& slice, const std::vector<Array>& inputs,
+                                std::vector<int64_t> attrs, RunOptions o) {
+  std::string key = fmt::format("{}|{}|{}", kernel, slice.id(), fmt::join(attrs, ","));
+  for (auto& a : inputs)
+    key += fmt::format("|{}:{}", a.slice().id(), a.spec().str(a.slice().size()));
+  Program p;
+  {
+    std::lock_guard<std::mutex> g(s_->mu);
+    auto it = s_->opbyop.find(key);
+    if (it != s_->opbyop.end()) {
+      p = it->second;
+    } else {
+      ProgramBuilder b(kernel);
+      std::vector<Value> params;
+      for (auto& a : inputs) params.push_back(b.param_like(a));
+      for (auto& v : b.call(kernel, slice, params, attrs)) b.output(v);
+      p = s_->opbyop[key] = b.build();
+    }
+  }
+  return run(p, inputs, o);
+}
+
+std::vector<WorkerStats> Client::stats() {
+  auto f = std::make_shared<FutureState<std::vector<WorkerStats>>>();
+  s_->ctl->stats(f);
+  return f->get();
+}
+
+void Client::drain(int device) {
+  auto f = std::make_shared<FutureState<std::monostate>>();
+  s_->ctl->drain(device, false, f);
+  f->get();
+}
+
+void Client::undrain(int device) {
+  auto f = std::make_shared<FutureState<std::monostate>>();
+  s_->ctl->drain(device, true, f);
+  f->get();
+}
+
+std::string Client::describe() const { return s_->ctl->rm().describe(); }
+
+// ---- Runtime ----
+
+Runtime::Runtime(std::shared_ptr<collectives::Transport> transport, RuntimeOptions options)
+    : c_(std::make_shared<Controller>(std::move(transport), std::move(options))) {
+  c_->start();
+}
+
+Runtime::~Runtime() {
+  try {
+    shutdown();
+  } catch (...) {
+  }
+}
+
+Client Runtime::client(const std::string& name) {
+  auto st = std::make_shared<ClientState>();
+  st->id = c_->new_id();
+  st->name = name;
+  st->ctl = c_;
+  Client c;
+  c.s_ = std::move(st);
+  return c;
+}
+
+int Runtime::num_devices() const { return c_->rm().num_devices(); }
+int Runtime::num_islands() const { return c_->rm().num_islands(); }
+std::string Runtime::describe() const { return c_->rm().describe(); }
+void Runtime::shutdown() { c_->shutdown(); }
+
+}  // namespace pwm::pathways

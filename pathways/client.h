@@ -1,0 +1,264 @@
+// The Pathways client API (C++): slices, arrays (futures), programs, runs.
+//
+//   Runtime rt(env.transport());             // world rank 0 only; the workers call run_worker()
+//   Client c = rt.client("trainer");
+//   Slice s = c.allocate(2);                  // a virtual slice of 2 devices
+//   Array x = c.put<float>(s, Sharding::kSplit, {4}, {1, 2, 3, 4});
+//   Array y = c.call("allreduce_add", s, {x}, {1})[0];   // OpByOp: one program per call
+//   ProgramBuilder b("chain");                            // Chained: a traced program
+//   Value v = b.param_like(x);
+//   for (int i = 0; i < 128; ++i) v = b.call("allreduce_add", s, {v}, {1})[0];
+//   b.output(v);
+//   Program p = b.build();
+//   Array z = c.run(p, {x})[0];               // returns at once; z is a future
+//   std::vector<float> host = z.get<float>(); // waits, then fetches the value to the client
+//
+// Blocking: run()/call()/put() return at once (the work is queued to the dispatcher thread);
+// Array::wait()/get(), Future::get(), Client::allocate/stats/drain block the calling thread on a
+// condition variable (never spinning). Errors of a run (a kernel that throws, an unknown
+// kernel, a wrong shape, a missed deadline, a failed input) fail the run's output futures with
+// one line saying what and where; the runtime keeps running. Only a request that cannot be
+// expressed (more devices than exist, a bad mesh) throws pwm::Error at the call.
+//
+// Ownership: handles are shared (copies refer to the same object). An Array's buffers live on
+// the workers of its slice until the last handle is dropped (then the controller frees them
+// there); a Slice is released when the last handle, array or program using it is dropped; a
+// Program's lowered form is cached on the workers until the Program is dropped. When a Client's
+// last handle is dropped, every object it owns is freed.
+//
+// Threads: a Client is used by one thread at a time; several Clients may be used from several
+// threads (all MPI traffic goes through the runtime's one dispatcher thread).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pathways/kernel.h"
+#include "pathways/program.h"
+#include "pathways/wire.h"
+
+namespace pwm::pathways {
+
+class Controller;
+
+// A value that becomes available later, set once by the dispatcher thread.
+template <typename T>
+class FutureState {
+ public:
+  void set(T v) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      value_ = std::move(v);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+  void fail(std::string e) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (done_) return;
+      error_ = std::move(e);
+      failed_ = done_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool done() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_;
+  }
+  bool failed() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return failed_;
+  }
+  void wait() const {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_; });
+  }
+  std::string error() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return error_;
+  }
+  const T& get() const {  // waits; throws on failure
+    wait();
+    if (failed_) throw pwm::Error(error_);
+    return value_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false, failed_ = false;
+  std::string error_;
+  T value_{};
+};
+
+template <typename T>
+class Future {
+ public:
+  Future() = default;
+  explicit Future(std::shared_ptr<FutureState<T>> s) : s_(std::move(s)) {}
+  bool ready() const { return s_->done(); }  // complete, successfully or not
+  void wait() const { s_->wait(); }          // blocks; does not throw
+  bool ok() const { return s_->done() && !s_->failed(); }
+  std::string error() const { return s_->error(); }
+  const T& get() const { return s_->get(); }  // blocks; throws pwm::Error on failure
+
+ private:
+  std::shared_ptr<FutureState<T>> s_;
+};
+
+// A value fetched to the client: the logical tensor, row-major.
+struct HostTensor {
+  TensorSpec spec;
+  std::vector<uint8_t> bytes;
+  template <typename T>
+  std::vector<T> as() const {
+    PWM_CHECK(collectives::dtype_of<T>() == spec.dtype, "fetched {} read as another type", spec.str());
+    std::vector<T> v(bytes.size() / sizeof(T));
+    if (!v.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+};
+
+struct SliceState;
+struct ArrayState;
+struct ProgramState;
+struct ClientState;
+
+class Slice {
+ public:
+  Slice() = default;
+  int id() const;
+  int size() const;
+  int island() const;
+  const std::vector<int>& mesh() const;
+  std::vector<int> devices() const;  // the current physical devices (a drain changes them)
+  bool valid() const { return s_ != nullptr; }
+
+ private:
+  friend class Client;
+  friend class ProgramBuilder;
+  friend class Array;
+  std::shared_ptr<SliceState> s_;
+};
+
+class Array {
+ public:
+  Array() = default;
+  uint64_t id() const;
+  const Slice& slice() const;
+  const ArgSpec& spec() const;  // per-shard spec and sharding
+  TensorSpec logical() const;
+  bool ready() const;            // complete (ok or failed); does not block
+  void wait() const;             // blocks until complete; throws pwm::Error if it failed
+  bool ok() const;               // complete and not failed
+  std::string error() const;     // the failure, once failed
+  // Fetches the whole logical value to the client (the one time tensor data passes through
+  // the controller). Waits for the array first; fails if the array failed.
+  Future<HostTensor> fetch() const;
+  template <typename T>
+  std::vector<T> get() const {
+    return fetch().get().as<T>();
+  }
+  bool valid() const { return s_ != nullptr; }
+
+ private:
+  friend class Client;
+  friend class ProgramBuilder;
+  friend class Controller;
+  std::shared_ptr<ArrayState> s_;
+};
+
+// A value inside a program being built.
+class Value {
+ public:
+  const ArgSpec& spec() const { return spec_; }
+  ValueId id() const { return id_; }
+
+ private:
+  friend class ProgramBuilder;
+  ValueId id_;
+  ArgSpec spec_;
+  const void* builder_ = nullptr;
+};
+
+class Program {
+ public:
+  Program() = default;
+  const ProgramDef& def() const;
+  const std::string& error() const { return def().error; }  // "" when the program is well formed
+  bool valid() const { return s_ != nullptr; }
+
+ private:
+  friend class ProgramBuilder;
+  friend class Client;
+  std::shared_ptr<ProgramState> s_;
+};
+
+// Traces a program (the paper's @pw.program). Errors (unknown kernel, wrong shapes) are
+// recorded, not thrown: running the program fails its futures with the first one.
+class ProgramBuilder {
+ public:
+  explicit ProgramBuilder(std::string name);
+  Value param(const Slice& slice, ArgSpec spec);
+  Value param_like(const Array& a) { return param(a.slice(), a.spec()); }
+  // Calls `kernel` on every device of `slice`; inputs on other slices or with another sharding
+  // are moved there (point-to-point, M shards to N). Returns the kernel's outputs.
+  std::vector<Value> call(const std::string& kernel, const Slice& slice, const std::vector<Value>& inputs,
+                          std::vector<int64_t> attrs = {});
+  void output(const Value& v);
+  Program build();
+
+ private:
+  std::shared_ptr<ProgramState> s_;
+  Value make(ValueId id, const ArgSpec& spec);
+};
+
+struct RunOptions {
+  bool sequential = false;  // node after node through the controller (the paper's baseline)
+  double deadline_s = 0;    // > 0: fail the run's futures if it is not done within this time,
+                            // naming the device and node it is stuck on
+};
+
+class Client {
+ public:
+  Client() = default;
+  uint64_t id() const;
+  // A virtual slice of `devices` devices (mesh: optional shape; island: -1 = any). Throws
+  // pwm::Error when it cannot be satisfied. Blocks only on the resource manager's lock.
+  Slice allocate(int devices, std::vector<int> mesh = {}, int island = -1);
+  // Places a client value on `slice`: split along dimension 0, or replicated.
+  Array put(const Slice& slice, Sharding sharding, const TensorSpec& logical, const void* data);
+  template <typename T>
+  Array put(const Slice& slice, Sharding sharding, std::vector<int64_t> shape, const std::vector<T>& v) {
+    TensorSpec t{collectives::dtype_of<T>(), std::move(shape)};
+    PWM_CHECK_EQ(static_cast<int64_t>(v.size()), t.elements());
+    return put(slice, sharding, t, v.data());
+  }
+  // Runs a program on inputs (one per parameter, on the parameter's slice with its spec).
+  // Returns the output arrays at once.
+  std::vector<Array> run(const Program& p, const std::vector<Array>& inputs, RunOptions o = {});
+  // OpByOp: one kernel call as its own program (built once per signature and cached).
+  std::vector<Array> call(const std::string& kernel, const Slice& slice, const std::vector<Array>& inputs,
+                          std::vector<int64_t> attrs = {}, RunOptions o = {});
+  // Blocks until every worker answered (after everything queued before it).
+  std::vector<WorkerStats> stats();
+  // Drains a device: remaps its slices, migrates the objects on them (worker to worker), and
+  // makes programs on them lower again. Blocks until the remap is done and the moves are queued.
+  void drain(int device);
+  void undrain(int device);
+  std::string describe() const;  // devices and islands
+
+ private:
+  friend class Runtime;
+  std::shared_ptr<ClientState> s_;
+};
+
+}  // namespace pwm::pathways

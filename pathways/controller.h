@@ -1,0 +1,104 @@
+// Internal: the controller behind Runtime and the client handles (runtime.h, client.h).
+//
+// Controller is the thread-safe front: the resource manager (its own lock), id allocation, and
+// a command queue. Every command runs on the dispatcher thread (controller.cc), which owns the
+// Channel to the workers, the run table, the object table and the island schedulers; it is
+// the only thread of rank 0 that calls MPI after start().
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "pathways/client.h"
+#include "pathways/lowering.h"
+#include "pathways/resource_manager.h"
+#include "pathways/runtime.h"
+
+namespace pwm::pathways {
+
+struct SliceState {
+  SliceInfo info;  // as allocated (devices: see Slice::devices() for the current ones)
+  std::weak_ptr<Controller> ctl;
+  ~SliceState();
+};
+
+struct ArrayState {
+  uint64_t id = 0;
+  Slice slice;
+  ArgSpec spec;
+  uint64_t owner = 0;
+  FutureState<std::monostate> status;
+  std::weak_ptr<Controller> ctl;
+  ~ArrayState();  // frees the object on the workers
+};
+
+struct ProgramState {
+  ProgramDef def;
+  std::vector<Slice> slices;  // keeps the slices alive
+  std::weak_ptr<Controller> ctl;
+  std::shared_ptr<LoweredProgram> lowered;  // dispatcher thread only
+  ~ProgramState();  // evicts the lowered program from the workers
+};
+
+struct ClientState {
+  uint64_t id = 0;
+  std::string name;
+  std::shared_ptr<Controller> ctl;
+  std::mutex mu;
+  std::map<std::string, Program> opbyop;  // OpByOp programs by call signature
+  ~ClientState();  // frees every object the client owns
+};
+
+class Dispatcher;
+
+class Controller : public std::enable_shared_from_this<Controller> {
+ public:
+  Controller(std::shared_ptr<collectives::Transport> t, RuntimeOptions o);
+  ~Controller();
+
+  void start();     // handshake with every worker, then starts the dispatcher thread
+  void shutdown();  // blocks until every worker has left; idempotent
+
+  ResourceManager& rm() { return *rm_; }
+  uint64_t new_id() { return next_id_.fetch_add(1); }
+
+  // Client entry points (any thread). They enqueue a command and return; after shutdown the
+  // futures involved fail.
+  void submit_run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
+                  std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id);
+  void submit_put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint8_t>> shards);
+  void fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f);
+  void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
+  void drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f);
+  // From handle destructors.
+  void free_object(uint64_t id);
+  void free_owner(uint64_t owner);
+  void evict(std::shared_ptr<LoweredProgram> lp);
+
+ private:
+  using Command = std::function<void(Dispatcher&)>;
+  bool enqueue(Command c);
+  void thread_main();
+
+  std::shared_ptr<collectives::Transport> t_;
+  RuntimeOptions opts_;
+  std::unique_ptr<ResourceManager> rm_;
+  std::atomic<uint64_t> next_id_{1};
+  std::unique_ptr<Dispatcher> d_;
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Command> queue_;
+  bool accepting_ = false;
+  bool stopped_ = false;
+  friend class Dispatcher;
+};
+
+}  // namespace pwm::pathways

@@ -1,0 +1,68 @@
+#include "pathways/object_store.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace pwm::pathways {
+
+namespace {
+std::atomic<int64_t> g_live{0}, g_live_bytes{0};
+}
+
+Buffer::Buffer(size_t bytes) : n_(bytes) {
+  p_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  if (!p_) throw std::bad_alloc();
+  g_live++;
+  g_live_bytes += static_cast<int64_t>(bytes);
+}
+
+Buffer::~Buffer() {
+  std::free(p_);
+  g_live--;
+  g_live_bytes -= static_cast<int64_t>(n_);
+}
+
+int64_t Buffer::live() { return g_live.load(); }
+int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
+
+Object::Object(TensorSpec s, uint32_t writers)
+    : spec(std::move(s)), buf(spec.bytes()), state(writers ? State::kPending : State::kReady),
+      pending_writes(writers) {}
+
+void Object::write_done() {
+  PWM_CHECK_GT(pending_writes, 0u);
+  if (--pending_writes == 0 && state == State::kPending) state = State::kReady;
+}
+
+void Object::fail(const std::string& e) {
+  if (state == State::kFailed) return;
+  state = State::kFailed;
+  error = e;
+}
+
+void ObjectStore::put(uint64_t id, ObjectPtr obj, uint64_t owner) {
+  entries_[id] = Entry{std::move(obj), owner};
+}
+
+ObjectPtr ObjectStore::find(uint64_t id) const {
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : it->second.obj;
+}
+
+bool ObjectStore::erase(uint64_t id) { return entries_.erase(id) != 0; }
+
+size_t ObjectStore::erase_owner(uint64_t owner) {
+  size_t n = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.owner == owner) {
+      it = entries_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+}  // namespace pwm::pathways

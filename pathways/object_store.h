@@ -1,0 +1,71 @@
+// The object store of one worker: buffers keyed by object id, reference counted, owned by a
+// client (docs/pathways.md, "Life of a buffer").
+//
+// An Object is one shard of a client-visible array (or an intermediate of a running program):
+// a spec, a 64-byte aligned buffer, and a state (pending until every instruction writing it
+// is done, then ready, or failed with an error). References are shared_ptrs: the store holds
+// one per entry (dropped by a client's free, or by the end of its owner), a running program
+// holds one per slot it uses; the buffer is freed when the last goes. Used by the worker's one
+// thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "pathways/kernel.h"
+
+namespace pwm::pathways {
+
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() { return p_; }
+  size_t size() const { return n_; }
+  // Live buffers and bytes in this process.
+  static int64_t live();
+  static int64_t live_bytes();
+
+ private:
+  void* p_;
+  size_t n_;
+};
+
+struct Object {
+  enum class State : uint8_t { kPending, kReady, kFailed };
+  explicit Object(TensorSpec s, uint32_t writers = 0);
+  TensorSpec spec;
+  Buffer buf;
+  State state;
+  uint32_t pending_writes;
+  std::string error;
+
+  bool resolved() const { return state != State::kPending; }
+  // One writer is done; the last makes the object ready (or leaves it failed).
+  void write_done();
+  void fail(const std::string& e);
+};
+using ObjectPtr = std::shared_ptr<Object>;
+
+class ObjectStore {
+ public:
+  void put(uint64_t id, ObjectPtr obj, uint64_t owner);
+  ObjectPtr find(uint64_t id) const;  // nullptr when absent
+  bool erase(uint64_t id);
+  size_t erase_owner(uint64_t owner);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    ObjectPtr obj;
+    uint64_t owner;
+  };
+  std::map<uint64_t, Entry> entries_;
+};
+
+}  // namespace pwm::pathways

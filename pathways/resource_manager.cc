@@ -1,0 +1,208 @@
+#include "pathways/resource_manager.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/check.h"
+#include "pathways/tags.h"
+
+namespace pwm::pathways {
+
+std::vector<int> SliceInfo::world_ranks() const {
+  std::vector<int> r;
+  for (int d : devices) r.push_back(d + 1);
+  return r;
+}
+
+ResourceManager::ResourceManager(std::vector<std::string> hosts, const std::string& islands) {
+  const int n = static_cast<int>(hosts.size());
+  if (n == 0) PWM_THROW("resource manager: no worker devices (run with at least 2 ranks: 1 controller + workers)");
+  for (int d = 0; d < n; ++d) devs_.push_back({d, d + 1, 0, hosts[d], false, 0});
+  if (islands.empty()) {
+    std::map<std::string, int> by_host;  // island ids in order of first appearance
+    for (auto& d : devs_) {
+      auto it = by_host.find(d.host);
+      if (it == by_host.end()) it = by_host.emplace(d.host, static_cast<int>(by_host.size())).first;
+      d.island = it->second;
+    }
+    n_islands_ = static_cast<int>(by_host.size());
+  } else {
+    int k = 0, m = 0;
+    char x = 0;
+    if (std::sscanf(islands.c_str(), "%d%c%d", &k, &x, &m) != 3 || x != 'x' || k <= 0 || m <= 0)
+      PWM_THROW("--islands '{}': expected KxM (K islands of M devices), e.g. 2x2", islands);
+    if (k * m != n)
+      PWM_THROW("--islands {}: {} x {} = {} devices but there are {} workers; run with {} ranks",
+                islands, k, m, k * m, n, k * m + 1);
+    for (auto& d : devs_) d.island = d.id / m;
+    n_islands_ = k;
+  }
+}
+
+int ResourceManager::num_devices() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return static_cast<int>(devs_.size());
+}
+
+int ResourceManager::num_islands() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return n_islands_;
+}
+
+std::vector<DeviceInfo> ResourceManager::devices() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return devs_;
+}
+
+std::string ResourceManager::describe() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::string s = fmt::format("{} devices in {} island(s):", devs_.size(), n_islands_);
+  for (int i = 0; i < n_islands_; ++i) {
+    std::vector<int> ids;
+    for (auto& d : devs_)
+      if (d.island == i) ids.push_back(d.id);
+    s += fmt::format(" [island {}: devices {}]", i, fmt::join(ids, ","));
+  }
+  return s;
+}
+
+uint32_t ResourceManager::new_context() {
+  const uint32_t span = tags::kLastSliceContext - tags::kFirstSliceContext + 1;
+  for (uint32_t i = 0; i < span; ++i) {
+    uint32_t c = tags::kFirstSliceContext + (next_context_++ % span);
+    if (!contexts_in_use_.count(c)) return c;
+  }
+  PWM_THROW("resource manager: more than {} live slices", span);
+}
+
+SliceInfo ResourceManager::allocate(int n, std::vector<int> mesh, int island) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (n <= 0) PWM_THROW("resource manager: a slice needs at least one device (asked for {})", n);
+  if (mesh.empty()) mesh = {n};
+  int64_t prod = 1;
+  for (int m : mesh) prod *= m;
+  if (prod != n) PWM_THROW("resource manager: mesh [{}] has {} devices, not {}", fmt::join(mesh, ","), prod, n);
+  if (n > static_cast<int>(devs_.size()))
+    PWM_THROW("resource manager: asked for {} devices but there are only {} (run with more ranks or ask for fewer)",
+              n, devs_.size());
+  if (island >= n_islands_) PWM_THROW("resource manager: island {} does not exist ({} islands)", island, n_islands_);
+  // Candidate islands: the requested one, or every island; take the one whose n least loaded
+  // available devices carry the least load (ties: lower island id).
+  int best_island = -1;
+  int64_t best_load = 0;
+  std::vector<int> best;
+  int largest = 0;
+  for (int i = 0; i < n_islands_; ++i) {
+    if (island >= 0 && i != island) continue;
+    std::vector<const DeviceInfo*> avail;
+    for (auto& d : devs_)
+      if (d.island == i && !d.drained) avail.push_back(&d);
+    largest = std::max(largest, static_cast<int>(avail.size()));
+    if (static_cast<int>(avail.size()) < n) continue;
+    std::stable_sort(avail.begin(), avail.end(), [](auto* a, auto* b) { return a->load < b->load; });
+    int64_t load = 0;
+    std::vector<int> pick;
+    for (int k = 0; k < n; ++k) {
+      load += avail[k]->load;
+      pick.push_back(avail[k]->id);
+    }
+    if (best_island < 0 || load < best_load) {
+      best_island = i;
+      best_load = load;
+      best = pick;
+    }
+  }
+  if (best_island < 0) {
+    if (island >= 0)
+      PWM_THROW("resource manager: asked for {} devices on island {} but it has {} available", n, island, largest);
+    PWM_THROW("resource manager: asked for {} devices but the largest island has {} available "
+              "(a slice cannot span islands; ask for fewer or regroup with --islands)", n, largest);
+  }
+  std::sort(best.begin(), best.end());
+  SliceInfo s;
+  s.id = next_slice_++;
+  s.island = best_island;
+  s.mesh = mesh;
+  s.devices = best;
+  s.context = new_context();
+  contexts_in_use_[s.context] = s.id;
+  for (int d : best) devs_[d].load++;
+  slices_[s.id] = s;
+  return s;
+}
+
+void ResourceManager::release(int slice_id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end()) return;
+  for (int d : it->second.devices) devs_[d].load--;
+  contexts_in_use_.erase(it->second.context);
+  slices_.erase(it);
+}
+
+SliceInfo ResourceManager::slice(int slice_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end()) PWM_THROW("resource manager: unknown slice {}", slice_id);
+  return it->second;
+}
+
+bool ResourceManager::has_slice(int slice_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return slices_.count(slice_id) != 0;
+}
+
+int ResourceManager::pick_spare(int island, const std::vector<int>& exclude) const {
+  int best = -1;
+  for (auto& d : devs_) {
+    if (d.island != island || d.drained) continue;
+    if (std::find(exclude.begin(), exclude.end(), d.id) != exclude.end()) continue;
+    if (best < 0 || d.load < devs_[best].load) best = d.id;
+  }
+  return best;
+}
+
+std::vector<SliceRemap> ResourceManager::drain(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (device < 0 || device >= static_cast<int>(devs_.size()))
+    PWM_THROW("resource manager: cannot drain device {}: devices are 0..{}", device, devs_.size() - 1);
+  if (devs_[device].drained) return {};
+  // Plan first, so that a failure changes nothing.
+  std::vector<SliceRemap> plan;
+  devs_[device].drained = true;
+  for (auto& [id, s] : slices_) {
+    for (int i = 0; i < static_cast<int>(s.devices.size()); ++i) {
+      if (s.devices[i] != device) continue;
+      int to = pick_spare(s.island, s.devices);
+      if (to < 0) {
+        devs_[device].drained = false;
+        for (auto& p : plan) devs_[p.to_device].load--;
+        PWM_THROW("resource manager: cannot drain device {}: slice {} (island {}, devices [{}]) has no spare device",
+                  device, id, s.island, fmt::join(s.devices, ","));
+      }
+      plan.push_back({id, i, device, to});
+      devs_[to].load++;  // so that the next slice spreads elsewhere
+    }
+  }
+  for (auto& r : plan) {
+    SliceInfo& s = slices_[r.slice];
+    s.devices[r.index] = r.to_device;
+    devs_[device].load--;
+    contexts_in_use_.erase(s.context);
+    s.context = new_context();  // a new group needs a fresh tag space
+    contexts_in_use_[s.context] = s.id;
+    s.generation++;
+  }
+  return plan;
+}
+
+void ResourceManager::undrain(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  PWM_CHECK(device >= 0 && device < static_cast<int>(devs_.size()));
+  devs_[device].drained = false;
+}
+
+}  // namespace pwm::pathways

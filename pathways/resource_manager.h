@@ -1,0 +1,85 @@
+// The resource manager: devices, islands, virtual slices (docs/pathways.md).
+//
+// One device per worker rank (device d is world rank d + 1). Devices are grouped into islands:
+// by default the workers of one host form an island; an explicit spec "KxM" (K islands of M
+// devices, K*M = number of workers; "2x2") overrides it. A client asks for a virtual slice of n
+// devices (optionally a mesh shape with n elements, optionally an island); the manager maps the
+// virtual devices 1:1 onto n distinct non-drained devices of one island (a slice's collectives
+// stay inside an island), choosing the least loaded ones, and gives the slice its own
+// collectives context id. Draining a device moves every slice on it to another device of the
+// same island; the slice's generation then changes, and programs lowered for the old
+// generation are lowered again.
+//
+// Thread safety: all methods lock an internal mutex (clients allocate from their threads, the
+// dispatcher reads mappings).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pwm::pathways {
+
+struct DeviceInfo {
+  int id = 0;
+  int world_rank = 0;
+  int island = 0;
+  std::string host;
+  bool drained = false;
+  int load = 0;  // live slices mapped onto it
+};
+
+struct SliceInfo {
+  int id = 0;
+  int island = 0;
+  std::vector<int> mesh;       // product = devices.size()
+  std::vector<int> devices;    // device ids, virtual device i -> devices[i]
+  std::vector<int> world_ranks() const;
+  uint32_t context = 0;        // collectives context of the slice communicator
+  uint64_t generation = 0;     // bumped when the mapping changes
+};
+
+struct SliceRemap {
+  int slice = 0;
+  int index = 0;  // virtual device whose physical device changed
+  int from_device = 0, to_device = 0;
+};
+
+class ResourceManager {
+ public:
+  // `hosts[d]`: the host name of device d. `islands`: "" (by host) or "KxM".
+  ResourceManager(std::vector<std::string> hosts, const std::string& islands);
+
+  int num_devices() const;
+  int num_islands() const;
+  std::vector<DeviceInfo> devices() const;
+  std::string describe() const;  // "2 islands: [0: devices 0,1 on host] ..."
+
+  // Throws pwm::Error when the request cannot be met (more devices than exist or than any
+  // island holds, a mesh whose product is not n, an unknown island).
+  SliceInfo allocate(int n, std::vector<int> mesh = {}, int island = -1);
+  void release(int slice_id);
+  SliceInfo slice(int slice_id) const;  // throws for an unknown id
+  bool has_slice(int slice_id) const;
+
+  // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
+  // changes nothing) when some slice has no spare device in its island.
+  std::vector<SliceRemap> drain(int device);
+  void undrain(int device);
+
+ private:
+  uint32_t new_context();
+  int pick_spare(int island, const std::vector<int>& exclude) const;
+
+  mutable std::mutex mu_;
+  std::vector<DeviceInfo> devs_;
+  int n_islands_ = 0;
+  std::map<int, SliceInfo> slices_;
+  int next_slice_ = 1;
+  uint32_t next_context_ = 0;
+  std::map<uint32_t, int> contexts_in_use_;
+};
+
+}  // namespace pwm::pathways

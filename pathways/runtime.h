@@ -1,0 +1,63 @@
+// The Pathways runtime: world rank 0 is the controller, every other rank a worker (one device).
+//
+//   int main(int argc, char** argv) {
+//     collectives::MpiEnvironment env(&argc, &argv);
+//     return collectives::run_mpi_main(env, [&] {
+//       register_my_kernels();                       // on every rank, before anything else
+//       if (env.rank() != 0) { pathways::run_worker(env.transport()); return 0; }
+//       pathways::Runtime rt(env.transport(), opts);  // blocks until every worker said hello
+//       ... clients ...
+//       rt.shutdown();                                // every worker returns from run_worker
+//       return 0;
+//     });
+//   }
+//
+// The Runtime owns the dispatcher thread, the only thread on rank 0 that calls MPI (MPI is
+// initialized MPI_THREAD_SERIALIZED; the constructor's handshake runs on the calling thread
+// before the dispatcher starts). Clients enqueue work to it and wait on condition variables; the
+// dispatcher polls MPI and, when a pass finds nothing, sleeps on its queue's condition variable
+// with exponential back-off (backoff_min_us doubling to backoff_max_us, or to
+// busy_backoff_max_us while runs are in flight): it never spins.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "collectives/transport.h"
+#include "pathways/client.h"
+#include "pathways/scheduler.h"
+
+namespace pwm::pathways {
+
+struct RuntimeOptions {
+  std::string islands;                // "" = one island per host; "KxM" = K islands of M devices
+  double backoff_min_us = 10;
+  double backoff_max_us = 1000;       // idle
+  double busy_backoff_max_us = 200;   // while runs are in flight (PWM_PW_BACKOFF_US overrides)
+  SchedulerFactory scheduler;         // per island; empty = FIFO
+
+  static RuntimeOptions from_env();
+};
+
+class Runtime {
+ public:
+  // World rank 0 only. Blocks until every worker has said hello; throws pwm::Error on a bad
+  // islands spec or a transport whose tag space is too small.
+  explicit Runtime(std::shared_ptr<collectives::Transport> transport, RuntimeOptions options = RuntimeOptions::from_env());
+  ~Runtime();  // shutdown()
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Client client(const std::string& name = "");
+  int num_devices() const;
+  int num_islands() const;
+  std::string describe() const;
+  // Waits for every run in flight, stops every worker (their run_worker returns) and the
+  // dispatcher. Idempotent. Work submitted afterwards fails.
+  void shutdown();
+
+ private:
+  std::shared_ptr<Controller> c_;
+};
+
+}  // namespace pwm::pathways

@@ -1,0 +1,461 @@
+// The worker loop. See worker.h for the contract and docs/pathways.md for the protocol.
+#include "pathways/worker.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <list>
+#include <set>
+
+#include "collectives/communicator.h"
+#include "common/env.h"
+#include "common/time.h"
+#include "pathways/backoff.h"
+#include "pathways/lowering.h"
+#include "pathways/object_store.h"
+#include "pathways/tags.h"
+#include "pathways/wire.h"
+
+namespace pwm::pathways {
+
+WorkerOptions WorkerOptions::from_env() {
+  WorkerOptions o;
+  o.backoff_max_us = env_double("PWM_PW_WORKER_BACKOFF_US", o.backoff_max_us);
+  return o;
+}
+
+namespace {
+
+struct LoadedProgram {
+  WorkerProgram p;
+  std::vector<const KernelDef*> kernels;  // per exec; nullptr: not registered here
+};
+
+enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
+
+struct Run {
+  RunHeader h;
+  std::shared_ptr<const LoadedProgram> prog;
+  std::vector<ObjectPtr> slots;
+  std::vector<uint8_t> state;                // per instruction
+  std::vector<collectives::Request> reqs;    // per instruction, while posted
+  std::vector<uint64_t> order;               // per instruction: exec order number (kExec only)
+  std::vector<uint32_t> stage_left;          // instructions not done, per stage
+  uint32_t released = 0;                     // stages < released may run
+  size_t first = 0, left = 0;
+  std::string error;                         // first error on this worker
+};
+
+struct Move {
+  bool out = false;
+  uint64_t object = 0;
+  ObjectPtr obj;
+  int peer = 0, tag = 0;
+  bool posted = false;
+  collectives::Request req;
+};
+
+class Worker {
+ public:
+  Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
+      : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
+        backoff_(o.backoff_min_us, o.backoff_max_us, o.spins) {
+    PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
+  }
+
+  void loop() {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    Writer w;
+    w.str(host);
+    chan_.listen(0);
+    chan_.post(0, MsgType::kHello, w.take());
+    chan_.flush();
+    std::vector<Message> inbox;
+    while (true) {
+      bool any = chan_.progress(inbox);
+      for (auto& m : inbox) handle(m);
+      inbox.clear();
+      for (auto it = runs_.begin(); it != runs_.end();) {
+        any |= progress_run(*it);
+        if (it->left == 0) {
+          finish_run(*it);
+          it = runs_.erase(it);
+          any = true;
+        } else {
+          ++it;
+        }
+      }
+      any |= progress_moves();
+      any |= progress_fetches();
+      any |= chan_.flush();
+      if (shutdown_ && runs_.empty() && moves_.empty() && fetches_.empty()) break;
+      if (any)
+        backoff_.reset();
+      else
+        backoff_.idle();
+    }
+    chan_.post(0, MsgType::kBye);
+    chan_.close(0);
+    while (chan_.sends_in_flight() > 0) {
+      if (!chan_.progress(inbox)) backoff_.idle();
+    }
+  }
+
+ private:
+  std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
+
+  void handle(Message& m) {
+    Reader r(m.body);
+    switch (m.type) {
+      case MsgType::kLoadProgram: {
+        auto lp = std::make_shared<LoadedProgram>();
+        lp->p = WorkerProgram::read(r);
+        for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
+        programs_[lp->p.id] = std::move(lp);
+        break;
+      }
+      case MsgType::kEvictProgram: programs_.erase(r.get<uint64_t>()); break;
+      case MsgType::kRun: start_run(RunHeader::decode(r)); break;
+      case MsgType::kReleaseStage: {
+        uint64_t id = r.get<uint64_t>();
+        uint32_t stage = r.get<uint32_t>();
+        for (auto& run : runs_)
+          if (run.h.run_id == id) run.released = std::max(run.released, stage + 1);
+        break;
+      }
+      case MsgType::kPut: {
+        uint64_t id = r.get<uint64_t>(), owner = r.get<uint64_t>();
+        TensorSpec spec;
+        spec.dtype = static_cast<DataType>(r.get<uint8_t>());
+        spec.shape = r.vec<int64_t>();
+        auto obj = std::make_shared<Object>(spec);
+        std::memcpy(obj->buf.data(), r.bytes(spec.bytes()), spec.bytes());
+        store_.put(id, obj, owner);
+        break;
+      }
+      case MsgType::kFetch: {
+        uint64_t req = r.get<uint64_t>(), obj = r.get<uint64_t>();
+        fetches_.push_back({req, obj});
+        break;
+      }
+      case MsgType::kFree:
+        for (uint64_t id : r.vec<uint64_t>()) store_.erase(id);
+        break;
+      case MsgType::kFreeOwner: store_.erase_owner(r.get<uint64_t>()); break;
+      case MsgType::kMoveOut: {
+        Move mv;
+        mv.out = true;
+        mv.object = r.get<uint64_t>();
+        mv.peer = r.get<int32_t>();
+        mv.tag = r.get<int32_t>();
+        mv.obj = store_.find(mv.object);
+        if (mv.obj) moves_.push_back(std::move(mv));
+        break;
+      }
+      case MsgType::kMoveIn: {
+        Move mv;
+        mv.object = r.get<uint64_t>();
+        uint64_t owner = r.get<uint64_t>();
+        TensorSpec spec;
+        spec.dtype = static_cast<DataType>(r.get<uint8_t>());
+        spec.shape = r.vec<int64_t>();
+        mv.peer = r.get<int32_t>();
+        mv.tag = r.get<int32_t>();
+        mv.obj = std::make_shared<Object>(spec, 1);
+        store_.put(mv.object, mv.obj, owner);
+        moves_.push_back(std::move(mv));
+        break;
+      }
+      case MsgType::kStats: {
+        uint64_t req = r.get<uint64_t>();
+        WorkerStats s;
+        s.rank = rank_;
+        s.objects = store_.size();
+        s.buffers = static_cast<uint64_t>(Buffer::live());
+        s.bytes = static_cast<uint64_t>(Buffer::live_bytes());
+        s.programs = programs_.size();
+        s.runs = runs_.size();
+        s.kernels_run = kernels_run_;
+        Writer w;
+        w.put(req);
+        w.put(s);
+        chan_.post(0, MsgType::kStatsReply, w.take());
+        break;
+      }
+      case MsgType::kShutdown: shutdown_ = true; break;
+      default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
+    }
+  }
+
+  void start_run(RunHeader h) {
+    Run run;
+    run.h = std::move(h);
+    auto it = programs_.find(run.h.program_id);
+    if (it == programs_.end()) {
+      run.error = fmt::format("{}: program {} is not loaded", where(), run.h.program_id);
+      runs_.push_back(std::move(run));  // left == 0: reported at once
+      return;
+    }
+    run.prog = it->second;
+    const WorkerProgram& p = run.prog->p;
+    run.slots.resize(p.slots.size());
+    for (auto& b : p.params) {
+      PWM_CHECK_LT(b.index, run.h.inputs.size());
+      const uint64_t id = run.h.inputs[b.index];
+      ObjectPtr obj = store_.find(id);
+      if (!obj) {
+        obj = std::make_shared<Object>(p.slots[b.slot]);
+        obj->fail(fmt::format("{}: input {} (object {}) does not exist here (freed?)", where(), b.index, id));
+        if (run.error.empty()) run.error = obj->error;
+      } else if (!(obj->spec == p.slots[b.slot])) {
+        std::string e = fmt::format("{}: input {} (object {}) is {}, the program expects {}", where(), b.index, id,
+                                    obj->spec.str(), p.slots[b.slot].str());
+        obj = std::make_shared<Object>(p.slots[b.slot]);
+        obj->fail(e);
+        if (run.error.empty()) run.error = e;
+      }
+      run.slots[b.slot] = obj;
+    }
+    for (size_t s = 0; s < p.slots.size(); ++s)
+      if (!run.slots[s]) run.slots[s] = std::make_shared<Object>(p.slots[s], p.slot_writers[s]);
+    for (auto& b : p.outputs) store_.put(output_object_id(run.h.run_id, b.index), run.slots[b.slot], run.h.owner);
+    const size_t n = p.instrs.size();
+    run.state.assign(n, kWaiting);
+    run.reqs.resize(n);
+    run.order.assign(n, 0);
+    run.stage_left.assign(p.num_stages, 0);
+    for (size_t i = 0; i < n; ++i) {
+      run.stage_left[p.instrs[i].stage]++;
+      if (p.instrs[i].op == Op::kExec) {
+        run.order[i] = next_order_++;
+        pending_execs_.insert(run.order[i]);
+      }
+    }
+    run.left = n;
+    run.released = (run.h.flags & kRunSequential) ? 0 : p.num_stages;
+    runs_.push_back(std::move(run));
+  }
+
+  void done(Run& run, size_t i) {
+    run.state[i] = kDone;
+    run.left--;
+    const Instr& in = run.prog->p.instrs[i];
+    if (--run.stage_left[in.stage] == 0 && (run.h.flags & kRunSequential)) {
+      Writer w;
+      w.put(run.h.run_id);
+      w.put(in.stage);
+      chan_.post(0, MsgType::kStageDone, w.take());
+    }
+    while (run.first < run.state.size() && run.state[run.first] == kDone) run.first++;
+  }
+
+  void note_error(Run& run, const std::string& e) {
+    if (run.error.empty()) run.error = e;
+  }
+
+  bool progress_run(Run& run) {
+    if (!run.prog) return false;
+    const WorkerProgram& p = run.prog->p;
+    bool any = false;
+    for (size_t i = run.first; i < p.instrs.size(); ++i) {
+      if (run.state[i] == kDone) continue;
+      const Instr& in = p.instrs[i];
+      if (in.stage >= run.released) break;  // stages are non-decreasing in program order
+      switch (in.op) {
+        case Op::kRecv: {
+          Object& dst = *run.slots[in.slot];
+          if (run.state[i] == kWaiting) {
+            run.reqs[i] = t_->irecv(static_cast<char*>(dst.buf.data()) + in.offset, in.bytes, in.peer,
+                                    tags::data_tag(run.h.run_id, in.xfer));
+            run.state[i] = kPosted;
+            any = true;
+          }
+          size_t got = 0;
+          if (t_->test(run.reqs[i], &got)) {
+            PWM_CHECK_EQ(got, in.bytes);
+            dst.write_done();
+            done(run, i);
+            any = true;
+          }
+          break;
+        }
+        case Op::kSend: {
+          Object& src = *run.slots[in.slot];
+          if (run.state[i] == kWaiting) {
+            if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
+            run.reqs[i] = t_->isend(static_cast<char*>(src.buf.data()) + in.offset, in.bytes, in.peer,
+                                    tags::data_tag(run.h.run_id, in.xfer));
+            run.state[i] = kPosted;
+            any = true;
+          }
+          if (t_->test(run.reqs[i], nullptr)) {
+            done(run, i);
+            any = true;
+          }
+          break;
+        }
+        case Op::kCopy: {
+          Object& src = *run.slots[in.slot];
+          Object& dst = *run.slots[in.slot2];
+          if (!src.resolved()) break;
+          std::memcpy(static_cast<char*>(dst.buf.data()) + in.offset2, static_cast<char*>(src.buf.data()) + in.offset,
+                      in.bytes);
+          if (src.state == Object::State::kFailed) dst.fail(src.error);
+          dst.write_done();
+          done(run, i);
+          any = true;
+          break;
+        }
+        case Op::kExec:
+          if (try_exec(run, i)) any = true;
+          break;
+      }
+    }
+    return any;
+  }
+
+  bool try_exec(Run& run, size_t i) {
+    const WorkerProgram& p = run.prog->p;
+    const ExecInfo& e = p.execs[p.instrs[i].exec];
+    const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+    std::string failed;
+    for (int32_t s : e.ins) {
+      const Object& o = *run.slots[s];
+      if (!o.resolved()) return false;
+      if (o.state == Object::State::kFailed && failed.empty()) failed = o.error;
+    }
+    // A gang node runs even on failed inputs (its result is failed anyway): its peers on other
+    // devices may have good inputs and will enter the kernel's collectives.
+    const bool gang = def ? def->collectives : e.collectives;
+    if (gang && *pending_execs_.begin() != run.order[i]) return false;
+    if (!def) failed = fmt::format("unknown kernel '{}' on {} (not registered on this rank)", e.kernel, where());
+    const bool skip = !def || (!gang && !failed.empty());
+    if (!skip) {
+      std::vector<KernelContext::Buffer> ins, outs;
+      for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
+      for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
+      const bool trace = run.h.flags & kRunTrace;
+      if (trace) node_event(run, e.node, true);
+      try {
+        KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
+                          gang ? &comm(e) : nullptr, &e.kernel);
+        def->fn(ctx);
+        kernels_run_++;
+      } catch (const std::exception& ex) {
+        if (failed.empty())
+          failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
+                             fmt::format("node {}", e.node), p.name, e.shard, e.num_shards, where(), ex.what());
+      }
+      if (trace) node_event(run, e.node, false);
+    }
+    for (int32_t s : e.outs) {
+      if (!failed.empty()) run.slots[s]->fail(failed);
+      run.slots[s]->write_done();
+    }
+    if (!failed.empty()) note_error(run, failed);
+    pending_execs_.erase(run.order[i]);
+    done(run, i);
+    return true;
+  }
+
+  void node_event(Run& run, uint32_t node, bool started) {
+    Writer w;
+    w.put(run.h.run_id);
+    w.put(node);
+    w.put<uint8_t>(started);
+    chan_.post(0, MsgType::kNodeEvent, w.take());
+    chan_.flush();  // now: the controller must hear of a start while the kernel runs
+  }
+
+  collectives::Communicator& comm(const ExecInfo& e) {
+    std::vector<int> group(e.group.begin(), e.group.end());
+    auto it = comms_.find(e.context);
+    if (it == comms_.end() || it->second->group() != group) {
+      auto c = std::make_unique<collectives::Communicator>(t_, group, e.context);
+      it = comms_.insert_or_assign(e.context, std::move(c)).first;
+    }
+    return *it->second;
+  }
+
+  void finish_run(Run& run) {
+    Writer w;
+    w.put(run.h.run_id);
+    w.str(run.error);
+    chan_.post(0, MsgType::kRunDone, w.take());
+  }
+
+  bool progress_moves() {
+    bool any = false;
+    for (auto it = moves_.begin(); it != moves_.end();) {
+      Move& m = *it;
+      if (!m.posted) {
+        if (m.out && !m.obj->resolved()) {
+          ++it;
+          continue;
+        }
+        m.req = m.out ? t_->isend(m.obj->buf.data(), m.obj->buf.size(), m.peer, m.tag)
+                      : t_->irecv(m.obj->buf.data(), m.obj->buf.size(), m.peer, m.tag);
+        m.posted = true;
+        any = true;
+      }
+      if (t_->test(m.req, nullptr)) {
+        if (m.out) {
+          if (store_.find(m.object) == m.obj) store_.erase(m.object);
+        } else {
+          m.obj->write_done();
+        }
+        it = moves_.erase(it);
+        any = true;
+      } else {
+        ++it;
+      }
+    }
+    return any;
+  }
+
+  bool progress_fetches() {
+    bool any = false;
+    for (auto it = fetches_.begin(); it != fetches_.end();) {
+      ObjectPtr obj = store_.find(it->second);
+      if (obj && !obj->resolved()) {
+        ++it;
+        continue;
+      }
+      Writer w;
+      w.put(it->first);
+      if (!obj)
+        w.str(fmt::format("object {} does not exist on {}", it->second, where()));
+      else
+        w.str(obj->state == Object::State::kFailed ? obj->error : "");
+      if (obj && obj->state == Object::State::kReady) w.bytes(obj->buf.data(), obj->buf.size());
+      chan_.post(0, MsgType::kFetchReply, w.take());
+      it = fetches_.erase(it);
+      any = true;
+    }
+    return any;
+  }
+
+  std::shared_ptr<collectives::Transport> t_;
+  Channel chan_;
+  int rank_, device_;
+  Backoff backoff_;
+  bool shutdown_ = false;
+  ObjectStore store_;
+  std::map<uint64_t, std::shared_ptr<const LoadedProgram>> programs_;
+  std::list<Run> runs_;
+  std::list<Move> moves_;
+  std::list<std::pair<uint64_t, uint64_t>> fetches_;  // (request, object)
+  std::map<uint32_t, std::unique_ptr<collectives::Communicator>> comms_;
+  std::set<uint64_t> pending_execs_;
+  uint64_t next_order_ = 0;
+  uint64_t kernels_run_ = 0;
+};
+
+}  // namespace
+
+void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options) {
+  Worker(std::move(transport), options).loop();
+}
+
+}  // namespace pwm::pathways

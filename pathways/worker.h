@@ -1,0 +1,37 @@
+// The worker: one device, its object store and its program cache (docs/pathways.md).
+//
+// Every world rank other than 0 calls run_worker() after registering its kernels; it returns
+// when the controller shuts the runtime down. The worker loop (one thread, the only one in MPI
+// on this rank) receives control messages, runs the instruction lists of the runs it was given,
+// tests its transfers, and answers; when a pass finds nothing to do it backs off (yields, then
+// sleeps 10 us doubling to `backoff_max_us`), because it shares the cores with other workers.
+//
+// Execution rules (why they are deadlock-free is in docs/pathways.md, "Gang scheduling"):
+//  - a run's buffers are allocated and its receives posted as soon as its stage is released
+//    (at once under parallel dispatch), before its inputs exist;
+//  - a node runs as soon as its inputs are ready, except that a node with collectives (gang
+//    scheduled) waits until every node that arrived before it on this worker is done: the
+//    controller sends runs to all workers of an island in one order, so every worker of a
+//    slice enters its collectives in the same order;
+//  - a failing node fails its outputs; the failure flows to what depends on it and to the
+//    run's status, and transfers are still sent so that no peer waits for ever.
+#pragma once
+
+#include <memory>
+
+#include "collectives/transport.h"
+
+namespace pwm::pathways {
+
+struct WorkerOptions {
+  double backoff_min_us = 10;
+  double backoff_max_us = 500;  // PWM_PW_WORKER_BACKOFF_US overrides
+  int spins = 64;               // idle passes that only yield before sleeping
+
+  static WorkerOptions from_env();
+};
+
+// Blocks until the controller's shutdown. Must not be called on world rank 0.
+void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options = WorkerOptions::from_env());
+
+}  // namespace pwm::pathways

@@ -1,0 +1,206 @@
+// In-process tests of the runtime's parts: resource manager, program checks, lowering, the
+// framed channel, and the whole runtime with ranks as threads (InProcFabric).
+#include <gtest/gtest.h>
+
+#include "collectives/inproc_transport.h"
+#include "pathways/lowering.h"
+#include "pathways/resource_manager.h"
+#include "pathways/runtime.h"
+#include "pathways/worker.h"
+#include "tests/pathways/test_kernels.h"
+
+namespace pwm::pathways {
+namespace {
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+TEST(ResourceManager, IslandsByHostAndBySpec) {
+  ResourceManager by_host({"a", "a", "b", "b", "b"}, "");
+  EXPECT_EQ(by_host.num_islands(), 2);
+  EXPECT_EQ(by_host.devices()[4].island, 1);
+  ResourceManager spec({"h", "h", "h", "h"}, "2x2");
+  EXPECT_EQ(spec.num_islands(), 2);
+  EXPECT_EQ(spec.devices()[1].island, 0);
+  EXPECT_EQ(spec.devices()[2].island, 1);
+  EXPECT_THROW(ResourceManager({"h", "h", "h"}, "2x2"), pwm::Error);
+  EXPECT_THROW(ResourceManager({"h"}, "two"), pwm::Error);
+}
+
+TEST(ResourceManager, AllocateSpreadsLoadAndReleases) {
+  ResourceManager rm({"h", "h", "h", "h"}, "");
+  SliceInfo a = rm.allocate(2);
+  SliceInfo b = rm.allocate(2);
+  EXPECT_EQ(a.devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(b.devices, (std::vector<int>{2, 3}));  // the least loaded devices
+  EXPECT_NE(a.context, b.context);
+  EXPECT_EQ(a.world_ranks(), (std::vector<int>{1, 2}));
+  SliceInfo c = rm.allocate(4, {2, 2});
+  EXPECT_EQ(c.mesh, (std::vector<int>{2, 2}));
+  rm.release(a.id);
+  EXPECT_EQ(rm.allocate(1).devices, (std::vector<int>{0}));
+  EXPECT_THROW(rm.allocate(4, {3}), pwm::Error);
+  try {
+    rm.allocate(5);
+    FAIL();
+  } catch (const pwm::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "asked for 5 devices but there are only 4")) << e.what();
+  }
+  ResourceManager isl({"h", "h", "h", "h"}, "2x2");
+  try {
+    isl.allocate(3);
+    FAIL();
+  } catch (const pwm::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "largest island has 2")) << e.what();
+  }
+  EXPECT_EQ(isl.allocate(2, {}, 1).devices, (std::vector<int>{2, 3}));
+}
+
+TEST(ResourceManager, DrainRemapsWithinTheIsland) {
+  ResourceManager rm({"h", "h", "h", "h"}, "2x2");
+  SliceInfo a = rm.allocate(1, {}, 0);
+  ASSERT_EQ(a.devices, (std::vector<int>{0}));
+  auto plan = rm.drain(0);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].to_device, 1);
+  SliceInfo a2 = rm.slice(a.id);
+  EXPECT_EQ(a2.devices, (std::vector<int>{1}));
+  EXPECT_EQ(a2.generation, a.generation + 1);
+  EXPECT_NE(a2.context, a.context);
+  // No spare device left in island 0 for a 2-device slice: the drain fails and changes nothing.
+  rm.undrain(0);
+  SliceInfo b = rm.allocate(2, {}, 0);
+  EXPECT_THROW(rm.drain(1), pwm::Error);
+  EXPECT_EQ(rm.slice(b.id).generation, b.generation);
+  EXPECT_FALSE(rm.devices()[1].drained);
+}
+
+class ProgramTest : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::register_test_kernels(); }
+  static ArgSpec rep1() { return {{DataType::kFloat32, {1}}, Sharding::kReplicated}; }
+};
+
+TEST_F(ProgramTest, ChecksKernelsAndShapes) {
+  ProgramDef d;
+  d.name = "p";
+  int x = d.add_param(1, 2, rep1());
+  d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
+  EXPECT_EQ(d.error, "");
+  d.add_call(KernelRegistry::global(), "nope", 1, 2, {{-1, x}}, {});
+  EXPECT_TRUE(contains(d.error, "unknown kernel 'nope'")) << d.error;
+  ProgramDef e;
+  e.name = "q";
+  int y = e.add_param(1, 2, {{DataType::kFloat32, {2}}, Sharding::kReplicated});
+  e.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, y}}, {1});
+  EXPECT_TRUE(contains(e.error, "wrong shape")) << e.error;
+}
+
+SliceLookup two_slices() {
+  return [](int id) {
+    if (id == 1) return SliceMapping{{1, 2}, 5, 0, 0};    // 2 devices
+    if (id == 2) return SliceMapping{{1, 2, 3}, 6, 0, 0}; // 3 devices, overlapping
+    return SliceMapping{{3}, 7, 0, 0};
+  };
+}
+
+TEST_F(ProgramTest, SameSliceEdgesAreNotCopied) {
+  ProgramDef d;
+  d.name = "same";
+  int x = d.add_param(1, 2, rep1());
+  int a = d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
+  d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{a, 0}}, {1});
+  d.outputs = {{1, 0}};
+  LoweredProgram lp = lower(d, 9, two_slices());
+  EXPECT_EQ(lp.transfers, 0u);
+  ASSERT_EQ(lp.workers.size(), 2u);
+  const WorkerProgram& w = lp.workers.at(1);
+  ASSERT_EQ(w.instrs.size(), 2u);
+  EXPECT_EQ(w.execs[1].ins[0], w.execs[0].outs[0]);  // reads the producer's slot
+  EXPECT_EQ(w.execs[0].group, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(w.execs[0].context, 5u);
+}
+
+TEST_F(ProgramTest, ReshardMtoNPlansPieces) {
+  // iota [6,1] split over 2 devices (ranks 1,2) -> scale split over 3 (ranks 1,2,3):
+  // rows 0-2 on rank 1, 3-5 on rank 2 -> rows 0-1 rank 1, 2-3 rank 2, 4-5 rank 3.
+  ProgramDef d;
+  d.name = "m2n";
+  int a = d.add_call(KernelRegistry::global(), "iota", 1, 2, {}, {6, 1});
+  d.add_call(KernelRegistry::global(), "scale", 2, 3, {{a, 0}}, {2, 6, 1, 0});
+  ASSERT_EQ(d.error, "");
+  d.outputs = {{1, 0}};
+  LoweredProgram lp = lower(d, 9, two_slices());
+  // Pieces: rank1 rows0-1 local copy; row2 rank1->rank2; row3 local copy on rank2; rows4-5 rank2->rank3.
+  EXPECT_EQ(lp.transfers, 2u);
+  int copies = 0, sends = 0, recvs = 0;
+  for (auto& [r, w] : lp.workers)
+    for (auto& in : w.instrs) {
+      copies += in.op == Op::kCopy;
+      sends += in.op == Op::kSend;
+      recvs += in.op == Op::kRecv;
+      if (in.op == Op::kSend && r == 2) EXPECT_EQ(in.bytes, 8u);  // two rows of one float
+    }
+  EXPECT_EQ(copies, 2);
+  EXPECT_EQ(sends, 2);
+  EXPECT_EQ(recvs, 2);
+  EXPECT_EQ(lp.stage_ranks[1], (std::set<int>{1, 2, 3}));
+  // The worker program survives the wire.
+  Writer w;
+  lp.workers.at(2).write(w);
+  auto bytes = w.take();
+  Reader r(bytes);
+  WorkerProgram back = WorkerProgram::read(r);
+  EXPECT_EQ(back.instrs.size(), lp.workers.at(2).instrs.size());
+  EXPECT_EQ(back.execs[0].kernel, "iota");
+  EXPECT_EQ(back.slots, lp.workers.at(2).slots);
+}
+
+TEST(Channel, BundlesAndLargeFrames) {
+  collectives::run_inproc(2, [](int rank, std::shared_ptr<collectives::Transport> t) {
+    Channel ch(*t);
+    ch.listen(1 - rank);
+    std::vector<uint8_t> big(100000);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
+    if (rank == 0) {
+      ch.post(1, MsgType::kStats, {1, 2, 3});
+      ch.post(1, MsgType::kPut, big);
+      ch.flush();
+      ch.post(1, MsgType::kFree, {});
+      ch.close(1);
+    }
+    std::vector<Message> got;
+    while ((rank == 1 && got.size() < 3) || ch.sends_in_flight() > 0) ch.progress(got);
+    if (rank == 1) {
+      ASSERT_EQ(got.size(), 3u);
+      EXPECT_EQ(got[0].type, MsgType::kStats);
+      EXPECT_EQ(got[0].body, (std::vector<uint8_t>{1, 2, 3}));
+      EXPECT_EQ(got[1].body, big);
+      EXPECT_EQ(got[2].type, MsgType::kFree);
+      EXPECT_FALSE(ch.listening(0));  // the final frame ends the listening
+      ch.close(0);
+      while (ch.sends_in_flight() > 0) ch.progress(got);
+    } else {
+      while (ch.listening(1)) ch.progress(got);
+    }
+  });
+}
+
+TEST(InProcRuntime, ChainedProgramOverThreads) {
+  testing::register_test_kernels();
+  collectives::run_inproc(3, [](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    Runtime rt(t);
+    Client c = rt.client();
+    Slice s = c.allocate(2);
+    Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+    ProgramBuilder b("chain");
+    Value v = b.param_like(x);
+    for (int i = 0; i < 5; ++i) v = b.call("allreduce_add", s, {v}, {1})[0];
+    b.output(v);
+    EXPECT_EQ(c.run(b.build(), {x})[0].get<float>(), std::vector<float>{63});  // x <- 2x + 1, 5 times
+    rt.shutdown();
+  });
+}
+
+}  // namespace
+}  // namespace pwm::pathways
