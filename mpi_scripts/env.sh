@@ -15,9 +15,12 @@ export PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none"
 PWM_PACKAGES=(cmake ninja-build g++ make openmpi-bin libopenmpi-dev libeigen3-dev libfmt-dev
               libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev gnuplot-nox python3)
 
-pwm_install_deps() {
+pwm_install_deps() { pwm_install_packages "${PWM_PACKAGES[@]}"; }
+
+# pwm_install_packages PKG...: apt-get installs the ones not installed yet.
+pwm_install_packages() {
   local missing=()
-  for p in "${PWM_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -44,4 +47,29 @@ pwm_build() {
     cmake -S "$PWM_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPORTABLE=$portable >/dev/null
   fi
   cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
+
+# The PyTorch peer (../shared/peers/torch_palm_bench.py next to this repository, or
+# $PWM_TORCH_PEER): prints its median tokens/s at THREADS threads. Debian's python3-torch calls
+# sgemm_ through libblas.so.3; the peer runs on the pthread OpenBLAS and on the OpenMP one
+# (which honours torch's thread count), and the faster is the reference.
+pwm_torch_peer() {
+  local threads=$1 steps=${2:-20} warmup=${3:-5}
+  local peer="${PWM_TORCH_PEER:-$PWM_ROOT/../shared/peers/torch_palm_bench.py}"
+  [ -f "$peer" ] || { echo "pathways-mpi: error: the PyTorch peer $peer is missing (set PWM_TORCH_PEER)" >&2; return 1; }
+  pwm_install_packages python3-torch libopenblas0-openmp >&2
+  local a b
+  a=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads /usr/bin/python3 "$peer" "$threads" "$steps" "$warmup" |
+      tee /dev/stderr | grep -o 'tokens/s median=[0-9]*' | cut -d= -f2)
+  b=$(LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OMP_NUM_THREADS=$threads \
+      /usr/bin/python3 "$peer" "$threads" "$steps" "$warmup" |
+      tee /dev/stderr | grep -o 'tokens/s median=[0-9]*' | cut -d= -f2)
+  echo $(( a > b ? a : b ))
+}
+
+# Warn when a compiler runs beside a benchmark (it halves the figures).
+pwm_warn_if_busy() {
+  if pgrep -x cc1plus >/dev/null; then
+    echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2
+  fi
 }
