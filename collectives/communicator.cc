@@ -107,8 +107,8 @@ Algorithm Communicator::resolve_allreduce(Algorithm a, size_t bytes) const {
   return options_.cost_model.pick_allreduce(bytes, size(), options_.segment_bytes);
 }
 
-Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count,
-                         int root, const std::function<void(Schedule&)>& build) {
+CollectiveInfo Communicator::make_info(const char* op, Algorithm algo, DataType t, ReduceOp redop,
+                                      size_t count, int root) {
   CollectiveInfo info;
   info.op = op;
   info.algo = algo;
@@ -120,6 +120,12 @@ Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp re
   info.root = root;
   info.group = &group_;
   info.group_rank = rank_;
+  return info;
+}
+
+Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count,
+                         int root, const std::function<void(Schedule&)>& build) {
+  const CollectiveInfo info = make_info(op, algo, t, redop, count, root);
   Schedule s(t, redop, pool_);
   build(s);
   const int fp_tag = options_.fingerprint && size() > 1 ? make_tag(context_, info.seq, 1) : -1;
@@ -132,16 +138,7 @@ Work Communicator::iallreduce(const void* send, void* recv, size_t count, DataTy
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
   const Algorithm a = resolve_allreduce(algo, count * dtype_size(t));
   if (a == Algorithm::kMpi) {
-    CollectiveInfo info;
-    info.op = "allreduce";
-    info.algo = a;
-    info.dtype = t;
-    info.redop = op;
-    info.seq = seq_++;
-    info.context = context_;
-    info.count = count;
-    info.group = &group_;
-    info.group_rank = rank_;
+    const CollectiveInfo info = make_info("allreduce", a, t, op, count, -1);
     auto native = transport_->start_native_allreduce(group_, send, recv, count, t, op);
     return Work(std::make_unique<Executor>(*transport_, std::move(native), info, options_.timeout_s));
   }

@@ -36,6 +36,7 @@
 namespace pwm::collectives {
 
 class Executor;
+struct CollectiveInfo;
 class ScratchPool;
 
 struct CommOptions {
@@ -127,7 +128,8 @@ class Communicator {
   }
 
  private:
-  struct Call;
+  CollectiveInfo make_info(const char* op, Algorithm algo, DataType t, ReduceOp redop,
+                                  size_t count, int root);
   Work start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count, int root,
              const std::function<void(class Schedule&)>& build);
 

@@ -143,27 +143,21 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
       for (uint32_t d = st.dep_begin; d < st.dep_end && ready; ++d) ready = state[deps[d]] == 2;
       switch (st.kind) {
         case StepKind::kSend:
-          if (send_blocked_[st.peer]) break;
+        case StepKind::kRecv: {
+          const bool is_send = st.kind == StepKind::kSend;
+          std::vector<uint8_t>& blocked = is_send ? send_blocked_ : recv_blocked_;
+          if (blocked[st.peer]) break;  // an earlier message to/from this peer is not posted yet
           if (!ready) {
-            send_blocked_[st.peer] = 1;
+            blocked[st.peer] = 1;
             break;
           }
-          req[id] = t_.isend(st.a, st.count * elem, group[st.peer], tag);
+          const size_t bytes = st.count * elem;
+          req[id] = is_send ? t_.isend(st.a, bytes, group[st.peer], tag) : t_.irecv(st.dst, bytes, group[st.peer], tag);
           state[id] = 1;
           active.push_back(id);
           progressed = true;
           break;
-        case StepKind::kRecv:
-          if (recv_blocked_[st.peer]) break;
-          if (!ready) {
-            recv_blocked_[st.peer] = 1;
-            break;
-          }
-          req[id] = t_.irecv(st.dst, st.count * elem, group[st.peer], tag);
-          state[id] = 1;
-          active.push_back(id);
-          progressed = true;
-          break;
+        }
         case StepKind::kReduce:
           if (!ready) break;
           reduce_into(st.dst, st.a, st.b, st.count, s.dtype(), s.op());
