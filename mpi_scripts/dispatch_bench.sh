@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The Pathways dispatch benchmark (paper Fig. 5-7) at 2 and 4 workers (3 and 5 ranks: rank 0 is
+# the controller). Writes results/dispatch_np<NP>.json. Do not run it while anything compiles:
+# the numbers compare throughputs on the same 2 cores.
+# Usage: mpi_scripts/dispatch_bench.sh [extra dispatch_bench flags...]
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+pwm_install_deps
+pwm_build >/dev/null
+mkdir -p "$PWM_ROOT/results"
+BENCH="$BUILD_DIR/bench/pathways/dispatch_bench"
+for NP in ${NPS:-3 5}; do
+  echo "\$ mpirun $PWM_MPIRUN_FLAGS -n $NP $BENCH --json $PWM_ROOT/results/dispatch_np$NP.json $*"
+  mpirun $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" --json "$PWM_ROOT/results/dispatch_np$NP.json" "$@"
+done
