@@ -13,6 +13,7 @@
 #include "model/checkpoint.h"
 #include "model/full_state.h"
 #include "model/optim.h"
+#include "model/train_step.h"
 
 namespace pwm::spmd {
 
@@ -69,8 +70,11 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
     if (cfg_.resume && transport->rank() == 0)
       fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.ckpt);
   }
-  reducer_ = std::make_unique<GradReducer>(&dp_comm_, layout_, cfg_.bucket_bytes, cfg_.overlap,
-                                           trace_.enabled() ? &trace_ : nullptr);
+  reducer_ = std::make_unique<collectives::BucketedAllreduce>(
+      &dp_comm_, model::backward_units(layout_), cfg_.bucket_bytes, cfg_.overlap,
+      [this](int i, int64_t t0, int64_t t1, size_t bytes) {
+        trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
+      });
   if (cfg_.tp > 1) {
     tp_reduce_ = [this](float* d, size_t n) {
       const int64_t t0 = now_us();
@@ -109,67 +113,34 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 double Trainer::evaluate() {
-  // Validation batches of global_batch windows, split over dp like training batches.
-  const int64_t G = cfg_.global_batch, T = cfg_.model.seq_len, b = cfg_.micro_batch();
-  const int64_t nb = std::min(cfg_.eval_batches, data_.num_val_batches(G, T));
-  double sum = 0;
-  for (int64_t i = 0; i < nb; ++i)
-    for (int64_t mb = 0; mb < cfg_.microbatches; ++mb) {
-      model::RowRange rows = model::batch_rows(G, mesh_.dp_rank, cfg_.dp, mb, cfg_.microbatches);
-      data_.val_batch(i, G, T, rows.begin, rows.end, tokens_.data());
-      sum += static_cast<double>(model::forward_loss<float>(layout_, params_.data(), tokens_.data(), b, ws_, tp_reduce_)) * b;
-    }
+  double sum = model::validation_loss_sum(cfg_, layout_, data_, mesh_.dp_rank, params_.data(), ws_, tokens_.data(), tp_reduce_);
   if (cfg_.dp > 1) dp_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  return sum / static_cast<double>(nb * G);
+  return sum / static_cast<double>(model::validation_batches(cfg_, data_) * cfg_.global_batch);
 }
 
 double Trainer::train_step(int64_t step, model::StepRecord& rec) {
-  const int64_t G = cfg_.global_batch, M = cfg_.microbatches;
-  const int L = static_cast<int>(cfg_.model.n_layers);
-  const float grad_scale = 1.0f / static_cast<float>(M * cfg_.dp);
   comm_s_ = 0;
   const int64_t step_t0 = now_us();
-  std::fill(grads_.begin(), grads_.end(), 0.0f);
   reducer_->begin(grads_.data());
-  double loss_sum = 0;
-  auto& act = ws_.act;
-  auto& scratch = ws_.scratch;
-  for (int64_t mb = 0; mb < M; ++mb) {
-    const bool last = mb == M - 1;
-    model::RowRange rows = model::batch_rows(G, mesh_.dp_rank, cfg_.dp, mb, M);
-    data_.train_batch(cfg_.data_seed, step, G, cfg_.model.seq_len, rows.begin, rows.end, tokens_.data());
-    // The pieces of model::forward_backward, so that the last micro-batch can hand finished
-    // layers to the reducer while the next layer's backward runs.
-    int64_t t0 = now_us();
-    model::embed_forward<float>(layout_, params_.data(), tokens_.data(), act);
-    for (int l = 0; l < L; ++l) model::block_forward<float>(layout_, params_.data(), l, act, scratch, tp_reduce_);
-    loss_sum += model::head_forward<float>(layout_, params_.data(), tokens_.data(), act);
-    int64_t t1 = now_us();
-    trace_.span("forward", "compute", t0, t1);
-    if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank && mb == 0) ::raise(SIGKILL);
-    model::head_backward<float>(layout_, params_.data(), grads_.data(), tokens_.data(), grad_scale, act, scratch);
-    if (last) reducer_->unit_done(0);
-    for (int l = L - 1; l >= 0; --l) {
-      model::block_backward<float>(layout_, params_.data(), grads_.data(), l, act, scratch, tp_reduce_);
-      if (last) reducer_->unit_done(reducer_->unit_of_layer(l));
-    }
-    model::embed_backward<float>(layout_, grads_.data(), tokens_.data(), act);
-    if (last) reducer_->unit_done(reducer_->num_units() - 1);
-    trace_.span("backward", "compute", t1, now_us());
-  }
+  model::StepHooks hooks;
+  hooks.tp_reduce = tp_reduce_;
+  hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
+  hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
+  if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
+  const double local_loss = model::accumulate_gradients(cfg_, layout_, data_, step, mesh_.dp_rank, params_.data(),
+                                                        grads_.data(), ws_, tokens_.data(), hooks);
   reducer_->finish();
   const int64_t t_opt = now_us();
   // Loss of the global batch; squared gradient norm over the tp shards (grads are identical on
   // every dp rank after the reduction).
-  double red[2] = {loss_sum / M, model::grad_sq_norm_tp(layout_, grads_.data())};
+  double red[2] = {local_loss, model::grad_sq_norm_tp(layout_, grads_.data())};
   const int64_t tr0 = now_us();
   if (cfg_.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (cfg_.dp > 1) dp_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   comm_s_ += (now_us() - tr0) * 1e-6;
   const double loss = red[0] / cfg_.dp;
-  const double lr = model::lr_at(cfg_.optim, step);
-  const double clip = model::clip_factor(cfg_.optim, red[1]);
-  model::adamw_step(cfg_.optim, layout_, step, lr, clip, params_.data(), grads_.data(), m_.data(), v_.data());
+  const model::UpdateResult upd =
+      model::apply_update(cfg_, layout_, step, red[1], params_.data(), grads_.data(), m_.data(), v_.data());
   const int64_t t_end = now_us();
   trace_.span("optimizer", "compute", t_opt, t_end);
   // Straggler accounting: this rank's compute and communication, then how long it waits for
@@ -185,8 +156,8 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   world_.allgather(mine, all.data(), 3, DataType::kFloat64);
   rec.step = step;
   rec.loss = loss;
-  rec.lr = lr;
-  rec.grad_norm = std::sqrt(red[1]);
+  rec.lr = upd.lr;
+  rec.grad_norm = upd.grad_norm;
   rec.step_ms = (w1 - step_t0) * 1e-3;
   rec.compute_ms.clear();
   rec.comm_ms.clear();

@@ -1,8 +1,9 @@
 // The SPMD / BSP trainer: every rank runs this same loop over a dp x tp mesh (tp ranks adjacent).
 //
-// One step: forward and backward over the rank's micro-batches (gradient accumulation), the tp
-// reductions inside each block through the tp group's communicator, the bucketed dp AllReduce
-// of the gradient buffer overlapped with the last micro-batch's backward (GradReducer), global-
+// One step: forward and backward over the rank's micro-batches (gradient accumulation,
+// model::accumulate_gradients), the tp reductions inside each block through the tp group's
+// communicator, the bucketed dp AllReduce of the gradient buffer overlapped with the last
+// micro-batch's backward (collectives::BucketedAllreduce), global-
 // norm clipping (the squared norm reduced over tp), AdamW. Parameters, gradients and moments are
 // this rank's tp shard in one contiguous buffer each (model/params.h); dp replicas stay
 // bitwise identical because they apply the same update to the same reduced gradient.
@@ -14,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "collectives/bucketed_allreduce.h"
 #include "collectives/communicator.h"
 #include "common/trace.h"
 #include "model/checkpoint.h"
@@ -21,7 +23,6 @@
 #include "model/train_config.h"
 #include "model/train_report.h"
 #include "model/transformer.h"
-#include "spmd/grad_reducer.h"
 
 namespace pwm::spmd {
 
@@ -61,7 +62,7 @@ class Trainer {
   model::Workspace<float> ws_;
   std::vector<int32_t> tokens_;
   Trace trace_;
-  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<collectives::BucketedAllreduce> reducer_;
   model::TrainReport report_;
   model::TpReduce<float> tp_reduce_;
   double comm_s_ = 0;  // tp reductions and scalar reductions of the current step

@@ -2,9 +2,12 @@
 // matrix at group sizes 1..5, plus the watchdog, the fingerprint check and sub-groups.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <mutex>
 #include <thread>
 
+#include "collectives/bucketed_allreduce.h"
 #include "collectives/communicator.h"
 #include "collectives/inproc_transport.h"
 #include "tests/collectives/conformance.h"
@@ -192,6 +195,41 @@ TEST(CostModel, PicksLatencyAlgorithmsForSmallAndBandwidthForLarge) {
   // Ring's bandwidth term equals halving-doubling's; its latency term is larger.
   EXPECT_GT(m.allreduce_us(Algorithm::kRing, 1024, 8, 1 << 20),
             m.allreduce_us(Algorithm::kHalvingDoubling, 1024, 8, 1 << 20));
+}
+
+}  // namespace
+}  // namespace pwm::collectives
+
+namespace pwm::collectives {
+namespace {
+
+TEST(BucketedAllreduce, EveryElementReducedOnceWhateverTheBucketSize) {
+  // Units of uneven sizes tiling [0, 1000) from the end; buckets of 1..2000 elements; overlap on
+  // and off. Every element must hold the sum over ranks exactly once.
+  const std::vector<BucketedAllreduce::Range> units = {{900, 1000}, {500, 900}, {499, 500}, {0, 499}};
+  for (size_t bucket_elems : {1u, 7u, 100u, 401u, 2000u})
+    for (bool overlap : {true, false}) {
+      std::mutex mu;
+      std::vector<std::string> fails;
+      run_inproc(3, [&](int rank, std::shared_ptr<Transport> t) {
+        Communicator c = Communicator::world(t, CommOptions{});
+        BucketedAllreduce br(&c, units, bucket_elems * sizeof(float), overlap);
+        std::vector<float> buf(1000);
+        for (int round = 0; round < 2; ++round) {
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>((rank + 1) * (i % 5 + round));
+          br.begin(buf.data());
+          for (int u = 0; u < br.num_units(); ++u) br.unit_done(u);
+          br.finish();
+          for (size_t i = 0; i < buf.size(); ++i)
+            if (buf[i] != static_cast<float>(6 * (i % 5 + round))) {
+              std::lock_guard<std::mutex> lock(mu);
+              fails.push_back(fmt::format("bucket {} overlap {} element {}: {}", bucket_elems, overlap, i, buf[i]));
+              break;
+            }
+        }
+      });
+      EXPECT_TRUE(fails.empty()) << fails.front();
+    }
 }
 
 }  // namespace

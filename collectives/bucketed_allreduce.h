@@ -1,0 +1,65 @@
+// Bucketed, overlapped AllReduce of one contiguous float buffer that fills up in pieces
+// (Horovod's fusion buffer, DDP's gradient buckets).
+//
+// The buffer is described as "units" (element ranges, adjacent, listed in the order they are
+// finished, e.g. a model's layers in backward order). The buffer is cut into buckets of about
+// `bucket_bytes` walking the units in that order; a bucket is started as soon as the last unit
+// it covers is finished (overlap on), or all at the end (overlap off). Progress is made in
+// poll(), which the caller invokes between its compute steps: there is no progress thread (on
+// a small machine it would take a core from the compute). Overlap on or off gives the same
+// bits: the same sums, in the same order, only started at other times.
+//
+// Which ranks must call: every member of `comm`, the same calls in the same order, with the same
+// units and bucket size.
+#pragma once
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "collectives/communicator.h"
+
+namespace pwm::collectives {
+
+class BucketedAllreduce {
+ public:
+  using Range = std::pair<int64_t, int64_t>;  // [begin, end) in elements
+  // Called when a bucket completes: (bucket index, start us, end us, bytes) - for traces.
+  using OnBucketDone = std::function<void(int, int64_t, int64_t, size_t)>;
+
+  // `comm` may be null or of size 1: then nothing is reduced. `units` must tile a contiguous
+  // range and be listed from its end towards its start (the order backward finishes them).
+  BucketedAllreduce(Communicator* comm, std::vector<Range> units, size_t bucket_bytes, bool overlap,
+                    OnBucketDone on_done = {});
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+  void begin(float* buffer);   // a new round: nothing in flight
+  void unit_done(int unit);    // `unit` (and every earlier one) is final; starts what it completes
+  void poll();                 // progresses what is in flight; never blocks
+  void finish();               // starts what is left and waits for all of it
+  double comm_seconds() const { return comm_s_; }  // time inside poll()/finish() this round
+
+ private:
+  struct Bucket {
+    int64_t begin, end;
+    int last_unit;
+    Work work;
+    bool started = false, done = false;
+    int64_t start_us = 0;
+  };
+  void start(Bucket& b);
+  void completed(size_t i);
+
+  Communicator* comm_;
+  bool overlap_;
+  OnBucketDone on_done_;
+  std::vector<Range> units_;
+  std::vector<Bucket> buckets_;
+  float* buf_ = nullptr;
+  int units_done_ = 0;
+  double comm_s_ = 0;
+};
+
+}  // namespace pwm::collectives
