@@ -32,6 +32,7 @@ class Backoff {
   std::chrono::microseconds advance() {
     auto w = next_wait();
     if (idle_++ >= spins_) cur_us_ = std::min(cur_us_ * 2, max_us_);
+    if (w.count() > max_us_) w = std::chrono::microseconds(static_cast<int64_t>(max_us_));
     return w;
   }
   // Record an idle pass and wait.
@@ -42,10 +43,7 @@ class Backoff {
     else
       std::this_thread::sleep_for(w);
   }
-  void set_max_us(double m) {
-    max_us_ = std::max(m, min_us_);
-    cur_us_ = std::min(cur_us_, max_us_);
-  }
+  void set_max_us(double m) { max_us_ = std::max(m, min_us_); }
 
  private:
   double min_us_, max_us_;

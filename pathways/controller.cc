@@ -38,6 +38,8 @@ struct RunRec {
   bool workers_done = false;
   bool expired = false;        // deadline missed: outputs already failed
   double deadline = 0;         // absolute (now_s), 0 = none
+  double dispatched = 0;       // now_s() when sent to the workers
+  double predicted_done = 0;   // dispatched + the program's mean run time (0: unknown)
   uint32_t stage = 0;          // sequential: the stage released last
   std::set<int> stage_waiting;
   std::map<std::pair<int, uint32_t>, double> running;  // (rank, node) -> start time
@@ -129,8 +131,26 @@ class Dispatcher {
         continue;
       }
       backoff_.set_max_us(runs_.empty() ? c_.opts_.backoff_max_us : c_.opts_.busy_backoff_max_us);
-      std::unique_lock<std::mutex> l(c_.mu_);
-      if (c_.queue_.empty()) c_.cv_.wait_for(l, backoff_.advance());
+      auto wait = backoff_.advance();
+      // Wake up just before the next predicted completion and poll finely from there: the
+      // back-off keeps an idle controller cheap, the prediction keeps a client's wait short.
+      const double now = now_s();
+      double next = 0;
+      for (auto& [id, r] : runs_)
+        if (r->predicted_done > now && (next == 0 || r->predicted_done < next)) next = r->predicted_done;
+      bool predicted = false;
+      if (next > 0) {
+        auto until = std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, (next - now) * 1e6 - 10)));
+        if (until < wait) {
+          wait = until;
+          predicted = true;
+        }
+      }
+      {
+        std::unique_lock<std::mutex> l(c_.mu_);
+        if (c_.queue_.empty() && wait.count() > 0) c_.cv_.wait_for(l, wait);
+      }
+      if (predicted) backoff_.reset();
     }
   }
 
@@ -337,7 +357,10 @@ class Dispatcher {
     for (auto& a : r.in) h.inputs.push_back(a->id);
     auto body = h.encode();
     for (int rank : r.waiting) chan_.post(rank, MsgType::kRun, body);
-    if (r.opts.deadline_s > 0) r.deadline = now_s() + r.opts.deadline_s;
+    r.dispatched = now_s();
+    if (r.opts.deadline_s > 0) r.deadline = r.dispatched + r.opts.deadline_s;
+    auto est = run_time_.find(r.lp->id);
+    if (est != run_time_.end()) r.predicted_done = r.dispatched + est->second;
     if (r.opts.sequential && !r.lp->stage_ranks.empty()) release_stage(r, 0);
     if (r.waiting.empty()) complete_workers(r);
   }
@@ -435,6 +458,9 @@ class Dispatcher {
   // may finish before the run that produced its input reported a failure).
   void complete_workers(RunRec& r) {
     r.workers_done = true;
+    const double d = now_s() - r.dispatched;  // moving average of the program's run time
+    auto [it, fresh] = run_time_.try_emplace(r.lp->id, d);
+    if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
     if (!try_complete(r.id)) return;
     // Runs that waited for this one's outputs, then fetches.
     for (bool progress = true; progress;) {
@@ -531,6 +557,7 @@ class Dispatcher {
   std::vector<int> workers_;
   std::vector<std::unique_ptr<IslandScheduler>> scheds_;
   std::map<uint64_t, std::unique_ptr<RunRec>> runs_;
+  std::map<uint64_t, double> run_time_;  // lowered program id -> mean run time (s)
   std::map<uint64_t, ObjMeta> objects_;
   std::map<int, std::vector<uint64_t>> frees_;
   std::map<uint64_t, std::pair<std::shared_ptr<FetchRec>, size_t>> fetch_reqs_;

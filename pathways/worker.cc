@@ -59,7 +59,7 @@ class Worker {
  public:
   Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
       : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
-        backoff_(o.backoff_min_us, o.backoff_max_us, o.spins) {
+        backoff_(o.backoff_min_us, o.backoff_max_us, o.spins), opts_(o) {
     PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
   }
 
@@ -90,10 +90,14 @@ class Worker {
       any |= progress_fetches();
       any |= chan_.flush();
       if (shutdown_ && runs_.empty() && moves_.empty() && fetches_.empty()) break;
-      if (any)
+      if (any) {
         backoff_.reset();
-      else
+        last_active_ = now_s();
+      } else {
+        const bool long_idle = now_s() - last_active_ > 1e-3 * opts_.idle_after_ms;
+        backoff_.set_max_us(long_idle ? opts_.idle_backoff_max_us : opts_.backoff_max_us);
         backoff_.idle();
+      }
     }
     chan_.post(0, MsgType::kBye);
     chan_.close(0);
@@ -440,6 +444,8 @@ class Worker {
   Channel chan_;
   int rank_, device_;
   Backoff backoff_;
+  WorkerOptions opts_;
+  double last_active_ = now_s();
   bool shutdown_ = false;
   ObjectStore store_;
   std::map<uint64_t, std::shared_ptr<const LoadedProgram>> programs_;

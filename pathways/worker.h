@@ -25,8 +25,10 @@ namespace pwm::pathways {
 
 struct WorkerOptions {
   double backoff_min_us = 10;
-  double backoff_max_us = 500;  // PWM_PW_WORKER_BACKOFF_US overrides
-  int spins = 64;               // idle passes that only yield before sleeping
+  double backoff_max_us = 100;       // while recently active (PWM_PW_WORKER_BACKOFF_US overrides)
+  double idle_backoff_max_us = 1000; // after idle_after_ms without anything to do
+  double idle_after_ms = 20;
+  int spins = 64;                    // idle passes that only yield before sleeping
 
   static WorkerOptions from_env();
 };

@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -53,6 +55,12 @@ double median(std::vector<double> v) {
 
 // The machine may be shared: interference only slows a run down, so rows report the best of
 // the repetitions (the fastest time); the median is kept in the JSON as well.
+double cpu_seconds() {  // this process, all threads
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 double best(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
 
 // One SPMD chain on the worker ranks: seconds (slowest worker); counts a wrong result.
@@ -145,6 +153,7 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     int total_wrong = 0;
     double iters = 0;
+    const double wall0 = now_s(), cpu0 = cpu_seconds();
     auto check = [&](const Array& a, float want) {
       float got = a.get<float>()[0];
       return got == want ? 0 : 1;
@@ -224,6 +233,7 @@ int main(int argc, char** argv) {
       }
     }
     rt.shutdown();
+    const double wall = now_s() - wall0, cpu = cpu_seconds() - cpu0;
 
     // Report.
     auto spmd_rate = [&](int64_t t) {
@@ -263,6 +273,7 @@ int main(int argc, char** argv) {
     for (auto& r : rows)
       if (r.mode == "fused" && r.compute_us >= 1000) fused_min = std::min(fused_min, r.per_s / spmd_rate(r.compute_us));
     if (fused_min < 1e9) std::printf("# fused / spmd at T >= 1 ms: %.4f (worst)\n", fused_min);
+    std::printf("# controller (rank 0) CPU: %.2f s in %.2f s wall (%.1f%% of one core)\n", cpu, wall, 100 * cpu / wall);
     std::printf("# #wrong total: %d\n", total_wrong);
 
     if (!json_path.empty()) {
@@ -280,6 +291,7 @@ int main(int argc, char** argv) {
         j["rows"].push_back(o);
       }
       j["breakeven_us"] = breakeven;
+      j["controller_cpu_fraction"] = cpu / wall;
       if (fused_min < 1e9) j["fused_vs_spmd_at_1ms_worst"] = fused_min;
       {
         std::ofstream f(json_path + ".tmp");
