@@ -1,7 +1,66 @@
 #!/usr/bin/env bash
-# README's first command: the project's main job on its built-in default workload.
-# Until the two trainers land (issues 4, 5 and 7) the side-by-side comparison is the
-# collectives layer both of them run on: our AllReduce algorithms against MPI_Allreduce at 2
-# ranks, written to results/.
+# README's first command: the project's main job. Trains the same Transformer on the same
+# built-in workload under both execution models and prints them side by side:
+#   spmd        spmd_train, dp = NP                         (mpirun -n NP)
+#   fused       pathways_train --granularity fused, dp = NP (mpirun -n NP+1: controller + NP workers)
+#   chained     pathways_train --granularity chained
+#   pipeline    pathways_train --stages 2 over two islands, GPipe, 8 micro-batches
+# then writes results/: compare.json, loss.png, throughput.png, timeline.png, the metrics and
+# the merged Perfetto traces of every run.
+#
+# Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
+#   --np N          compute ranks (default 2); pathways runs use N+1 ranks
+#   --steps N       optimizer steps per run (default 30)
+#   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
+#   --out DIR       results directory (default results/)
+#   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec bash "$PWM_ROOT/mpi_scripts/collectives_bench.sh" "${NP:-2}" "$@"
+NP=2; STEPS=30; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --np) NP=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --hostfile) HOSTFILE=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+pwm_install_deps
+pwm_build >/dev/null
+pwm_warn_if_busy
+mkdir -p "$OUT"
+MPIRUN=(mpirun $PWM_MPIRUN_FLAGS)
+[ -n "$HOSTFILE" ] && MPIRUN+=(--hostfile "$HOSTFILE")
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,
+# seq 128) on the default corpus, 16 sequences per data-parallel rank per step.
+WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 "${EXTRA[@]}")
+run() {  # run NAME NRANKS BINARY FLAGS...
+  local name=$1 n=$2 bin=$3; shift 3
+  local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"
+             --metrics "$OUT/$name.jsonl" --trace "$OUT/$name.trace.json")
+  echo "\$ ${cmd[*]}"
+  "${cmd[@]}" | grep -E "done:|resumed|error" || { echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
+}
+SECONDS=0
+RUNS=()
+run spmd "$NP" spmd/spmd_train --dp "$NP"
+RUNS+=("spmd=$OUT/spmd.jsonl:$OUT/spmd.trace.json")
+if [ -x "$BUILD_DIR/pathways/train/pathways_train" ]; then
+  PT=pathways/train/pathways_train
+  run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
+  run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
+  run pipeline $((NP + 1)) $PT --stages 2 --islands 2x$((NP / 2)) --microbatches 8 --schedule gpipe
+  for r in fused chained pipeline; do RUNS+=("$r=$OUT/$r.jsonl:$OUT/$r.trace.json"); done
+fi
+python3 - "$OUT/workload.json" "$NP" "$STEPS" "${EXTRA[@]}" <<'PY'
+import json, sys
+json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
+           "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
+           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[4:]}, open(sys.argv[1], "w"))
+PY
+echo
+python3 "$PWM_ROOT/mpi_scripts/compare_report.py" "$OUT" "$OUT/workload.json" "${RUNS[@]}"
+echo "compare.sh: finished in ${SECONDS} s; open the *.trace.json files in ui.perfetto.dev"

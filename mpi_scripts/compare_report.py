@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Side-by-side report of training runs (mpi_scripts/compare.sh writes the runs, this reads them).
+
+    compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[:TRACE.json] ...
+
+The first run is the reference (SPMD). Prints the table, writes RESULTS_DIR/compare.json and the
+gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
+"""
+import json
+import os
+import subprocess
+import sys
+
+
+def load_metrics(path):
+    steps, vals, final, head = [], [], None, None
+    for line in open(path):
+        j = json.loads(line)
+        if "trainer" in j and "config" in j:
+            head = j
+        elif j.get("final"):
+            final = j
+        elif "val_loss" in j:
+            vals.append(j)
+        elif "loss" in j:
+            steps.append(j)
+    if final is None:
+        raise SystemExit(f"compare: {path} has no final line (the run did not finish)")
+    return head, steps, vals, final
+
+
+def one_step_timeline(trace_path, step_index=-2):
+    """Events of one step (the second-to-last full step) per process row, relative to its start."""
+    doc = json.load(open(trace_path))
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    # Steps are delimited by the "forward" spans of the lowest pid that has them.
+    fw = sorted(e["ts"] for e in ev if e["name"].startswith("forward") and e["pid"] == min(
+        x["pid"] for x in ev if x["name"].startswith("forward")))
+    if len(fw) < 3:
+        return []
+    t0, t1 = fw[step_index - 1], fw[step_index]
+    rows = []
+    for e in ev:
+        start, end = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
+        if end > start:
+            rows.append((e["pid"], e.get("tid", 0), e["name"], (start - t0) / 1e3, (end - start) / 1e3))
+    return rows
+
+
+def gnuplot(script):
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True, capture_output=True)
+        return True
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"compare: gnuplot failed: {e}", file=sys.stderr)
+        return False
+
+
+def main():
+    out_dir, workload = sys.argv[1], json.loads(open(sys.argv[2]).read())
+    specs = []
+    for arg in sys.argv[3:]:
+        name, paths = arg.split("=", 1)
+        metrics, _, trace = paths.partition(":")
+        specs.append((name, metrics, trace))
+    runs = []
+    for name, metrics, trace in specs:
+        head, steps, vals, final = load_metrics(metrics)
+        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace))
+    ref = runs[0]
+    ref_loss = {s["step"]: s["loss"] for s in ref["steps"]}
+    table = []
+    for r in runs:
+        f = r["final"]
+        diffs = [abs(s["loss"] - ref_loss[s["step"]]) for s in r["steps"] if s["step"] in ref_loss]
+        share = f.get("comm_share", 0.0)
+        row = dict(name=r["name"], tokens_per_s=f["tokens_per_s"], step_ms_p50=f["step_ms_p50"],
+                   step_ms_p90=f["step_ms_p90"], mfu=f["mfu"], comm_or_dispatch_share=share,
+                   final_loss=f["final_loss"], val_loss=f["final_val_loss"],
+                   max_abs_loss_diff_vs_spmd=max(diffs) if diffs else None,
+                   weights_hash=f["weights_hash"],
+                   weights_identical=f["weights_hash"] == ref["final"]["weights_hash"])
+        for k in ("bubble", "bubble_bound"):
+            if k in f:
+                row[k] = f[k]
+        table.append(row)
+    cols = ["run", "tokens/s", "vs spmd", "p50 ms", "p90 ms", "MFU", "comm|disp", "train loss", "val loss",
+            "max|dloss|", "same weights"]
+    print("  ".join(f"{c:>12}" for c in cols))
+    for t in table:
+        d = t["max_abs_loss_diff_vs_spmd"]
+        print("  ".join(f"{v:>12}" for v in [
+            t["name"], f"{t['tokens_per_s']:.0f}", f"{t['tokens_per_s'] / table[0]['tokens_per_s']:.3f}x",
+            f"{t['step_ms_p50']:.1f}", f"{t['step_ms_p90']:.1f}", f"{100 * t['mfu']:.1f}%",
+            f"{100 * t['comm_or_dispatch_share']:.1f}%", f"{t['final_loss']:.4f}", f"{t['val_loss']:.4f}",
+            "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else "no"]))
+        if "bubble" in t:
+            print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
+    doc = {"workload": workload, "runs": table}
+    with open(os.path.join(out_dir, "compare.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+    # Plots.
+    data = os.path.join(out_dir, "plot_data")
+    os.makedirs(data, exist_ok=True)
+    for r in runs:
+        with open(os.path.join(data, f"loss_{r['name']}.dat"), "w") as f:
+            for s in r["steps"]:
+                f.write(f"{s['step'] + 1} {s['loss']}\n")
+    with open(os.path.join(data, "throughput.dat"), "w") as f:
+        for i, t in enumerate(table):
+            f.write(f"{i} \"{t['name']}\" {t['tokens_per_s']}\n")
+    plots = ", ".join(f"'{data}/loss_{r['name']}.dat' using 1:2 with linespoints title '{r['name']}'" for r in runs)
+    gnuplot(f"""set terminal pngcairo size 900,500
+set output '{out_dir}/loss.png'
+set title 'Training loss'
+set xlabel 'step'; set ylabel 'loss'; set grid
+plot {plots}
+""")
+    gnuplot(f"""set terminal pngcairo size 900,500
+set output '{out_dir}/throughput.png'
+set title 'Throughput (tokens/s, median step)'
+set style fill solid 0.6; set boxwidth 0.6; set grid ytics; set yrange [0:*]
+plot '{data}/throughput.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:(sprintf("%.0f",$3)) with labels offset 0,1 notitle
+""")
+    # Timeline of one step per run: one panel per run, a row per (process, thread).
+    panels = [(r, one_step_timeline(r["trace"])) for r in runs if r["trace"] and os.path.exists(r["trace"])]
+    panels = [(r, rows) for r, rows in panels if rows]
+    if panels:
+        script = [f"set terminal pngcairo size 1100,{260 * len(panels)}", f"set output '{out_dir}/timeline.png'",
+                  f"set multiplot layout {len(panels)},1", "set style fill solid 0.8",
+                  "set xlabel 'ms since the step started'"]
+        for r, rows in panels:
+            lanes = sorted({(p, t) for p, t, *_ in rows})
+            lane_of = {l: i for i, l in enumerate(lanes)}
+            kinds = {}
+            for p, t, name, start, dur in rows:
+                kinds.setdefault(name.split()[0], []).append((start, start + dur, lane_of[(p, t)]))
+            plots = []
+            for i, (kind, boxes) in enumerate(sorted(kinds.items())):
+                path = os.path.join(data, f"timeline_{r['name']}_{i}.dat")
+                with open(path, "w") as f:
+                    for a, b, y in boxes:
+                        f.write(f"{a} {b} {y - 0.35} {y + 0.35}\n")
+                plots.append(f"'{path}' using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror lc {i + 1} title '{kind}'")
+            ytics = ", ".join(f"'rank {p} / {'compute' if t == 0 else 'comm' if t == 1 else t}' {i}"
+                              for (p, t), i in lane_of.items())
+            script += [f"set title 'one step: {r['name']}'", f"set ytics ({ytics})",
+                       f"set yrange [-0.6:{len(lanes) - 0.4}]", "set key outside right",
+                       "plot " + ", ".join(plots)]
+        script.append("unset multiplot")
+        gnuplot("\n".join(script) + "\n")
+    print(f"\nwrote {out_dir}/compare.json, loss.png, throughput.png" + (", timeline.png" if panels else ""))
+
+
+if __name__ == "__main__":
+    main()
