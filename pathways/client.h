@@ -245,7 +245,8 @@ class Client {
   // Runs a program on inputs (one per parameter, on the parameter's slice with its spec).
   // Returns the output arrays at once.
   std::vector<Array> run(const Program& p, const std::vector<Array>& inputs, RunOptions o = {});
-  // OpByOp: one kernel call as its own program (built once per signature and cached).
+  // OpByOp: one kernel call as its own program (built once per signature and cached in this
+  // client, like a jit cache: the cached programs keep their slices until the client goes).
   std::vector<Array> call(const std::string& kernel, const Slice& slice, const std::vector<Array>& inputs,
                           std::vector<int64_t> attrs = {}, RunOptions o = {});
   // Blocks until every worker answered (after everything queued before it).

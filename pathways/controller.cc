@@ -320,7 +320,7 @@ class Dispatcher {
   std::shared_ptr<LoweredProgram> lowered(ProgramState& p) {
     if (p.lowered) {
       bool fresh = true;
-      for (auto& [slice, gen] : p.lowered->generations) fresh = fresh && c_.rm().slice(slice).generation == gen;
+      for (auto& [slice, gen] : p.lowered->generations) fresh = fresh && c_.rm().generation(slice) == gen;
       if (fresh) return p.lowered;
       evict(*p.lowered);
       p.lowered.reset();

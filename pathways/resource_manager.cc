@@ -150,6 +150,13 @@ SliceInfo ResourceManager::slice(int slice_id) const {
   return it->second;
 }
 
+uint64_t ResourceManager::generation(int slice_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end()) PWM_THROW("resource manager: unknown slice {}", slice_id);
+  return it->second.generation;
+}
+
 bool ResourceManager::has_slice(int slice_id) const {
   std::lock_guard<std::mutex> g(mu_);
   return slices_.count(slice_id) != 0;

@@ -63,6 +63,7 @@ class ResourceManager {
   void release(int slice_id);
   SliceInfo slice(int slice_id) const;  // throws for an unknown id
   bool has_slice(int slice_id) const;
+  uint64_t generation(int slice_id) const;  // throws for an unknown id
 
   // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
   // changes nothing) when some slice has no spare device in its island.

@@ -29,6 +29,7 @@ namespace {
 struct LoadedProgram {
   WorkerProgram p;
   std::vector<const KernelDef*> kernels;  // per exec; nullptr: not registered here
+  mutable std::vector<std::shared_ptr<collectives::Communicator>> comms;  // per exec, on first use
 };
 
 enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
@@ -343,7 +344,7 @@ class Worker {
       if (trace) node_event(run, e.node, true);
       try {
         KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
-                          gang ? &comm(e) : nullptr, &e.kernel);
+                          gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
         def->fn(ctx);
         kernels_run_++;
       } catch (const std::exception& ex) {
@@ -372,14 +373,17 @@ class Worker {
     chan_.flush();  // now: the controller must hear of a start while the kernel runs
   }
 
-  collectives::Communicator& comm(const ExecInfo& e) {
+  // The slice communicator of exec `x`: one per (context, group) on this worker, shared by every
+  // program on that slice so that its collective sequence numbers stay in step.
+  collectives::Communicator& comm(const LoadedProgram& lp, int32_t x) {
+    if (lp.comms.empty()) lp.comms.resize(lp.p.execs.size());
+    if (auto& c = lp.comms[x]) return *c;
+    const ExecInfo& e = lp.p.execs[x];
     std::vector<int> group(e.group.begin(), e.group.end());
     auto it = comms_.find(e.context);
-    if (it == comms_.end() || it->second->group() != group) {
-      auto c = std::make_unique<collectives::Communicator>(t_, group, e.context);
-      it = comms_.insert_or_assign(e.context, std::move(c)).first;
-    }
-    return *it->second;
+    if (it == comms_.end() || it->second->group() != group)
+      it = comms_.insert_or_assign(e.context, std::make_shared<collectives::Communicator>(t_, group, e.context)).first;
+    return *(lp.comms[x] = it->second);
   }
 
   void finish_run(Run& run) {
@@ -452,7 +456,7 @@ class Worker {
   std::list<Run> runs_;
   std::list<Move> moves_;
   std::list<std::pair<uint64_t, uint64_t>> fetches_;  // (request, object)
-  std::map<uint32_t, std::unique_ptr<collectives::Communicator>> comms_;
+  std::map<uint32_t, std::shared_ptr<collectives::Communicator>> comms_;
   std::set<uint64_t> pending_execs_;
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
