@@ -6,10 +6,12 @@
 #include <bit>
 #include <cmath>
 #include <mutex>
+#include <type_traits>
 
 #include "common/check.h"
 #include "common/env.h"
 #include "common/time.h"
+#include "model/gemm_avx512.h"
 
 #ifdef PWM_HAVE_OPENBLAS
 #include <cblas.h>
@@ -19,11 +21,15 @@ namespace pwm::model {
 
 namespace {
 
+GemmBackend default_backend() {
+  if (detail::sgemm_avx512_available()) return GemmBackend::kAvx512;
 #ifdef PWM_HAVE_OPENBLAS
-std::atomic<GemmBackend> g_backend{GemmBackend::kBlas};
+  return GemmBackend::kBlas;
 #else
-std::atomic<GemmBackend> g_backend{GemmBackend::kEigen};
+  return GemmBackend::kEigen;
 #endif
+}
+std::atomic<GemmBackend> g_backend{default_backend()};
 std::once_flag g_threads_once;
 std::atomic<bool> g_profiling{false};
 GemmStats g_stats;  // only touched when profiling (single-threaded benchmark use)
@@ -86,7 +92,17 @@ void gemm_blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, 
 void set_gemm_backend(GemmBackend b) {
   if (b == GemmBackend::kBlas && !have_blas())
     PWM_THROW("gemm backend 'blas' requested but pwm_model was built without OpenBLAS");
+  if (b == GemmBackend::kAvx512 && !have_avx512_gemm())
+    PWM_THROW("gemm backend 'avx512' requested but pwm_model was built without AVX-512 "
+              "(PORTABLE=ON); use blas or eigen");
   g_backend = b;
+}
+bool have_avx512_gemm() { return detail::sgemm_avx512_available(); }
+GemmBackend parse_gemm_backend(const std::string& name) {
+  if (name == "avx512") return GemmBackend::kAvx512;
+  if (name == "blas") return GemmBackend::kBlas;
+  if (name == "eigen") return GemmBackend::kEigen;
+  PWM_THROW("unknown gemm backend '{}': use avx512, blas or eigen", name);
 }
 GemmBackend gemm_backend() { return g_backend; }
 bool have_blas() {
@@ -96,7 +112,13 @@ bool have_blas() {
   return false;
 #endif
 }
-const char* gemm_backend_name(GemmBackend b) { return b == GemmBackend::kBlas ? "blas" : "eigen"; }
+const char* gemm_backend_name(GemmBackend b) {
+  switch (b) {
+    case GemmBackend::kAvx512: return "avx512";
+    case GemmBackend::kBlas: return "blas";
+    default: return "eigen";
+  }
+}
 
 std::string blas_info() {
 #ifdef PWM_HAVE_OPENBLAS
@@ -131,8 +153,16 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A
     g_profiling = true;
     return;
   }
+  GemmBackend b = g_backend.load(std::memory_order_relaxed);
+  if (b == GemmBackend::kAvx512) {
+    if constexpr (std::is_same_v<S, float>) {
+      detail::sgemm_avx512(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
+    b = have_blas() ? GemmBackend::kBlas : GemmBackend::kEigen;  // doubles (tests)
+  }
 #ifdef PWM_HAVE_OPENBLAS
-  if (g_backend.load(std::memory_order_relaxed) == GemmBackend::kBlas) {
+  if (b == GemmBackend::kBlas) {
     gemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }

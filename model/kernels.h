@@ -14,11 +14,15 @@ namespace pwm::model {
 
 // ---- Matrix products -------------------------------------------------------------------------
 
-enum class GemmBackend { kBlas, kEigen };
-// kBlas (OpenBLAS cblas_?gemm) when the library was built with it, else kEigen. Process-wide.
+// kAvx512: our own AVX-512 SGEMM (gemm_avx512.cc) for float, BLAS (else Eigen) for double.
+// kBlas: OpenBLAS cblas_?gemm. kEigen: Eigen's GEMM. Default: the first available of kAvx512,
+// kBlas, kEigen. Process-wide.
+enum class GemmBackend { kAvx512, kBlas, kEigen };
 void set_gemm_backend(GemmBackend b);
 GemmBackend gemm_backend();
 bool have_blas();
+bool have_avx512_gemm();
+GemmBackend parse_gemm_backend(const std::string& name);  // "avx512" | "blas" | "eigen"; throws
 const char* gemm_backend_name(GemmBackend b);
 // "OpenBLAS <config> core=<kernel set>" or "Eigen" (the kernel set follows OPENBLAS_CORETYPE).
 std::string blas_info();

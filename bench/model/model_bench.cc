@@ -55,7 +55,7 @@ int run(int argc, char** argv) {
   Config cfg;
   int64_t batch = 16;
   int steps = 10, warmup = 3, peak_reps = 10;
-  std::string json_path, backend = have_blas() ? "blas" : "eigen";
+  std::string json_path, backend = gemm_backend_name(gemm_backend());
   bool profile = false;
   app.add_option("--d-model", cfg.d_model, "C")->capture_default_str();
   app.add_option("--layers", cfg.n_layers, "L")->capture_default_str();
@@ -67,12 +67,11 @@ int run(int argc, char** argv) {
   app.add_option("--batch", batch, "B sequences per step")->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--gemm", backend, "blas | eigen")->capture_default_str();
+  app.add_option("--gemm", backend, "avx512 | blas | eigen")->capture_default_str();
   app.add_option("--json", json_path, "write the figures to this JSON file");
   app.add_flag("--profile", profile, "time each piece of the step (adds a little overhead)");
   CLI11_PARSE(app, argc, argv);
-  if (backend != "blas" && backend != "eigen") PWM_THROW("--gemm must be blas or eigen, got '{}'", backend);
-  set_gemm_backend(backend == "blas" ? GemmBackend::kBlas : GemmBackend::kEigen);
+  set_gemm_backend(parse_gemm_backend(backend));
   if (steps < 1) PWM_THROW("--steps must be >= 1 (got {})", steps);
 
   const ParamLayout layout(cfg, 0, 1);
@@ -144,7 +143,10 @@ int run(int argc, char** argv) {
   std::printf("model_bench: %s batch=%lld params=%lld gemm=%s threads=1\n", cfg.to_string().c_str(),
               static_cast<long long>(batch), static_cast<long long>(cfg.num_params()),
               backend.c_str());
-  std::printf("gemm library: %s\n", backend == "blas" ? blas_info().c_str() : "Eigen");
+  const std::string gemm_lib = backend == "blas"     ? blas_info()
+                               : backend == "avx512" ? "pwm AVX-512 sgemm (model/gemm_avx512.cc)"
+                                                     : "Eigen";
+  std::printf("gemm library: %s\n", gemm_lib.c_str());
   std::printf("step_ms median=%.1f min=%.1f max=%.1f  loss=%.4f\n", step_s * 1e3,
               *std::min_element(times.begin(), times.end()) * 1e3,
               *std::max_element(times.begin(), times.end()) * 1e3, loss);
@@ -178,7 +180,7 @@ int run(int argc, char** argv) {
                         {"params", cfg.num_params()},   {"step_ms", step_s * 1e3},
                         {"gemm", backend},              {"config", cfg.to_string()},
                         {"batch", batch},
-                        {"blas", backend == "blas" ? blas_info() : "Eigen"}};
+                        {"gemm_library", gemm_lib}};
     std::ofstream f(json_path);
     if (!f) PWM_THROW("cannot write --json file {}", json_path);
     f << j.dump(2) << "\n";

@@ -153,24 +153,55 @@ TEST(Kernels, ExpApproxIsAccurate) {
   EXPECT_TRUE(std::isfinite(exp_approx(1000.0f)));
 }
 
-TEST(Kernels, BlasAndEigenGemmAgree) {
-  if (!have_blas()) GTEST_SKIP() << "built without OpenBLAS";
-  const int64_t M = 37, N = 29, K = 41;
-  std::vector<float> A(M * K), Bm(K * N), C1(M * N, 1.0f), C2(M * N, 1.0f);
-  for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
-  for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      std::fill(C1.begin(), C1.end(), 1.0f);
-      std::fill(C2.begin(), C2.end(), 1.0f);
-      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-      set_gemm_backend(GemmBackend::kBlas);
-      gemm<float>(ta, tb, M, N, K, 0.5f, A.data(), lda, Bm.data(), ldb, 2.0f, C1.data(), N);
-      set_gemm_backend(GemmBackend::kEigen);
-      gemm<float>(ta, tb, M, N, K, 0.5f, A.data(), lda, Bm.data(), ldb, 2.0f, C2.data(), N);
-      set_gemm_backend(GemmBackend::kBlas);
-      for (size_t i = 0; i < C1.size(); ++i) EXPECT_NEAR(C1[i], C2[i], 1e-4) << ta << tb << i;
-    }
+// Every backend against a double-precision reference, all transpose cases, with shapes that
+// leave partial register tiles (M % 12, N % 32), several K blocks (K > 384) and M blocks (M > 96).
+TEST(Kernels, GemmBackendsAgreeWithReference) {
+  struct Shape { int64_t M, N, K; };
+  const Shape shapes[] = {{37, 29, 41}, {130, 70, 800}, {1, 1, 1}, {12, 32, 384}, {97, 33, 5}};
+  std::vector<GemmBackend> backends = {GemmBackend::kEigen};
+  if (have_blas()) backends.push_back(GemmBackend::kBlas);
+  if (have_avx512_gemm()) backends.push_back(GemmBackend::kAvx512);
+  const GemmBackend saved = gemm_backend();
+  for (const Shape& sh : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t M = sh.M, N = sh.N, K = sh.K, lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1,
+                      ldc = N + 2;
+        std::vector<float> A((ta ? K : M) * lda), Bm((tb ? N : K) * ldb), C0(M * ldc);
+        for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
+        for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
+        for (size_t i = 0; i < C0.size(); ++i) C0[i] = std::sin(0.3f * i);
+        for (float beta : {0.0f, 2.0f}) {
+          std::vector<double> ref(M * N);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double acc = 0;
+              for (int64_t k = 0; k < K; ++k)
+                acc += double(ta ? A[k * lda + i] : A[i * lda + k]) *
+                       double(tb ? Bm[j * ldb + k] : Bm[k * ldb + j]);
+              ref[i * N + j] = 0.5 * acc + (beta == 0 ? 0.0 : beta * double(C0[i * ldc + j]));
+            }
+          for (GemmBackend be : backends) {
+            set_gemm_backend(be);
+            std::vector<float> C = C0;
+            if (beta == 0)  // C's old values must be ignored
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = std::nanf("");
+            gemm<float>(ta, tb, M, N, K, 0.5f, A.data(), lda, Bm.data(), ldb, beta, C.data(), ldc);
+            double worst = 0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j)
+                worst = std::max(worst, std::abs(C[i * ldc + j] - ref[i * N + j]));
+            EXPECT_LE(worst, 1e-5 * K) << gemm_backend_name(be) << " M=" << M << " N=" << N
+                                        << " K=" << K << " ta=" << ta << " tb=" << tb
+                                        << " beta=" << beta;
+            // The padding column between rows must be untouched.
+            for (int64_t i = 0; i < M; ++i)
+              EXPECT_EQ(std::memcmp(&C[i * ldc + N], &C0[i * ldc + N], 2 * sizeof(float)), 0);
+          }
+        }
+      }
+  set_gemm_backend(saved);
 }
 
 }  // namespace

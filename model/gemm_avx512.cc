@@ -1,0 +1,185 @@
+// Single-threaded AVX-512 SGEMM for row-major matrices (Goto/BLIS blocking).
+//
+// Why it exists: on this machine OpenBLAS's sgemm runs its AVX2 (Haswell) kernels whenever
+// OPENBLAS_CORETYPE says so (it is set in our environment), ~65 GFLOP/s, while the core can do
+// twice that with AVX-512. Eigen's AVX-512 GEMM reaches ~58. This kernel covers the model's
+// float products; doubles (tests) stay on BLAS.
+//
+// Scheme: C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C.
+//   for each KC-block of K (kKC = 384):
+//     pack op(B)[k-block, :] into NR-column micro-panels (NR = 32, zero padded)   ~ L2/L3
+//     for each MC-block of M (kMC = 96 rows):
+//       pack op(A)[m-block, k-block] into MR-row micro-panels (MR = 12, zero padded)   ~ L2
+//       for each B micro-panel (48 KB at KC = 384, the L1 size), for each A micro-panel:
+// (KC, MC) = (384, 96) measured best among 192..512 x 48..192 on the model's shapes.
+//         12 x 32 register tile: per k, two 16-wide loads of B, 12 broadcasts of A, 24 FMAs.
+// Every element of C is the sum over k in increasing order within a KC block, blocks added in
+// order: results depend only on the shapes, never on addresses or timing (deterministic).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "model/gemm_avx512.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace pwm::model::detail {
+
+#if defined(__AVX512F__)
+
+namespace {
+
+constexpr int64_t kMR = 12;
+constexpr int64_t kNR = 32;
+constexpr int64_t kKC = 384;
+constexpr int64_t kMC = 96;  // multiple of kMR
+
+struct PackBuffers {
+  std::vector<float> a, b;
+};
+thread_local PackBuffers t_pack;
+
+// Aligned-enough pointer into a vector grown on demand (no allocation once warmed up).
+float* buffer(std::vector<float>& v, size_t n) {
+  if (v.size() < n + 16) v.resize(n + 16);
+  auto p = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
+
+// op(B)[k0:k0+kc, 0:N] -> panels of kNR columns: panel j holds, for each k, kNR floats.
+void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t N, float* out) {
+  for (int64_t j0 = 0; j0 < N; j0 += kNR) {
+    const int64_t nr = std::min(kNR, N - j0);
+    float* o = out + j0 * kc;  // panel size kc * kNR
+    if (!tb) {
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = B + (k0 + k) * ldb + j0;
+        float* dst = o + k * kNR;
+        int64_t j = 0;
+        for (; j < nr; ++j) dst[j] = src[j];
+        for (; j < kNR; ++j) dst[j] = 0.0f;
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t j = nr; j < kNR; ++j) o[k * kNR + j] = 0.0f;
+      for (int64_t j = 0; j < nr; ++j) {
+        const float* src = B + (j0 + j) * ldb + k0;  // B stored [N, K]
+        for (int64_t k = 0; k < kc; ++k) o[k * kNR + j] = src[k];
+      }
+    }
+  }
+}
+
+// op(A)[i0:i0+mc, k0:k0+kc] -> panels of kMR rows: panel i holds, for each k, kMR floats.
+void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
+            float* out) {
+  for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
+    const int64_t mr = std::min(kMR, mc - r0);
+    float* o = out + r0 * kc;
+    if (!ta) {
+      for (int64_t r = 0; r < kMR; ++r) {
+        if (r < mr) {
+          const float* src = A + (i0 + r0 + r) * lda + k0;
+          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = src[k];
+        } else {
+          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = 0.0f;
+        }
+      }
+    } else {
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = A + (k0 + k) * lda + i0 + r0;  // A stored [K, M]
+        float* dst = o + k * kMR;
+        int64_t r = 0;
+        for (; r < mr; ++r) dst[r] = src[r];
+        for (; r < kMR; ++r) dst[r] = 0.0f;
+      }
+    }
+  }
+}
+
+// C tile [mr, nr] (= or +=) alpha * Ap . Bp over kc. `first`: this is the first K block, so C is
+// combined with beta (beta == 0: overwritten); otherwise accumulated.
+void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
+                  int64_t mr, int64_t nr, float alpha, float beta, bool first) {
+  __m512 c[kMR][2];
+  for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(Bp + k * kNR);
+    const __m512 b1 = _mm512_load_ps(Bp + k * kNR + 16);
+    const float* a = Ap + k * kMR;
+#pragma GCC unroll 12
+    for (int r = 0; r < kMR; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r]);
+      c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF)
+                       : nr <= 16 ? __mmask16(0)
+                                  : __mmask16((1u << (nr - 16)) - 1);
+  for (int r = 0; r < mr; ++r) {
+    float* row = C + r * ldc;
+    __m512 v0 = _mm512_mul_ps(c[r][0], va), v1 = _mm512_mul_ps(c[r][1], va);
+    if (!first || beta != 0.0f) {
+      const __m512 o0 = _mm512_maskz_loadu_ps(m0, row), o1 = _mm512_maskz_loadu_ps(m1, row + 16);
+      if (first) {
+        v0 = _mm512_add_ps(v0, _mm512_mul_ps(o0, vb));
+        v1 = _mm512_add_ps(v1, _mm512_mul_ps(o1, vb));
+      } else {
+        v0 = _mm512_add_ps(o0, v0);
+        v1 = _mm512_add_ps(o1, v1);
+      }
+    }
+    _mm512_mask_storeu_ps(row, m0, v0);
+    _mm512_mask_storeu_ps(row + 16, m1, v1);
+  }
+}
+
+}  // namespace
+
+bool sgemm_avx512_available() { return true; }
+
+void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // C = beta * C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  const int64_t n_pad = (N + kNR - 1) / kNR * kNR;
+  float* bp = buffer(t_pack.b, static_cast<size_t>(kKC * n_pad));
+  float* ap = buffer(t_pack.a, static_cast<size_t>(kKC * kMC));
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t kc = std::min(kKC, K - k0);
+    const bool first = k0 == 0;
+    pack_b(tb, B, ldb, k0, kc, N, bp);
+    for (int64_t i0 = 0; i0 < M; i0 += kMC) {
+      const int64_t mc = std::min(kMC, M - i0);
+      pack_a(ta, A, lda, i0, mc, k0, kc, ap);
+      for (int64_t j0 = 0; j0 < N; j0 += kNR) {
+        const int64_t nr = std::min(kNR, N - j0);
+        const float* bpanel = bp + j0 * kc;
+        for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
+          const int64_t mr = std::min(kMR, mc - r0);
+          micro_kernel(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr, alpha,
+                       beta, first);
+        }
+      }
+    }
+  }
+}
+
+#else  // no AVX-512 at compile time (PORTABLE=ON): callers use BLAS or Eigen.
+
+bool sgemm_avx512_available() { return false; }
+void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                  const float*, int64_t, float, float*, int64_t) {}
+
+#endif
+
+}  // namespace pwm::model::detail
