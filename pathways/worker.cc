@@ -45,6 +45,7 @@ struct Run {
   uint32_t released = 0;                     // stages < released may run
   size_t first = 0, left = 0;
   std::string error;                         // first error on this worker
+  const Object* blocked_on = nullptr;        // see progress_run's fast path
 };
 
 struct Move {
@@ -261,6 +262,10 @@ class Worker {
 
   bool progress_run(Run& run) {
     if (!run.prog) return false;
+    // Fast path: a run whose last instruction waits for an input still being computed (a queue
+    // of OpByOp runs, each waiting for the previous one's output) is skipped in O(1).
+    if (run.blocked_on && run.left == 1 && !run.blocked_on->resolved()) return false;
+    run.blocked_on = nullptr;
     const WorkerProgram& p = run.prog->p;
     bool any = false;
     for (size_t i = run.first; i < p.instrs.size(); ++i) {
@@ -327,7 +332,10 @@ class Worker {
     std::string failed;
     for (int32_t s : e.ins) {
       const Object& o = *run.slots[s];
-      if (!o.resolved()) return false;
+      if (!o.resolved()) {
+        run.blocked_on = &o;
+        return false;
+      }
       if (o.state == Object::State::kFailed && failed.empty()) failed = o.error;
     }
     // A gang node runs even on failed inputs (its result is failed anyway): its peers on other
