@@ -48,9 +48,16 @@ TensorSpec Array::logical() const { return s_->spec.logical(s_->slice.size()); }
 bool Array::ready() const { return s_->status.done(); }
 bool Array::ok() const { return s_->status.done() && !s_->status.failed(); }
 std::string Array::error() const { return s_->status.error(); }
-void Array::wait() const { s_->status.get(); }
+void Array::wait() const {
+  if (!s_->status.done()) {
+    s_->awaited = true;
+    if (auto c = s_->ctl.lock()) c->poke();
+  }
+  s_->status.get();
+}
 
 Future<HostTensor> Array::fetch() const {
+  s_->awaited = true;
   auto f = std::make_shared<FutureState<HostTensor>>();
   if (auto c = s_->ctl.lock())
     c->fetch(s_, f);
@@ -192,9 +199,23 @@ std::vector<Array> Client::run(const Program& p, const std::vector<Array>& input
 
 std::vector<Array> Client::call(const std::string& kernel, const Slice& slice, const std::vector<Array>& inputs,
                                 std::vector<int64_t> attrs, RunOptions o) {
-  std::string key = fmt::format("{}|{}|{}", kernel, slice.id(), fmt::join(attrs, ","));
-  for (auto& a : inputs)
-    key += fmt::format("|{}:{}", a.slice().id(), a.spec().str(a.slice().size()));
+  // The call's signature as bytes: kernel, slice, attributes, each input's slice and spec.
+  std::string key = kernel;
+  key.push_back('\0');
+  auto add = [&](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+  const int sid = slice.id();
+  const size_t na = attrs.size();
+  add(&sid, sizeof(sid));
+  add(&na, sizeof(na));
+  add(attrs.data(), attrs.size() * sizeof(int64_t));
+  for (auto& a : inputs) {
+    const int id = a.slice().id();
+    const uint8_t meta[2] = {static_cast<uint8_t>(a.spec().sharding), static_cast<uint8_t>(a.spec().shard.dtype)};
+    add(&id, sizeof(id));
+    add(meta, sizeof(meta));
+    add(a.spec().shard.shape.data(), a.spec().shard.shape.size() * sizeof(int64_t));
+    key.push_back('|');
+  }
   Program p;
   {
     std::lock_guard<std::mutex> g(s_->mu);

@@ -103,6 +103,7 @@ class Dispatcher {
         cmds.swap(c_.queue_);
       }
       bool any = !cmds.empty();
+      const bool cmds_empty = cmds.empty();
       for (auto& cmd : cmds) cmd(*this);
       cmds.clear();  // may drop handles, which queue frees: outside the lock
       any |= chan_.progress(inbox);
@@ -127,20 +128,31 @@ class Dispatcher {
         }
       }
       if (any) {
-        backoff_.reset();
+        // Drain everything now, but only a client's command or an answer someone waits for
+        // restarts the fine polling; completions nobody waits for keep the back-off where it is.
+        if (!cmds_empty || urgent_activity_) backoff_.reset();
+        urgent_activity_ = false;
         continue;
       }
-      backoff_.set_max_us(runs_.empty() ? c_.opts_.backoff_max_us : c_.opts_.busy_backoff_max_us);
-      auto wait = backoff_.advance();
-      // Wake up just before the next predicted completion and poll finely from there: the
-      // back-off keeps an idle controller cheap, the prediction keeps a client's wait short.
+      // How long to sleep. Runs nobody waits for are noticed within the idle back-off (1 ms):
+      // waking more often would only take CPU from the workers. A run a client waits for (or
+      // fetches), a sequential run (its stages go through here) or one with a deadline is
+      // polled every <= busy_backoff_max_us, except that while its predicted completion (the
+      // program's mean run time) is further away the dispatcher sleeps until just before it.
       const double now = now_s();
-      double next = 0;
-      for (auto& [id, r] : runs_)
-        if (r->predicted_done > now && (next == 0 || r->predicted_done < next)) next = r->predicted_done;
+      double cap_us = c_.opts_.backoff_max_us, wake_at = 0;
+      for (auto& [id, r] : runs_) {
+        if (r->workers_done || !urgent(*r)) continue;
+        if (r->predicted_done <= now)
+          cap_us = std::min(cap_us, c_.opts_.busy_backoff_max_us);
+        else if (wake_at == 0 || r->predicted_done < wake_at)
+          wake_at = r->predicted_done;
+      }
+      backoff_.set_max_us(cap_us);
+      auto wait = backoff_.advance();
       bool predicted = false;
-      if (next > 0) {
-        auto until = std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, (next - now) * 1e6 - 10)));
+      if (wake_at > 0) {
+        auto until = std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, (wake_at - now) * 1e6 - 10)));
         if (until < wait) {
           wait = until;
           predicted = true;
@@ -148,7 +160,12 @@ class Dispatcher {
       }
       {
         std::unique_lock<std::mutex> l(c_.mu_);
-        if (c_.queue_.empty() && wait.count() > 0) c_.cv_.wait_for(l, wait);
+        if (c_.queue_.empty() && !c_.poked_ && wait.count() > 0) {
+          c_.sleeping_until_ = now + 1e-6 * static_cast<double>(wait.count());
+          c_.cv_.wait_for(l, wait, [&] { return !c_.queue_.empty() || c_.poked_; });
+          c_.sleeping_until_ = 0;
+        }
+        c_.poked_ = false;
       }
       if (predicted) backoff_.reset();
     }
@@ -365,6 +382,13 @@ class Dispatcher {
     if (r.waiting.empty()) complete_workers(r);
   }
 
+  static bool urgent(const RunRec& r) {
+    if (r.opts.sequential || r.deadline > 0) return true;
+    for (auto& a : r.out)
+      if (a->awaited) return true;
+    return false;
+  }
+
   void release_stage(RunRec& r, uint32_t s) {
     r.stage = s;
     r.stage_waiting = r.lp->stage_ranks[s];
@@ -385,11 +409,13 @@ class Dispatcher {
         PWM_CHECK(it != runs_.end(), "run_done for unknown run {} from rank {}", id, m.peer);
         RunRec& r = *it->second;
         if (!err.empty() && r.error.empty()) r.error = err;
+        if (urgent(r)) urgent_activity_ = true;
         r.waiting.erase(m.peer);
         if (r.waiting.empty()) complete_workers(r);
         break;
       }
       case MsgType::kStageDone: {
+        urgent_activity_ = true;
         uint64_t id = rd.get<uint64_t>();
         uint32_t s = rd.get<uint32_t>();
         auto it = runs_.find(id);
@@ -415,6 +441,7 @@ class Dispatcher {
         break;
       }
       case MsgType::kFetchReply: {
+        urgent_activity_ = true;
         uint64_t req = rd.get<uint64_t>();
         std::string err = rd.str();
         auto it = fetch_reqs_.find(req);
@@ -428,6 +455,7 @@ class Dispatcher {
         break;
       }
       case MsgType::kStatsReply: {
+        urgent_activity_ = true;
         uint64_t req = rd.get<uint64_t>();
         auto s = rd.get<WorkerStats>();
         auto& [f, v] = stats_.at(req);
@@ -439,7 +467,7 @@ class Dispatcher {
         }
         break;
       }
-      case MsgType::kBye: break;
+      case MsgType::kBye: urgent_activity_ = true; break;
       default: PWM_THROW("controller: unexpected message {} from rank {}", msg_type_name(m.type), m.peer);
     }
   }
@@ -461,14 +489,23 @@ class Dispatcher {
     const double d = now_s() - r.dispatched;  // moving average of the program's run time
     auto [it, fresh] = run_time_.try_emplace(r.lp->id, d);
     if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
-    if (!try_complete(r.id)) return;
+    if (!try_complete(r.id)) {
+      deferred_++;
+      return;
+    }
     // Runs that waited for this one's outputs, then fetches.
-    for (bool progress = true; progress;) {
+    for (bool progress = deferred_ > 0; progress;) {
       progress = false;
       std::vector<uint64_t> ids;
       for (auto& [rid, rr] : runs_)
         if (rr->workers_done) ids.push_back(rid);
-      for (uint64_t rid : ids) progress |= try_complete(rid);
+      for (uint64_t rid : ids) {
+        if (try_complete(rid)) {
+          deferred_--;
+          progress = true;
+        }
+      }
+      progress = progress && deferred_ > 0;
     }
     retry_fetches();
   }
@@ -564,7 +601,8 @@ class Dispatcher {
   std::vector<std::pair<std::shared_ptr<ArrayState>, std::shared_ptr<FutureState<HostTensor>>>> waiting_fetches_;
   std::map<uint64_t, std::pair<std::shared_ptr<FutureState<std::vector<WorkerStats>>>, std::vector<WorkerStats>>> stats_;
   uint64_t next_req_ = 1, next_move_ = 0;
-  bool stopping_ = false, shutdown_sent_ = false;
+  size_t deferred_ = 0;  // runs whose workers are done but whose inputs are not resolved
+  bool stopping_ = false, shutdown_sent_ = false, urgent_activity_ = false;
 };
 
 // ---- Controller ----
@@ -612,13 +650,14 @@ void Controller::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Controller::enqueue(Command c) {
+bool Controller::enqueue(Command c, bool wake) {
   {
     std::lock_guard<std::mutex> g(mu_);
     if (!accepting_) return false;
     queue_.push_back(std::move(c));
+    if (!wake && sleeping_until_ > 0) wake = sleeping_until_ - now_s() > 1e-6 * kLazyWakeUs;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
   return true;
 }
 
@@ -638,15 +677,15 @@ void Controller::submit_put(std::shared_ptr<ArrayState> a, std::vector<std::vect
 }
 
 void Controller::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f) {
-  if (!enqueue([a, f](Dispatcher& d) { d.fetch(a, f); })) f->fail("pathways runtime is shut down");
+  if (!enqueue([a, f](Dispatcher& d) { d.fetch(a, f); }, true)) f->fail("pathways runtime is shut down");
 }
 
 void Controller::stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f) {
-  if (!enqueue([f](Dispatcher& d) { d.stats(f); })) f->fail("pathways runtime is shut down");
+  if (!enqueue([f](Dispatcher& d) { d.stats(f); }, true)) f->fail("pathways runtime is shut down");
 }
 
 void Controller::drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f) {
-  if (!enqueue([=](Dispatcher& d) { d.drain(device, undrain, f); })) f->fail("pathways runtime is shut down");
+  if (!enqueue([=](Dispatcher& d) { d.drain(device, undrain, f); }, true)) f->fail("pathways runtime is shut down");
 }
 
 void Controller::free_object(uint64_t id) {

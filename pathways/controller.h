@@ -34,6 +34,7 @@ struct ArrayState {
   ArgSpec spec;
   uint64_t owner = 0;
   FutureState<std::monostate> status;
+  std::atomic<bool> awaited{false};  // a client waits for it (or fetches it): poll its run finely
   std::weak_ptr<Controller> ctl;
   ~ArrayState();  // frees the object on the workers
 };
@@ -76,6 +77,14 @@ class Controller : public std::enable_shared_from_this<Controller> {
   void fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f);
   void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
   void drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f);
+  // A client started waiting: the dispatcher re-plans its sleep.
+  void poke() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      poked_ = true;
+    }
+    cv_.notify_one();
+  }
   // From handle destructors.
   void free_object(uint64_t id);
   void free_owner(uint64_t owner);
@@ -83,7 +92,11 @@ class Controller : public std::enable_shared_from_this<Controller> {
 
  private:
   using Command = std::function<void(Dispatcher&)>;
-  bool enqueue(Command c);
+  // Queues a command. `wake`: wake the dispatcher now (a client is about to block on the
+  // answer). Otherwise it is woken only if it planned to sleep more than kLazyWakeUs: a burst of
+  // calls is then taken in one pass instead of one wake-up (and context switch) per call.
+  bool enqueue(Command c, bool wake = false);
+  static constexpr double kLazyWakeUs = 50;
   void thread_main();
 
   std::shared_ptr<collectives::Transport> t_;
@@ -96,6 +109,8 @@ class Controller : public std::enable_shared_from_this<Controller> {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Command> queue_;
+  double sleeping_until_ = 0;  // now_s() at which the dispatcher's current wait ends (0: awake)
+  bool poked_ = false;         // a client started waiting since the dispatcher last slept
   bool accepting_ = false;
   bool stopped_ = false;
   friend class Dispatcher;
