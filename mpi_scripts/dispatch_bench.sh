@@ -8,6 +8,9 @@ pwm_install_deps
 pwm_build >/dev/null
 mkdir -p "$PWM_ROOT/results"
 BENCH="$BUILD_DIR/bench/pathways/dispatch_bench"
+# The numbers are ratios on shared cores: warn when something else is using them.
+busy=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$1 > 20 && $2 != "ps" {print $2}' | head -3 | tr '\n' ' ')
+[ -n "$busy" ] && echo "dispatch_bench.sh: warning: busy processes ($busy): results will be noisy (check eff_us)" >&2
 for NP in ${NPS:-3 5}; do
   echo "\$ mpirun $PWM_MPIRUN_FLAGS -n $NP $BENCH --json $PWM_ROOT/results/dispatch_np$NP.json $*"
   mpirun $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" --json "$PWM_ROOT/results/dispatch_np$NP.json" "$@"
