@@ -18,6 +18,10 @@
 //
 // Gradient convention: every backward ACCUMULATES into `grads` (same layout as params):
 // grads += grad_scale * d(mean micro-batch loss)/d(params). Zero it yourself between steps.
+// Within one micro-batch's backward, a tensor's gradient is final as soon as the piece that
+// last touches it returns: final_norm after head_backward, layer l after block_backward(l),
+// embed after embed_backward (head_backward adds the output projection's part first), so a
+// trainer can start reducing gradient buckets in that order while the backward continues.
 // Nothing here allocates after construction of Activations / Scratch; all of it is
 // single-threaded and deterministic.
 #pragma once
