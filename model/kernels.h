@@ -30,7 +30,8 @@ std::string blas_info();
 // (default 1, one thread per MPI rank); calling this afterwards overrides it.
 void set_num_threads(int n);
 
-// Optional accounting of every gemm call (for model_bench --profile): off by default.
+// Optional accounting of every gemm call (for model_bench --profile): off by default, and only
+// meaningful while one thread calls gemm (the counters are not synchronized).
 struct GemmStats {
   int64_t calls = 0;
   double flops = 0;    // 2*M*N*K summed
