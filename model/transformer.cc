@@ -11,7 +11,8 @@ namespace pwm::model {
 
 template <typename S>
 Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begin, int layer_end)
-    : B_(B), T_(layout.config().seq_len), C_(layout.config().d_model) {
+    : B_(B), T_(layout.config().seq_len), C_(layout.config().d_model), D_(layout.config().head_dim),
+      Hs_(layout.local_heads()), Rin_(layout.w_in_rows()), Rout_(layout.w_out_rows()) {
   const Config& c = layout.config();
   const int L = static_cast<int>(c.n_layers);
   if (layer_end < 0) layer_end = L;
@@ -23,17 +24,14 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
   const int64_t N = B * T_, C = C_, D = c.head_dim, Hs = layout.local_heads();
   xs_.assign(static_cast<size_t>((l1_ - l0_ + 1) * N * C), S(0));
   dx_.assign(static_cast<size_t>(N * C), S(0));
+  dx_ptr_ = dx_.data();
+  for (int l = l0_; l <= l1_; ++l) x_ptr_.push_back(xs_.data() + static_cast<size_t>(l - l0_) * N * C);
   layers_.resize(static_cast<size_t>(l1_ - l0_));
-  for (Layer& ly : layers_) {
-    ly.mean.assign(N, S(0));
-    ly.rstd.assign(N, S(0));
-    ly.h.assign(N * C, S(0));
-    ly.yin.assign(N * layout.w_in_rows(), S(0));
-    ly.q.assign(N * Hs * D, S(0));
-    ly.k.assign(N * D, S(0));
-    ly.p.assign(B * T_ * Hs * T_, S(0));
-    ly.ag.assign(N * layout.w_out_rows(), S(0));
-  }
+  const int64_t per_layer = layer_elements(layout, B);
+  arena_.assign(static_cast<size_t>((l1_ - l0_) * per_layer), S(0));
+  for (int l = l0_; l < l1_; ++l) bind_layer(l, arena_.data() + static_cast<size_t>(l - l0_) * per_layer);
+  (void)D;
+  (void)Hs;
   f_mean.assign(N, S(0));
   f_rstd.assign(N, S(0));
   hf.assign(N * C, S(0));
@@ -46,7 +44,36 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
 template <typename S>
 S* Activations<S>::x(int l) {
   PWM_CHECK(l >= l0_ && l <= l1_, "x({}) outside this state's range [{}, {}]", l, l0_, l1_);
-  return xs_.data() + static_cast<size_t>(l - l0_) * static_cast<size_t>(N() * C_);
+  return x_ptr_[static_cast<size_t>(l - l0_)];
+}
+template <typename S>
+void Activations<S>::bind_x(int l, S* memory) {
+  PWM_CHECK(l >= l0_ && l <= l1_, "x({}) outside this state's range [{}, {}]", l, l0_, l1_);
+  x_ptr_[static_cast<size_t>(l - l0_)] = memory;
+}
+template <typename S>
+int64_t Activations<S>::layer_elements(const ParamLayout& layout, int64_t B) {
+  const Config& c = layout.config();
+  const int64_t T = c.seq_len, N = B * T, C = c.d_model, D = c.head_dim, Hs = layout.local_heads();
+  return 2 * N + N * C + N * layout.w_in_rows() + N * Hs * D + N * D + B * T * Hs * T + N * layout.w_out_rows();
+}
+template <typename S>
+void Activations<S>::bind_layer(int l, S* m) {
+  const int64_t T = T_, N = B_ * T, C = C_, D = D_, Hs = Hs_;
+  Layer& ly = layer(l);
+  auto take = [&m](View<S>& v, int64_t n) {
+    v.ptr = m;
+    v.n = static_cast<size_t>(n);
+    m += n;
+  };
+  take(ly.mean, N);
+  take(ly.rstd, N);
+  take(ly.h, N * C);
+  take(ly.yin, N * Rin_);
+  take(ly.q, N * Hs * D);
+  take(ly.k, N * D);
+  take(ly.p, B_ * T * Hs * T);
+  take(ly.ag, N * Rout_);
 }
 template <typename S>
 const S* Activations<S>::x(int l) const {

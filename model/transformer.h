@@ -39,8 +39,22 @@ namespace pwm::model {
 template <typename S>
 using TpReduce = std::function<void(S* data, size_t count)>;
 
+// A span of S: what the saved-state fields are (owned by Activations or bound to memory outside).
+template <typename S>
+struct View {
+  S* ptr = nullptr;
+  size_t n = 0;
+  S* data() { return ptr; }
+  const S* data() const { return ptr; }
+  size_t size() const { return n; }
+  S& operator[](size_t i) { return ptr[i]; }
+  const S& operator[](size_t i) const { return ptr[i]; }
+};
+
 // Everything one micro-batch keeps between its forward and its backward, for the layers
-// [layer_begin, layer_end) (a pipeline stage may hold a range) plus the head. Owns its memory.
+// [layer_begin, layer_end) (a pipeline stage may hold a range) plus the head. Owns its memory,
+// except what is re-bound with bind_*: a runtime that keeps activations in buffers of its own
+// (the Pathways object store) points the state at them for the duration of a call.
 template <typename S>
 class Activations {
  public:
@@ -58,20 +72,28 @@ class Activations {
   // Gradient of the loss w.r.t. the residual stream where the backward currently is: [N, C].
   // head_backward sets it to d/dx(L); block_backward(l) turns d/dx(l+1) into d/dx(l);
   // embed_backward consumes d/dx(0). A pipeline stage writes the received gradient here.
-  S* dx() { return dx_.data(); }
-  const S* dx() const { return dx_.data(); }
+  S* dx() { return dx_ptr_; }
+  const S* dx() const { return dx_ptr_; }
 
   struct Layer {
-    std::vector<S> mean, rstd;  // [N] norm statistics
-    std::vector<S> h;           // [N, C] normed input
-    std::vector<S> yin;         // [N, R_in] h . w_in^T: k | v | q | gate | up (pre-rope)
-    std::vector<S> q;           // [N, Hs, D] rope(q) / sqrt(D)
-    std::vector<S> k;           // [N, D] rope(k)
-    std::vector<S> p;           // [B, T*Hs, T] attention probabilities, rows (t, h)
-    std::vector<S> ag;          // [N, R_out] attention output a | swiglu output g
+    View<S> mean, rstd;  // [N] norm statistics
+    View<S> h;           // [N, C] normed input
+    View<S> yin;         // [N, R_in] h . w_in^T: k | v | q | gate | up (pre-rope)
+    View<S> q;           // [N, Hs, D] rope(q) / sqrt(D)
+    View<S> k;           // [N, D] rope(k)
+    View<S> p;           // [B, T*Hs, T] attention probabilities, rows (t, h)
+    View<S> ag;          // [N, R_out] attention output a | swiglu output g
   };
   Layer& layer(int l);
   const Layer& layer(int l) const;
+
+  // Elements of one layer's saved state (the fields of Layer, contiguous in that order).
+  static int64_t layer_elements(const ParamLayout& layout, int64_t B);
+  // Re-point layer l's saved state at `memory` (layer_elements), x(l) at `memory` ([N, C]), or
+  // dx() at `memory` ([N, C]). The caller keeps the memory alive while it is bound.
+  void bind_layer(int l, S* memory);
+  void bind_x(int l, S* memory);
+  void bind_dx(S* memory) { dx_ptr_ = memory; }
 
   // Head state.
   std::vector<S> f_mean, f_rstd;  // [N]
@@ -85,7 +107,11 @@ class Activations {
   int l0_, l1_;
   std::vector<S> xs_;  // [(l1 - l0 + 1), N, C]
   std::vector<S> dx_;  // [N, C]
+  std::vector<S> arena_;  // [(l1 - l0), layer_elements]
   std::vector<Layer> layers_;
+  std::vector<S*> x_ptr_;  // x(l) for l in [l0, l1]
+  S* dx_ptr_ = nullptr;
+  int64_t D_, Hs_, Rin_, Rout_;  // head dim, local heads, fused matrix rows (for bind_layer)
 };
 
 // Temporaries reused across calls (no state carried between calls). One per thread of work.
