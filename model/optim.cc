@@ -61,8 +61,9 @@ double clip_factor(const AdamWConfig& c, double global_sq_norm) {
   return std::min(1.0, c.max_grad_norm / (norm + 1e-6));
 }
 
-void adamw_span(const AdamWConfig& c, int64_t step, double lr, double clip, bool decay,
-                float* p, const float* g, float* m, float* v, size_t n) {
+void adamw_span_into(const AdamWConfig& c, int64_t step, double lr, double clip, bool decay,
+                     const float* p_in, const float* g, const float* m_in, const float* v_in,
+                     float* p, float* m, float* v, size_t n) {
   const double t = static_cast<double>(step + 1);
   const float b1 = static_cast<float>(c.beta1), b2 = static_cast<float>(c.beta2);
   const float one_b1 = static_cast<float>(1.0 - c.beta1), one_b2 = static_cast<float>(1.0 - c.beta2);
@@ -74,12 +75,17 @@ void adamw_span(const AdamWConfig& c, int64_t step, double lr, double clip, bool
   const float cf = static_cast<float>(clip);
   for (size_t i = 0; i < n; ++i) {
     const float gi = g[i] * cf;
-    const float mi = b1 * m[i] + one_b1 * gi;
-    const float vi = b2 * v[i] + one_b2 * gi * gi;
+    const float mi = b1 * m_in[i] + one_b1 * gi;
+    const float vi = b2 * v_in[i] + one_b2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    p[i] = p_in[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
   }
+}
+
+void adamw_span(const AdamWConfig& c, int64_t step, double lr, double clip, bool decay,
+                float* p, const float* g, float* m, float* v, size_t n) {
+  adamw_span_into(c, step, lr, clip, decay, p, g, m, v, p, m, v, n);
 }
 
 void adamw_update(const AdamWConfig& c, const ParamLayout& layout, int64_t begin, int64_t end,
@@ -93,6 +99,15 @@ void adamw_update(const AdamWConfig& c, const ParamLayout& layout, int64_t begin
     adamw_span(c, step, lr, clip, p.weight_decay, params + lo, grads + lo, m + lo, v + lo,
                static_cast<size_t>(hi - lo));
   }
+}
+
+void adamw_step_into(const AdamWConfig& c, const ParamLayout& layout, int64_t step, double lr, double clip,
+                     const float* p_in, const float* grads, const float* m_in, const float* v_in,
+                     float* p_out, float* m_out, float* v_out) {
+  for (const ParamInfo& p : layout.params())
+    adamw_span_into(c, step, lr, clip, p.weight_decay, p_in + p.offset, grads + p.offset, m_in + p.offset,
+                    v_in + p.offset, p_out + p.offset, m_out + p.offset, v_out + p.offset,
+                    static_cast<size_t>(p.size));
 }
 
 void adamw_step(const AdamWConfig& c, const ParamLayout& layout, int64_t step, double lr,

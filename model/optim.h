@@ -56,6 +56,16 @@ void adamw_update(const AdamWConfig& cfg, const ParamLayout& layout, int64_t beg
 void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr,
                 double clip, float* params, const float* grads, float* m, float* v);
 
+// Out of place: reads p_in, m_in, v_in and writes p_out, m_out, v_out (which may alias the
+// inputs); the same arithmetic as adamw_step, so the same bits. For runtimes whose buffers are
+// immutable values (the Pathways object store).
+void adamw_step_into(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr,
+                     double clip, const float* p_in, const float* grads, const float* m_in,
+                     const float* v_in, float* p_out, float* m_out, float* v_out);
+void adamw_span_into(const AdamWConfig& cfg, int64_t step, double lr, double clip, bool decay,
+                     const float* p_in, const float* grads, const float* m_in, const float* v_in,
+                     float* p_out, float* m_out, float* v_out, size_t count);
+
 // The span kernel: one tensor's elements, decay on or off.
 void adamw_span(const AdamWConfig& cfg, int64_t step, double lr, double clip, bool decay,
                 float* params, const float* grads, float* m, float* v, size_t count);

@@ -71,6 +71,18 @@ UpdateResult apply_update(const TrainConfig& cfg, const ParamLayout& layout, int
   return r;
 }
 
+UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
+                               double global_sq_norm, const float* params, const float* grads,
+                               const float* m, const float* v, float* params_out, float* m_out,
+                               float* v_out) {
+  UpdateResult r;
+  r.lr = lr_at(cfg.optim, step);
+  r.grad_norm = std::sqrt(global_sq_norm);
+  adamw_step_into(cfg.optim, layout, step, r.lr, clip_factor(cfg.optim, global_sq_norm), params, grads, m, v,
+                  params_out, m_out, v_out);
+  return r;
+}
+
 int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data) {
   return std::min(cfg.eval_batches, data.num_val_batches(cfg.global_batch, cfg.model.seq_len));
 }

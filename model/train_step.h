@@ -45,6 +45,12 @@ struct UpdateResult {
 UpdateResult apply_update(const TrainConfig& cfg, const ParamLayout& layout, int64_t step, double global_sq_norm,
                           float* params, const float* grads, float* m, float* v);
 
+// The same, out of place (params/m/v in, new params/m/v out): the same bits as apply_update.
+UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
+                               double global_sq_norm, const float* params, const float* grads,
+                               const float* m, const float* v, float* params_out, float* m_out,
+                               float* v_out);
+
 // Sum over this dp rank's rows of validation batches 0..n-1 of (mean micro-batch loss x rows);
 // divide the dp sum by n * global_batch for the validation loss. n = validation_batches(...).
 double validation_loss_sum(const TrainConfig& cfg, const ParamLayout& layout, const TextDataset& data,

@@ -116,3 +116,31 @@ TEST(Optim, NoDecayOnNormScalesAndTpNorm) {
 
 }  // namespace
 }  // namespace pwm::model
+
+namespace pwm::model {
+namespace {
+
+TEST(Optim, OutOfPlaceStepEqualsInPlaceBitwise) {
+  Config c;
+  c.d_model = 16; c.n_layers = 1; c.n_heads = 2; c.head_dim = 8; c.d_ff = 32; c.vocab = 20; c.seq_len = 4;
+  const ParamLayout layout(c, 0, 1);
+  const size_t n = static_cast<size_t>(layout.total());
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = std::sin(0.1f * i);
+    g[i] = std::cos(0.37f * i);
+    m[i] = 0.01f * std::sin(0.7f * i);
+    v[i] = 0.001f * (1 + std::cos(0.3f * i));
+  }
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1;
+  std::vector<float> p2(n), m2(n), v2(n);
+  adamw_step_into(cfg, layout, 3, 1e-3, 0.7, p.data(), g.data(), m.data(), v.data(), p2.data(), m2.data(), v2.data());
+  adamw_step(cfg, layout, 3, 1e-3, 0.7, p.data(), g.data(), m.data(), v.data());
+  EXPECT_EQ(p, p2);
+  EXPECT_EQ(m, m2);
+  EXPECT_EQ(v, v2);
+}
+
+}  // namespace
+}  // namespace pwm::model
