@@ -239,9 +239,10 @@ TEST(Pathways, MissedDeadlineNamesTheDeviceAndNode) {
   EXPECT_TRUE(contains(e, "missed its deadline of 0.30 s")) << e;
   EXPECT_TRUE(contains(e, fmt::format("device {} (world rank {}) is stuck in node 0 'sleep_ms'", a.devices()[0],
                                       a.devices()[0] + 1))) << e;
-  if (b.devices()[0] != a.devices()[0])
+  if (b.devices()[0] != a.devices()[0]) {
     EXPECT_TRUE(contains(e, fmt::format("device {} (world rank {}) is waiting to start node 1 'sleep_ms'", b.devices()[0],
                                         b.devices()[0] + 1))) << e;
+  }
   // Without a deadline the same program completes.
   ProgramBuilder pb2("slow");
   pb2.output(pb2.call("sleep_ms", a, {pb2.param_like(x)}, {10})[0]);

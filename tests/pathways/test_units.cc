@@ -138,7 +138,9 @@ TEST_F(ProgramTest, ReshardMtoNPlansPieces) {
       copies += in.op == Op::kCopy;
       sends += in.op == Op::kSend;
       recvs += in.op == Op::kRecv;
-      if (in.op == Op::kSend && r == 2) EXPECT_EQ(in.bytes, 8u);  // two rows of one float
+      if (in.op == Op::kSend && r == 2) {
+        EXPECT_EQ(in.bytes, 8u);  // two rows of one float
+      }
     }
   EXPECT_EQ(copies, 2);
   EXPECT_EQ(sends, 2);
