@@ -110,7 +110,7 @@ void load_train_config_file(const std::string& path, TrainConfig& cfg) {
 
 bool parse_train_config(int argc, char** argv, const std::string& program,
                         const std::string& description, TrainConfig& cfg, int& exit_code,
-                        bool print_help) {
+                        bool print_help, const std::function<void(CLI::App&)>& more_flags) {
   // --config first, so that flags on the command line override the file.
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -121,6 +121,7 @@ bool parse_train_config(int argc, char** argv, const std::string& program,
   std::string config_path;
   app.add_option("--config", config_path, "JSON file of flag values (flags override it)");
   add_train_flags(app, cfg);
+  if (more_flags) more_flags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

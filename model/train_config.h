@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -74,9 +75,11 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg);
 // Parses argv into a TrainConfig: loads --config FILE first if given, then applies the flags.
 // Returns false if the program should exit (--help printed): `exit_code` is then set.
 // Throws pwm::Error on a bad flag, a bad file or an invalid value.
+// `more_flags` registers a trainer's own flags (e.g. pathways_train's --granularity) on the
+// same parser.
 bool parse_train_config(int argc, char** argv, const std::string& program,
                         const std::string& description, TrainConfig& cfg, int& exit_code,
-                        bool print_help);
+                        bool print_help, const std::function<void(CLI::App&)>& more_flags = {});
 
 // Loads a JSON config file (the keys are the long flag names without "--"). Throws pwm::Error
 // naming the file and the bad key.

@@ -100,7 +100,9 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"final_loss", last_loss_},
                       {"final_val_loss", last_val_},
                       {"weights_hash", weights_hash}};
+  for (auto& [k, v] : extra_) j[k] = v;
   write(j.dump());
+  for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
   fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, weights {}\n",
              trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_, weights_hash);
   std::fflush(stdout);

@@ -36,6 +36,9 @@ class TrainReport {
   // Writes the final line, prints the summary, and moves the metrics file into place.
   void finish(const std::string& weights_hash);
 
+  // An extra number for the final line (e.g. a pipeline's measured bubble).
+  void set_extra(const std::string& key, double value) { extra_.push_back({key, value}); }
+
   double tokens_per_s(double step_ms) const;
   double mfu(double tokens_per_s) const;
   double last_loss() const { return last_loss_; }
@@ -53,6 +56,7 @@ class TrainReport {
   std::ofstream out_;
   std::vector<double> step_ms_, tokens_per_s_, comm_share_;
   double last_loss_ = 0, last_val_ = -1;
+  std::vector<std::pair<std::string, double>> extra_;
 };
 
 }  // namespace pwm::model

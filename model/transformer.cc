@@ -24,12 +24,10 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
   const int64_t N = B * T_, C = C_, D = c.head_dim, Hs = layout.local_heads();
   xs_.assign(static_cast<size_t>((l1_ - l0_ + 1) * N * C), S(0));
   dx_.assign(static_cast<size_t>(N * C), S(0));
-  dx_ptr_ = dx_.data();
-  for (int l = l0_; l <= l1_; ++l) x_ptr_.push_back(xs_.data() + static_cast<size_t>(l - l0_) * N * C);
   layers_.resize(static_cast<size_t>(l1_ - l0_));
-  const int64_t per_layer = layer_elements(layout, B);
-  arena_.assign(static_cast<size_t>((l1_ - l0_) * per_layer), S(0));
-  for (int l = l0_; l < l1_; ++l) bind_layer(l, arena_.data() + static_cast<size_t>(l - l0_) * per_layer);
+  x_ptr_.resize(static_cast<size_t>(l1_ - l0_ + 1));
+  arena_.assign(static_cast<size_t>((l1_ - l0_) * layer_elements(layout, B)), S(0));
+  unbind_all();
   (void)D;
   (void)Hs;
   f_mean.assign(N, S(0));
@@ -46,6 +44,15 @@ S* Activations<S>::x(int l) {
   PWM_CHECK(l >= l0_ && l <= l1_, "x({}) outside this state's range [{}, {}]", l, l0_, l1_);
   return x_ptr_[static_cast<size_t>(l - l0_)];
 }
+template <typename S>
+void Activations<S>::unbind_all() {
+  const size_t NC = static_cast<size_t>(N() * C_);
+  dx_ptr_ = dx_.data();
+  for (int l = l0_; l <= l1_; ++l) x_ptr_[static_cast<size_t>(l - l0_)] = xs_.data() + static_cast<size_t>(l - l0_) * NC;
+  const size_t per_layer = arena_.size() / std::max<size_t>(layers_.size(), 1);
+  for (int l = l0_; l < l1_; ++l) bind_layer(l, arena_.data() + static_cast<size_t>(l - l0_) * per_layer);
+}
+
 template <typename S>
 void Activations<S>::bind_x(int l, S* memory) {
   PWM_CHECK(l >= l0_ && l <= l1_, "x({}) outside this state's range [{}, {}]", l, l0_, l1_);

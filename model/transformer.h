@@ -94,6 +94,8 @@ class Activations {
   void bind_layer(int l, S* memory);
   void bind_x(int l, S* memory);
   void bind_dx(S* memory) { dx_ptr_ = memory; }
+  // Points everything back at the owned memory (after a call that bound outside buffers).
+  void unbind_all();
 
   // Head state.
   std::vector<S> f_mean, f_rstd;  // [N]

@@ -1,0 +1,132 @@
+// pathways_train: the same Transformer and workload as spmd_train, run as Pathways programs by a
+// single controller (world rank 0) over N worker ranks:
+//   mpirun -n 3 pathways_train --dp 2 --granularity fused --steps 50 --metrics m.jsonl
+//   mpirun -n 3 pathways_train --stages 2 --islands 2x1 --microbatches 8 --schedule 1f1b
+// Flags: pathways_train --help (the workload flags are spmd_train's, from one definition).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "collectives/communicator.h"
+#include "collectives/mpi_transport.h"
+#include "collectives/strings.h"
+#include "common/check.h"
+#include "common/trace.h"
+#include "model/data.h"
+#include "model/full_state.h"
+#include "pathways/runtime.h"
+#include "pathways/train/kernels.h"
+#include "pathways/train/trainer.h"
+#include "pathways/worker.h"
+
+using namespace pwm;
+
+namespace {
+
+// As in spmd_train: every rank checks, the ranks agree, rank 0 prints one line, all exit 1.
+bool preflight(collectives::Communicator& world, const std::function<void()>& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  auto all = collectives::allgather_strings(world, err);
+  for (auto& e : all)
+    if (!e.empty()) {
+      if (world.rank() == 0) {
+        std::fprintf(stderr, "pathways_train: error: %s\n", e.c_str());
+        std::fflush(stderr);
+      }
+      return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  collectives::MpiEnvironment env(&argc, &argv);
+  collectives::Communicator world = collectives::Communicator::world(env.transport());
+  model::TrainConfig cfg;
+  pathways::train::PathwaysOptions po;
+  int exit_code = 0;
+  bool go = true;
+  if (!preflight(world, [&] {
+        go = model::parse_train_config(
+            argc, argv, "pathways_train",
+            "Pathways trainer: a single controller (rank 0) dispatches the training step as programs to the worker ranks.",
+            cfg, exit_code, env.rank() == 0, [&po](CLI::App& app) {
+              const char* P = "Pathways";
+              app.add_option("--granularity", po.granularity, "fused | chained | opbyop")
+                  ->check(CLI::IsMember({"fused", "chained", "opbyop"}))->group(P);
+              app.add_option("--stages", po.stages, "pipeline stages (> 1: MPMD pipeline, one device per stage)")->group(P);
+              app.add_option("--schedule", po.schedule, "pipeline schedule: gpipe | 1f1b")
+                  ->check(CLI::IsMember({"gpipe", "1f1b"}))->group(P);
+              app.add_option("--islands", po.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
+              app.add_flag("--sequential", po.sequential, "sequential dispatch (the paper's baseline)")->group(P);
+            });
+      }))
+    return 1;
+  if (!go) return exit_code;
+  if (cfg.data.empty()) cfg.data = model::default_corpus_path();
+  std::shared_ptr<model::TextDataset> data;
+  bool resume = false;
+  if (!preflight(world, [&] {
+        const int workers = env.size() - 1;
+        if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
+        if (po.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", po.stages);
+        if (po.stages > 1) {
+          if (cfg.dp != 1 || cfg.tp != 1)
+            PWM_THROW("--stages {} runs one device per stage: leave --dp and --tp at 1", po.stages);
+          if (po.stages > cfg.model.n_layers)
+            PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", po.stages, cfg.model.n_layers);
+          if (workers != po.stages)
+            PWM_THROW("--stages {} needs {} workers, but the job has {} (mpirun -n {})", po.stages, po.stages, workers,
+                      po.stages + 1);
+          cfg.validate(1);
+        } else {
+          cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
+        }
+        data = std::make_shared<model::TextDataset>(model::TextDataset::open(cfg.data, cfg.val_fraction));
+        data->check_fits(cfg.model.seq_len);
+        if (data->num_val_batches(cfg.global_batch, cfg.model.seq_len) < 1)
+          PWM_THROW("--data {}: the validation split holds fewer than --batch {} windows of {} tokens", cfg.data,
+                    cfg.global_batch, cfg.model.seq_len + 1);
+        resume = model::load_resume_checkpoint(cfg).has_value();
+        if (env.rank() == 0) {
+          if (!cfg.metrics.empty()) check_writable("--metrics", cfg.metrics);
+          if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);
+          if (!cfg.ckpt.empty()) check_writable("--ckpt", cfg.ckpt);
+        }
+      }))
+    return 1;
+  return collectives::run_mpi_main(env, [&] {
+    if (env.rank() == 0) data.reset();  // the controller never touches tensor data
+    pathways::train::register_train_kernels(cfg, pathways::train::PipelineShape{po.stages}, env.transport(), data);
+    double peak = cfg.peak_gflops;
+    if (peak <= 0) {  // the workers measure at once, as they will run; the controller idles
+      peak = env.rank() == 0 ? 0.0 : model::measure_gemm_gflops();
+      world.allreduce(&peak, &peak, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+      peak /= env.size() - 1;
+    }
+    if (env.rank() != 0) {
+      pathways::run_worker(env.transport());
+      return 0;
+    }
+    pathways::RuntimeOptions ro = pathways::RuntimeOptions::from_env();
+    ro.islands = po.islands;
+    pathways::Runtime rt(env.transport(), ro);
+    fmt::print("[pathways] controller + {} workers ({} islands) | {} | {} | batch {} x {} tokens, {} micro-batches | "
+               "GEMM peak {:.1f} GFLOP/s per worker\n",
+               env.size() - 1, rt.num_islands(),
+               po.stages > 1 ? fmt::format("pipeline S={} {}", po.stages, po.schedule)
+                             : fmt::format("{} dp={} tp={}", po.granularity, cfg.dp, cfg.tp),
+               cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len, cfg.microbatches, peak);
+    pathways::Client client = rt.client("trainer");
+    pathways::train::run_training(cfg, po, client, rt.num_islands(), peak, resume);
+    rt.shutdown();
+    return 0;
+  });
+}
