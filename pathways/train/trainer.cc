@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -311,6 +312,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     pending.push_back(std::move(p));
     if (pending.size() > 1) drain_one();
+    if (step == cfg.kill_step) ::raise(SIGKILL);  // testing hook: the controller dies mid-run
     const int64_t done = step + 1;
     const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
     const bool ckpt_now = !cfg.ckpt.empty() && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done != cfg.steps;

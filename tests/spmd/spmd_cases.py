@@ -21,6 +21,14 @@ import time
 
 BUILD = None
 TMP = None
+
+
+def set_build(build, tmp=None):
+    """For other case files that import these helpers."""
+    global BUILD, TMP
+    BUILD = build
+    if tmp:
+        TMP = tmp
 MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_btl_base_warn_component_unused="0")
@@ -29,12 +37,14 @@ TINY = ["--d-model", "64", "--layers", "2", "--heads", "4", "--head-dim", "16", 
         "--eval-batches", "2", "--log-every", "3", "--coll-timeout", "60"]
 
 
-def trainer():
-    return os.path.join(BUILD, "spmd", "spmd_train")
+def trainer(exe="spmd"):
+    if exe == "spmd":
+        return os.path.join(BUILD, "spmd", "spmd_train")
+    return os.path.join(BUILD, "pathways", "train", "pathways_train")
 
 
-def run(n, args, expect_ok=True, timeout=240):
-    cmd = MPIRUN + ["-n", str(n), trainer()] + args
+def run(n, args, expect_ok=True, timeout=240, exe="spmd"):
+    cmd = MPIRUN + ["-n", str(n), trainer(exe)] + args
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
     if expect_ok and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -56,9 +66,9 @@ def metrics(path):
     return steps, vals, final
 
 
-def train(n, name, extra):
+def train(n, name, extra, exe="spmd"):
     path = os.path.join(TMP, name + ".jsonl")
-    run(n, TINY + ["--metrics", path] + extra)
+    run(n, TINY + ["--metrics", path] + extra, exe=exe)
     return metrics(path)
 
 
@@ -169,10 +179,11 @@ def case_kill_and_resume_is_bitwise():
     resume_matches(ref, ck2, "resume after an outside SIGKILL")
 
 
-def expect_error(n, args, pattern, outputs=()):
-    p = run(n, args, expect_ok=False, timeout=120)
+def expect_error(n, args, pattern, outputs=(), exe="spmd"):
+    p = run(n, args, expect_ok=False, timeout=120, exe=exe)
     assert p.returncode != 0, f"expected failure, got exit 0 for {args}"
-    lines = [l for l in p.stderr.splitlines() if "spmd_train: error:" in l]
+    prefix = "spmd_train: error:" if exe == "spmd" else "pathways_train: error:"
+    lines = [l for l in p.stderr.splitlines() if prefix in l]
     assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
     assert pattern in lines[0], f"error line does not mention {pattern!r}: {lines[0]}"
     for o in outputs:
@@ -225,6 +236,7 @@ def case_trace_and_metrics_are_complete():
 def main():
     global BUILD, TMP
     case, BUILD = sys.argv[1], sys.argv[2]
+    set_build(BUILD)
     TMP = tempfile.mkdtemp(prefix=f"spmd_{case}_")
     try:
         globals()["case_" + case]()
