@@ -4,7 +4,7 @@
 #   spmd        spmd_train, dp = NP                         (mpirun -n NP)
 #   fused       pathways_train --granularity fused, dp = NP (mpirun -n NP+1: controller + NP workers)
 #   chained     pathways_train --granularity chained
-#   pipeline    pathways_train --stages 2 over two islands, GPipe, 8 micro-batches
+#   pipeline    pathways_train --stages NP, one stage per island, GPipe, 8 micro-batches
 # then writes results/: compare.json, loss.png, throughput.png, timeline.png, the metrics and
 # the merged Perfetto traces of every run.
 #
@@ -48,13 +48,12 @@ SECONDS=0
 RUNS=()
 run spmd "$NP" spmd/spmd_train --dp "$NP"
 RUNS+=("spmd=$OUT/spmd.jsonl:$OUT/spmd.trace.json")
-if [ -x "$BUILD_DIR/pathways/train/pathways_train" ]; then
-  PT=pathways/train/pathways_train
-  run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
-  run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
-  run pipeline $((NP + 1)) $PT --stages 2 --islands 2x$((NP / 2)) --microbatches 8 --schedule gpipe
-  for r in fused chained pipeline; do RUNS+=("$r=$OUT/$r.jsonl:$OUT/$r.trace.json"); done
-fi
+PT=pathways/train/pathways_train
+run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
+run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
+# The MPMD pipeline: NP stages of one device each, one stage per island.
+run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe
+for r in fused chained pipeline; do RUNS+=("$r=$OUT/$r.jsonl:$OUT/$r.trace.json"); done
 python3 - "$OUT/workload.json" "$NP" "$STEPS" "${EXTRA[@]}" <<'PY'
 import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
