@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Model throughput, side by side with the PyTorch peer (/work/shared/peers/torch_palm_bench.py or
+# Model throughput, side by side with the PyTorch peer (../shared/peers/torch_palm_bench.py beside the repository, or
 # $PWM_TORCH_PEER), both on ONE thread, same reference config, same machine, one after the other.
 # Prints model_bench's figures, the peer's, and the ratio (issue 3 accepts >= 1.2x and MFU >= 50%).
 #
@@ -13,31 +13,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 pwm_install_deps
 pwm_build >/dev/null
 
-PEER="${PWM_TORCH_PEER:-/work/shared/peers/torch_palm_bench.py}"
+PEER="${PWM_TORCH_PEER:-$PWM_ROOT/../shared/peers/torch_palm_bench.py}"
 STEPS="${PWM_BENCH_STEPS:-20}"
 WARMUP="${PWM_BENCH_WARMUP:-5}"
 OUT="${PWM_BENCH_OUT:-$BUILD_DIR/model_bench.json}"
 
-pwm_install_torch() {
-  local missing=()
-  for p in python3-torch libopenblas0-openmp; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  echo "model_bench.sh: installing ${missing[*]} for the PyTorch peer"
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-      sudo="sudo"
-    else
-      echo "model_bench.sh: error: install them with: sudo apt-get install -y ${missing[*]}" >&2
-      exit 1
-    fi
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-}
 
 if pgrep -x cc1plus >/dev/null; then
   echo "model_bench.sh: warning: a compiler is running; throughput figures will be low" >&2
@@ -47,7 +27,7 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset: autodetect>}"
 # The machine may be shared: each side runs $ROUNDS times, alternating, and each side's best
 # median counts (the same rule for both).
 ROUNDS="${PWM_BENCH_ROUNDS:-2}"
-pwm_install_torch
+pwm_install_packages python3-torch libopenblas0-openmp
 run_ours() {  # prints model_bench's output; leaves the JSON in $OUT.<round>
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PWM_MODEL_THREADS=1 \
     "$BUILD_DIR/bench/model/model_bench" --steps "$STEPS" --warmup "$WARMUP" --json "$OUT.$1" "${@:2}"
