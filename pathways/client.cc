@@ -23,9 +23,18 @@ ProgramState::~ProgramState() {
     if (auto c = ctl.lock()) c->evict(lowered);
 }
 
-ClientState::~ClientState() {
+void ClientState::disconnect() {
+  if (closed.exchange(true)) return;
+  std::map<std::string, Program> drop;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    drop.swap(opbyop);
+  }
+  drop.clear();  // evicts the cached OpByOp programs
   if (ctl) ctl->free_owner(id);
 }
+
+ClientState::~ClientState() { disconnect(); }
 
 // ---- Slice ----
 
@@ -56,10 +65,20 @@ void Array::wait() const {
   s_->status.get();
 }
 
+uint64_t Array::owner() const { return s_->owner; }
+bool Array::released() const { return s_->released; }
+
+void Array::release() {
+  if (s_->released.exchange(true)) return;
+  if (auto c = s_->ctl.lock()) c->free_object(s_->id);
+}
+
 Future<HostTensor> Array::fetch() const {
   s_->awaited = true;
   auto f = std::make_shared<FutureState<HostTensor>>();
-  if (auto c = s_->ctl.lock())
+  if (s_->released)
+    f->fail(fmt::format("array {} was released (Array::release): its object is freed", s_->id));
+  else if (auto c = s_->ctl.lock())
     c->fetch(s_, f);
   else
     f->fail("pathways runtime is gone");
@@ -130,10 +149,31 @@ Program ProgramBuilder::build() {
 // ---- Client ----
 
 uint64_t Client::id() const { return s_->id; }
+const std::string& Client::name() const { return s_->name; }
+double Client::weight() const { return s_->weight; }
+void Client::disconnect() { s_->disconnect(); }
+bool Client::connected() const { return !s_->closed; }
+
+void Client::check_usable(const char* what) const {
+  PWM_CHECK(s_, "{} on an empty Client", what);
+  if (s_->closed) PWM_THROW("{}: client {} is disconnected; its objects and programs were reclaimed", what,
+                            s_->ctl->client_name(s_->id));
+}
+
+namespace {
+// Isolation: a handle is valid only for the client that created it.
+void check_owner(const Controller& ctl, uint64_t client, uint64_t owner, const std::string& what) {
+  if (owner != client)
+    PWM_THROW("client {}: {} belongs to client {}; a handle is valid only for the client that created it",
+              ctl.client_name(client), what, ctl.client_name(owner));
+}
+}  // namespace
 
 Slice Client::allocate(int devices, std::vector<int> mesh, int island) {
+  check_usable("allocate");
   auto st = std::make_shared<SliceState>();
   st->info = s_->ctl->rm().allocate(devices, std::move(mesh), island);
+  st->owner = s_->id;
   st->ctl = s_->ctl;
   Slice s;
   s.s_ = std::move(st);
@@ -142,6 +182,8 @@ Slice Client::allocate(int devices, std::vector<int> mesh, int island) {
 
 Array Client::put(const Slice& slice, Sharding sharding, const TensorSpec& logical, const void* data) {
   PWM_CHECK(slice.valid(), "put on an empty Slice");
+  check_usable("put");
+  check_owner(*s_->ctl, s_->id, slice.s_->owner, fmt::format("slice {}", slice.id()));
   const int n = slice.size();
   ArgSpec spec{logical, sharding};
   std::vector<std::vector<uint8_t>> shards(n);
@@ -169,15 +211,28 @@ Array Client::put(const Slice& slice, Sharding sharding, const TensorSpec& logic
 
 std::vector<Array> Client::run(const Program& p, const std::vector<Array>& inputs, RunOptions o) {
   PWM_CHECK(p.valid(), "run of an empty Program");
+  check_usable("run");
   auto& ps = p.s_;
+  // Isolation: the program (bound to the first client that runs it), its slices and its inputs
+  // must all be this client's; nothing is queued otherwise.
+  uint64_t prog_owner = 0;
+  if (!ps->owner.compare_exchange_strong(prog_owner, s_->id))
+    check_owner(*s_->ctl, s_->id, prog_owner, fmt::format("program '{}'", ps->def.name));
+  for (auto& sl : ps->slices)
+    check_owner(*s_->ctl, s_->id, sl.s_->owner, fmt::format("slice {} (used by program '{}')", sl.id(), ps->def.name));
+  std::vector<std::shared_ptr<ArrayState>> in, out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Array& a = inputs[i];
+    PWM_CHECK(a.valid(), "run of '{}' with an empty Array", ps->def.name);
+    check_owner(*s_->ctl, s_->id, a.s_->owner, fmt::format("input {} of '{}' (array {})", i, ps->def.name, a.id()));
+    if (a.s_->released)
+      PWM_THROW("client {}: input {} of '{}' (array {}) was released (Array::release)", s_->ctl->client_name(s_->id), i,
+                ps->def.name, a.id());
+    in.push_back(a.s_);
+  }
   ps->ctl = s_->ctl;
   const uint64_t run_id = s_->ctl->new_id();
   PWM_CHECK_LT(run_id, uint64_t{1} << 47);
-  std::vector<std::shared_ptr<ArrayState>> in, out;
-  for (auto& a : inputs) {
-    PWM_CHECK(a.valid(), "run of '{}' with an empty Array", ps->def.name);
-    in.push_back(a.s_);
-  }
   std::vector<Array> result;
   for (size_t k = 0; k < ps->def.outputs.size(); ++k) {
     const ValueId v = ps->def.outputs[k];
@@ -193,12 +248,19 @@ std::vector<Array> Client::run(const Program& p, const std::vector<Array>& input
     r.s_ = a;
     result.push_back(std::move(r));
   }
-  s_->ctl->submit_run(ps, std::move(in), std::move(out), o, run_id);
+  s_->ctl->submit_run(ps, std::move(in), std::move(out), o, run_id, s_->id, s_->weight);
   return result;
 }
 
 std::vector<Array> Client::call(const std::string& kernel, const Slice& slice, const std::vector<Array>& inputs,
                                 std::vector<int64_t> attrs, RunOptions o) {
+  check_usable("call");
+  PWM_CHECK(slice.valid(), "call of '{}' on an empty Slice", kernel);
+  check_owner(*s_->ctl, s_->id, slice.s_->owner, fmt::format("slice {}", slice.id()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    PWM_CHECK(inputs[i].valid(), "call of '{}' with an empty Array", kernel);
+    check_owner(*s_->ctl, s_->id, inputs[i].s_->owner, fmt::format("input {} of '{}' (array {})", i, kernel, inputs[i].id()));
+  }
   // The call's signature as bytes: kernel, slice, attributes, each input's slice and spec.
   std::string key = kernel;
   key.push_back('\0');
@@ -234,6 +296,7 @@ std::vector<Array> Client::call(const std::string& kernel, const Slice& slice, c
 }
 
 std::vector<WorkerStats> Client::stats() {
+  check_usable("stats");
   auto f = std::make_shared<FutureState<std::vector<WorkerStats>>>();
   s_->ctl->stats(f);
   return f->get();
@@ -267,14 +330,31 @@ Runtime::~Runtime() {
   }
 }
 
-Client Runtime::client(const std::string& name) {
+Client Runtime::client(const std::string& name) { return client(name, ClientOptions{}); }
+
+Client Runtime::client(const std::string& name, ClientOptions options) {
+  if (!(options.weight > 0)) PWM_THROW("client '{}': weight must be positive, got {}", name, options.weight);
   auto st = std::make_shared<ClientState>();
   st->id = c_->new_id();
   st->name = name;
+  st->weight = options.weight;
   st->ctl = c_;
+  c_->add_client(st->id, name, options.weight);
   Client c;
   c.s_ = std::move(st);
   return c;
+}
+
+std::vector<ClientUsage> Runtime::usage() {
+  auto f = std::make_shared<FutureState<std::vector<ClientUsage>>>();
+  c_->usage(f);
+  return f->get();
+}
+
+uint64_t Runtime::memory_cap_bytes() const { return c_->memory_cap(); }
+
+const char* Runtime::scheduler_name() const {
+  return c_->options().scheduler ? c_->options().scheduler(0)->name() : "fifo";
 }
 
 int Runtime::num_devices() const { return c_->rm().num_devices(); }

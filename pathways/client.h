@@ -28,6 +28,14 @@
 //
 // Threads: a Client is used by one thread at a time; several Clients may be used from several
 // threads (all MPI traffic goes through the runtime's one dispatcher thread).
+//
+// Isolation (multi-tenancy): a Slice, an Array and a Program belong to the Client that created
+// them (a Program: the first Client that runs it). Passing another client's handle to run(),
+// call() or put(), or an Array after release(), or using a Client after disconnect(), throws
+// pwm::Error at the call and queues nothing. The dispatcher and the workers check the owner of
+// every input again. A Client that disconnects (disconnect(), or its last handle dropped, e.g.
+// when its thread fails) has its objects freed on every worker, its lowered programs evicted and
+// its runs not yet sent failed; runs already on the workers finish and are then dropped.
 #pragma once
 
 #include <condition_variable>
@@ -168,6 +176,11 @@ class Array {
     return fetch().get().as<T>();
   }
   bool valid() const { return s_ != nullptr; }
+  uint64_t owner() const;  // the id of the Client that created it
+  // Frees the object on the workers now (a run already using it keeps it until the run ends).
+  // Every copy of this handle becomes invalid: using it in a run, or fetching it, is an error.
+  void release();
+  bool released() const;
 
  private:
   friend class Client;
@@ -221,6 +234,25 @@ class ProgramBuilder {
   Value make(ValueId id, const ArgSpec& spec);
 };
 
+// A tenant's share of the island schedulers (proportional-share policy; FIFO ignores it).
+struct ClientOptions {
+  double weight = 1;  // > 0
+};
+
+// What the runtime counted for one client (Runtime::usage()): runs and node-shards sent to the
+// workers, runs completed, and the kernels' summed durations on every device, as the workers
+// measured them.
+struct ClientUsage {
+  uint64_t id = 0;
+  std::string name;
+  double weight = 1;
+  bool connected = true;
+  uint64_t runs_dispatched = 0, runs_completed = 0;
+  uint64_t node_shards = 0;  // kernel executions sent (one per node per device of its slice)
+  uint64_t node_shards_completed = 0;  // those of completed runs
+  double kernel_s = 0;       // summed kernel durations reported by the workers (completed runs)
+};
+
 struct RunOptions {
   bool sequential = false;  // node after node through the controller (the paper's baseline)
   double deadline_s = 0;    // > 0: fail the run's futures if it is not done within this time,
@@ -256,9 +288,17 @@ class Client {
   void drain(int device);
   void undrain(int device);
   std::string describe() const;  // devices and islands
+  const std::string& name() const;
+  double weight() const;
+  // Reclaims everything this client owns now: its objects are freed on every worker, its
+  // programs evicted, its runs not yet sent failed. Afterwards every call on it throws. Also
+  // happens when the last handle of the Client is dropped. Idempotent.
+  void disconnect();
+  bool connected() const;
 
  private:
   friend class Runtime;
+  void check_usable(const char* what) const;
   std::shared_ptr<ClientState> s_;
 };
 

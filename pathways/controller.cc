@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "common/env.h"
 #include "common/time.h"
 #include "pathways/dispatcher.h"
@@ -13,6 +15,9 @@ namespace pwm::pathways {
 RuntimeOptions RuntimeOptions::from_env() {
   RuntimeOptions o;
   o.busy_backoff_max_us = env_double("PWM_PW_BACKOFF_US", o.busy_backoff_max_us);
+  if (const char* p = std::getenv("PWM_PW_SCHEDULER"); p && *p) o.scheduler = scheduler_by_name(p);
+  o.island_ordering = env_double("PWM_PW_ISLAND_ORDERING", 1) != 0;
+  if (const char* p = std::getenv("PWM_PW_TRACE")) o.trace_path = p;
   return o;
 }
 
@@ -30,6 +35,7 @@ Controller::~Controller() {
 void Controller::start() {
   d_ = std::make_unique<Dispatcher>(*this, *t_);
   rm_ = std::make_unique<ResourceManager>(d_->hello(), opts_.islands);
+  memory_cap_ = d_->min_memory_cap();
   d_->init_schedulers(rm_->num_islands());
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -73,10 +79,11 @@ bool Controller::enqueue(Command c, bool wake) {
 }
 
 void Controller::submit_run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
-                            std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id) {
+                            std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id, uint64_t owner,
+                            double weight) {
   auto outs = out;
-  if (!enqueue([p = std::move(p), in = std::move(in), out = std::move(out), o, run_id](Dispatcher& d) mutable {
-        d.run(std::move(p), std::move(in), std::move(out), o, run_id);
+  if (!enqueue([p = std::move(p), in = std::move(in), out = std::move(out), o, run_id, owner, weight](Dispatcher& d) mutable {
+        d.run(std::move(p), std::move(in), std::move(out), o, run_id, owner, weight);
       }))
     for (auto& a : outs) a->status.fail("pathways runtime is shut down");
 }
@@ -99,11 +106,36 @@ void Controller::drain(int device, bool undrain, std::shared_ptr<FutureState<std
   if (!enqueue([=](Dispatcher& d) { d.drain(device, undrain, f); }, true)) f->fail("pathways runtime is shut down");
 }
 
+void Controller::usage(std::shared_ptr<FutureState<std::vector<ClientUsage>>> f) {
+  if (!enqueue([f](Dispatcher& d) { f->set(d.usage()); }, true)) f->fail("pathways runtime is shut down");
+}
+
+void Controller::add_client(uint64_t id, const std::string& name, double weight) {
+  std::lock_guard<std::mutex> g(clients_mu_);
+  clients_[id] = ClientRec{name, weight, false};
+}
+
+std::string Controller::client_name(uint64_t id) const {
+  std::lock_guard<std::mutex> g(clients_mu_);
+  auto it = clients_.find(id);
+  return it == clients_.end() ? fmt::format("{}", id) : fmt::format("'{}' (id {})", it->second.name, id);
+}
+
+bool Controller::client_closed(uint64_t id) const {
+  std::lock_guard<std::mutex> g(clients_mu_);
+  auto it = clients_.find(id);
+  return it == clients_.end() || it->second.closed;
+}
+
 void Controller::free_object(uint64_t id) {
   enqueue([id](Dispatcher& d) { d.free_object(id); });
 }
 
 void Controller::free_owner(uint64_t owner) {
+  {
+    std::lock_guard<std::mutex> g(clients_mu_);
+    if (auto it = clients_.find(owner); it != clients_.end()) it->second.closed = true;
+  }
   enqueue([owner](Dispatcher& d) { d.free_owner(owner); });
 }
 

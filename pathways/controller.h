@@ -24,6 +24,7 @@ namespace pwm::pathways {
 
 struct SliceState {
   SliceInfo info;  // as allocated (devices: see Slice::devices() for the current ones)
+  uint64_t owner = 0;
   std::weak_ptr<Controller> ctl;
   ~SliceState();
 };
@@ -35,6 +36,7 @@ struct ArrayState {
   uint64_t owner = 0;
   FutureState<std::monostate> status;
   std::atomic<bool> awaited{false};  // a client waits for it (or fetches it): poll its run finely
+  std::atomic<bool> released{false};  // Array::release()
   std::weak_ptr<Controller> ctl;
   ~ArrayState();  // frees the object on the workers
 };
@@ -44,6 +46,7 @@ struct ProgramState {
   std::vector<Slice> slices;  // keeps the slices alive
   std::weak_ptr<Controller> ctl;
   std::shared_ptr<LoweredProgram> lowered;  // dispatcher thread only
+  std::atomic<uint64_t> owner{0};           // the client that ran it first (0: never run)
   ~ProgramState();  // evicts the lowered program from the workers
 };
 
@@ -53,7 +56,10 @@ struct ClientState {
   std::shared_ptr<Controller> ctl;
   std::mutex mu;
   std::map<std::string, Program> opbyop;  // OpByOp programs by call signature
-  ~ClientState();  // frees every object the client owns
+  double weight = 1;
+  std::atomic<bool> closed{false};
+  void disconnect();
+  ~ClientState();  // disconnect(): frees every object the client owns
 };
 
 class Dispatcher;
@@ -72,7 +78,16 @@ class Controller : public std::enable_shared_from_this<Controller> {
   // Client entry points (any thread). They enqueue a command and return; after shutdown the
   // futures involved fail.
   void submit_run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
-                  std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id);
+                  std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id, uint64_t owner,
+                  double weight);
+  void usage(std::shared_ptr<FutureState<std::vector<ClientUsage>>> f);
+
+  // The clients by id (any thread): names for messages and traces, and which are gone.
+  void add_client(uint64_t id, const std::string& name, double weight);
+  std::string client_name(uint64_t id) const;  // "'name' (client 7)"
+  bool client_closed(uint64_t id) const;
+  const RuntimeOptions& options() const { return opts_; }
+  uint64_t memory_cap() const { return memory_cap_; }
   void submit_put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint8_t>> shards);
   void fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f);
   void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
@@ -87,7 +102,7 @@ class Controller : public std::enable_shared_from_this<Controller> {
   }
   // From handle destructors.
   void free_object(uint64_t id);
-  void free_owner(uint64_t owner);
+  void free_owner(uint64_t owner);  // the client disconnected
   void evict(std::shared_ptr<LoweredProgram> lp);
 
  private:
@@ -113,6 +128,15 @@ class Controller : public std::enable_shared_from_this<Controller> {
   bool poked_ = false;         // a client started waiting since the dispatcher last slept
   bool accepting_ = false;
   bool stopped_ = false;
+  uint64_t memory_cap_ = 0;  // smallest worker cap (from the hellos)
+
+  struct ClientRec {
+    std::string name;
+    double weight = 1;
+    bool closed = false;
+  };
+  mutable std::mutex clients_mu_;
+  std::map<uint64_t, ClientRec> clients_;
   friend class Dispatcher;
 };
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/time.h"
 #include "pathways/tags.h"
@@ -22,11 +23,19 @@ std::vector<std::string> Dispatcher::hello() {
       PWM_CHECK(m.type == MsgType::kHello, "worker {} sent {} before hello", m.peer, msg_type_name(m.type));
       Reader r(m.body);
       hosts[m.peer - 1] = r.str();
+      caps_[m.peer] = r.remaining() >= sizeof(uint64_t) ? r.get<uint64_t>() : 0;
       got++;
     }
     inbox.clear();
   }
   return hosts;
+}
+
+uint64_t Dispatcher::min_memory_cap() const {
+  uint64_t m = 0;
+  for (auto& [r, c] : caps_)
+    if (c > 0 && (m == 0 || c < m)) m = c;
+  return m;
 }
 
 void Dispatcher::init_schedulers(int islands) {
@@ -49,7 +58,9 @@ void Dispatcher::loop() {
     any |= chan_.progress(inbox);
     for (auto& m : inbox) handle(m);
     inbox.clear();
+    pump_schedulers();  // completions may have opened a window
     check_deadlines();
+    post_staged();
     flush_frees();
     any |= chan_.flush();
     if (stopping_) {
@@ -64,7 +75,10 @@ void Dispatcher::loop() {
       if (shutdown_sent_ && chan_.sends_in_flight() == 0) {
         bool all_left = true;
         for (int r : workers_) all_left = all_left && !chan_.listening(r);
-        if (all_left) break;
+        if (all_left) {
+          if (!c_.opts_.trace_path.empty()) write_trace();
+          break;
+        }
       }
     }
     if (any) {
@@ -88,6 +102,10 @@ void Dispatcher::loop() {
       else if (wake_at == 0 || r->predicted_done < wake_at)
         wake_at = r->predicted_done;
     }
+    // Runs held back by a scheduler (proportional share) are released when earlier ones finish:
+    // notice completions promptly then, or the devices idle.
+    for (auto& sch : scheds_)
+      if (sch->held() > 0) cap_us = std::min(cap_us, c_.opts_.busy_backoff_max_us);
     backoff_.set_max_us(cap_us);
     auto wait = backoff_.advance();
     bool predicted = false;
@@ -112,11 +130,13 @@ void Dispatcher::loop() {
 }
 
 void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
-         std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id) {
+         std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id, uint64_t owner, double weight) {
   auto fail = [&](const std::string& e) {
     for (auto& a : out) a->status.fail(e);
   };
   const ProgramDef& def = p->def;
+  if (closed_.count(owner))
+    return fail(fmt::format("program '{}': client {} is disconnected", def.name, c_.client_name(owner)));
   if (!def.error.empty()) return fail(def.error);
   if (in.size() != def.params.size())
     return fail(fmt::format("program '{}' takes {} input(s), got {}", def.name, def.params.size(), in.size()));
@@ -127,15 +147,31 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
                               "on slice {}",
                               def.name, i, pd.spec.str(pd.num_shards), pd.slice, in[i]->spec.str(in[i]->slice.size()),
                               in[i]->slice.id()));
+    // Isolation, checked again here (Client::run checked it on the client's thread).
+    if (in[i]->owner != owner)
+      return fail(fmt::format("program '{}': input {} (object {}) belongs to client {}, not to client {}", def.name, i,
+                              in[i]->id, c_.client_name(in[i]->owner), c_.client_name(owner)));
+    if (in[i]->released)
+      return fail(fmt::format("program '{}': input {} (object {}) was released", def.name, i, in[i]->id));
     if (in[i]->status.failed()) return fail(fmt::format("program '{}': input {} failed: {}", def.name, i, in[i]->status.error()));
     if (!objects_.count(in[i]->id))
       return fail(fmt::format("program '{}': input {} (object {}) no longer exists", def.name, i, in[i]->id));
   }
   std::shared_ptr<LoweredProgram> lp;
+  const bool fresh = !p->lowered;
   try {
     lp = lowered(*p);
   } catch (const std::exception& e) {
     return fail(e.what());
+  }
+  if (fresh || p->lowered != lp) programs_by_owner_[owner].push_back(p);
+  // Back-pressure: a run waits on a worker until its buffers fit, unless they never can.
+  for (auto& [rank, wp] : lp->workers) {
+    const uint64_t cap = caps_[rank], need = wp.buffer_bytes();
+    if (cap > 0 && need > cap)
+      return fail(fmt::format("program '{}' needs {} bytes of buffers on device {} (world rank {}) but that device's "
+                              "object store is capped at {} bytes: it could never run",
+                              def.name, need, rank - 1, rank, cap));
   }
   auto rec = std::make_unique<RunRec>();
   rec->id = run_id;
@@ -144,7 +180,8 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   rec->in = std::move(in);
   rec->out = std::move(out);
   rec->opts = o;
-  rec->owner = rec->out.empty() ? 0 : rec->out[0]->owner;
+  rec->owner = owner;
+  rec->weight = weight;
   for (size_t k = 0; k < rec->out.size(); ++k) {
     const OutputPlacement& op = lp->outputs[k];
     objects_[rec->out[k]->id] = ObjMeta{op.slice, op.spec, op.ranks, rec->owner};
@@ -154,13 +191,25 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   RunRec& rr = *rec;
   runs_[run_id] = std::move(rec);
   if (rr.islands_pending == 0) return dispatch(rr);
-  for (int island : lp->islands) scheds_.at(island)->submit({run_id, rr.owner, static_cast<int>(rr.prog->def.nodes.size())});
+  const int n_islands = static_cast<int>(lp->islands.size());
+  for (int island : lp->islands) {
+    auto it = lp->island_execs.find(island);
+    scheds_.at(island)->submit({run_id, rr.owner, it == lp->island_execs.end() ? 0 : it->second, weight, n_islands});
+  }
   pump_schedulers();
 }
 
 void Dispatcher::put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint8_t>> shards) {
   std::vector<int> ranks = a->slice.devices();
   for (int& r : ranks) r += 1;
+  if (closed_.count(a->owner)) return a->status.fail(fmt::format("put: client {} is disconnected", c_.client_name(a->owner)));
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const uint64_t cap = caps_[ranks[k]];
+    if (cap > 0 && shards[k].size() > cap)
+      return a->status.fail(fmt::format("put of {} bytes per shard on device {} (world rank {}), whose object store is "
+                                        "capped at {} bytes: it could never fit",
+                                        shards[k].size(), ranks[k] - 1, ranks[k], cap));
+  }
   for (size_t k = 0; k < ranks.size(); ++k) {
     Writer w;
     w.put(a->id);
@@ -201,6 +250,8 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
 }
 
 void Dispatcher::stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f) {
+  post_staged();
+  flush_frees();  // frees queued before the request are counted by it
   uint64_t req = next_req_++;
   stats_[req] = {f, {}};
   for (int r : workers_) {
@@ -247,11 +298,30 @@ void Dispatcher::drain(int device, bool undrain, std::shared_ptr<FutureState<std
 void Dispatcher::free_object(uint64_t id) {
   auto it = objects_.find(id);
   if (it == objects_.end()) return;
+  // An output of a run still held by a scheduler: the worker must not hear of the free before
+  // the run, or the run's output would be registered after the free and never dropped.
+  if (auto r = runs_.find(id >> 16); r != runs_.end() && !r->second->sent) {
+    r->second->early_frees.push_back(id);
+    objects_.erase(it);
+    return;
+  }
   for (int r : it->second.ranks) frees_[r].push_back(id);
   objects_.erase(it);
 }
 
 void Dispatcher::free_owner(uint64_t owner) {
+  post_staged();  // kRuns staged in this pass go before the kFreeOwner
+  closed_.insert(owner);
+  usage_[owner].connected = false;
+  // Its lowered programs are evicted from the workers (lowered again should one run later).
+  if (auto pit = programs_by_owner_.find(owner); pit != programs_by_owner_.end()) {
+    for (auto& w : pit->second)
+      if (auto ps = w.lock(); ps && ps->lowered) {
+        evict(*ps->lowered);
+        ps->lowered.reset();
+      }
+    programs_by_owner_.erase(pit);
+  }
   for (auto it = objects_.begin(); it != objects_.end();)
     it = it->second.owner == owner ? objects_.erase(it) : std::next(it);
   for (int r : workers_) {
@@ -262,6 +332,7 @@ void Dispatcher::free_owner(uint64_t owner) {
 }
 
 void Dispatcher::evict(const LoweredProgram& lp) {
+  post_staged();
   for (int r : lp.ranks()) {
     Writer w;
     w.put(lp.id);
@@ -282,6 +353,11 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
     return SliceMapping{s.world_ranks(), s.context, s.generation, s.island};
   };
   auto lp = std::make_shared<LoweredProgram>(lower(p.def, c_.new_id(), lookup));
+  const auto devs = c_.rm().devices();
+  for (auto& [r, wp] : lp->workers) {
+    lp->island_execs[devs.at(r - 1).island] += static_cast<int>(wp.execs.size());
+    lp->execs += static_cast<int>(wp.execs.size());
+  }
   for (auto& [r, wp] : lp->workers) {
     Writer w;
     wp.write(w);
@@ -301,14 +377,33 @@ void Dispatcher::pump_schedulers() {
 }
 
 void Dispatcher::dispatch(RunRec& r) {
+  if (closed_.count(r.owner)) return abandon(r);
   RunHeader h;
   h.run_id = r.id;
   h.program_id = r.lp->id;
   h.owner = r.owner;
-  h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0);
+  h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
+            (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord);
   for (auto& a : r.in) h.inputs.push_back(a->id);
   auto body = h.encode();
-  for (int rank : r.waiting) chan_.post(rank, MsgType::kRun, body);
+  for (int rank : r.waiting) {
+    if (c_.opts_.island_ordering || r.opts.sequential)  // (stage releases follow the kRun)
+      chan_.post(rank, MsgType::kRun, body);
+    else
+      staged_[rank].push_back({r.owner, body});
+  }
+  r.sent = true;
+  for (uint64_t id : r.early_frees)
+    for (int rank : r.lp->outputs.at(id & 0xffff).ranks) frees_[rank].push_back(id);
+  r.early_frees.clear();
+  ClientUsage& u = usage_[r.owner];
+  u.runs_dispatched++;
+  u.node_shards += static_cast<uint64_t>(r.lp->execs);
+  if (!c_.opts_.trace_path.empty() && !traced_runs_.count(r.lp->id)) {
+    std::vector<std::string> kernels;
+    for (auto& n : r.prog->def.nodes) kernels.push_back(n.kernel);
+    traced_runs_[r.lp->id] = {r.prog->def.name, std::move(kernels)};
+  }
   r.dispatched = now_s();
   if (r.opts.deadline_s > 0) r.deadline = r.dispatched + r.opts.deadline_s;
   auto est = run_time_.find(r.lp->id);
@@ -340,9 +435,11 @@ void Dispatcher::handle(Message& m) {
     case MsgType::kRunDone: {
       uint64_t id = rd.get<uint64_t>();
       std::string err = rd.str();
+      const double kernel_s = rd.remaining() >= sizeof(double) ? rd.get<double>() : 0.0;
       auto it = runs_.find(id);
       PWM_CHECK(it != runs_.end(), "run_done for unknown run {} from rank {}", id, m.peer);
       RunRec& r = *it->second;
+      r.kernel_s += kernel_s;
       if (!err.empty() && r.error.empty()) r.error = err;
       if (urgent(r)) urgent_activity_ = true;
       r.waiting.erase(m.peer);
@@ -403,6 +500,11 @@ void Dispatcher::handle(Message& m) {
       break;
     }
     case MsgType::kBye: urgent_activity_ = true; break;
+    case MsgType::kTrace: {
+      const size_t n = rd.get<uint32_t>();
+      for (size_t i = 0; i < n; ++i) dev_spans_.push_back({m.peer, rd.get<TraceRecord>()});
+      break;
+    }
     default: PWM_THROW("controller: unexpected message {} from rank {}", msg_type_name(m.type), m.peer);
   }
 }
@@ -463,6 +565,11 @@ bool Dispatcher::try_complete(uint64_t id) {
     }
   }
   for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
+  ClientUsage& u = usage_[r.owner];
+  u.runs_completed++;
+  if (r.sent) u.node_shards_completed += static_cast<uint64_t>(r.lp->execs);
+  u.kernel_s += r.kernel_s;
+  if (!c_.opts_.trace_path.empty()) ctl_spans_.push_back({r.id, r.owner, r.prog->def.name, r.dispatched, now_s()});
   auto rec = std::move(it->second);
   runs_.erase(it);
   rec.reset();  // drops input handles (may queue frees)
@@ -518,6 +625,120 @@ void Dispatcher::flush_frees() {
     chan_.post(r, MsgType::kFree, w.take());
     ids.clear();
   }
+}
+
+void Dispatcher::abandon(RunRec& r) {
+  for (auto& a : r.out) a->status.fail(fmt::format("program '{}': client {} disconnected before the run was sent",
+                                                   r.prog->def.name, c_.client_name(r.owner)));
+  for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
+  runs_.erase(r.id);
+}
+
+void Dispatcher::post_staged() {
+  for (auto& [rank, runs] : staged_) {
+    if (runs.empty()) continue;
+    // The clients of this pass, each with its runs in submission order, starting at a client
+    // that depends on the worker: as if each client had its own controller posting to the
+    // devices independently.
+    std::vector<uint64_t> clients;
+    for (auto& [c, body] : runs)
+      if (std::find(clients.begin(), clients.end(), c) == clients.end()) clients.push_back(c);
+    std::sort(clients.begin(), clients.end());
+    const size_t k = clients.size(), first = static_cast<size_t>(rank - 1) % k;
+    for (size_t j = 0; j < k; ++j)
+      for (auto& [c, body] : runs)
+        if (c == clients[(first + j) % k]) chan_.post(rank, MsgType::kRun, body);
+    runs.clear();
+  }
+}
+
+std::vector<ClientUsage> Dispatcher::usage() const {
+  std::vector<ClientUsage> v;
+  std::lock_guard<std::mutex> g(c_.clients_mu_);
+  for (auto& [id, rec] : c_.clients_) {
+    ClientUsage u;
+    if (auto it = usage_.find(id); it != usage_.end()) u = it->second;
+    u.id = id;
+    u.name = rec.name;
+    u.weight = rec.weight;
+    u.connected = !rec.closed;
+    v.push_back(u);
+  }
+  return v;
+}
+
+namespace {
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      o += '\\';
+      o += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      o += fmt::format("\\u{:04x}", static_cast<int>(ch));
+    } else {
+      o += ch;
+    }
+  }
+  return o + "\"";
+}
+}  // namespace
+
+// One Chrome-JSON trace (opens in ui.perfetto.dev): process 0 is the controller, with one row
+// per client showing its runs from dispatch to completion; process d+1 is device d with one row
+// on which every kernel execution is a slice named after its client (so each client has one
+// colour on every device, like the paper's Fig. 9). Timestamps are now_s() of each process,
+// the same monotonic clock on one host (across hosts they would need an offset).
+void Dispatcher::write_trace() {
+  double t0 = 1e300;
+  for (auto& s : ctl_spans_) t0 = std::min(t0, s.t0);
+  for (auto& [r, s] : dev_spans_) t0 = std::min(t0, s.t0);
+  if (t0 == 1e300) t0 = 0;
+  auto us = [&](double t) { return fmt::format("{:.3f}", (t - t0) * 1e6); };
+  std::map<uint64_t, std::string> names;
+  {
+    std::lock_guard<std::mutex> g(c_.clients_mu_);
+    for (auto& [id, rec] : c_.clients_) names[id] = rec.name.empty() ? fmt::format("client {}", id) : rec.name;
+  }
+  auto client = [&](uint64_t id) {
+    auto it = names.find(id);
+    return it == names.end() ? fmt::format("client {}", id) : it->second;
+  };
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"args\":{\"name\":\"controller (rank 0)\"}}";
+  for (auto& [id, n] : names)
+    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":{}}}}}", id,
+                       json_str("runs of " + n));
+  for (int r : workers_) {
+    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{},\"args\":{{\"name\":\"device {} (rank {})\"}}}}",
+                       r, r - 1, r);
+    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{},\"args\":{{\"sort_index\":{}}}}}", r, r);
+    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"kernels\"}}}}", r);
+  }
+  for (auto& s : ctl_spans_)
+    out += fmt::format(",\n{{\"ph\":\"X\",\"cat\":\"run\",\"name\":{},\"pid\":0,\"tid\":{},\"ts\":{},\"dur\":{:.3f},"
+                       "\"args\":{{\"run\":{},\"client\":{}}}}}",
+                       json_str(client(s.owner)), s.owner, us(s.t0), (s.t1 - s.t0) * 1e6, s.run_id,
+                       json_str(client(s.owner) + ": " + s.program));
+  for (auto& [r, s] : dev_spans_) {
+    std::string program = "?", kernel = "?";
+    if (auto it = traced_runs_.find(s.program_id); it != traced_runs_.end()) {
+      program = it->second.first;
+      if (s.node < it->second.second.size()) kernel = it->second.second[s.node];
+    }
+    out += fmt::format(",\n{{\"ph\":\"X\",\"cat\":\"node\",\"name\":{},\"pid\":{},\"tid\":0,\"ts\":{},\"dur\":{:.3f},"
+                       "\"args\":{{\"client\":{},\"program\":{},\"node\":{},\"kernel\":{},\"shard\":{},\"run\":{}}}}}",
+                       json_str(client(s.owner)), r, us(s.t0), (s.t1 - s.t0) * 1e6, json_str(client(s.owner)),
+                       json_str(program), s.node, json_str(kernel), s.shard, s.run_id);
+  }
+  out += "\n]}\n";
+  const std::string tmp = c_.opts_.trace_path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) PWM_THROW("pathways trace: cannot write {}: check the directory exists and is writable", tmp);
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (std::fclose(f) != 0 || !ok) PWM_THROW("pathways trace: writing {} failed", tmp);
+  if (std::rename(tmp.c_str(), c_.opts_.trace_path.c_str()) != 0)
+    PWM_THROW("pathways trace: cannot rename {} to {}", tmp, c_.opts_.trace_path);
 }
 
 }  // namespace pwm::pathways

@@ -26,6 +26,10 @@ struct RunRec {
   std::vector<std::shared_ptr<ArrayState>> in, out;
   RunOptions opts;
   uint64_t owner = 0;
+  double weight = 1;
+  bool sent = false;                  // kRun posted to the workers
+  std::vector<uint64_t> early_frees;  // outputs freed before the run was sent (freed after it)
+  double kernel_s = 0;                // summed kernel durations reported by the workers
   int islands_pending = 0;
   std::set<int> waiting;       // ranks that have not reported the run done
   std::string error;           // first error reported by a worker
@@ -69,7 +73,9 @@ class Dispatcher {
   // ---- commands ----
 
   void run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
-           std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id);
+           std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id, uint64_t owner, double weight);
+  std::vector<ClientUsage> usage() const;
+  uint64_t min_memory_cap() const;  // after hello()
   void put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint8_t>> shards);
   void fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f);
   void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
@@ -87,6 +93,12 @@ class Dispatcher {
   void release_stage(RunRec& r, uint32_t s);
   void handle(Message& m);
   void finish_fetch(FetchRec& rec);
+  // A released run of a disconnected client: not sent, its outputs failed, its record dropped.
+  void abandon(RunRec& r);
+  // Island ordering off: posts the runs staged in this pass, per worker grouped by client in
+  // that worker's rotation of the clients.
+  void post_staged();
+  void write_trace();
 
   // Every worker reported the run: complete its outputs once its inputs are resolved (a run
   // may finish before the run that produced its input reported a failure).
@@ -109,6 +121,19 @@ class Dispatcher {
   std::map<uint64_t, std::pair<std::shared_ptr<FetchRec>, size_t>> fetch_reqs_;
   std::vector<std::pair<std::shared_ptr<ArrayState>, std::shared_ptr<FutureState<HostTensor>>>> waiting_fetches_;
   std::map<uint64_t, std::pair<std::shared_ptr<FutureState<std::vector<WorkerStats>>>, std::vector<WorkerStats>>> stats_;
+  std::map<int, uint64_t> caps_;                // world rank -> memory cap (0 = none)
+  std::set<uint64_t> closed_;                   // disconnected clients
+  std::map<uint64_t, ClientUsage> usage_;       // by client id
+  std::map<uint64_t, std::vector<std::weak_ptr<ProgramState>>> programs_by_owner_;
+  std::map<int, std::vector<std::pair<uint64_t, std::vector<uint8_t>>>> staged_;  // rank -> (client, kRun body)
+  struct CtlSpan {
+    uint64_t run_id, owner;
+    std::string program;
+    double t0, t1;
+  };
+  std::vector<CtlSpan> ctl_spans_;                                  // tracing: runs on the controller
+  std::vector<std::pair<int, TraceRecord>> dev_spans_;              // tracing: kernels, by rank
+  std::map<uint64_t, std::pair<std::string, std::vector<std::string>>> traced_runs_;  // run -> program, kernel per node
   uint64_t next_req_ = 1, next_move_ = 0;
   size_t deferred_ = 0;  // runs whose workers are done but whose inputs are not resolved
   bool stopping_ = false, shutdown_sent_ = false, urgent_activity_ = false;

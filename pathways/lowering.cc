@@ -297,4 +297,13 @@ LoweredProgram lower(const ProgramDef& def, uint64_t id, const SliceLookup& look
   return Lowerer(def, id, lookup).run();
 }
 
+uint64_t WorkerProgram::buffer_bytes() const {
+  std::vector<bool> bound(slots.size(), false);
+  for (auto& p : params) bound.at(p.slot) = true;
+  uint64_t b = 0;
+  for (size_t s = 0; s < slots.size(); ++s)
+    if (!bound[s]) b += slots[s].bytes();
+  return b;
+}
+
 }  // namespace pwm::pathways

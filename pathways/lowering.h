@@ -69,6 +69,8 @@ struct WorkerProgram {
 
   void write(Writer& w) const;
   static WorkerProgram read(Reader& r);
+  // Bytes a run allocates on this worker (every slot not bound to an input).
+  uint64_t buffer_bytes() const;
 };
 
 // The physical mapping of a virtual slice at lowering time.
@@ -96,6 +98,10 @@ struct LoweredProgram {
   std::map<int, uint64_t> generations;          // slice id -> generation lowered for
   std::set<int> islands;
   uint32_t transfers = 0;
+  // Filled by the dispatcher: kernel executions (node-shards) per island and in all, the cost of
+  // one run for the island schedulers and the usage counters.
+  std::map<int, int> island_execs;
+  int execs = 0;
 
   std::vector<int> ranks() const;
   // For a deadline report: where node `n`'s shard on `rank` gets its inputs from.

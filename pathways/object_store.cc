@@ -50,6 +50,13 @@ ObjectPtr ObjectStore::find(uint64_t id) const {
   return it == entries_.end() ? nullptr : it->second.obj;
 }
 
+ObjectPtr ObjectStore::find(uint64_t id, uint64_t* owner) const {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return nullptr;
+  *owner = it->second.owner;
+  return it->second.obj;
+}
+
 bool ObjectStore::erase(uint64_t id) { return entries_.erase(id) != 0; }
 
 size_t ObjectStore::erase_owner(uint64_t owner) {

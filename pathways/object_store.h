@@ -56,6 +56,7 @@ class ObjectStore {
  public:
   void put(uint64_t id, ObjectPtr obj, uint64_t owner);
   ObjectPtr find(uint64_t id) const;  // nullptr when absent
+  ObjectPtr find(uint64_t id, uint64_t* owner) const;  // also its owner
   bool erase(uint64_t id);
   size_t erase_owner(uint64_t owner);
   size_t size() const { return entries_.size(); }

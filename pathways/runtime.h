@@ -34,7 +34,16 @@ struct RuntimeOptions {
   double backoff_min_us = 10;
   double backoff_max_us = 1000;       // idle
   double busy_backoff_max_us = 200;   // while runs are in flight (PWM_PW_BACKOFF_US overrides)
-  SchedulerFactory scheduler;         // per island; empty = FIFO
+  SchedulerFactory scheduler;         // per island; empty = FIFO (PWM_PW_SCHEDULER=fifo|share[:N])
+  // false: no island order (the deadlock demonstration). Each worker gets the runs released in
+  // one dispatcher pass grouped by client in its own rotation of the clients, as independent
+  // controllers would post them, and runs a ready gang node at once instead of in arrival order.
+  // Programs with collectives on overlapping slices then deadlock (PWM_PW_ISLAND_ORDERING=0).
+  bool island_ordering = true;
+  // Non-empty: the controller and the workers record every kernel execution and dispatch, and
+  // shutdown() writes one Perfetto (Chrome JSON) trace there: one row per device, each slice
+  // named after the client whose node it is (PWM_PW_TRACE).
+  std::string trace_path;
 
   static RuntimeOptions from_env();
 };
@@ -49,6 +58,13 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   Client client(const std::string& name = "");
+  Client client(const std::string& name, ClientOptions options);
+  // Per client, in creation order (disconnected clients included). Blocks until the dispatcher
+  // answers (after everything queued before).
+  std::vector<ClientUsage> usage();
+  // The smallest per-worker object-store memory cap (WorkerOptions::memory_cap_bytes), 0 = none.
+  uint64_t memory_cap_bytes() const;
+  const char* scheduler_name() const;
   int num_devices() const;
   int num_islands() const;
   std::string describe() const;

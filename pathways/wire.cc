@@ -25,6 +25,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kFetchReply: return "fetch_reply";
     case MsgType::kStatsReply: return "stats_reply";
     case MsgType::kBye: return "bye";
+    case MsgType::kTrace: return "trace";
   }
   return "?";
 }

@@ -41,12 +41,13 @@ enum class MsgType : uint32_t {
   kShutdown = 12,
   // worker -> controller
   kHello = 32,       // string host name
-  kRunDone = 33,     // u64 run id, string error ("" = ok)
+  kRunDone = 33,     // u64 run id, string error ("" = ok), f64 summed kernel seconds
   kStageDone = 34,   // u64 run id, u32 stage
   kNodeEvent = 35,   // u64 run id, u32 node, u8 started(1)/finished(0)
   kFetchReply = 36,  // u64 request, string error, bytes
   kStatsReply = 37,  // u64 request, WorkerStats
   kBye = 38,
+  kTrace = 39,       // vector of trace records (kernel executions), before bye
 };
 const char* msg_type_name(MsgType t);
 
@@ -119,7 +120,18 @@ class Reader {
 // carry them; a client's put takes a run id of its own.
 inline uint64_t output_object_id(uint64_t run_id, uint32_t index) { return (run_id << 16) | index; }
 
-enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2 };
+// kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
+// nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
+// the Perfetto trace.
+enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8 };
+
+// One kernel execution on a worker, for the Perfetto trace (sent in kTrace at shutdown).
+struct TraceRecord {
+  uint64_t run_id = 0, program_id = 0, owner = 0;
+  uint32_t node = 0;
+  int32_t shard = 0;
+  double t0 = 0, t1 = 0;  // now_s() on the worker
+};
 
 struct RunHeader {
   uint64_t run_id = 0, program_id = 0, owner = 0;
@@ -155,6 +167,9 @@ struct WorkerStats {
   uint64_t programs = 0;  // cached lowered programs
   uint64_t runs = 0;      // runs in progress
   uint64_t kernels_run = 0;
+  uint64_t waiting_runs = 0;  // runs held back because their buffers do not fit the memory cap
+  uint64_t memory_cap = 0;    // bytes, 0 = none
+  uint64_t peak_bytes = 0;    // the most bytes of live buffers seen at a run's admission
 };
 
 struct Message {

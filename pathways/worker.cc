@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 #include <list>
 #include <set>
 
@@ -21,6 +22,9 @@ namespace pwm::pathways {
 WorkerOptions WorkerOptions::from_env() {
   WorkerOptions o;
   o.backoff_max_us = env_double("PWM_PW_WORKER_BACKOFF_US", o.backoff_max_us);
+  const double cap = env_double("PWM_PW_MEMORY_CAP", 0);
+  if (cap < 0) PWM_THROW("PWM_PW_MEMORY_CAP must be a number of bytes >= 0, got {}", cap);
+  o.memory_cap_bytes = static_cast<uint64_t>(cap);
   return o;
 }
 
@@ -34,6 +38,10 @@ struct LoadedProgram {
 
 enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
 
+// A worker-local run flag: the run's client was freed while the run waited for memory (its
+// outputs are not entered in the store).
+constexpr uint8_t kRunOwnerGone = 0x80;
+
 struct Run {
   RunHeader h;
   std::shared_ptr<const LoadedProgram> prog;
@@ -45,6 +53,7 @@ struct Run {
   uint32_t released = 0;                     // stages < released may run
   size_t first = 0, left = 0;
   std::string error;                         // first error on this worker
+  double kernel_s = 0;                       // summed kernel durations
   const Object* blocked_on = nullptr;        // see progress_run's fast path
 };
 
@@ -70,6 +79,7 @@ class Worker {
     gethostname(host, sizeof(host) - 1);
     Writer w;
     w.str(host);
+    w.put<uint64_t>(opts_.memory_cap_bytes);
     chan_.listen(0);
     chan_.post(0, MsgType::kHello, w.take());
     chan_.flush();
@@ -78,6 +88,7 @@ class Worker {
       bool any = chan_.progress(inbox);
       for (auto& m : inbox) handle(m);
       inbox.clear();
+      any |= admit();
       for (auto it = runs_.begin(); it != runs_.end();) {
         any |= progress_run(*it);
         if (it->left == 0) {
@@ -91,7 +102,7 @@ class Worker {
       any |= progress_moves();
       any |= progress_fetches();
       any |= chan_.flush();
-      if (shutdown_ && runs_.empty() && moves_.empty() && fetches_.empty()) break;
+      if (shutdown_ && runs_.empty() && queued_.empty() && moves_.empty() && fetches_.empty()) break;
       if (any) {
         backoff_.reset();
         last_active_ = now_s();
@@ -100,6 +111,12 @@ class Worker {
         backoff_.set_max_us(long_idle ? opts_.idle_backoff_max_us : opts_.backoff_max_us);
         backoff_.idle();
       }
+    }
+    if (!trace_.empty()) {
+      Writer tw;
+      tw.put<uint32_t>(static_cast<uint32_t>(trace_.size()));
+      for (auto& t : trace_) tw.put(t);
+      chan_.post(0, MsgType::kTrace, tw.take());
     }
     chan_.post(0, MsgType::kBye);
     chan_.close(0);
@@ -122,12 +139,27 @@ class Worker {
         break;
       }
       case MsgType::kEvictProgram: programs_.erase(r.get<uint64_t>()); break;
-      case MsgType::kRun: start_run(RunHeader::decode(r)); break;
+      case MsgType::kRun:
+        // Runs are admitted in arrival order (which keeps the island order): with a memory
+        // cap, a run waits behind the first one whose buffers do not fit yet.
+        // The program is looked up now: a later evict in the same frame must not unload it.
+        {
+          RunHeader h = RunHeader::decode(r);
+          auto it = programs_.find(h.program_id);
+          queued_.push_back({std::move(h), it == programs_.end() ? nullptr : it->second});
+        }
+        admit();
+        break;
       case MsgType::kReleaseStage: {
         uint64_t id = r.get<uint64_t>();
         uint32_t stage = r.get<uint32_t>();
+        bool found = false;
         for (auto& run : runs_)
-          if (run.h.run_id == id) run.released = std::max(run.released, stage + 1);
+          if (run.h.run_id == id) {
+            run.released = std::max(run.released, stage + 1);
+            found = true;
+          }
+        if (!found) early_release_[id] = std::max(early_release_[id], stage + 1);  // still queued
         break;
       }
       case MsgType::kPut: {
@@ -146,9 +178,16 @@ class Worker {
         break;
       }
       case MsgType::kFree:
-        for (uint64_t id : r.vec<uint64_t>()) store_.erase(id);
+        for (uint64_t id : r.vec<uint64_t>())
+          if (!store_.erase(id) && queued(id >> 16)) early_freed_.insert(id);
         break;
-      case MsgType::kFreeOwner: store_.erase_owner(r.get<uint64_t>()); break;
+      case MsgType::kFreeOwner: {
+        const uint64_t owner = r.get<uint64_t>();
+        store_.erase_owner(owner);
+        for (auto& [h, prog] : queued_)
+          if (h.owner == owner) h.flags |= kRunOwnerGone;
+        break;
+      }
       case MsgType::kMoveOut: {
         Move mv;
         mv.out = true;
@@ -183,6 +222,9 @@ class Worker {
         s.programs = programs_.size();
         s.runs = runs_.size();
         s.kernels_run = kernels_run_;
+        s.waiting_runs = queued_.size();
+        s.memory_cap = opts_.memory_cap_bytes;
+        s.peak_bytes = peak_bytes_;
         Writer w;
         w.put(req);
         w.put(s);
@@ -194,23 +236,39 @@ class Worker {
     }
   }
 
-  void start_run(RunHeader h) {
+  void start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
     Run run;
     run.h = std::move(h);
-    auto it = programs_.find(run.h.program_id);
-    if (it == programs_.end()) {
+    if (!prog) {
       run.error = fmt::format("{}: program {} is not loaded", where(), run.h.program_id);
       runs_.push_back(std::move(run));  // left == 0: reported at once
       return;
     }
-    run.prog = it->second;
+    run.prog = std::move(prog);
     const WorkerProgram& p = run.prog->p;
+    if (opts_.memory_cap_bytes > 0 && p.buffer_bytes() > opts_.memory_cap_bytes) {
+      run.error = fmt::format("{}: program '{}' needs {} bytes of buffers, more than the memory cap of {} bytes", where(),
+                              p.name, p.buffer_bytes(), opts_.memory_cap_bytes);
+      run.prog = nullptr;
+      runs_.push_back(std::move(run));
+      return;
+    }
+    if (auto er = early_release_.find(run.h.run_id); er != early_release_.end()) {
+      run.released = er->second;
+      early_release_.erase(er);
+    }
     run.slots.resize(p.slots.size());
     for (auto& b : p.params) {
       PWM_CHECK_LT(b.index, run.h.inputs.size());
       const uint64_t id = run.h.inputs[b.index];
-      ObjectPtr obj = store_.find(id);
-      if (!obj) {
+      uint64_t owner = 0;
+      ObjectPtr obj = store_.find(id, &owner);
+      if (obj && owner != run.h.owner) {  // isolation (the controller checked it too)
+        std::string e = fmt::format("{}: input {} (object {}) belongs to another client", where(), b.index, id);
+        obj = std::make_shared<Object>(p.slots[b.slot]);
+        obj->fail(e);
+        if (run.error.empty()) run.error = e;
+      } else if (!obj) {
         obj = std::make_shared<Object>(p.slots[b.slot]);
         obj->fail(fmt::format("{}: input {} (object {}) does not exist here (freed?)", where(), b.index, id));
         if (run.error.empty()) run.error = obj->error;
@@ -225,7 +283,12 @@ class Worker {
     }
     for (size_t s = 0; s < p.slots.size(); ++s)
       if (!run.slots[s]) run.slots[s] = std::make_shared<Object>(p.slots[s], p.slot_writers[s]);
-    for (auto& b : p.outputs) store_.put(output_object_id(run.h.run_id, b.index), run.slots[b.slot], run.h.owner);
+    for (auto& b : p.outputs) {
+      const uint64_t oid = output_object_id(run.h.run_id, b.index);
+      // Freed by the client (or its client gone) while the run waited for memory: not stored.
+      if (early_freed_.erase(oid) || (run.h.flags & kRunOwnerGone)) continue;
+      store_.put(oid, run.slots[b.slot], run.h.owner);
+    }
     const size_t n = p.instrs.size();
     run.state.assign(n, kWaiting);
     run.reqs.resize(n);
@@ -239,8 +302,33 @@ class Worker {
       }
     }
     run.left = n;
-    run.released = (run.h.flags & kRunSequential) ? 0 : p.num_stages;
+    if (!(run.h.flags & kRunSequential)) run.released = p.num_stages;
     runs_.push_back(std::move(run));
+    peak_bytes_ = std::max(peak_bytes_, static_cast<uint64_t>(Buffer::live_bytes()));
+  }
+
+  bool queued(uint64_t run_id) const {
+    for (auto& q : queued_)
+      if (q.first.run_id == run_id) return true;
+    return false;
+  }
+
+  // Starts queued runs in arrival order while their buffers fit under the memory cap (all of
+  // them without a cap). A run that could never fit is started to fail at once.
+  bool admit() {
+    bool any = false;
+    while (!queued_.empty()) {
+      auto& [h, prog] = queued_.front();
+      if (opts_.memory_cap_bytes > 0) {
+        const uint64_t need = prog ? prog->p.buffer_bytes() : 0;
+        const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, Buffer::live_bytes()));
+        if (need <= opts_.memory_cap_bytes && live + need > opts_.memory_cap_bytes) break;  // wait for frees
+      }
+      start_run(std::move(h), std::move(prog));
+      queued_.pop_front();
+      any = true;
+    }
+    return any;
   }
 
   void done(Run& run, size_t i) {
@@ -341,7 +429,9 @@ class Worker {
     // A gang node runs even on failed inputs (its result is failed anyway): its peers on other
     // devices may have good inputs and will enter the kernel's collectives.
     const bool gang = def ? def->collectives : e.collectives;
-    if (gang && *pending_execs_.begin() != run.order[i]) return false;
+    // The island order: a gang node starts only as the lowest-numbered unfinished node here
+    // (unless the run was sent with the order turned off, the deadlock demonstration).
+    if (gang && !(run.h.flags & kRunUnordered) && *pending_execs_.begin() != run.order[i]) return false;
     if (!def) failed = fmt::format("unknown kernel '{}' on {} (not registered on this rank)", e.kernel, where());
     const bool skip = !def || (!gang && !failed.empty());
     if (!skip) {
@@ -350,11 +440,25 @@ class Worker {
       for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
+      const double t0 = now_s();
       try {
         KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
                           gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
         def->fn(ctx);
         kernels_run_++;
+        const double t1 = now_s();
+        run.kernel_s += t1 - t0;
+        if (run.h.flags & kRunRecord) {
+          TraceRecord t;
+          t.run_id = run.h.run_id;
+          t.program_id = run.h.program_id;
+          t.owner = run.h.owner;
+          t.node = e.node;
+          t.shard = e.shard;
+          t.t0 = t0;
+          t.t1 = t1;
+          trace_.push_back(t);
+        }
       } catch (const std::exception& ex) {
         if (failed.empty())
           failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
@@ -398,6 +502,7 @@ class Worker {
     Writer w;
     w.put(run.h.run_id);
     w.str(run.error);
+    w.put(run.kernel_s);
     chan_.post(0, MsgType::kRunDone, w.take());
   }
 
@@ -434,7 +539,7 @@ class Worker {
     bool any = false;
     for (auto it = fetches_.begin(); it != fetches_.end();) {
       ObjectPtr obj = store_.find(it->second);
-      if (obj && !obj->resolved()) {
+      if ((obj && !obj->resolved()) || (!obj && queued(it->second >> 16))) {  // pending, or its run waits for memory
         ++it;
         continue;
       }
@@ -466,6 +571,11 @@ class Worker {
   std::list<std::pair<uint64_t, uint64_t>> fetches_;  // (request, object)
   std::map<uint32_t, std::shared_ptr<collectives::Communicator>> comms_;
   std::set<uint64_t> pending_execs_;
+  std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
+  std::set<uint64_t> early_freed_;             // outputs of queued runs already freed
+  std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
+  std::vector<TraceRecord> trace_;
+  uint64_t peak_bytes_ = 0;
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };

@@ -29,6 +29,10 @@ struct WorkerOptions {
   double idle_backoff_max_us = 1000; // after idle_after_ms without anything to do
   double idle_after_ms = 20;
   int spins = 64;                    // idle passes that only yield before sleeping
+  // Back-pressure: > 0 caps the bytes of this worker's buffers (object store, run slots). A run
+  // whose buffers do not fit waits, in arrival order, until frees make room; a run that needs
+  // more than the cap on its own fails (PWM_PW_MEMORY_CAP, bytes).
+  uint64_t memory_cap_bytes = 0;
 
   static WorkerOptions from_env();
 };

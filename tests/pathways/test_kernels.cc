@@ -115,6 +115,13 @@ void register_test_kernels() {
             ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
           });
 
+  reg.add("sleep_allreduce", {{f32({1}, Sharding::kReplicated)}, {f32({1}, Sharding::kReplicated)}},
+          [](KernelContext& ctx) {
+            std::this_thread::sleep_for(std::chrono::microseconds(ctx.attr(0)));
+            ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
+            ctx.comm().allreduce(ctx.out<float>(0), collectives::ReduceOp::kSum);
+          }, /*collectives=*/true);
+
   reg.add("sleep_ms", {{f32({1}, Sharding::kReplicated)}, {f32({1}, Sharding::kReplicated)}},
           [](KernelContext& ctx) {
             std::this_thread::sleep_for(std::chrono::milliseconds(ctx.attr(0)));

@@ -13,9 +13,12 @@
 #include "tests/pathways/test_kernels.h"
 
 namespace pwm::pathways {
+namespace testing {
+Runtime* g_runtime = nullptr;  // shared with test_tenancy.cc
+}
 namespace {
 
-Runtime* g_rt = nullptr;
+Runtime*& g_rt = testing::g_runtime;
 std::string g_islands;
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
@@ -358,11 +361,18 @@ int main(int argc, char** argv) {
   return pwm::collectives::run_mpi_main(env, [&] {
     pwm::pathways::testing::register_test_kernels();
     ::testing::InitGoogleTest(&argc, argv);
+    // --islands KxM, --scheduler fifo|share, --ordering off, --memory-cap BYTES (every worker).
     pwm::pathways::RuntimeOptions o = pwm::pathways::RuntimeOptions::from_env();
-    for (int i = 1; i + 1 < argc; ++i)
-      if (std::string(argv[i]) == "--islands") o.islands = argv[i + 1];
+    pwm::pathways::WorkerOptions wo = pwm::pathways::WorkerOptions::from_env();
+    for (int i = 1; i + 1 < argc; ++i) {
+      const std::string a = argv[i], v = argv[i + 1];
+      if (a == "--islands") o.islands = v;
+      if (a == "--scheduler") o.scheduler = pwm::pathways::scheduler_by_name(v);
+      if (a == "--ordering") o.island_ordering = v != "off";
+      if (a == "--memory-cap") wo.memory_cap_bytes = std::stoull(v);
+    }
     if (env.rank() != 0) {
-      pwm::pathways::run_worker(env.transport());
+      pwm::pathways::run_worker(env.transport(), wo);
       return 0;
     }
     pwm::pathways::g_islands = o.islands;
