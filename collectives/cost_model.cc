@@ -30,7 +30,10 @@ double CostModel::allreduce_us(Algorithm a, size_t bytes, int p, size_t seg_byte
     case Algorithm::kRing: {
       const double chunk = N / p;
       const double segs = std::max(1.0, std::ceil(chunk / std::max<double>(seg_bytes, 1)));
-      return 2.0 * (p - 1) * segs * alpha_us + 2.0 * (p - 1) / p * N * beta + (p - 1.0) / p * N * gamma;
+      // Pipelined: a segment is reduced while the next one is on the wire, so only one
+      // segment's reduction per step is exposed.
+      const double exposed = std::min(N, std::max<double>(seg_bytes, 1) * p);
+      return 2.0 * (p - 1) * segs * alpha_us + 2.0 * (p - 1) / p * N * beta + (p - 1.0) / p * exposed * gamma;
     }
     case Algorithm::kHalvingDoubling:
       return fold + 2.0 * logp2 * alpha_us + 2.0 * (p2 - 1.0) / p2 * N * beta +

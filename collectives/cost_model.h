@@ -3,8 +3,9 @@
 // time(message of m bytes) = alpha + m * beta; reducing m bytes costs m * gamma. For an
 // AllReduce of N bytes over p ranks (p2 = largest power of two <= p, extra fold-in/out
 // exchanges of N bytes when p is not a power of two):
-//   ring:               2(p-1) * alpha' + 2 (p-1)/p * N * beta + (p-1)/p * N * gamma
-//                       (alpha' = alpha per segment: the chunk goes in ceil(N/p / seg) messages)
+//   ring:               2(p-1) * alpha' + 2 (p-1)/p * N * beta + (p-1)/p * min(N, p seg) * gamma
+//                       (alpha' = alpha per segment: the chunk goes in ceil(N/p / seg) messages;
+//                       pipelining hides every segment's reduction but the first's)
 //   halving-doubling:   2 log2(p2) * alpha + 2 (p2-1)/p2 * N * beta + (p2-1)/p2 * N * gamma
 //   recursive doubling: log2(p2) * (alpha + N * beta + N * gamma)
 // The defaults were measured on one 2-core machine with OpenMPI's shared-memory transport;
