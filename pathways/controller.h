@@ -92,13 +92,16 @@ class Controller : public std::enable_shared_from_this<Controller> {
   void fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureState<HostTensor>> f);
   void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
   void drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f);
-  // A client started waiting: the dispatcher re-plans its sleep.
+  // A client started waiting: the dispatcher re-plans its sleep (it is woken unless it will wake
+  // anyway before the devices run out of queued work).
   void poke() {
+    bool wake;
     {
       std::lock_guard<std::mutex> g(mu_);
       poked_ = true;
+      wake = !devices_busy_past_wake();
     }
-    cv_.notify_one();
+    if (wake) cv_.notify_one();
   }
   // From handle destructors.
   void free_object(uint64_t id);
@@ -125,6 +128,10 @@ class Controller : public std::enable_shared_from_this<Controller> {
   std::condition_variable cv_;
   std::vector<Command> queue_;
   double sleeping_until_ = 0;  // now_s() at which the dispatcher's current wait ends (0: awake)
+  double busy_until_ = 0;      // predicted completion of the last run on the devices (0: none)
+  // Under mu_: the dispatcher is asleep but wakes before the runs on the devices are predicted
+  // to end, so a new command can wait for that wake-up without leaving the devices idle.
+  bool devices_busy_past_wake() const;
   bool poked_ = false;         // a client started waiting since the dispatcher last slept
   bool accepting_ = false;
   bool stopped_ = false;

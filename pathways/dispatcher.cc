@@ -93,14 +93,32 @@ void Dispatcher::loop() {
     // fetches), a sequential run (its stages go through here) or one with a deadline is
     // polled every <= busy_backoff_max_us, except that while its predicted completion (the
     // program's mean run time) is further away the dispatcher sleeps until just before it.
+    //
+    // Several runs waited for at once (several clients, each waiting for its last result) are
+    // taken in batches: the dispatcher sleeps until the predicted completion of half of them,
+    // while the other half keeps the devices busy. Each wake-up of the controller takes a core
+    // from a worker; one per completed run would cost several percent of the devices' time.
     const double now = now_s();
-    double cap_us = c_.opts_.backoff_max_us, wake_at = 0;
+    double cap_us = c_.opts_.backoff_max_us, wake_at = 0, busy_until = 0;
+    std::vector<double>& pred = pred_scratch_;
+    pred.clear();
     for (auto& [id, r] : runs_) {
-      if (r->workers_done || !urgent(*r)) continue;
+      if (r->workers_done) continue;
+      if (r->sent) busy_until = std::max(busy_until, r->predicted_done);
+      if (!urgent(*r)) continue;
       if (r->predicted_done <= now)
+        pred.push_back(now);  // overdue (or no estimate yet)
+      else
+        pred.push_back(r->predicted_done);
+    }
+    if (!pred.empty()) {
+      const size_t m = std::max<size_t>(1, pred.size() / 2);
+      std::nth_element(pred.begin(), pred.begin() + static_cast<std::ptrdiff_t>(m - 1), pred.end());
+      const double t_m = pred[m - 1];
+      if (t_m <= now)
         cap_us = std::min(cap_us, c_.opts_.busy_backoff_max_us);
-      else if (wake_at == 0 || r->predicted_done < wake_at)
-        wake_at = r->predicted_done;
+      else
+        wake_at = t_m;
     }
     // Runs held back by a scheduler (proportional share) are released when earlier ones finish:
     // notice completions promptly then, or the devices idle.
@@ -119,6 +137,7 @@ void Dispatcher::loop() {
     {
       std::unique_lock<std::mutex> l(c_.mu_);
       if (c_.queue_.empty() && !c_.poked_ && wait.count() > 0) {
+        c_.busy_until_ = busy_until;
         c_.sleeping_until_ = now + 1e-6 * static_cast<double>(wait.count());
         c_.cv_.wait_for(l, wait, [&] { return !c_.queue_.empty() || c_.poked_; });
         c_.sleeping_until_ = 0;
@@ -164,7 +183,12 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   } catch (const std::exception& e) {
     return fail(e.what());
   }
-  if (fresh || p->lowered != lp) programs_by_owner_[owner].push_back(p);
+  if (fresh) {
+    auto& progs = programs_by_owner_[owner];
+    if (progs.size() >= 64 && (progs.size() & (progs.size() - 1)) == 0)  // prune dropped programs now and then
+      progs.erase(std::remove_if(progs.begin(), progs.end(), [](auto& w) { return w.expired(); }), progs.end());
+    progs.push_back(p);
+  }
   // Back-pressure: a run waits on a worker until its buffers fit, unless they never can.
   for (auto& [rank, wp] : lp->workers) {
     const uint64_t cap = caps_[rank], need = wp.buffer_bytes();

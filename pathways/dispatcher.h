@@ -134,6 +134,7 @@ class Dispatcher {
   std::vector<CtlSpan> ctl_spans_;                                  // tracing: runs on the controller
   std::vector<std::pair<int, TraceRecord>> dev_spans_;              // tracing: kernels, by rank
   std::map<uint64_t, std::pair<std::string, std::vector<std::string>>> traced_runs_;  // run -> program, kernel per node
+  std::vector<double> pred_scratch_;
   uint64_t next_req_ = 1, next_move_ = 0;
   size_t deferred_ = 0;  // runs whose workers are done but whose inputs are not resolved
   bool stopping_ = false, shutdown_sent_ = false, urgent_activity_ = false;

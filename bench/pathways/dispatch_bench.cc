@@ -13,6 +13,14 @@
 // Throughput = computations per second, best of --reps (the JSON has the median too). For opbyop and chained the
 // break-even is the smallest swept T from which on Pathways reaches 95% of SPMD.
 // Fig. 7: a pipeline of k stages on alternating workers, parallel vs sequential dispatch.
+// Fig. 8: multi-tenancy. 1, 2, 4, 8, 16 clients (one thread and one Client each, all on a slice
+// of every worker, so their programs' collectives overlap), each running short programs of one
+// computation (T = 40 us, 330 us, 1 ms, 2.4 ms) and waiting for each result before the next, as
+// a client whose next step depends on the last would: one client alone leaves the devices idle
+// for a round trip per program, several interleave. Rows: aggregate computations per second,
+// utilization = that over the SPMD rate at the same T (the best single-program utilization: the
+// workers running the computations back to back; measured in the same rounds), and the kernels'
+// busy fraction of the devices as the runtime counted it.
 // Every run's result is checked (a chain of k computations from 0 ends at k); #wrong > 0 makes
 // the exit code non-zero.
 #include <CLI/CLI.hpp>
@@ -22,6 +30,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <barrier>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -46,6 +56,8 @@ struct Row {
   double per_s = 0;         // best repetition
   int wrong = 0;
   double median_per_s = 0;  // median repetition
+  int clients = 0;          // fig 8
+  double busy = 0;          // fig 8: summed kernel time / (workers x wall), best repetition
 };
 
 double median(std::vector<double> v) {
@@ -98,6 +110,14 @@ int main(int argc, char** argv) {
     app.add_option("--stages", stages_s, "comma-separated pipeline lengths (Fig. 7)");
     app.add_option("--stage-us", stage_us, "compute per pipeline stage (us)");
     app.add_option("--json", json_path, "also write the rows as JSON to this file");
+    std::string figs_s = "5,6,7,8", clients_s = "1,2,4,8,16", fig8_us_s = "40,330,1000,2400";
+    int fig8_reps = 3;
+    double fig8_seconds = 0.25;
+    app.add_option("--figs", figs_s, "which figures to run (5,6: the --compute-us sweep; 7; 8)");
+    app.add_option("--clients", clients_s, "Fig. 8: comma-separated numbers of concurrent clients");
+    app.add_option("--fig8-us", fig8_us_s, "Fig. 8: comma-separated compute times per program (us)");
+    app.add_option("--fig8-reps", fig8_reps, "Fig. 8: rounds per T (the best is reported)");
+    app.add_option("--fig8-seconds", fig8_seconds, "Fig. 8: approximate length of one row's measurement");
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -114,7 +134,16 @@ int main(int argc, char** argv) {
       }
       return v;
     };
-    const std::vector<int64_t> ts = parse_list(ts_s), stage_list = parse_list(stages_s);
+    const std::vector<int64_t> figs = parse_list(figs_s);
+    auto fig_on = [&](int f) { return std::find(figs.begin(), figs.end(), f) != figs.end(); };
+    const std::vector<int64_t> ts = fig_on(5) || fig_on(6) ? parse_list(ts_s) : std::vector<int64_t>{};
+    const std::vector<int64_t> stage_list = fig_on(7) ? parse_list(stages_s) : std::vector<int64_t>{};
+    const std::vector<int64_t> clients_list = parse_list(clients_s);
+    const std::vector<int64_t> fig8_ts = fig_on(8) ? parse_list(fig8_us_s) : std::vector<int64_t>{};
+    // Phases the workers go through: each a series of rounds (SPMD chain, then a runtime
+    // session), ended by the controller's go message.
+    std::vector<int64_t> phases = ts;
+    phases.insert(phases.end(), fig8_ts.begin(), fig8_ts.end());
     const int W = env.size() - 1;
     if (W < 1) PWM_THROW("dispatch_bench needs at least 2 ranks (a controller and a worker)");
     if (chain < 1 || reps < 1) PWM_THROW("--chain and --reps must be positive");
@@ -132,7 +161,7 @@ int main(int argc, char** argv) {
       collectives::Communicator wc(transport, ranks, tags::kUserContextBase);
       // Each round: the SPMD chain, then a runtime session. The controller says at the end of
       // each session whether another round at this T follows (its go message).
-      for (int64_t t : ts) {
+      for (int64_t t : phases) {
         for (double more = 1; more != 0;) {
           double msg[3] = {0, 0, bench::iters_per_us()};
           msg[0] = spmd_chain(wc, chain, t, &msg[1]);
@@ -223,6 +252,74 @@ int main(int argc, char** argv) {
         rows.push_back({fig, m, W, 0, t, chain / best(times[m]), wrong[m], chain / median(times[m])});
     }
 
+    // Fig. 8: rounds per T of the SPMD chain, then a session running every client count.
+    for (int64_t t : fig8_ts) {
+      std::vector<double> spmd_times;
+      std::map<int64_t, std::vector<double>> rates, busy;  // per client count
+      std::map<int64_t, int> wrong8;
+      int wrong_spmd = 0;
+      for (int r = -1;; ++r) {
+        double msg[3];
+        recv_asleep(*transport, msg, sizeof(msg), 1, result_tag);
+        iters = msg[2];
+        wrong_spmd += static_cast<int>(msg[1]);
+        if (r >= 0) spmd_times.push_back(msg[0]);
+        Runtime rt(transport);
+        for (int64_t k : clients_list) {
+          // Programs per client: the row lasts about --fig8-seconds at full utilization.
+          const int per = std::max<int>(8, static_cast<int>(fig8_seconds / (1e-6 * static_cast<double>(std::max<int64_t>(t, 1)) * k)));
+          std::barrier start(static_cast<std::ptrdiff_t>(k + 1)), stop(static_cast<std::ptrdiff_t>(k + 1));
+          std::vector<uint64_t> ids(k);
+          std::vector<int> bad(k, 0);
+          std::vector<std::thread> th;
+          for (int64_t i = 0; i < k; ++i)
+            th.emplace_back([&, i] {
+              Client c = rt.client(fmt::format("fig8_c{}", i));
+              ids[i] = c.id();
+              Slice s = c.allocate(W);
+              Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{0});
+              x = c.call("bench_step", s, {x}, {t})[0];  // lowered and loaded before the clock
+              x.wait();
+              start.arrive_and_wait();
+              for (int j = 0; j < per; ++j) {
+                x = c.call("bench_step", s, {x}, {t})[0];
+                x.wait();  // the next program depends on this one's result
+              }
+              stop.arrive_and_wait();
+              bad[i] = x.get<float>()[0] == static_cast<float>(per + 1) ? 0 : 1;
+            });
+          start.arrive_and_wait();
+          const double t0 = now_s();
+          stop.arrive_and_wait();
+          const double wall = now_s() - t0;
+          for (auto& x : th) x.join();
+          double kernel_s = 0;
+          for (auto& u : rt.usage())
+            if (std::find(ids.begin(), ids.end(), u.id) != ids.end()) kernel_s += u.kernel_s;
+          for (int b : bad) wrong8[k] += b;
+          if (r >= 0) {
+            rates[k].push_back(static_cast<double>(per * k) / wall);
+            // The warm-up call of each client is in kernel_s too: subtract its share.
+            busy[k].push_back(kernel_s * per / (per + 1) / (W * wall));
+          }
+        }
+        rt.shutdown();
+        const bool more = r + 1 < fig8_reps;
+        double go = more ? 1 : 0;
+        collectives::Request q = transport->isend(&go, sizeof(go), 1, result_tag + 1);
+        while (!transport->test(q, nullptr)) {
+        }
+        if (!more) break;
+      }
+      rows.push_back({"8", "spmd", W, 0, t, chain / best(spmd_times), wrong_spmd, chain / median(spmd_times)});
+      for (int64_t k : clients_list) {
+        Row row{"8", "clients", W, 0, t, *std::max_element(rates[k].begin(), rates[k].end()), wrong8[k], median(rates[k])};
+        row.clients = static_cast<int>(k);
+        row.busy = *std::max_element(busy[k].begin(), busy[k].end());
+        rows.push_back(row);
+      }
+    }
+
     Runtime rt(transport);
     Client c = rt.client("dispatch_bench");
     // Fig. 7: a pipeline over 1-device slices, one per worker, stage i on worker i mod W.
@@ -255,9 +352,9 @@ int main(int argc, char** argv) {
     const double wall = now_s() - wall0, cpu = cpu_seconds() - cpu0;
 
     // Report.
-    auto spmd_rate = [&](int64_t t) {
+    auto spmd_rate = [&](int64_t t, bool fig8 = false) {
       for (auto& r : rows)
-        if (r.mode == "spmd" && r.compute_us == t) return r.per_s;
+        if (r.mode == "spmd" && r.compute_us == t && (r.fig == "8") == fig8) return r.per_s;
       return 0.0;
     };
     std::printf("# dispatch_bench: %d workers + 1 controller, chain %d, best of %d reps, busy loop %.0f iters/us\n", W,
@@ -272,6 +369,7 @@ int main(int argc, char** argv) {
                 "eff_us", "computations/s", "vs_spmd", "#wrong");
     for (auto& r : rows) {
       total_wrong += r.wrong;
+      if (r.fig == "8") continue;
       const double base = r.fig == "7" ? 0 : spmd_rate(r.compute_us);
       const double eff = r.fig == "7" ? -1 : effective_us(r.compute_us);
       std::printf("%4s %-10s %7d %6d %10lld %8s %14.1f %8s %6d\n", r.fig.c_str(), r.mode.c_str(), r.workers, r.stages,
@@ -302,6 +400,38 @@ int main(int argc, char** argv) {
                   mode, be >= 0 ? fmt::format("{} us", be).c_str() : "not reached",
                   first >= 0 ? fmt::format("{} us", first).c_str() : "none");
     }
+    // Fig. 8: utilization = aggregate computations/s over the SPMD rate at the same T.
+    auto one_client = [&](int64_t t) {
+      for (auto& r : rows)
+        if (r.fig == "8" && r.clients == 1 && r.compute_us == t) return r.per_s;
+      return 0.0;
+    };
+    nlohmann::json fig8_worst = nlohmann::json::object();
+    if (!fig8_ts.empty()) {
+      std::printf("# fig 8: clients each running 1-computation programs, waiting for each result; best of %d rounds\n",
+                  fig8_reps);
+      std::printf("%10s %7s %14s %12s %10s %8s %6s\n", "compute_us", "clients", "computations/s", "util_vs_spmd",
+                  "vs_1client", "busy", "#wrong");
+      for (auto& r : rows) {
+        if (r.fig != "8") continue;
+        const double base = spmd_rate(r.compute_us, true), one = one_client(r.compute_us);
+        if (r.mode == "spmd") {
+          std::printf("%10lld %7s %14.1f %12s %10s %8s %6d\n", static_cast<long long>(r.compute_us), "spmd", r.per_s,
+                      "1.000", "-", "-", r.wrong);
+          continue;
+        }
+        std::printf("%10lld %7d %14.1f %12.3f %10.3f %8.3f %6d\n", static_cast<long long>(r.compute_us), r.clients,
+                    r.per_s, base > 0 ? r.per_s / base : 0.0, one > 0 ? r.per_s / one : 0.0, r.busy, r.wrong);
+        if (r.clients >= 4 && base > 0) {
+          const std::string key = std::to_string(r.compute_us);
+          const double u = r.per_s / base;
+          if (!fig8_worst.contains(key) || u < fig8_worst[key].get<double>()) fig8_worst[key] = u;
+        }
+      }
+      for (auto& [k, v] : fig8_worst.items())
+        std::printf("# fig 8: T = %s us, >= 4 clients: worst utilization %.3f of SPMD (target for 330 us: 0.95)\n",
+                    k.c_str(), v.get<double>());
+    }
     double fused_min = 1e9;
     for (auto& r : rows)
       if (r.mode == "fused" && r.compute_us >= 1000) fused_min = std::min(fused_min, r.per_s / spmd_rate(r.compute_us));
@@ -321,12 +451,22 @@ int main(int argc, char** argv) {
                          {"computations_per_s", r.per_s}, {"median_computations_per_s", r.median_per_s},
                          {"wrong", r.wrong}};
         if (r.fig == "7") o["stages"] = r.stages;
-        if (r.fig != "7" && effective_us(r.compute_us) >= 0) o["effective_compute_us"] = effective_us(r.compute_us);
+        if (r.fig != "7" && r.fig != "8" && effective_us(r.compute_us) >= 0)
+          o["effective_compute_us"] = effective_us(r.compute_us);
+        if (r.fig == "8") {
+          if (r.mode == "clients") {
+            o["clients"] = r.clients;
+            o["busy_fraction"] = r.busy;
+            o["vs_one_client"] = one_client(r.compute_us) > 0 ? r.per_s / one_client(r.compute_us) : 0.0;
+          }
+          o["utilization_vs_spmd"] = spmd_rate(r.compute_us, true) > 0 ? r.per_s / spmd_rate(r.compute_us, true) : 0.0;
+        }
         j["rows"].push_back(o);
       }
       j["breakeven_us"] = breakeven;
       j["first_reach_95_us"] = first_reach;
       j["controller_cpu_fraction"] = cpu / wall;
+      if (!fig8_worst.empty()) j["fig8_worst_utilization_4plus_clients"] = fig8_worst;
       if (fused_min < 1e9) j["fused_vs_spmd_at_1ms_worst"] = fused_min;
       {
         std::ofstream f(json_path + ".tmp");

@@ -223,7 +223,9 @@ TEST(Tenancy, DisconnectedOrFailedClientIsReclaimed) {
     }
   }
   // (FIFO sends every run at once, so none fails; proportional share holds most of them back.)
-  if (std::string(rt().scheduler_name()) == "share") EXPECT_GT(failed, 0);
+  if (std::string(rt().scheduler_name()) == "share") {
+    EXPECT_GT(failed, 0);
+  }
   bool listed = false;
   for (auto& u : rt().usage())
     if (u.id == c.id()) {

@@ -2,6 +2,12 @@
 // framed channel, and the whole runtime with ranks as threads (InProcFabric).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
 #include "collectives/inproc_transport.h"
 #include "pathways/lowering.h"
 #include "pathways/resource_manager.h"
@@ -202,6 +208,76 @@ TEST(InProcRuntime, ChainedProgramOverThreads) {
     EXPECT_EQ(c.run(b.build(), {x})[0].get<float>(), std::vector<float>{63});  // x <- 2x + 1, 5 times
     rt.shutdown();
   });
+}
+
+TEST(InProcRuntime, PerfettoTraceShowsEveryClientOnEveryDevice) {
+  testing::register_test_kernels();
+  const std::string path = ::testing::TempDir() + "pathways_trace_test.json";
+  std::remove(path.c_str());
+  collectives::run_inproc(3, [&](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    RuntimeOptions o;
+    o.trace_path = path;
+    Runtime rt(t, o);
+    auto body = [&](const std::string& name) {
+      Client c = rt.client(name);
+      Slice s = c.allocate(2);
+      Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+      for (int i = 0; i < 4; ++i) x = c.call("allreduce_add", s, {x}, {1})[0];
+      EXPECT_EQ(x.get<float>(), std::vector<float>{31});
+    };
+    std::thread a(body, "alpha"), b(body, "beta");
+    a.join();
+    b.join();
+    rt.shutdown();
+  });
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::set<std::pair<int, std::string>> seen;  // (pid, client) of kernel slices
+  std::set<std::string> devices;
+  int runs = 0;
+  for (auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") devices.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "node") {
+      seen.insert({e["pid"].get<int>(), e["name"].get<std::string>()});
+      EXPECT_EQ(e["args"]["kernel"], "allreduce_add");
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    } else {
+      runs++;
+    }
+  }
+  for (int pid : {1, 2})
+    for (const char* client : {"alpha", "beta"}) EXPECT_TRUE(seen.count({pid, client})) << pid << " " << client;
+  EXPECT_TRUE(devices.count("device 0 (rank 1)") && devices.count("device 1 (rank 2)"));
+  EXPECT_EQ(runs, 8);  // the controller's row: every run of both clients
+  std::remove(path.c_str());
+}
+
+TEST(Scheduler, ProportionalShareReleasesByWeightAndBoundsTheWindow) {
+  ProportionalShareScheduler s(4);
+  for (int r = 0; r < 60; ++r)
+    for (uint64_t c = 1; c <= 3; ++c) s.submit({c * 1000 + r, c, 1, static_cast<double>(1 << (c - 1)), 1});
+  std::map<uint64_t, int> got;
+  std::vector<uint64_t> inflight;
+  for (int i = 0; i < 70; ++i) {
+    auto id = s.next();
+    if (!id) {  // window full: finish the oldest
+      ASSERT_EQ(inflight.size(), 4u);
+      s.finished(inflight.front());
+      inflight.erase(inflight.begin());
+      id = s.next();
+    }
+    ASSERT_TRUE(id);
+    got[*id / 1000]++;
+    inflight.push_back(*id);
+  }
+  EXPECT_NEAR(got[1], 10, 1);  // weights 1:2:4 over 70 releases
+  EXPECT_NEAR(got[2], 20, 1);
+  EXPECT_NEAR(got[3], 40, 1);
+  EXPECT_THROW(scheduler_by_name("lottery"), pwm::Error);
+  EXPECT_STREQ(scheduler_by_name("share:8")(0)->name(), "share");
 }
 
 }  // namespace
