@@ -143,11 +143,13 @@ Program pipeline_program(const model::TrainConfig& cfg, const PathwaysOptions& o
   std::vector<std::vector<char>> fdone(S, std::vector<char>(M, 0)), bdone = fdone;
   for (bool progress = true; progress;) {
     progress = false;
+    // One op per stage per round, so that a consumer follows its producer closely in program
+    // order (the producer's worker then sends as soon as the value exists).
     for (int s = 0; s < S; ++s) {
-      while (next[s] < order[s].size()) {
+      if (next[s] < order[s].size()) {
         const Op op = order[s][next[s]];
         const bool ready = op.fwd ? (s == 0 || fdone[s - 1][op.m]) : (fdone[s][op.m] && (s == S - 1 || bdone[s + 1][op.m]));
-        if (!ready) break;
+        if (!ready) continue;
         if (op.fwd) {
           F(s, op.m);
           fdone[s][op.m] = 1;
