@@ -74,7 +74,7 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
   return ck;
 }
 
-double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps) {
+double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps, bool trans_a, bool trans_b) {
   std::vector<float> A(M * K), B(K * N), C(M * N);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -83,7 +83,8 @@ double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps) {
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now_s();
-    gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    gemm<float>(trans_a, trans_b, M, N, K, 1.0f, A.data(), trans_a ? M : K, B.data(), trans_b ? K : N, 0.0f,
+                C.data(), N);
     best = std::min(best, now_s() - t0);
   }
   return 2.0 * M * N * K / best / 1e9;

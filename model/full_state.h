@@ -39,6 +39,8 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
 // `reps`: the peak MFU is measured against.
-double measure_gemm_gflops(int64_t M = 1024, int64_t N = 1024, int64_t K = 1024, int reps = 5);
+// op(A) is [M,K], op(B) is [K,N] (stored transposed when trans_a / trans_b).
+double measure_gemm_gflops(int64_t M = 1024, int64_t N = 1024, int64_t K = 1024, int reps = 5,
+                           bool trans_a = false, bool trans_b = false);
 
 }  // namespace pwm::model

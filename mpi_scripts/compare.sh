@@ -36,7 +36,11 @@ MPIRUN=(mpirun $PWM_MPIRUN_FLAGS)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,
 # seq 128) on the default corpus, 16 sequences per data-parallel rank per step.
-WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 "${EXTRA[@]}")
+# One GEMM peak for every run's MFU, measured with every core busy (as the runs use them).
+PEAK=$( (for _ in $(seq "$(nproc)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only & done; wait) |
+        awk '{s += $1; n++} END {printf "%.2f", s / n}')
+echo "GEMM peak per core, all cores busy: $PEAK GFLOP/s"
+WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
   local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"

@@ -29,16 +29,23 @@ def load_metrics(path):
     return head, steps, vals, final
 
 
+# The span that ends a step in each trainer's trace (SPMD: the optimizer; Pathways: the update
+# kernel of the fused step, of the chained step, or of the pipeline's stage 0).
+STEP_END = ("optimizer", "fused_step", "update", "pipe_update")
+
+
 def one_step_timeline(trace_path, step_index=-2):
     """Events of one step (the second-to-last full step) per process row, relative to its start."""
     doc = json.load(open(trace_path))
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    # Steps are delimited by the "forward" spans of the lowest pid that has them.
-    fw = sorted(e["ts"] for e in ev if e["name"].startswith("forward") and e["pid"] == min(
-        x["pid"] for x in ev if x["name"].startswith("forward")))
-    if len(fw) < 3:
+    marks = [e for e in ev if e["name"] in STEP_END]
+    if not marks:
         return []
-    t0, t1 = fw[step_index - 1], fw[step_index]
+    pid = min(e["pid"] for e in marks)
+    ends = sorted(e["ts"] + e["dur"] for e in marks if e["pid"] == pid)
+    if len(ends) < 3:
+        return []
+    t0, t1 = ends[step_index - 1], ends[step_index]
     rows = []
     for e in ev:
         start, end = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
@@ -143,7 +150,7 @@ plot '{data}/throughput.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:
                     for a, b, y in boxes:
                         f.write(f"{a} {b} {y - 0.35} {y + 0.35}\n")
                 plots.append(f"'{path}' using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror lc {i + 1} title '{kind}'")
-            ytics = ", ".join(f"'rank {p} / {'compute' if t == 0 else 'comm' if t == 1 else t}' {i}"
+            ytics = ", ".join(f"'rank {p}{'' if t == 0 else ' / comm' if t == 1 else f' / {t}'}' {i}"
                               for (p, t), i in lane_of.items())
             script += [f"set title 'one step: {r['name']}'", f"set ytics ({ytics})",
                        f"set yrange [-0.6:{len(lanes) - 0.4}]", "set key outside right",

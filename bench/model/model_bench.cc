@@ -14,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/time.h"
+#include "model/full_state.h"
 #include "model/kernels.h"
 #include "model/optim.h"
 #include "model/params.h"
@@ -29,21 +30,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Best-of-`reps` GFLOP/s of C[M,N] = A[M,K] B[K,N] through gemm<float>.
+// Best-of-`reps` GFLOP/s of C[M,N] = op(A) op(B) through gemm<float>.
 double gemm_gflops(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int reps) {
-  std::vector<float> A(M * K), B(K * N), C(M * N);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (auto& x : A) x = u(rng);
-  for (auto& x : B) x = u(rng);
-  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = pwm::now_s();
-    gemm<float>(trans_a, trans_b, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
-    best = std::min(best, pwm::now_s() - t0);
-  }
-  return 2.0 * M * N * K / best / 1e9;
+  return pwm::model::measure_gemm_gflops(M, N, K, reps, trans_a, trans_b);
 }
 
 struct Profile {
@@ -69,9 +58,15 @@ int run(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   app.add_option("--gemm", backend, "avx512 | blas | eigen")->capture_default_str();
   app.add_option("--json", json_path, "write the figures to this JSON file");
+  bool peak_only = false;
+  app.add_flag("--peak-only", peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
   app.add_flag("--profile", profile, "time each piece of the step (adds a little overhead)");
   CLI11_PARSE(app, argc, argv);
   set_gemm_backend(parse_gemm_backend(backend));
+  if (peak_only) {
+    std::printf("%.2f\n", gemm_gflops(1024, 1024, 1024, false, false, 10));
+    return 0;
+  }
   if (steps < 1) PWM_THROW("--steps must be >= 1 (got {})", steps);
 
   const ParamLayout layout(cfg, 0, 1);
