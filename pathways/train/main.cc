@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <malloc.h>
+
 #include <cstdio>
 
 #include "collectives/communicator.h"
@@ -47,6 +49,13 @@ bool preflight(collectives::Communicator& world, const std::function<void()>& fn
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Every node of a step allocates its outputs afresh (object-store buffers are values) and
+  // frees its inputs' buffers when they die: keep large blocks in the heap, where freed memory
+  // is reused, instead of mmap/munmap per buffer, which costs page faults and zeroing on every
+  // step (in interleaved runs of the chained step at the reference config: 1002 -> 710 ms and
+  // 1621 -> 899 ms per step on a busy machine).
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   collectives::MpiEnvironment env(&argc, &argv);
   collectives::Communicator world = collectives::Communicator::world(env.transport());
   model::TrainConfig cfg;
