@@ -8,22 +8,25 @@
 # then writes results/: compare.json, loss.png, throughput.png, timeline.png, the metrics and
 # the merged Perfetto traces of every run.
 #
-# Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
+# Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--rounds R] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
 #   --np N          compute ranks (default 2); pathways runs use N+1 ranks
 #   --steps N       optimizer steps per run (default 30)
+#   --rounds R      run the four trainers R times, interleaved, and pool their step times
+#                   (default 1; more rounds make the ratios robust on a noisy machine)
 #   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
 #   --out DIR       results directory (default results/)
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=30; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=()
+NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --np) NP=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     --hostfile) HOSTFILE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,21 +46,26 @@ echo "GEMM peak per core, all cores busy: $PEAK GFLOP/s"
 WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
+  local tag="$name"; [ "$ROUNDS" -gt 1 ] && tag="$name.r$ROUND"
   local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"
-             --metrics "$OUT/$name.jsonl" --trace "$OUT/$name.trace.json")
+             --metrics "$OUT/$tag.jsonl" --trace "$OUT/$tag.trace.json")
   echo "\$ ${cmd[*]}"
   "${cmd[@]}" | grep -E "done:|resumed|error" || { echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
+  METRICS[$name]+="${METRICS[$name]:+,}$OUT/$tag.jsonl"
+  TRACES[$name]="$OUT/$tag.trace.json"
 }
 SECONDS=0
-RUNS=()
-run spmd "$NP" spmd/spmd_train --dp "$NP"
-RUNS+=("spmd=$OUT/spmd.jsonl:$OUT/spmd.trace.json")
+declare -A METRICS TRACES
 PT=pathways/train/pathways_train
-run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
-run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
-# The MPMD pipeline: NP stages of one device each, one stage per island.
-run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe
-for r in fused chained pipeline; do RUNS+=("$r=$OUT/$r.jsonl:$OUT/$r.trace.json"); done
+for ROUND in $(seq "$ROUNDS"); do
+  run spmd "$NP" spmd/spmd_train --dp "$NP"
+  run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
+  run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
+  # The MPMD pipeline: NP stages of one device each, one stage per island.
+  run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe
+done
+RUNS=()
+for r in spmd fused chained pipeline; do RUNS+=("$r=${METRICS[$r]}:${TRACES[$r]}"); done
 python3 - "$OUT/workload.json" "$NP" "$STEPS" "${EXTRA[@]}" <<'PY'
 import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,

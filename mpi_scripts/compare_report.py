@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Side-by-side report of training runs (mpi_scripts/compare.sh writes the runs, this reads them).
 
-    compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[:TRACE.json] ...
+    compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[,MORE.jsonl...][:TRACE.json] ...
 
-The first run is the reference (SPMD). Prints the table, writes RESULTS_DIR/compare.json and the
+The first run is the reference (SPMD). Several metrics files for one run are rounds of it: their
+step times are pooled (throughput and percentiles over every step but the first of every round); losses and
+weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
 gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -54,6 +57,14 @@ def one_step_timeline(trace_path, step_index=-2):
     return rows
 
 
+def percentile(v, q):
+    v = sorted(v)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
 def gnuplot(script):
     try:
         subprocess.run(["gnuplot"], input=script, text=True, check=True, capture_output=True)
@@ -72,8 +83,12 @@ def main():
         specs.append((name, metrics, trace))
     runs = []
     for name, metrics, trace in specs:
-        head, steps, vals, final = load_metrics(metrics)
-        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace))
+        files = metrics.split(",")
+        head, steps, vals, final = load_metrics(files[0])
+        # Every step but each run's first (warm-up: lowering, first allocations, caches).
+        pooled = [s["step_ms"] for f in files for s in load_metrics(f)[1][1:]]
+        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace,
+                         step_ms=pooled, rounds=len(files)))
     ref = runs[0]
     ref_loss = {s["step"]: s["loss"] for s in ref["steps"]}
     table = []
@@ -81,8 +96,13 @@ def main():
         f = r["final"]
         diffs = [abs(s["loss"] - ref_loss[s["step"]]) for s in r["steps"] if s["step"] in ref_loss]
         share = f.get("comm_share", 0.0)
-        row = dict(name=r["name"], tokens_per_s=f["tokens_per_s"], step_ms_p50=f["step_ms_p50"],
-                   step_ms_p90=f["step_ms_p90"], mfu=f["mfu"], comm_or_dispatch_share=share,
+        p50, p90 = percentile(r["step_ms"], 0.5), percentile(r["step_ms"], 0.9)
+        cfg = r["head"]["config"]
+        tokens_per_step = cfg["batch"] * int(re.search(r"seq_len=(\d+)", cfg["model"]).group(1))
+        tps = tokens_per_step / (p50 * 1e-3)  # over the pooled median step
+        row = dict(name=r["name"], tokens_per_s=tps, step_ms_p50=p50, step_ms_p90=p90,
+                   mfu=f["mfu"] * tps / f["tokens_per_s"], comm_or_dispatch_share=share,
+                   rounds=r["rounds"], steps_pooled=len(r["step_ms"]),
                    final_loss=f["final_loss"], val_loss=f["final_val_loss"],
                    max_abs_loss_diff_vs_spmd=max(diffs) if diffs else None,
                    weights_hash=f["weights_hash"],
@@ -118,13 +138,13 @@ def main():
         for i, t in enumerate(table):
             f.write(f"{i} \"{t['name']}\" {t['tokens_per_s']}\n")
     plots = ", ".join(f"'{data}/loss_{r['name']}.dat' using 1:2 with linespoints title '{r['name']}'" for r in runs)
-    gnuplot(f"""set terminal pngcairo size 900,500
+    gnuplot(f"""set terminal pngcairo size 900,500 noenhanced
 set output '{out_dir}/loss.png'
 set title 'Training loss'
 set xlabel 'step'; set ylabel 'loss'; set grid
 plot {plots}
 """)
-    gnuplot(f"""set terminal pngcairo size 900,500
+    gnuplot(f"""set terminal pngcairo size 900,500 noenhanced
 set output '{out_dir}/throughput.png'
 set title 'Throughput (tokens/s, median step)'
 set style fill solid 0.6; set boxwidth 0.6; set grid ytics; set yrange [0:*]
@@ -135,7 +155,7 @@ plot '{data}/throughput.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:
     panels = [(r, rows) for r, rows in panels if rows]
     if panels:
         script = [f"set terminal pngcairo size 1100,{260 * len(panels)}", f"set output '{out_dir}/timeline.png'",
-                  f"set multiplot layout {len(panels)},1", "set style fill solid 0.8",
+                  f"set multiplot layout {len(panels)},1", "set style fill solid 0.8", "set termoption noenhanced",
                   "set xlabel 'ms since the step started'"]
         for r, rows in panels:
             lanes = sorted({(p, t) for p, t, *_ in rows})
