@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Pathways dispatch benchmark (paper Fig. 5-7) at 2 and 4 workers (3 and 5 ranks: rank 0 is
+# The Pathways dispatch benchmark (paper Fig. 5-8) at 2 and 4 workers (3 and 5 ranks: rank 0 is
 # the controller). Writes results/dispatch_np<NP>.json. Do not run it while anything compiles:
 # the numbers compare throughputs on the same 2 cores.
 # Usage: mpi_scripts/dispatch_bench.sh [extra dispatch_bench flags...]

@@ -68,7 +68,7 @@ void Controller::shutdown() {
 }
 
 bool Controller::devices_busy_past_wake() const {
-  return sleeping_until_ > 0 && busy_until_ > 0 && sleeping_until_ < busy_until_ - 1e-6 * kLazyWakeUs;
+  return sleeping_until_ > 0 && busy_until_ > 0 && sleeping_until_ < busy_until_ - 1e-6 * kReserveUs;
 }
 
 bool Controller::enqueue(Command c, bool wake) {

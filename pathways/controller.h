@@ -115,6 +115,9 @@ class Controller : public std::enable_shared_from_this<Controller> {
   // calls is then taken in one pass instead of one wake-up (and context switch) per call.
   bool enqueue(Command c, bool wake = false);
   static constexpr double kLazyWakeUs = 50;
+  // How much predicted work must remain on the devices after the dispatcher's planned wake-up
+  // for a command not to wake it (predictions are off by tens of microseconds).
+  static constexpr double kReserveUs = 250;
   void thread_main();
 
   std::shared_ptr<collectives::Transport> t_;

@@ -99,6 +99,7 @@ void Dispatcher::loop() {
     // while the other half keeps the devices busy. Each wake-up of the controller takes a core
     // from a worker; one per completed run would cost several percent of the devices' time.
     const double now = now_s();
+    predict();
     double cap_us = c_.opts_.backoff_max_us, wake_at = 0, busy_until = 0;
     std::vector<double>& pred = pred_scratch_;
     pred.clear();
@@ -112,9 +113,12 @@ void Dispatcher::loop() {
         pred.push_back(r->predicted_done);
     }
     if (!pred.empty()) {
-      const size_t m = std::max<size_t>(1, pred.size() / 2);
+      const size_t m = std::max<size_t>(1, pred.size() / batch_div_);
       std::nth_element(pred.begin(), pred.begin() + static_cast<std::ptrdiff_t>(m - 1), pred.end());
-      const double t_m = pred[m - 1];
+      // ... but no later than kReserveUs before the devices are predicted to run dry, which
+      // leaves the clients time to submit their next runs.
+      double t_m = pred[m - 1];
+      if (busy_until > 0) t_m = std::min(t_m, busy_until - 1e-6 * Controller::kReserveUs);
       if (t_m <= now)
         cap_us = std::min(cap_us, c_.opts_.busy_backoff_max_us);
       else
@@ -417,6 +421,7 @@ void Dispatcher::dispatch(RunRec& r) {
       staged_[rank].push_back({r.owner, body});
   }
   r.sent = true;
+  sent_order_.push_back(r.id);
   for (uint64_t id : r.early_frees)
     for (int rank : r.lp->outputs.at(id & 0xffff).ranks) frees_[rank].push_back(id);
   r.early_frees.clear();
@@ -430,8 +435,7 @@ void Dispatcher::dispatch(RunRec& r) {
   }
   r.dispatched = now_s();
   if (r.opts.deadline_s > 0) r.deadline = r.dispatched + r.opts.deadline_s;
-  auto est = run_time_.find(r.lp->id);
-  if (est != run_time_.end()) r.predicted_done = r.dispatched + est->second;
+  predict();
   if (r.opts.sequential && !r.lp->stage_ranks.empty()) release_stage(r, 0);
   if (r.waiting.empty()) complete_workers(r);
 }
@@ -545,9 +549,20 @@ void Dispatcher::finish_fetch(FetchRec& rec) {
 
 void Dispatcher::complete_workers(RunRec& r) {
   r.workers_done = true;
-  const double d = now_s() - r.dispatched;  // moving average of the program's run time
-  auto [it, fresh] = run_time_.try_emplace(r.lp->id, d);
-  if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
+  // The program's device time per worker (moving average of the kernels' durations the workers
+  // reported, plus a few microseconds per instruction list entry), and when each of its workers
+  // became free: the inputs of the completion predictions (predict()).
+  const double now = now_s();
+  if (r.sent && !r.lp->workers.empty()) {
+    const double n = static_cast<double>(r.lp->workers.size());
+    const double d = r.kernel_s / n + 5e-6 * (1 + r.lp->execs / n);
+    auto [it, fresh] = exec_time_.try_emplace(r.lp->id, d);
+    if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
+    // The completion was noticed at `now`; it happened no later, and likely near its
+    // prediction when that was earlier: an early estimate only makes the dispatcher poll.
+    const double done = r.predicted_done > 0 ? std::min(now, r.predicted_done) : now;
+    for (auto& [rank, wp] : r.lp->workers) free_at_[rank] = std::max(free_at_[rank], done);
+  }
   if (!try_complete(r.id)) {
     deferred_++;
     return;
@@ -593,7 +608,7 @@ bool Dispatcher::try_complete(uint64_t id) {
   u.runs_completed++;
   if (r.sent) u.node_shards_completed += static_cast<uint64_t>(r.lp->execs);
   u.kernel_s += r.kernel_s;
-  if (!c_.opts_.trace_path.empty()) ctl_spans_.push_back({r.id, r.owner, r.prog->def.name, r.dispatched, now_s()});
+  if (!c_.opts_.trace_path.empty()) ctl_spans_.push_back({r.id, r.owner, r.prog->def.name, r.dispatched, now_s(), r.predicted_done});
   auto rec = std::move(it->second);
   runs_.erase(it);
   rec.reset();  // drops input handles (may queue frees)
@@ -741,9 +756,9 @@ void Dispatcher::write_trace() {
   }
   for (auto& s : ctl_spans_)
     out += fmt::format(",\n{{\"ph\":\"X\",\"cat\":\"run\",\"name\":{},\"pid\":0,\"tid\":{},\"ts\":{},\"dur\":{:.3f},"
-                       "\"args\":{{\"run\":{},\"client\":{}}}}}",
+                       "\"args\":{{\"run\":{},\"client\":{},\"predicted_done_us\":{}}}}}",
                        json_str(client(s.owner)), s.owner, us(s.t0), (s.t1 - s.t0) * 1e6, s.run_id,
-                       json_str(client(s.owner) + ": " + s.program));
+                       json_str(client(s.owner) + ": " + s.program), s.predicted > 0 ? us(s.predicted) : "null");
   for (auto& [r, s] : dev_spans_) {
     std::string program = "?", kernel = "?";
     if (auto it = traced_runs_.find(s.program_id); it != traced_runs_.end()) {
@@ -763,6 +778,30 @@ void Dispatcher::write_trace() {
   if (std::fclose(f) != 0 || !ok) PWM_THROW("pathways trace: writing {} failed", tmp);
   if (std::rename(tmp.c_str(), c_.opts_.trace_path.c_str()) != 0)
     PWM_THROW("pathways trace: cannot rename {} to {}", tmp, c_.opts_.trace_path);
+}
+
+// Completion predictions: the runs on the devices, in dispatch order, each starting when it was
+// sent or when the previous run on its busiest worker is predicted to end, and lasting its
+// program's device time. A run of a program never completed before has no prediction (0: the
+// dispatcher polls for it finely if someone waits for it).
+void Dispatcher::predict() {
+  std::map<int, double> free = free_at_;
+  for (uint64_t id : sent_order_) {
+    auto it = runs_.find(id);
+    if (it == runs_.end() || it->second->workers_done) continue;
+    RunRec& r = *it->second;
+    auto est = exec_time_.find(r.lp->id);
+    double start = r.dispatched;
+    for (auto& [rank, wp] : r.lp->workers) start = std::max(start, free[rank]);
+    const double done = est == exec_time_.end() ? 0 : start + est->second;
+    r.predicted_done = done;
+    for (auto& [rank, wp] : r.lp->workers) free[rank] = done > 0 ? done : std::max(free[rank], start);
+  }
+  while (!sent_order_.empty()) {  // forget finished runs at the front
+    auto it = runs_.find(sent_order_.front());
+    if (it != runs_.end() && !it->second->workers_done) break;
+    sent_order_.pop_front();
+  }
 }
 
 }  // namespace pwm::pathways

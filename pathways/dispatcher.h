@@ -7,12 +7,15 @@
 // Runtime, before the dispatcher thread exists).
 #pragma once
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/env.h"
 #include "pathways/backoff.h"
 #include "pathways/controller.h"
 
@@ -37,7 +40,7 @@ struct RunRec {
   bool expired = false;        // deadline missed: outputs already failed
   double deadline = 0;         // absolute (now_s), 0 = none
   double dispatched = 0;       // now_s() when sent to the workers
-  double predicted_done = 0;   // dispatched + the program's mean run time (0: unknown)
+  double predicted_done = 0;   // predicted completion on the devices (predict(); 0: unknown)
   uint32_t stage = 0;          // sequential: the stage released last
   std::set<int> stage_waiting;
   std::map<std::pair<int, uint32_t>, double> running;  // (rank, node) -> start time
@@ -99,6 +102,7 @@ class Dispatcher {
   // that worker's rotation of the clients.
   void post_staged();
   void write_trace();
+  void predict();
 
   // Every worker reported the run: complete its outputs once its inputs are resolved (a run
   // may finish before the run that produced its input reported a failure).
@@ -115,7 +119,9 @@ class Dispatcher {
   std::vector<int> workers_;
   std::vector<std::unique_ptr<IslandScheduler>> scheds_;
   std::map<uint64_t, std::unique_ptr<RunRec>> runs_;
-  std::map<uint64_t, double> run_time_;  // lowered program id -> mean run time (s)
+  std::map<uint64_t, double> exec_time_;  // lowered program id -> device time per worker (s)
+  std::map<int, double> free_at_;          // world rank -> when its last completed run ended
+  std::deque<uint64_t> sent_order_;        // runs sent, in dispatch order (front: finished ones pruned)
   std::map<uint64_t, ObjMeta> objects_;
   std::map<int, std::vector<uint64_t>> frees_;
   std::map<uint64_t, std::pair<std::shared_ptr<FetchRec>, size_t>> fetch_reqs_;
@@ -129,12 +135,15 @@ class Dispatcher {
   struct CtlSpan {
     uint64_t run_id, owner;
     std::string program;
-    double t0, t1;
+    double t0, t1, predicted;
   };
   std::vector<CtlSpan> ctl_spans_;                                  // tracing: runs on the controller
   std::vector<std::pair<int, TraceRecord>> dev_spans_;              // tracing: kernels, by rank
   std::map<uint64_t, std::pair<std::string, std::vector<std::string>>> traced_runs_;  // run -> program, kernel per node
   std::vector<double> pred_scratch_;
+  // Awaited runs are taken in batches of 1/batch_div_ of them (PWM_PW_BATCH_DIV; a large value
+  // turns batching off).
+  size_t batch_div_ = static_cast<size_t>(std::max(1.0, env_double("PWM_PW_BATCH_DIV", 2)));
   uint64_t next_req_ = 1, next_move_ = 0;
   size_t deferred_ = 0;  // runs whose workers are done but whose inputs are not resolved
   bool stopping_ = false, shutdown_sent_ = false, urgent_activity_ = false;

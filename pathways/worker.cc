@@ -440,6 +440,9 @@ class Worker {
       for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
+      // What is posted goes out before the kernel takes the core: a run_done of the run before
+      // would otherwise reach the controller only after this kernel (a whole kernel late).
+      chan_.flush();
       const double t0 = now_s();
       try {
         KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),

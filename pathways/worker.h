@@ -15,6 +15,13 @@
 //    slice enters its collectives in the same order;
 //  - a failing node fails its outputs; the failure flows to what depends on it and to the
 //    run's status, and transfers are still sent so that no peer waits for ever.
+//  - runs are admitted (buffers allocated, outputs entered in the store) in arrival order; with
+//    a memory cap (back-pressure) a run whose buffers do not fit waits, and so do the runs behind
+//    it, until frees make room; one that could never fit fails;
+//  - a run sent with the island order off (kRunUnordered, the deadlock demonstration) starts
+//    its gang nodes as soon as their inputs are ready;
+//  - every kernel is timed: the sum per run goes back in run_done (per-client usage), and with
+//    tracing on each execution is recorded and sent to the controller before bye.
 #pragma once
 
 #include <memory>
