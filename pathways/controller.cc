@@ -76,7 +76,7 @@ bool Controller::enqueue(Command c, bool wake) {
     std::lock_guard<std::mutex> g(mu_);
     if (!accepting_) return false;
     queue_.push_back(std::move(c));
-    if (!wake && sleeping_until_ > 0) wake = sleeping_until_ - now_s() > 1e-6 * kLazyWakeUs && !devices_busy_past_wake();
+    if (!wake && sleeping_until_ > 0) wake = sleeping_until_ - now_s() > 1e-6 * kLazyWakeUs;
   }
   if (wake) cv_.notify_one();
   return true;

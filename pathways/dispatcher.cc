@@ -435,7 +435,7 @@ void Dispatcher::dispatch(RunRec& r) {
   }
   r.dispatched = now_s();
   if (r.opts.deadline_s > 0) r.deadline = r.dispatched + r.opts.deadline_s;
-  predict();
+  // (its completion is predicted when the dispatcher next plans its sleep: predict())
   if (r.opts.sequential && !r.lp->stage_ranks.empty()) release_stage(r, 0);
   if (r.waiting.empty()) complete_workers(r);
 }
@@ -555,7 +555,7 @@ void Dispatcher::complete_workers(RunRec& r) {
   const double now = now_s();
   if (r.sent && !r.lp->workers.empty()) {
     const double n = static_cast<double>(r.lp->workers.size());
-    const double d = r.kernel_s / n + 5e-6 * (1 + r.lp->execs / n);
+    const double d = r.kernel_s / n + 1e-6 * (1 + r.lp->execs / n);
     auto [it, fresh] = exec_time_.try_emplace(r.lp->id, d);
     if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
     // The completion was noticed at `now`; it happened no later, and likely near its

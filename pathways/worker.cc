@@ -441,8 +441,12 @@ class Worker {
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
       // What is posted goes out before the kernel takes the core: a run_done of the run before
-      // would otherwise reach the controller only after this kernel (a whole kernel late).
-      chan_.flush();
+      // would otherwise reach the controller only after this kernel (a whole kernel late). Not
+      // more than once per 50 us, so that the answers of a burst of short runs stay bundled.
+      if (const double t = now_s(); t - last_flush_ > 50e-6) {
+        chan_.flush();
+        last_flush_ = t;
+      }
       const double t0 = now_s();
       try {
         KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
@@ -579,6 +583,7 @@ class Worker {
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
   std::vector<TraceRecord> trace_;
   uint64_t peak_bytes_ = 0;
+  double last_flush_ = 0;  // the last flush before a kernel
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };
