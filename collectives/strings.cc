@@ -1,6 +1,7 @@
 #include "collectives/strings.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace pwm::collectives {
@@ -20,6 +21,25 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   for (int r = 0; r < n; ++r)
     out[r].assign(reinterpret_cast<const char*>(recv.data() + r * words), static_cast<size_t>(lens[r]));
   return out;
+}
+
+bool agree_on_errors(Communicator& comm, const std::string& program, const std::function<void()>& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "unknown error";
+  }
+  for (const std::string& e : allgather_strings(comm, err))
+    if (!e.empty()) {
+      if (comm.rank() == 0) {
+        std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.c_str());
+        std::fflush(stderr);
+      }
+      return false;
+    }
+  return true;
 }
 
 }  // namespace pwm::collectives

@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/time.h"
+#include "common/trace.h"
 #include "model/kernels.h"
 
 namespace pwm::model {
@@ -72,6 +73,23 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
   if (ck.step > cfg.steps)
     PWM_THROW("checkpoint {} is at step {}, beyond --steps {}", cfg.ckpt, ck.step, cfg.steps);
   return ck;
+}
+
+std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg) {
+  if (cfg.data.empty()) cfg.data = default_corpus_path();
+  auto data = std::make_unique<TextDataset>(TextDataset::open(cfg.data, cfg.val_fraction));
+  data->check_fits(cfg.model.seq_len);
+  if (data->num_val_batches(cfg.global_batch, cfg.model.seq_len) < 1)
+    PWM_THROW("--data {}: the validation split ({} bytes) holds fewer than --batch {} windows of {} tokens; "
+              "use more data, a larger --val-fraction or a smaller --batch",
+              cfg.data, data->val_size(), cfg.global_batch, cfg.model.seq_len + 1);
+  return data;
+}
+
+void check_output_paths(const TrainConfig& cfg) {
+  if (!cfg.metrics.empty()) check_writable("--metrics", cfg.metrics);
+  if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);
+  if (!cfg.ckpt.empty()) check_writable("--ckpt", cfg.ckpt);
 }
 
 double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps, bool trans_a, bool trans_b) {

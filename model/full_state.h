@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "model/checkpoint.h"
+#include "model/data.h"
 #include "model/params.h"
 #include "model/train_config.h"
 
@@ -36,6 +38,12 @@ std::string hash_hex(uint64_t h);
 // or another workload (TrainConfig::workload_json), or has no optimizer state. Both trainers
 // call it on every rank before training, so a mismatch is reported before anything runs.
 std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg);
+
+// The dataset of `cfg` (the default corpus when cfg.data is empty, which it then names), checked
+// to fit one sequence and one validation batch; throws pwm::Error with one line otherwise.
+std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg);
+// Checks that --metrics, --trace and --ckpt can be written (creates and removes PATH.tmp.<pid>).
+void check_output_paths(const TrainConfig& cfg);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
 // `reps`: the peak MFU is measured against.

@@ -17,32 +17,6 @@
 
 using namespace pwm;
 
-namespace {
-
-// Runs `fn` on every rank and agrees on the outcome: if any rank failed, the lowest failing
-// rank's message is printed once (by rank 0) and every rank returns false. Used for bad input,
-// so that a mistake gives one line and a non-zero exit everywhere, not a hang or an abort banner.
-bool preflight(collectives::Communicator& world, const std::function<void()>& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-    if (err.empty()) err = "unknown error";
-  }
-  auto all = collectives::allgather_strings(world, err);
-  for (size_t r = 0; r < all.size(); ++r)
-    if (!all[r].empty()) {
-      if (world.rank() == 0) {
-        std::fprintf(stderr, "spmd_train: error: %s\n", all[r].c_str());
-        std::fflush(stderr);
-      }
-      return false;
-    }
-  return true;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   collectives::MpiEnvironment env(&argc, &argv);
@@ -50,7 +24,7 @@ int main(int argc, char** argv) {
   model::TrainConfig cfg;
   int exit_code = 0;
   bool go = true;
-  if (!preflight(world, [&] {
+  if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         go = model::parse_train_config(argc, argv, "spmd_train",
                                        "SPMD/BSP trainer: every rank runs the same step; gradients meet in a "
                                        "bucketed AllReduce.",
@@ -58,23 +32,13 @@ int main(int argc, char** argv) {
       }))
     return 1;
   if (!go) return exit_code;
-  if (cfg.data.empty()) cfg.data = model::default_corpus_path();
   std::unique_ptr<model::TextDataset> data;
   std::optional<model::Checkpoint> resume_from;
-  if (!preflight(world, [&] {
+  if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());
-        data = std::make_unique<model::TextDataset>(model::TextDataset::open(cfg.data, cfg.val_fraction));
-        data->check_fits(cfg.model.seq_len);
-        if (data->num_val_batches(cfg.global_batch, cfg.model.seq_len) < 1)
-          PWM_THROW("--data {}: the validation split ({} bytes) holds fewer than --batch {} windows of {} tokens; "
-                    "use more data, a larger --val-fraction or a smaller --batch",
-                    cfg.data, data->val_size(), cfg.global_batch, cfg.model.seq_len + 1);
+        data = model::open_training_data(cfg);
         resume_from = model::load_resume_checkpoint(cfg);
-        if (env.rank() == 0) {
-          if (!cfg.metrics.empty()) check_writable("--metrics", cfg.metrics);
-          if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);
-          if (!cfg.ckpt.empty()) check_writable("--ckpt", cfg.ckpt);
-        }
+        if (env.rank() == 0) model::check_output_paths(cfg);
       }))
     return 1;
   return collectives::run_mpi_main(env, [&] {

@@ -24,29 +24,6 @@
 
 using namespace pwm;
 
-namespace {
-
-// As in spmd_train: every rank checks, the ranks agree, rank 0 prints one line, all exit 1.
-bool preflight(collectives::Communicator& world, const std::function<void()>& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-  }
-  auto all = collectives::allgather_strings(world, err);
-  for (auto& e : all)
-    if (!e.empty()) {
-      if (world.rank() == 0) {
-        std::fprintf(stderr, "pathways_train: error: %s\n", e.c_str());
-        std::fflush(stderr);
-      }
-      return false;
-    }
-  return true;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // Every node of a step allocates its outputs afresh (object-store buffers are values) and
@@ -62,7 +39,7 @@ int main(int argc, char** argv) {
   pathways::train::PathwaysOptions po;
   int exit_code = 0;
   bool go = true;
-  if (!preflight(world, [&] {
+  if (!collectives::agree_on_errors(world, "pathways_train", [&] {
         go = model::parse_train_config(
             argc, argv, "pathways_train",
             "Pathways trainer: a single controller (rank 0) dispatches the training step as programs to the worker ranks.",
@@ -79,10 +56,9 @@ int main(int argc, char** argv) {
       }))
     return 1;
   if (!go) return exit_code;
-  if (cfg.data.empty()) cfg.data = model::default_corpus_path();
   std::shared_ptr<model::TextDataset> data;
   bool resume = false;
-  if (!preflight(world, [&] {
+  if (!collectives::agree_on_errors(world, "pathways_train", [&] {
         const int workers = env.size() - 1;
         if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
         if (po.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", po.stages);
@@ -98,17 +74,9 @@ int main(int argc, char** argv) {
         } else {
           cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
         }
-        data = std::make_shared<model::TextDataset>(model::TextDataset::open(cfg.data, cfg.val_fraction));
-        data->check_fits(cfg.model.seq_len);
-        if (data->num_val_batches(cfg.global_batch, cfg.model.seq_len) < 1)
-          PWM_THROW("--data {}: the validation split holds fewer than --batch {} windows of {} tokens", cfg.data,
-                    cfg.global_batch, cfg.model.seq_len + 1);
+        data = model::open_training_data(cfg);
         resume = model::load_resume_checkpoint(cfg).has_value();
-        if (env.rank() == 0) {
-          if (!cfg.metrics.empty()) check_writable("--metrics", cfg.metrics);
-          if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);
-          if (!cfg.ckpt.empty()) check_writable("--ckpt", cfg.ckpt);
-        }
+        if (env.rank() == 0) model::check_output_paths(cfg);
       }))
     return 1;
   return collectives::run_mpi_main(env, [&] {
