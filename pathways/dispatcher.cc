@@ -411,7 +411,8 @@ void Dispatcher::dispatch(RunRec& r) {
   h.program_id = r.lp->id;
   h.owner = r.owner;
   h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
-            (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord);
+            (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord) |
+            (urgent(r) ? kRunAwaited : 0);
   for (auto& a : r.in) h.inputs.push_back(a->id);
   auto body = h.encode();
   for (int rank : r.waiting) {
@@ -422,6 +423,7 @@ void Dispatcher::dispatch(RunRec& r) {
   }
   r.sent = true;
   sent_order_.push_back(r.id);
+  predictions_dirty_ = true;
   for (uint64_t id : r.early_frees)
     for (int rank : r.lp->outputs.at(id & 0xffff).ranks) frees_[rank].push_back(id);
   r.early_frees.clear();
@@ -549,6 +551,7 @@ void Dispatcher::finish_fetch(FetchRec& rec) {
 
 void Dispatcher::complete_workers(RunRec& r) {
   r.workers_done = true;
+  predictions_dirty_ = true;
   // The program's device time per worker (moving average of the kernels' durations the workers
   // reported, plus a few microseconds per instruction list entry), and when each of its workers
   // became free: the inputs of the completion predictions (predict()).
@@ -785,6 +788,8 @@ void Dispatcher::write_trace() {
 // program's device time. A run of a program never completed before has no prediction (0: the
 // dispatcher polls for it finely if someone waits for it).
 void Dispatcher::predict() {
+  if (!predictions_dirty_) return;  // they depend on the runs sent and completed only
+  predictions_dirty_ = false;
   std::map<int, double> free = free_at_;
   for (uint64_t id : sent_order_) {
     auto it = runs_.find(id);

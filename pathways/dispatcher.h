@@ -121,6 +121,7 @@ class Dispatcher {
   std::map<uint64_t, std::unique_ptr<RunRec>> runs_;
   std::map<uint64_t, double> exec_time_;  // lowered program id -> device time per worker (s)
   std::map<int, double> free_at_;          // world rank -> when its last completed run ended
+  bool predictions_dirty_ = false;
   std::deque<uint64_t> sent_order_;        // runs sent, in dispatch order (front: finished ones pruned)
   std::map<uint64_t, ObjMeta> objects_;
   std::map<int, std::vector<uint64_t>> frees_;

@@ -123,7 +123,9 @@ inline uint64_t output_object_id(uint64_t run_id, uint32_t index) { return (run_
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
 // nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
 // the Perfetto trace.
-enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8 };
+// kRunAwaited: a client was waiting for the run's outputs when it was sent (the worker sends
+// its run_done before starting another kernel).
+enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8, kRunAwaited = 16 };
 
 // One kernel execution on a worker, for the Perfetto trace (sent in kTrace at shutdown).
 struct TraceRecord {

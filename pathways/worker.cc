@@ -440,12 +440,12 @@ class Worker {
       for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
-      // What is posted goes out before the kernel takes the core: a run_done of the run before
-      // would otherwise reach the controller only after this kernel (a whole kernel late). Not
-      // more than once per 50 us, so that the answers of a burst of short runs stay bundled.
-      if (const double t = now_s(); t - last_flush_ > 50e-6) {
+      // The run_done of a run a client waits for goes out before the kernel takes the core:
+      // otherwise it would reach the controller only after this kernel, a whole kernel late.
+      // Other answers stay bundled until the end of the pass.
+      if (awaited_done_) {
         chan_.flush();
-        last_flush_ = t;
+        awaited_done_ = false;
       }
       const double t0 = now_s();
       try {
@@ -511,6 +511,7 @@ class Worker {
     w.str(run.error);
     w.put(run.kernel_s);
     chan_.post(0, MsgType::kRunDone, w.take());
+    if (run.h.flags & kRunAwaited) awaited_done_ = true;
   }
 
   bool progress_moves() {
@@ -583,7 +584,7 @@ class Worker {
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
   std::vector<TraceRecord> trace_;
   uint64_t peak_bytes_ = 0;
-  double last_flush_ = 0;  // the last flush before a kernel
+  bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };
