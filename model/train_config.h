@@ -43,7 +43,10 @@ struct TrainConfig {
   bool resume = false;        // start from --ckpt if it exists
 
   // Execution (not part of the workload identity).
-  size_t bucket_bytes = 4 << 20;  // gradient AllReduce fusion buffer
+  // Gradient AllReduce fusion buffer: PyTorch DDP's default of 25 MiB. Smaller buckets start
+  // the AllReduce earlier in the backward; on a machine whose transfers are done by the same
+  // cores that compute (shared memory) that overlap does not pay (docs/spmd.md).
+  size_t bucket_bytes = 25 << 20;
   bool overlap = true;            // overlap the bucket AllReduces with backward compute
   double coll_timeout = 300;      // collectives watchdog, seconds
   double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up
