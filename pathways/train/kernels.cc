@@ -123,14 +123,22 @@ Signature sig(std::vector<ArgSpec> in, std::vector<ArgSpec> out) {
   return s;
 }
 
-// Every kernel is timed: its span goes to the worker's trace and its time to busy_s (which the
-// step's last kernel reports, for the pipeline bubble).
+// Every kernel is timed: its span goes to the worker's trace and, for the kernels of a training
+// step, its time to busy_s (which the step's last kernel reports: step time and the pipeline
+// bubble). Evaluation, checkpoints, hashing and set-up run between steps and are not counted.
+bool counts_as_step_work(const std::string& name) {
+  for (const char* k : {"pw_init", "pw_load", "pw_eval", "pw_hash", "pw_save", "pw_merge"})
+    if (name == k) return false;
+  return true;
+}
+
 void add(const std::string& name, bool collectives, SignatureFn sigfn, KernelFn fn) {
-  KernelFn timed = [name, fn](KernelContext& ctx) {
+  const bool step_work = counts_as_step_work(name);
+  KernelFn timed = [name, fn, step_work](KernelContext& ctx) {
     const int64_t t0 = now_us();
     fn(ctx);
     const int64_t t1 = now_us();
-    g->busy_s += (t1 - t0) * 1e-6;
+    if (step_work) g->busy_s += (t1 - t0) * 1e-6;
     if (g->trace) g->trace->span(name.substr(3), "kernel", t0, t1);
   };
   KernelRegistry::global().add(KernelDef{name, collectives, std::move(sigfn), std::move(timed)});
