@@ -12,32 +12,14 @@
 
 #include "common/check.h"
 #include "model/data.h"
+#include "tests/model/temp_dir.h"
 
 namespace pwm::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh, empty directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt::format("pwm_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
