@@ -332,7 +332,7 @@ void block_fwd(KernelContext& ctx) {
   act().bind_x(l + 1, ctx.out<float>(0).data());
   act().bind_layer(l, ctx.out<float>(1).data());
   model::block_forward<float>(layout, ctx.in<float>(0).data(), l, act(), ws.scratch,
-                              tp_reducer(p.tp > 1 ? tp_comm(ctx, p) : nullptr, &comm_s));
+                              tp_reducer(tp_comm(ctx, p), &comm_s));
 }
 
 // inputs: params, x(L), tokens [, gE_prev]; outputs: loss f64[1], dx(L), gE (embed | final_norm)
@@ -385,7 +385,7 @@ void block_bwd(KernelContext& ctx) {
   else
     std::fill(gl, gl + (range.end - range.begin), 0.0f);
   model::block_backward<float>(layout, ctx.in<float>(0).data(), gl - range.begin, l, act(), ws.scratch,
-                               tp_reducer(p.tp > 1 ? tp_comm(ctx, p) : nullptr, &comm_s));
+                               tp_reducer(tp_comm(ctx, p), &comm_s));
 }
 
 // inputs: tokens, dx(0), gE; output: gE + the lookup's part of the embedding gradient

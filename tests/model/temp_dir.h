@@ -1,4 +1,4 @@
-// A fresh, empty directory per test (named after the test), removed afterwards.
+// File helpers for the model tests: a fresh directory per test, and the message of an error.
 #pragma once
 
 #include <fmt/format.h>
@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "common/check.h"
 
 namespace pwm::model::testing {
 
 namespace fs = std::filesystem;
 
+// A fresh, empty directory per test (named after the test), removed afterwards.
 class TempDir {
  public:
   TempDir() {
@@ -40,5 +44,15 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+// The message of the pwm::Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 }  // namespace pwm::model::testing

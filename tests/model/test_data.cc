@@ -27,14 +27,7 @@ void write(const std::string& path, const std::string& text) {
   ASSERT_TRUE(f.good()) << path;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TextDataset small_dataset() { return TextDataset(generate_corpus(7, 20000), "generated"); }
 
