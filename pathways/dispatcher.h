@@ -142,6 +142,9 @@ class Dispatcher {
   std::vector<std::pair<int, TraceRecord>> dev_spans_;              // tracing: kernels, by rank
   std::map<uint64_t, std::pair<std::string, std::vector<std::string>>> traced_runs_;  // run -> program, kernel per node
   std::vector<double> pred_scratch_;
+  // The longest sleep taken to a predicted completion (see loop()): bounds how late a worker's
+  // unexpected message (a failure) is noticed while the dispatcher expects nothing before then.
+  static constexpr int64_t kMaxPredictedSleepUs = 50000;
   // Awaited runs are taken in batches of 1/batch_div_ of them (PWM_PW_BATCH_DIV; a large value
   // turns batching off).
   size_t batch_div_ = static_cast<size_t>(std::max(1.0, env_double("PWM_PW_BATCH_DIV", 2)));
