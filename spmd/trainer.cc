@@ -158,7 +158,8 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   rec.loss = loss;
   rec.lr = upd.lr;
   rec.grad_norm = upd.grad_norm;
-  rec.step_ms = (w1 - step_t0) * 1e-3;
+  rec.step_ms = (w1 - (last_end_us_ >= 0 ? last_end_us_ : step_t0)) * 1e-3;
+  last_end_us_ = w1;
   rec.compute_ms.clear();
   rec.comm_ms.clear();
   rec.wait_ms.clear();
@@ -183,9 +184,11 @@ std::string Trainer::run() {
     report_.step(rec);
     if (cfg_.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.step_sleep_ms));
     const int64_t done = step + 1;
-    if (cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps) report_.validation(step, evaluate());
-    if (!cfg_.ckpt.empty() && cfg_.ckpt_every > 0 && done % cfg_.ckpt_every == 0 && done != cfg_.steps)
-      save_checkpoint(done);
+    const bool eval_now = cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps;
+    const bool ckpt_now = !cfg_.ckpt.empty() && cfg_.ckpt_every > 0 && done % cfg_.ckpt_every == 0 && done != cfg_.steps;
+    if (eval_now) report_.validation(step, evaluate());
+    if (ckpt_now) save_checkpoint(done);
+    if (eval_now || ckpt_now || cfg_.step_sleep_ms > 0) last_end_us_ = -1;  // the pause is not a step
   }
   report_.validation(cfg_.steps - 1, evaluate());
   if (!cfg_.ckpt.empty()) save_checkpoint(cfg_.steps);

@@ -66,6 +66,11 @@ class Trainer {
   model::TrainReport report_;
   model::TpReduce<float> tp_reduce_;
   double comm_s_ = 0;  // tp reductions and scalar reductions of the current step
+  // When the previous step ended (after its closing barrier), or -1 after a pause (evaluation,
+  // checkpoint): a step's time runs from there, so that what happens between two steps (the
+  // statistics' allgather, the report) is charged to a step, as pathways_train's step times are
+  // (from one step's end to the next on the workers' clock).
+  int64_t last_end_us_ = -1;
   int64_t first_step_ = 0;
 };
 

@@ -45,6 +45,7 @@ struct Worker {
   std::vector<int32_t> tokens;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<Communicator>> comms;
   double busy_s = 0;                       // kernel time since the last step's stats
+  double comm_s = 0;                       // collective time in this step's earlier kernels
   std::unique_ptr<Trace> trace;            // this worker's kernel spans (absolute timestamps)
 
   const ParamLayout& layout(int tp, int tp_rank) {
@@ -192,8 +193,11 @@ void write_stats(KernelContext& ctx, size_t out, double loss, const model::Updat
   s[kLoss] = loss;
   s[kGradNorm] = u.grad_norm;
   s[kLr] = u.lr;
+  // The step's communication: this kernel's, and the collectives of its earlier kernels
+  // (chained and opbyop reduce gradients in kernels of their own).
   s[kComputeMs] = (kernel_s - comm_s) * 1e3;
-  s[kCommMs] = comm_s * 1e3;
+  s[kCommMs] = (comm_s + g->comm_s) * 1e3;
+  g->comm_s = 0;
   s[kKernelMs] = kernel_s * 1e3;
   s[kBusyMs] = g->busy_s * 1e3 + kernel_s * 1e3;  // this kernel is not counted in busy_s yet
   g->busy_s = -kernel_s;                           // ...and will be when it returns
@@ -333,6 +337,7 @@ void block_fwd(KernelContext& ctx) {
   act().bind_layer(l, ctx.out<float>(1).data());
   model::block_forward<float>(layout, ctx.in<float>(0).data(), l, act(), ws.scratch,
                               tp_reducer(tp_comm(ctx, p), &comm_s));
+  g->comm_s += comm_s;
 }
 
 // inputs: params, x(L), tokens [, gE_prev]; outputs: loss f64[1], dx(L), gE (embed | final_norm)
@@ -386,6 +391,7 @@ void block_bwd(KernelContext& ctx) {
     std::fill(gl, gl + (range.end - range.begin), 0.0f);
   model::block_backward<float>(layout, ctx.in<float>(0).data(), gl - range.begin, l, act(), ws.scratch,
                                tp_reducer(tp_comm(ctx, p), &comm_s));
+  g->comm_s += comm_s;
 }
 
 // inputs: tokens, dx(0), gE; output: gE + the lookup's part of the embedding gradient
@@ -410,9 +416,11 @@ void dp_allreduce(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   auto in = ctx.in<float>(0);
   auto out = ctx.out<float>(0);
-  if (Communicator* c = dp_comm(ctx, p))
+  if (Communicator* c = dp_comm(ctx, p)) {
+    const double t0 = now_s();
     c->allreduce(in.data(), out.data(), in.size(), collectives::DataType::kFloat32, ReduceOp::kSum);
-  else
+    g->comm_s += now_s() - t0;
+  } else
     std::memcpy(out.data(), in.data(), sizeof(float) * in.size());
 }
 
@@ -510,7 +518,7 @@ void register_train_kernels(const model::TrainConfig& cfg, PipelineShape pipe,
                             std::shared_ptr<const model::TextDataset> data) {
   static std::once_flag once;
   std::call_once(once, [&] {
-    g = new Worker{cfg, pipe, std::move(transport), std::move(data), {}, {}, {}, {}, {}, 0, nullptr};
+    g = new Worker{cfg, pipe, std::move(transport), std::move(data), {}, {}, {}, {}, {}, 0, 0, nullptr};
     if (!cfg.trace.empty() && g->transport->rank() != 0) {
       g->trace = std::make_unique<Trace>(true, g->transport->rank(), 0);
       g->trace->process_name(fmt::format("worker rank {} (device {})", g->transport->rank(), g->transport->rank() - 1));
