@@ -266,7 +266,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     run(single("pw_save", slices[0], in, {tp}), in, "checkpoint")[0].wait();
   };
 
-  // Steps: one step stays in flight while the controller reads the previous step's statistics.
+  // Steps: two stay in flight while the controller reads the statistics of the one before. A
+  // worker answers a fetch only between kernels, so with one in flight a fused step (one kernel)
+  // would have its predecessor's statistics fetched only when it ends, and the next step
+  // dispatched only after that round trip: the devices would idle for it every step.
+  constexpr size_t kInFlight = 2;
   struct Pending {
     int64_t step;
     std::vector<Array> stats;  // per slice
@@ -313,7 +317,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       p.stats.push_back(out[s * 5 + 4]);
     }
     pending.push_back(std::move(p));
-    if (pending.size() > 1) drain_one();
+    if (pending.size() > kInFlight) drain_one();
     if (step == cfg.kill_step) ::raise(SIGKILL);  // testing hook: the controller dies mid-run
     const int64_t done = step + 1;
     const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
