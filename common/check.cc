@@ -1,5 +1,7 @@
 #include "common/check.h"
 
+#include <cstdio>
+
 namespace pwm::detail {
 
 void throw_check(const char* file, int line, const std::string& msg) {
@@ -17,3 +19,16 @@ void throw_check(const char* file, int line, const std::string& msg) {
 }
 
 }  // namespace pwm::detail
+
+namespace pwm {
+
+int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char**)) {
+  try {
+    return body(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    return 1;
+  }
+}
+
+}  // namespace pwm

@@ -23,6 +23,10 @@ namespace detail {
 [[noreturn]] void throw_check(const char* file, int line, const std::string& msg);
 }  // namespace detail
 
+// The main() of a single-process tool: returns body(argc, argv), or prints "<tool>: error: <what>"
+// on stderr and returns 1 when it throws. (MPI programs use collectives::run_mpi_main.)
+int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char**));
+
 }  // namespace pwm
 
 // PWM_THROW("bad --mesh {}: ...", value): throws pwm::Error with the formatted message.

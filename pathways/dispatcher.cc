@@ -148,9 +148,8 @@ void Dispatcher::loop() {
       // slept to in one go, up to kMaxPredictedSleepUs, instead of waking every millisecond to
       // find nothing: each of those wake-ups preempts a worker (a thousand per second cost the
       // fused trainer 1.5% of a core). Commands from clients still wake it at once.
-      const bool long_ok = !held;
-      if (long_ok) until = std::min(until, std::chrono::microseconds(kMaxPredictedSleepUs));
-      if (until < wait || long_ok) {
+      if (!held) until = std::min(until, std::chrono::microseconds(kMaxPredictedSleepUs));
+      if (until < wait || !held) {
         wait = until;
         predicted = true;
       }

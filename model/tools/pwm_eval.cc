@@ -48,11 +48,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "pwm_eval: error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return pwm::run_tool_main("pwm_eval", argc, argv, run); }
