@@ -1,5 +1,6 @@
 #include "collectives/executor.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -227,6 +228,8 @@ void Executor::fire_watchdog() {
       "collective watchdog: world rank {} timed out after {:.1f} s in {}{}, {}; aborting the job "
       "(timeout: PWM_COLL_TIMEOUT or --coll-timeout)",
       t_.rank(), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
+  std::abort();  // not reached (Transport::abort does not return), but GCC does not see
+                 // [[noreturn]] through a virtual call
 }
 
 }  // namespace pwm::collectives
