@@ -129,6 +129,10 @@ def main():
             "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else "no"]))
         if "bubble" in t:
             print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
+    pk = workload.get("gemm_peak_gflops_per_core")
+    if pk:
+        print(f"{'':>12}  MFU against a GEMM peak of {pk['used_for_mfu']:.1f} GFLOP/s per core, the higher of "
+              f"{pk['before']:.1f} before and {pk['after']:.1f} after the runs (the trainers' own lines used the first)")
     doc = {"workload": workload, "runs": table}
     with open(os.path.join(out_dir, "compare.json"), "w") as f:
         json.dump(doc, f, indent=1)
