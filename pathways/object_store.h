@@ -6,7 +6,9 @@
 // is done, then ready, or failed with an error). References are shared_ptrs: the store holds
 // one per entry (dropped by a client's free, or by the end of its owner), a running program
 // holds one per slot it uses; the buffer is freed when the last goes. Used by the worker's one
-// thread only.
+// thread only. A freed Buffer of 1 MiB or more is kept (up to 1 GiB per process,
+// PWM_PW_BUFFER_CACHE_MB) for the next Buffer of the same size, so a new Buffer's contents are
+// undefined: its writers must write all of it.
 #pragma once
 
 #include <atomic>
@@ -27,7 +29,7 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   void* data() { return p_; }
   size_t size() const { return n_; }
-  // Live buffers and bytes in this process.
+  // Live buffers and bytes in this process (in use; not the freed ones kept for reuse).
   static int64_t live();
   static int64_t live_bytes();
 

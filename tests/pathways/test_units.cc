@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "collectives/inproc_transport.h"
 #include "pathways/lowering.h"
+#include "pathways/object_store.h"
 #include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
 #include "pathways/worker.h"
@@ -191,6 +193,31 @@ TEST(Channel, BundlesAndLargeFrames) {
       while (ch.listening(1)) ch.progress(got);
     }
   });
+}
+
+// Freed buffers of 1 MiB or more come back for the next buffer of the same size (the training
+// step's state then lands in memory already mapped); live counts only buffers in use.
+TEST(Buffer, LargeFreedBuffersAreReusedBySameSize) {
+  const int64_t live0 = Buffer::live(), bytes0 = Buffer::live_bytes();
+  const size_t n = (size_t{2} << 20) + 4;  // not a multiple of 64
+  void* first;
+  {
+    Buffer a(n);
+    first = a.data();
+    std::memset(a.data(), 0x5a, n);
+    EXPECT_EQ(Buffer::live(), live0 + 1);
+    EXPECT_EQ(Buffer::live_bytes(), bytes0 + static_cast<int64_t>(n));
+  }
+  EXPECT_EQ(Buffer::live(), live0);
+  EXPECT_EQ(Buffer::live_bytes(), bytes0);
+  Buffer b(n);
+  EXPECT_EQ(b.data(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  Buffer c(n);  // the cached one is taken: a fresh one
+  EXPECT_NE(c.data(), first);
+  Buffer d(n + 4096);  // another size never takes it
+  EXPECT_NE(d.data(), first);
+  EXPECT_NE(d.data(), c.data());
 }
 
 TEST(InProcRuntime, ChainedProgramOverThreads) {
