@@ -120,6 +120,20 @@ void Dispatcher::loop() {
         pred.push_back(r->predicted_done);
       }
     }
+    // A fetch sent to a worker is answered between its kernels: when the run it is executing
+    // ends (a fused training step: 700 ms after the fetch of the previous step's statistics),
+    // or at once when it runs nothing. Its answer is predicted like that run's completion;
+    // waking every millisecond in between would only preempt the worker computing it.
+    for (auto& [req, f] : fetch_reqs_) {
+      auto it = rank_next_done_.find(f.rank);
+      if (it == rank_next_done_.end() || it->second.first <= now) {
+        pred.push_back(now);
+        if (it != rank_next_done_.end())
+          overdue_mean_s = overdue_mean_s < 0 ? it->second.second : std::min(overdue_mean_s, it->second.second);
+      } else {
+        pred.push_back(it->second.first);
+      }
+    }
     if (!pred.empty()) {
       const size_t m = std::max<size_t>(1, pred.size() / batch_div_);
       std::nth_element(pred.begin(), pred.begin() + static_cast<std::ptrdiff_t>(m - 1), pred.end());
@@ -285,7 +299,7 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
   rec->left = parts;
   for (size_t k = 0; k < parts; ++k) {
     uint64_t req = next_req_++;
-    fetch_reqs_[req] = {rec, k};
+    fetch_reqs_[req] = {rec, k, m.ranks[k]};
     Writer w;
     w.put(req);
     w.put(a->id);
@@ -524,7 +538,7 @@ void Dispatcher::handle(Message& m) {
       std::string err = rd.str();
       auto it = fetch_reqs_.find(req);
       PWM_CHECK(it != fetch_reqs_.end());
-      auto [rec, k] = it->second;
+      auto [rec, k, rank] = it->second;
       fetch_reqs_.erase(it);
       if (!err.empty() && rec->error.empty()) rec->error = err;
       const uint8_t* p = rd.bytes(rd.remaining());
@@ -807,6 +821,7 @@ void Dispatcher::predict() {
   if (!predictions_dirty_) return;  // they depend on the runs sent and completed only
   predictions_dirty_ = false;
   std::map<int, double> free = free_at_;
+  rank_next_done_.clear();
   for (uint64_t id : sent_order_) {
     auto it = runs_.find(id);
     if (it == runs_.end() || it->second->workers_done) continue;
@@ -816,6 +831,8 @@ void Dispatcher::predict() {
     for (auto& [rank, wp] : r.lp->workers) start = std::max(start, free[rank]);
     const double done = est == exec_time_.end() ? 0 : start + est->second;
     r.predicted_done = done;
+    for (auto& [rank, wp] : r.lp->workers)  // the first unfinished run of each rank
+      rank_next_done_.try_emplace(rank, done, est == exec_time_.end() ? 0.0 : est->second);
     for (auto& [rank, wp] : r.lp->workers) free[rank] = done > 0 ? done : std::max(free[rank], start);
   }
   while (!sent_order_.empty()) {  // forget finished runs at the front

@@ -122,10 +122,18 @@ class Dispatcher {
   std::map<uint64_t, double> exec_time_;  // lowered program id -> device time per worker (s)
   std::map<int, double> free_at_;          // world rank -> when its last completed run ended
   bool predictions_dirty_ = false;
+  // predict(): per world rank, the predicted completion of its first unfinished run (0: no
+  // estimate yet) and that program's mean run time (s).
+  std::map<int, std::pair<double, double>> rank_next_done_;
   std::deque<uint64_t> sent_order_;        // runs sent, in dispatch order (front: finished ones pruned)
   std::map<uint64_t, ObjMeta> objects_;
   std::map<int, std::vector<uint64_t>> frees_;
-  std::map<uint64_t, std::pair<std::shared_ptr<FetchRec>, size_t>> fetch_reqs_;
+  struct FetchReq {
+    std::shared_ptr<FetchRec> rec;
+    size_t part;
+    int rank;  // the worker asked
+  };
+  std::map<uint64_t, FetchReq> fetch_reqs_;
   std::vector<std::pair<std::shared_ptr<ArrayState>, std::shared_ptr<FutureState<HostTensor>>>> waiting_fetches_;
   std::map<uint64_t, std::pair<std::shared_ptr<FutureState<std::vector<WorkerStats>>>, std::vector<WorkerStats>>> stats_;
   std::map<int, uint64_t> caps_;                // world rank -> memory cap (0 = none)

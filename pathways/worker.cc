@@ -34,6 +34,7 @@ struct LoadedProgram {
   WorkerProgram p;
   std::vector<const KernelDef*> kernels;  // per exec; nullptr: not registered here
   mutable std::vector<std::shared_ptr<collectives::Communicator>> comms;  // per exec, on first use
+  mutable std::vector<double> last_s;  // per exec: how long it last ran here (s; 0: not yet)
 };
 
 enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
@@ -89,8 +90,12 @@ class Worker {
       for (auto& m : inbox) handle(m);
       inbox.clear();
       any |= admit();
+      // After a long kernel the pass ends (below): messages that came in while it ran (a fetch
+      // of the result the controller just heard of) are handled before the next kernel starts.
+      long_kernel_ran_ = false;
       for (auto it = runs_.begin(); it != runs_.end();) {
         any |= progress_run(*it);
+        const bool stop = long_kernel_ran_;
         if (it->left == 0) {
           finish_run(*it);
           it = runs_.erase(it);
@@ -98,6 +103,7 @@ class Worker {
         } else {
           ++it;
         }
+        if (stop) break;
       }
       any |= progress_moves();
       any |= progress_fetches();
@@ -135,6 +141,7 @@ class Worker {
         auto lp = std::make_shared<LoadedProgram>();
         lp->p = WorkerProgram::read(r);
         for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
+        lp->last_s.assign(lp->p.execs.size(), 0.0);
         programs_[lp->p.id] = std::move(lp);
         break;
       }
@@ -407,6 +414,7 @@ class Worker {
         }
         case Op::kExec:
           if (try_exec(run, i)) any = true;
+          if (long_kernel_ran_) return true;  // back to the loop (see loop())
           break;
       }
     }
@@ -440,10 +448,15 @@ class Worker {
       for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
-      // The run_done of a run a client waits for goes out before the kernel takes the core:
-      // otherwise it would reach the controller only after this kernel, a whole kernel late.
-      // Other answers stay bundled until the end of the pass.
-      if (awaited_done_) {
+      // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
+      // the core for long (it last ran here for >= kLongKernelS, or has not run yet): otherwise
+      // they would reach the controller a whole kernel late (a fused training step's statistics
+      // would be answered only when the worker's queue of steps is empty). Before short kernels
+      // they stay bundled until the end of the pass, except a run_done a client waits for.
+      double& last_s = run.prog->last_s[p.instrs[i].exec];
+      const bool long_kernel = last_s == 0 || last_s >= kLongKernelS;
+      if (long_kernel) progress_fetches();
+      if (long_kernel || awaited_done_) {
         chan_.flush();
         awaited_done_ = false;
       }
@@ -454,6 +467,8 @@ class Worker {
         def->fn(ctx);
         kernels_run_++;
         const double t1 = now_s();
+        last_s = t1 - t0;
+        long_kernel_ran_ = long_kernel_ran_ || last_s >= kLongKernelS;
         run.kernel_s += t1 - t0;
         if (run.h.flags & kRunRecord) {
           TraceRecord t;
@@ -585,6 +600,8 @@ class Worker {
   std::vector<TraceRecord> trace_;
   uint64_t peak_bytes_ = 0;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
+  bool long_kernel_ran_ = false;  // in this pass of loop()
+  static constexpr double kLongKernelS = 1e-3;
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };
