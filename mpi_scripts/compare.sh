@@ -11,8 +11,9 @@
 # Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--rounds R] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
 #   --np N          compute ranks (default 2); pathways runs use N+1 ranks
 #   --steps N       optimizer steps per run (default 30)
-#   --rounds R      run the four trainers R times, interleaved, and pool their step times
-#                   (default 1; more rounds make the ratios robust on a noisy machine)
+#   --rounds R      run the four trainers R times, interleaved (every other round in reverse
+#                   order), pool their step times and pair their ratios by round (default 1;
+#                   more rounds make the ratios robust on a machine whose speed drifts)
 #   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
 #   --out DIR       results directory (default results/)
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
@@ -62,12 +63,22 @@ run() {  # run NAME NRANKS BINARY FLAGS...
 SECONDS=0
 declare -A METRICS TRACES
 PT=pathways/train/pathways_train
+one() {
+  case $1 in
+    spmd) run spmd "$NP" spmd/spmd_train --dp "$NP" ;;
+    fused) run fused $((NP + 1)) $PT --dp "$NP" --granularity fused ;;
+    chained) run chained $((NP + 1)) $PT --dp "$NP" --granularity chained ;;
+    # The MPMD pipeline: NP stages of one device each, one stage per island.
+    pipeline) run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe ;;
+  esac
+}
+# Odd rounds in one order, even rounds in the reverse (spmd fused chained pipeline, then
+# pipeline chained fused spmd): a drift of the machine's speed within a pair of rounds then
+# favours no trainer.
 for ROUND in $(seq "$ROUNDS"); do
-  run spmd "$NP" spmd/spmd_train --dp "$NP"
-  run fused $((NP + 1)) $PT --dp "$NP" --granularity fused
-  run chained $((NP + 1)) $PT --dp "$NP" --granularity chained
-  # The MPMD pipeline: NP stages of one device each, one stage per island.
-  run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe
+  ORDER=(spmd fused chained pipeline)
+  [ $((ROUND % 2)) -eq 0 ] && ORDER=(pipeline chained fused spmd)
+  for r in "${ORDER[@]}"; do one "$r"; done
 done
 PEAK_END=$(measure_peak)
 echo "GEMM peak per core after the runs: $PEAK_END GFLOP/s"

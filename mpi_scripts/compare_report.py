@@ -3,9 +3,11 @@
 
     compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[,MORE.jsonl...][:TRACE.json] ...
 
-The first run is the reference (SPMD). Several metrics files for one run are rounds of it: their
-step times are pooled (throughput and percentiles over every step but the first of every round); losses and
-weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
+The first run is the reference (SPMD). Several metrics files for one run are rounds of it, given in
+the same round order for every run: their step times are pooled (throughput and percentiles over
+every step but the first of every round), and the ratio against the reference is paired by round
+(the median of the rounds' ratios: the runs of one round ran back to back, so a machine whose
+speed drifts between rounds does not bias it). Losses and weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
 gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
 """
 import json
@@ -86,9 +88,10 @@ def main():
         files = metrics.split(",")
         head, steps, vals, final = load_metrics(files[0])
         # Every step but each run's first (warm-up: lowering, first allocations, caches).
-        pooled = [s["step_ms"] for f in files for s in load_metrics(f)[1][1:]]
+        per_round = [[s["step_ms"] for s in load_metrics(f)[1][1:]] for f in files]
+        pooled = [v for r in per_round for v in r]
         runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace,
-                         step_ms=pooled, rounds=len(files)))
+                         step_ms=pooled, round_p50=[percentile(r, 0.5) for r in per_round], rounds=len(files)))
     # The trainers' MFU is against the peak measured before the runs; the report's is against
     # the higher of the peaks measured before and after them (workload.json).
     peak_used = workload.get("gemm_peak_gflops_per_core", {}).get("used_for_mfu")
@@ -106,7 +109,10 @@ def main():
         cfg = r["head"]["config"]
         tokens_per_step = cfg["batch"] * int(re.search(r"seq_len=(\d+)", cfg["model"]).group(1))
         tps = tokens_per_step / (p50 * 1e-3)  # over the pooled median step
-        row = dict(name=r["name"], tokens_per_s=tps, step_ms_p50=p50, step_ms_p90=p90,
+        # Paired by round: step time of the reference over this run's, per round (same tokens per step).
+        ratios = [a / b for a, b in zip(ref["round_p50"], r["round_p50"])]
+        row = dict(name=r["name"], tokens_per_s=tps, tokens_per_s_vs_spmd=percentile(ratios, 0.5),
+                   tokens_per_s_vs_spmd_per_round=ratios, step_ms_p50=p50, step_ms_p90=p90,
                    mfu=f["mfu"] * tps / f["tokens_per_s"] * peak_scale(r["head"]), comm_or_dispatch_share=share,
                    rounds=r["rounds"], steps_pooled=len(r["step_ms"]),
                    final_loss=f["final_loss"], val_loss=f["final_val_loss"],
@@ -123,12 +129,17 @@ def main():
     for t in table:
         d = t["max_abs_loss_diff_vs_spmd"]
         print("  ".join(f"{v:>12}" for v in [
-            t["name"], f"{t['tokens_per_s']:.0f}", f"{t['tokens_per_s'] / table[0]['tokens_per_s']:.3f}x",
+            t["name"], f"{t['tokens_per_s']:.0f}", f"{t['tokens_per_s_vs_spmd']:.3f}x",
             f"{t['step_ms_p50']:.1f}", f"{t['step_ms_p90']:.1f}", f"{100 * t['mfu']:.1f}%",
             f"{100 * t['comm_or_dispatch_share']:.1f}%", f"{t['final_loss']:.4f}", f"{t['val_loss']:.4f}",
             "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else "no"]))
         if "bubble" in t:
             print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
+    if ref["rounds"] > 1:
+        print(f"{'':>12}  vs spmd: the median of the {ref['rounds']} rounds' ratios (each round ran every trainer back "
+              f"to back); tokens/s and p50/p90 pool the rounds' steps")
+        for t in table[1:]:
+            print(f"{'':>12}  {t['name']} per round: " + " ".join(f"{x:.3f}" for x in t["tokens_per_s_vs_spmd_per_round"]))
     pk = workload.get("gemm_peak_gflops_per_core")
     if pk:
         print(f"{'':>12}  MFU against a GEMM peak of {pk['used_for_mfu']:.1f} GFLOP/s per core, the higher of "
