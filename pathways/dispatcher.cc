@@ -120,18 +120,19 @@ void Dispatcher::loop() {
         pred.push_back(r->predicted_done);
       }
     }
-    // A fetch sent to a worker is answered between its kernels: when the run it is executing
-    // ends (a fused training step: 700 ms after the fetch of the previous step's statistics),
-    // or at once when it runs nothing. Its answer is predicted like that run's completion;
-    // waking every millisecond in between would only preempt the worker computing it.
+    // A fetch sent to a worker is answered between its kernels, at once when it runs nothing.
+    // Its answer is predicted at the end of the run the worker is executing, or sooner by one
+    // of that run's kernels (its program's time on that worker over its kernels there): a fused
+    // training step's statistics are fetched while the next 700 ms step runs, and waking every
+    // millisecond in between would only preempt the worker computing it.
     for (auto& [req, f] : fetch_reqs_) {
       auto it = rank_next_done_.find(f.rank);
-      if (it == rank_next_done_.end() || it->second.first <= now) {
+      if (it == rank_next_done_.end() || it->second.done <= now) {
         pred.push_back(now);
         if (it != rank_next_done_.end())
-          overdue_mean_s = overdue_mean_s < 0 ? it->second.second : std::min(overdue_mean_s, it->second.second);
+          overdue_mean_s = overdue_mean_s < 0 ? it->second.mean : std::min(overdue_mean_s, it->second.mean);
       } else {
-        pred.push_back(it->second.first);
+        pred.push_back(std::min(it->second.done, now + it->second.kernel));
       }
     }
     if (!pred.empty()) {
@@ -831,8 +832,10 @@ void Dispatcher::predict() {
     for (auto& [rank, wp] : r.lp->workers) start = std::max(start, free[rank]);
     const double done = est == exec_time_.end() ? 0 : start + est->second;
     r.predicted_done = done;
-    for (auto& [rank, wp] : r.lp->workers)  // the first unfinished run of each rank
-      rank_next_done_.try_emplace(rank, done, est == exec_time_.end() ? 0.0 : est->second);
+    for (auto& [rank, wp] : r.lp->workers) {  // the first unfinished run of each rank
+      const double mean = est == exec_time_.end() ? 0.0 : est->second;
+      rank_next_done_.try_emplace(rank, RankNext{done, mean, mean / static_cast<double>(std::max<size_t>(1, wp.execs.size()))});
+    }
     for (auto& [rank, wp] : r.lp->workers) free[rank] = done > 0 ? done : std::max(free[rank], start);
   }
   while (!sent_order_.empty()) {  // forget finished runs at the front

@@ -122,9 +122,12 @@ class Dispatcher {
   std::map<uint64_t, double> exec_time_;  // lowered program id -> device time per worker (s)
   std::map<int, double> free_at_;          // world rank -> when its last completed run ended
   bool predictions_dirty_ = false;
-  // predict(): per world rank, the predicted completion of its first unfinished run (0: no
-  // estimate yet) and that program's mean run time (s).
-  std::map<int, std::pair<double, double>> rank_next_done_;
+  // predict(): per world rank, its first unfinished run's predicted completion (0: no estimate
+  // yet), its program's mean time there and that over the program's kernels there (s).
+  struct RankNext {
+    double done, mean, kernel;
+  };
+  std::map<int, RankNext> rank_next_done_;
   std::deque<uint64_t> sent_order_;        // runs sent, in dispatch order (front: finished ones pruned)
   std::map<uint64_t, ObjMeta> objects_;
   std::map<int, std::vector<uint64_t>> frees_;
