@@ -57,6 +57,14 @@ struct Worker {
     if (!ws) ws = std::make_unique<model::Workspace<float>>(layout, cfg.micro_batch());
     return *ws;
   }
+  // Allocates (and first-touches) the step's host memory when the state is made, as
+  // spmd_train's constructor does, not inside the first step: the 200 MB workspace's page
+  // faults took ~1 s of a chained run's first step.
+  void prepare(const ParamLayout& layout) {
+    workspace(layout);
+    grads.resize(static_cast<size_t>(layout.total()));
+    tokens.resize(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1)));
+  }
   Communicator& comm(uint32_t context, std::vector<int> group) {
     auto& c = comms[{context, group}];
     if (!c) {
@@ -153,6 +161,7 @@ std::vector<ArgSpec> state_specs(int tp) { return {split_f32(total(tp)), split_f
 void init_state(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
+  g->prepare(layout);
   model::init_params(layout, g->cfg.model.seed, ctx.out<float>(0).data());
   std::fill(ctx.out<float>(1).begin(), ctx.out<float>(1).end(), 0.0f);
   std::fill(ctx.out<float>(2).begin(), ctx.out<float>(2).end(), 0.0f);
@@ -162,6 +171,7 @@ void init_state(KernelContext& ctx) {
 void load_state(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
+  g->prepare(layout);
   auto ck = model::load_resume_checkpoint(g->cfg);
   PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", g->cfg.ckpt);
   model::scatter_full(layout, ck->params, ctx.out<float>(0).data());
