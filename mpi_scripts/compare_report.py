@@ -5,7 +5,7 @@
 
 The first run is the reference (SPMD). Several metrics files for one run are rounds of it, given in
 the same round order for every run: their step times are pooled (throughput and percentiles over
-every step but the first of every round), and the ratio against the reference is paired by round
+every step but the first WARMUP_STEPS of every round, whose time is printed apart), and the ratio against the reference is paired by round
 (the median of the rounds' ratios: the runs of one round ran back to back, so a machine whose
 speed drifts between rounds does not bias it). Losses and weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
 gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
@@ -15,6 +15,10 @@ import os
 import re
 import subprocess
 import sys
+
+
+# Steps of each run left out of the steady-state columns (fewer if a run is shorter).
+WARMUP_STEPS = 3
 
 
 def load_metrics(path):
@@ -87,11 +91,16 @@ def main():
     for name, metrics, trace in specs:
         files = metrics.split(",")
         head, steps, vals, final = load_metrics(files[0])
-        # Every step but each run's first (warm-up: lowering, first allocations, caches).
-        per_round = [[s["step_ms"] for s in load_metrics(f)[1][1:]] for f in files]
+        # Steady state: every step but each round's first WARMUP_STEPS (lowering, first
+        # allocations: a Pathways run's buffer cache fills over its first steps); their time is
+        # reported on a line of its own.
+        all_ms = [[s["step_ms"] for s in load_metrics(f)[1]] for f in files]
+        skip = min(WARMUP_STEPS, min(len(r) for r in all_ms) - 1)
+        per_round = [r[skip:] for r in all_ms]
         pooled = [v for r in per_round for v in r]
         runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace,
-                         step_ms=pooled, round_p50=[percentile(r, 0.5) for r in per_round], rounds=len(files)))
+                         step_ms=pooled, round_p50=[percentile(r, 0.5) for r in per_round], rounds=len(files),
+                         warmup_steps=skip, warmup_ms=percentile([sum(r[:skip]) for r in all_ms], 0.5)))
     # The trainers' MFU is against the peak measured before the runs; the report's is against
     # the higher of the peaks measured before and after them (workload.json).
     peak_used = workload.get("gemm_peak_gflops_per_core", {}).get("used_for_mfu")
@@ -115,6 +124,7 @@ def main():
                    tokens_per_s_vs_spmd_per_round=ratios, step_ms_p50=p50, step_ms_p90=p90,
                    mfu=f["mfu"] * tps / f["tokens_per_s"] * peak_scale(r["head"]), comm_or_dispatch_share=share,
                    rounds=r["rounds"], steps_pooled=len(r["step_ms"]),
+                   warmup_steps=r["warmup_steps"], warmup_ms=r["warmup_ms"],
                    final_loss=f["final_loss"], val_loss=f["final_val_loss"],
                    max_abs_loss_diff_vs_spmd=max(diffs) if diffs else None,
                    weights_hash=f["weights_hash"],
@@ -140,6 +150,10 @@ def main():
               f"to back); tokens/s and p50/p90 pool the rounds' steps")
         for t in table[1:]:
             print(f"{'':>12}  {t['name']} per round: " + " ".join(f"{x:.3f}" for x in t["tokens_per_s_vs_spmd_per_round"]))
+    if ref["warmup_steps"]:
+        print(f"{'':>12}  warm-up, the first {ref['warmup_steps']} steps of a run (not in the columns above), ms: "
+              + " ".join(f"{t['name']} {t['warmup_ms']:.0f}" for t in table)
+              + (" (median over the rounds)" if ref["rounds"] > 1 else ""))
     pk = workload.get("gemm_peak_gflops_per_core")
     if pk:
         print(f"{'':>12}  MFU against a GEMM peak of {pk['used_for_mfu']:.1f} GFLOP/s per core, the higher of "
