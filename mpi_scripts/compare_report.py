@@ -17,6 +17,13 @@ import subprocess
 import sys
 
 
+# Timeline colours: the controller's waiting and dispatch always grey and black, every other
+# activity its own colour (gnuplot's default cycle repeats after 8).
+FIXED_COLORS = {"wait": "#c8c8c8", "dispatch": "#000000"}
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+           "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+           "#dbdb8d", "#9edae5", "#393b79", "#637939"]
+
 # Steps of each run left out of the steady-state columns (fewer if a run is shorter).
 WARMUP_STEPS = 3
 
@@ -192,6 +199,9 @@ plot '{data}/throughput.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:
         script = [f"set terminal pngcairo size 1100,{260 * len(panels)}", f"set output '{out_dir}/timeline.png'",
                   f"set multiplot layout {len(panels)},1", "set style fill solid 0.8", "set termoption noenhanced",
                   "set xlabel 'ms since the step started'"]
+        # One colour per activity across the panels (a block_fwd looks the same in every run).
+        all_kinds = sorted({name.split()[0] for _, rows in panels for *_, name, _, _ in rows} - set(FIXED_COLORS))
+        color_of = dict(FIXED_COLORS, **{k: PALETTE[i % len(PALETTE)] for i, k in enumerate(all_kinds)})
         for r, rows in panels:
             lanes = sorted({(p, t) for p, t, *_ in rows})
             lane_of = {l: i for i, l in enumerate(lanes)}
@@ -200,11 +210,12 @@ plot '{data}/throughput.dat' using 1:3:xtic(2) with boxes notitle, '' using 1:3:
                 kinds.setdefault(name.split()[0], []).append((start, start + dur, lane_of[(p, t)]))
             plots = []
             for i, (kind, boxes) in enumerate(sorted(kinds.items())):
+                color = color_of[kind]
                 path = os.path.join(data, f"timeline_{r['name']}_{i}.dat")
                 with open(path, "w") as f:
                     for a, b, y in boxes:
                         f.write(f"{a} {b} {y - 0.35} {y + 0.35}\n")
-                plots.append(f"'{path}' using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror lc {i + 1} title '{kind}'")
+                plots.append(f"'{path}' using (($1+$2)/2):(($3+$4)/2):1:2:3:4 with boxxyerror lc rgb '{color}' title '{kind}'")
             ytics = ", ".join(f"'rank {p}{'' if t == 0 else ' / comm' if t == 1 else f' / {t}'}' {i}"
                               for (p, t), i in lane_of.items())
             script += [f"set title 'one step: {r['name']}'", f"set ytics ({ytics})",
