@@ -102,7 +102,10 @@ def main():
         # allocations: a Pathways run's buffer cache fills over its first steps); their time is
         # reported on a line of its own.
         all_ms = [[s["step_ms"] for s in load_metrics(f)[1]] for f in files]
-        skip = min(WARMUP_STEPS, min(len(r) for r in all_ms) - 1)
+        if min(len(r) for r in all_ms) == 0:
+            sys.exit(f"compare_report: a metrics file of run '{name}' has no step lines ({metrics}); "
+                     f"did the trainer fail? Its log is next to it")
+        skip = min(WARMUP_STEPS, min(len(r) for r in all_ms) - 1)  # at least one step stays
         per_round = [r[skip:] for r in all_ms]
         pooled = [v for r in per_round for v in r]
         runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace,
@@ -157,10 +160,13 @@ def main():
               f"to back); tokens/s and p50/p90 pool the rounds' steps")
         for t in table[1:]:
             print(f"{'':>12}  {t['name']} per round: " + " ".join(f"{x:.3f}" for x in t["tokens_per_s_vs_spmd_per_round"]))
-    if ref["warmup_steps"]:
-        print(f"{'':>12}  warm-up, the first {ref['warmup_steps']} steps of a run (not in the columns above), ms: "
-              + " ".join(f"{t['name']} {t['warmup_ms']:.0f}" for t in table)
+    if any(t["warmup_steps"] for t in table):
+        print(f"{'':>12}  warm-up, the first steps of a run (not in the columns above), ms: "
+              + " ".join(f"{t['name']} {t['warmup_ms']:.0f} ({t['warmup_steps']} step{'s' if t['warmup_steps'] != 1 else ''})" for t in table)
               + (" (median over the rounds)" if ref["rounds"] > 1 else ""))
+    if any(t["warmup_steps"] < WARMUP_STEPS for t in table):
+        print(f"{'':>12}  note: runs this short keep (some of) their {WARMUP_STEPS} warm-up steps in the columns; "
+              f"use --steps {WARMUP_STEPS + 5} or more for steady-state figures")
     pk = workload.get("gemm_peak_gflops_per_core")
     if pk:
         print(f"{'':>12}  MFU against a GEMM peak of {pk['used_for_mfu']:.1f} GFLOP/s per core, the higher of "

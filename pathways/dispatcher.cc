@@ -132,7 +132,9 @@ void Dispatcher::loop() {
         if (it != rank_next_done_.end())
           overdue_mean_s = overdue_mean_s < 0 ? it->second.mean : std::min(overdue_mean_s, it->second.mean);
       } else {
-        pred.push_back(std::min(it->second.done, now + it->second.kernel));
+        // Not sooner than the fine polling interval: a run of many tiny kernels must not turn
+        // this into a spin.
+        pred.push_back(std::min(it->second.done, now + std::max(it->second.kernel, 1e-6 * c_.opts_.busy_backoff_max_us)));
       }
     }
     if (!pred.empty()) {
@@ -504,6 +506,7 @@ void Dispatcher::handle(Message& m) {
       if (!err.empty() && r.error.empty()) r.error = err;
       if (urgent(r)) urgent_activity_ = true;
       r.waiting.erase(m.peer);
+      predictions_dirty_ = true;  // that rank's next run is now the one its fetches wait behind
       if (r.waiting.empty()) complete_workers(r);
       break;
     }
@@ -833,10 +836,12 @@ void Dispatcher::predict() {
     const double done = est == exec_time_.end() ? 0 : start + est->second;
     r.predicted_done = done;
     for (auto& [rank, wp] : r.lp->workers) {  // the first unfinished run of each rank
+      if (!r.waiting.count(rank)) continue;   // this rank's share is done: its next run counts
       const double mean = est == exec_time_.end() ? 0.0 : est->second;
       rank_next_done_.try_emplace(rank, RankNext{done, mean, mean / static_cast<double>(std::max<size_t>(1, wp.execs.size()))});
     }
-    for (auto& [rank, wp] : r.lp->workers) free[rank] = done > 0 ? done : std::max(free[rank], start);
+    for (auto& [rank, wp] : r.lp->workers)
+      if (r.waiting.count(rank)) free[rank] = done > 0 ? done : std::max(free[rank], start);
   }
   while (!sent_order_.empty()) {  // forget finished runs at the front
     auto it = runs_.find(sent_order_.front());

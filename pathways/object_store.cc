@@ -1,5 +1,6 @@
 #include "pathways/object_store.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -52,7 +53,7 @@ class Pool {
   }
 
  private:
-  const size_t max_ = static_cast<size_t>(env_double("PWM_PW_BUFFER_CACHE_MB", 1024) * (1 << 20));
+  const size_t max_ = static_cast<size_t>(std::max(0.0, env_double("PWM_PW_BUFFER_CACHE_MB", 1024)) * (1 << 20));
   std::mutex mu_;
   std::multimap<size_t, void*> free_;  // by allocation size
   size_t cached_ = 0;
