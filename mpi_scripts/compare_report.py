@@ -5,9 +5,10 @@
 
 The first run is the reference (SPMD). Several metrics files for one run are rounds of it, given in
 the same round order for every run: their step times are pooled (throughput and percentiles over
-every step but the first WARMUP_STEPS of every round, whose time is printed apart), and the ratio against the reference is paired by round
-(the median of the rounds' ratios: the runs of one round ran back to back, so a machine whose
-speed drifts between rounds does not bias it). Losses and weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
+every step but the first WARMUP_STEPS of every round, whose time is printed apart), and the ratio
+against the reference is paired by round (the median of the rounds' ratios: the runs of one round
+ran back to back, so a machine whose speed drifts between rounds does not bias it). Losses and
+weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
 gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
 """
 import json

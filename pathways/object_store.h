@@ -7,9 +7,9 @@
 // one per entry (dropped by a client's free, or by the end of its owner), a running program
 // holds one per slot it uses; the buffer is freed when the last goes. A store is used by its
 // worker's one thread only; the buffer cache is process-wide and locked (the in-process
-// runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to 1 GiB per process,
-// PWM_PW_BUFFER_CACHE_MB) for the next Buffer of the same size, so a new Buffer's contents are
-// undefined: its writers must write all of it.
+// runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to
+// 1 GiB per process, PWM_PW_BUFFER_CACHE_MB) for the next Buffer of the same size, so a new
+// Buffer's contents are undefined: its writers must write all of it.
 #pragma once
 
 #include <atomic>
