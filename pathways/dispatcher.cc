@@ -506,7 +506,9 @@ void Dispatcher::handle(Message& m) {
       if (!err.empty() && r.error.empty()) r.error = err;
       if (urgent(r)) urgent_activity_ = true;
       r.waiting.erase(m.peer);
-      predictions_dirty_ = true;  // that rank's next run is now the one its fetches wait behind
+      // That rank's next run is now the one its fetches wait behind (recomputed only when a
+      // fetch waits: an OpByOp stream's partial completions need no new predictions).
+      if (!fetch_reqs_.empty()) predictions_dirty_ = true;
       if (r.waiting.empty()) complete_workers(r);
       break;
     }

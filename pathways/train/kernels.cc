@@ -57,14 +57,6 @@ struct Worker {
     if (!ws) ws = std::make_unique<model::Workspace<float>>(layout, cfg.micro_batch());
     return *ws;
   }
-  // Allocates (and first-touches) the step's host memory when the state is made, as
-  // spmd_train's constructor does, not inside the first step: the 200 MB workspace's page
-  // faults took ~1 s of a chained run's first step.
-  void prepare(const ParamLayout& layout) {
-    workspace(layout);
-    grads.resize(static_cast<size_t>(layout.total()));
-    tokens.resize(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1)));
-  }
   Communicator& comm(uint32_t context, std::vector<int> group) {
     auto& c = comms[{context, group}];
     if (!c) {
@@ -119,6 +111,16 @@ ArgSpec rep_i64(int64_t n) { return {TensorSpec{DataType::kInt64, {n}}, Sharding
 int64_t total(int tp) { return g->layout(tp, 0).total(); }
 int64_t act_n() { return g->cfg.micro_batch() * g->cfg.model.seq_len * g->cfg.model.d_model; }  // [N, C]
 int64_t tokens_n() { return g->cfg.micro_batch() * (g->cfg.model.seq_len + 1); }
+
+// The worker's step memory (workspace, gradient and token scratch), made once and sized for the
+// layout. The state kernels call it first, as spmd_train's constructor makes its own: made in
+// the first step instead, the 200 MB workspace's page faults took ~1 s of a chained run's first
+// step. Later calls only return it.
+model::Workspace<float>& step_memory(const ParamLayout& layout) {
+  g->grads.resize(static_cast<size_t>(layout.total()));
+  g->tokens.resize(static_cast<size_t>(tokens_n()));
+  return g->workspace(layout);
+}
 int64_t head_grads_n() { return g->cfg.model.vocab * g->cfg.model.d_model + g->cfg.model.d_model; }  // embed | final_norm
 int64_t layer_n(int tp, int l) {
   const auto& L = g->layout(tp, 0).layer(l);
@@ -161,7 +163,7 @@ std::vector<ArgSpec> state_specs(int tp) { return {split_f32(total(tp)), split_f
 void init_state(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
-  g->prepare(layout);
+  step_memory(layout);
   model::init_params(layout, g->cfg.model.seed, ctx.out<float>(0).data());
   std::fill(ctx.out<float>(1).begin(), ctx.out<float>(1).end(), 0.0f);
   std::fill(ctx.out<float>(2).begin(), ctx.out<float>(2).end(), 0.0f);
@@ -171,7 +173,7 @@ void init_state(KernelContext& ctx) {
 void load_state(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
-  g->prepare(layout);
+  step_memory(layout);
   auto ck = model::load_resume_checkpoint(g->cfg);
   PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", g->cfg.ckpt);
   model::scatter_full(layout, ck->params, ctx.out<float>(0).data());
@@ -220,8 +222,7 @@ void fused_step(KernelContext& ctx) {
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
   const int64_t step = ctx.in<int64_t>(3)[0];
   double comm_s = 0;
-  g->grads.resize(static_cast<size_t>(layout.total()));
-  g->tokens.resize(static_cast<size_t>(tokens_n()));
+  model::Workspace<float>& ws = step_memory(layout);
   collectives::BucketedAllreduce reducer(dp_comm(ctx, p), model::backward_units(layout), g->cfg.bucket_bytes,
                                          g->cfg.overlap);
   reducer.begin(g->grads.data());
@@ -229,7 +230,7 @@ void fused_step(KernelContext& ctx) {
   hooks.tp_reduce = tp_reducer(tp_comm(ctx, p), &comm_s);
   hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
   const double local = model::accumulate_gradients(g->cfg, layout, *g->data, step, p.dp_rank, ctx.in<float>(0).data(),
-                                                   g->grads.data(), g->workspace(layout), g->tokens.data(), hooks);
+                                                   g->grads.data(), ws, g->tokens.data(), hooks);
   reducer.finish();
   comm_s += reducer.comm_seconds();
   double loss = 0;
@@ -242,9 +243,9 @@ void evaluate(KernelContext& ctx) {
   const Pos p = pos_of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = g->layout(p.tp, p.tp_rank);
   double comm_s = 0;
-  g->tokens.resize(static_cast<size_t>(tokens_n()));
+  model::Workspace<float>& ws = step_memory(layout);  // before g->tokens.data() is taken
   double sum = model::validation_loss_sum(g->cfg, layout, *g->data, p.dp_rank, ctx.in<float>(0).data(),
-                                          g->workspace(layout), g->tokens.data(), tp_reducer(tp_comm(ctx, p), &comm_s));
+                                          ws, g->tokens.data(), tp_reducer(tp_comm(ctx, p), &comm_s));
   if (Communicator* c = dp_comm(ctx, p))
     c->allreduce(&sum, &sum, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   ctx.out<double>(0)[0] = sum / static_cast<double>(model::validation_batches(g->cfg, *g->data) * g->cfg.global_batch);
@@ -365,7 +366,7 @@ void head(KernelContext& ctx) {
   // head_backward accumulates into the embed and final_norm regions of a full-size gradient
   // buffer: stage them there (zero or the previous micro-batch's sums), then copy them out.
   const int64_t VC = g->cfg.model.vocab * g->cfg.model.d_model, C = g->cfg.model.d_model;
-  g->grads.resize(static_cast<size_t>(layout.total()));
+  step_memory(layout);
   float* gE = g->grads.data();
   float* gF = gE + layout.final_norm_offset();
   if (ctx.num_inputs() > 3) {
