@@ -12,13 +12,20 @@ namespace pwm::collectives {
 
 namespace {
 
-// Tag layout: context (10 bits) | sequence number mod 2^16 | sub-tag (4 bits) = 30 bits.
-// Sub-tag 0 carries the collective's data, 1 its debug fingerprint.
+// Tag layout (collectives/transport.h: 15-bit wire tags on channels). Context c uses channel
+// c / 64 and the wire tag (c mod 64) << 9 | (seq mod 256) << 1 | sub, where sub 0 carries the
+// collective's data and 1 its debug fingerprint. Tags therefore repeat every kSeqWindow calls of
+// one communicator; start() keeps at most kSeqWindow of them in flight (see there).
 constexpr uint32_t kMaxContext = 1024;
-constexpr int kTagBits = 30;
+constexpr uint32_t kContextsPerChannel = 64;
+constexpr uint64_t kSeqWindow = 256;
+static_assert(kMaxContext / kContextsPerChannel <= kCommunicatorChannels);
+static_assert(kContextsPerChannel * kSeqWindow * 2 <= kWireTagLimit);
 
 int make_tag(uint32_t context, uint64_t seq, int sub) {
-  return static_cast<int>((context << 20) | ((seq & 0xffff) << 4) | static_cast<uint32_t>(sub));
+  const int wire = static_cast<int>(((context % kContextsPerChannel) << 9) | ((seq % kSeqWindow) << 1) |
+                                    static_cast<uint32_t>(sub));
+  return logical_tag(static_cast<int>(context / kContextsPerChannel), wire);
 }
 
 }  // namespace
@@ -73,13 +80,10 @@ void Work::wait() {
 Communicator::Communicator(std::shared_ptr<Transport> transport, std::vector<int> world_ranks,
                            uint32_t context, CommOptions options)
     : transport_(std::move(transport)), group_(std::move(world_ranks)), context_(context),
-      options_(options), pool_(std::make_shared<ScratchPool>()) {
+      options_(options), pool_(std::make_shared<ScratchPool>()), window_(std::make_shared<SeqWindow>()) {
   PWM_CHECK(transport_ != nullptr);
   PWM_CHECK(!group_.empty(), "a communicator needs at least one rank");
   if (context_ >= kMaxContext) PWM_THROW("communicator context {} out of range [0, {})", context_, kMaxContext);
-  if (transport_->max_tag() < (1 << kTagBits) - 1)
-    PWM_THROW("the MPI library's MPI_TAG_UB is {}, below the 2^30-1 the collectives' tag layout needs",
-              transport_->max_tag());
   std::set<int> seen;
   for (size_t i = 0; i < group_.size(); ++i) {
     int w = group_[i];
@@ -126,11 +130,22 @@ CollectiveInfo Communicator::make_info(const char* op, Algorithm algo, DataType 
 Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count,
                          int root, const std::function<void(Schedule&)>& build) {
   const CollectiveInfo info = make_info(op, algo, t, redop, count, root);
+  // Call seq - kSeqWindow has this call's tag. Complete it on this rank first: every member
+  // started it before this one (same order everywhere), so it can finish, and once this rank's
+  // sends and receives of it are done, MPI's non-overtaking rule pairs each later message with a
+  // receive of this call, never of the older one.
+  auto& live = window_->live;
+  while (!live.empty() && live.begin()->first + kSeqWindow <= info.seq) {
+    live.begin()->second->wait();
+    live.erase(live.begin());
+  }
   Schedule s(t, redop, pool_);
   build(s);
   const int fp_tag = options_.fingerprint && size() > 1 ? make_tag(context_, info.seq, 1) : -1;
-  return Work(std::make_unique<Executor>(*transport_, std::move(s), info,
-                                         make_tag(context_, info.seq, 0), fp_tag, options_.timeout_s));
+  auto e = std::make_unique<Executor>(*transport_, std::move(s), info, make_tag(context_, info.seq, 0), fp_tag,
+                                      options_.timeout_s);
+  e->track_in(window_);
+  return Work(std::move(e));
 }
 
 Work Communicator::iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,

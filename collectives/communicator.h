@@ -6,7 +6,9 @@
 // must differ between communicators that share a rank and are used concurrently (< 1024).
 //
 // Which ranks must call: every collective must be called by every member of the group, in the
-// same order (the per-communicator sequence number). Set PWM_COLL_DEBUG=1 to have every call
+// same order (the per-communicator sequence number). At most 256 collectives of one communicator
+// are in flight on a rank: starting the 257th first completes the oldest (the tag space repeats;
+// docs/collectives.md). Set PWM_COLL_DEBUG=1 to have every call
 // fingerprinted (op, algorithm, dtype, count, root, sequence number) and a mismatch reported.
 //
 // Blocking: the blocking forms return when this rank's part is complete (its buffers are
@@ -38,6 +40,7 @@ namespace pwm::collectives {
 class Executor;
 struct CollectiveInfo;
 class ScratchPool;
+struct SeqWindow;
 
 struct CommOptions {
   double timeout_s = 300.0;        // watchdog; PWM_COLL_TIMEOUT overrides the default
@@ -140,6 +143,7 @@ class Communicator {
   CommOptions options_;
   uint64_t seq_ = 0;
   std::shared_ptr<ScratchPool> pool_;
+  std::shared_ptr<SeqWindow> window_;  // this rank's collectives of this communicator in flight
 };
 
 }  // namespace pwm::collectives

@@ -62,7 +62,17 @@ Executor::Executor(Transport& transport, std::unique_ptr<NativeOp> native, Colle
     : t_(transport), sched_(info.dtype, info.redop, nullptr), info_(info), tag_(-1),
       timeout_s_(timeout_s), start_us_(now_us()), native_(std::move(native)) {}
 
-Executor::~Executor() = default;
+Executor::~Executor() {
+  if (window_) {
+    auto it = window_->live.find(info_.seq);
+    if (it != window_->live.end() && it->second == this) window_->live.erase(it);
+  }
+}
+
+void Executor::track_in(std::shared_ptr<SeqWindow> window) {
+  window_ = std::move(window);
+  window_->live[info_.seq] = this;
+}
 
 void Executor::start_fingerprint(int fingerprint_tag) {
   // Every member sends its fingerprint to every other member (debug mode only: O(n^2) tiny

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,14 @@ struct CollectiveInfo {
   std::string describe() const;  // "allreduce(ring, float32, sum, count=..., seq=3, context=0, group=[0,1])"
 };
 
+class Executor;
+
+// A communicator's collectives in flight on this rank, by sequence number (communicator.cc keeps
+// their tags apart with it). An executor leaves it when destroyed.
+struct SeqWindow {
+  std::map<uint64_t, Executor*> live;
+};
+
 class Executor {
  public:
   // `tag` is this collective's tag; `fingerprint_tag` is used for the debug-mode fingerprint
@@ -45,6 +54,8 @@ class Executor {
   // Progresses until complete; fires the watchdog after the timeout.
   void wait();
   bool done() const { return done_; }
+  // Registers this executor in `window` under its sequence number until it is destroyed.
+  void track_in(std::shared_ptr<SeqWindow> window);
 
  private:
   bool progress_schedule(Schedule& s, std::vector<uint8_t>& state, std::vector<Request>& req,
@@ -77,6 +88,7 @@ class Executor {
   std::vector<uint64_t> fp_buf_;  // group size x kFingerprintWords
 
   std::unique_ptr<NativeOp> native_;
+  std::shared_ptr<SeqWindow> window_;
 };
 
 }  // namespace pwm::collectives

@@ -44,11 +44,11 @@ class InProcTransport : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(boxes_.size()); }
-  int max_tag() const override { return 0x7fffffff; }
   std::string name() const override { return "inproc"; }
 
   Request isend(const void* buf, size_t bytes, int peer, int tag) override {
     PWM_CHECK(peer >= 0 && peer < size(), "send to rank {} of {}", peer, size());
+    check_tag(tag);
     auto* box = boxes_[peer];
     std::lock_guard<std::mutex> lock(box->mu);
     for (auto it = box->posted.begin(); it != box->posted.end(); ++it) {
@@ -70,6 +70,7 @@ class InProcTransport : public Transport {
 
   Request irecv(void* buf, size_t bytes, int peer, int tag) override {
     PWM_CHECK(peer >= 0 && peer < size(), "receive from rank {} of {}", peer, size());
+    check_tag(tag);
     auto slot = std::make_shared<Slot>();
     slot->buf = buf;
     slot->bytes = bytes;
@@ -124,6 +125,12 @@ class InProcTransport : public Transport {
 
  private:
   static Request complete() { return Request{0}; }
+  // The MPI transport's bounds (transport.h), so that a tag layout that overflows them fails here
+  // too.
+  static void check_tag(int tag) {
+    PWM_CHECK(tag >= 0 && tag <= kLogicalTagLimit - 1, "logical tag {} outside [0, {}) (collectives/transport.h)",
+              tag, kLogicalTagLimit);
+  }
 
   InProcFabric* fabric_;
   std::vector<InProcFabric::Mailbox*> boxes_;

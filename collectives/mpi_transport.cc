@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -64,50 +65,92 @@ MPI_Op mpi_op(ReduceOp op) {
 
 class MpiNativeOp : public NativeOp {
  public:
-  explicit MpiNativeOp(MPI_Request r) : req_(r) {}
+  explicit MpiNativeOp(std::vector<MPI_Request> r) : reqs_(std::move(r)) {}
   bool test() override {
     int flag = 0;
-    PWM_MPI(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    PWM_MPI(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
     return flag != 0;
   }
 
  private:
-  MPI_Request req_;
+  std::vector<MPI_Request> reqs_;
+};
+
+// Messages above this many bytes take the large-count path (a derived datatype); native
+// reductions are split at it. MPI's limit unless a test lowers it.
+size_t g_large_count_threshold = INT32_MAX;
+
+// A committed datatype of `bytes` bytes for one send or receive of more than an int's count:
+// k blocks of `chunk` bytes and the remainder, as one struct type. Freed at once after the call
+// that uses it: MPI keeps a datatype alive while a pending operation uses it.
+struct LargeBytes {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  explicit LargeBytes(size_t bytes) {
+    const size_t chunk = std::min<size_t>(size_t{1} << 30, g_large_count_threshold);
+    const size_t k = bytes / chunk, rem = bytes % chunk;
+    PWM_CHECK_LE(k, static_cast<size_t>(INT32_MAX));
+    MPI_Datatype block, blocks;
+    PWM_MPI(MPI_Type_contiguous(static_cast<int>(chunk), MPI_BYTE, &block));
+    PWM_MPI(MPI_Type_contiguous(static_cast<int>(k), block, &blocks));
+    int lens[2] = {1, static_cast<int>(rem)};
+    MPI_Aint disp[2] = {0, static_cast<MPI_Aint>(k * chunk)};
+    MPI_Datatype types[2] = {blocks, MPI_BYTE};
+    PWM_MPI(MPI_Type_create_struct(rem > 0 ? 2 : 1, lens, disp, types, &type));
+    PWM_MPI(MPI_Type_commit(&type));
+    MPI_Type_free(&blocks);
+    MPI_Type_free(&block);
+  }
+  ~LargeBytes() { MPI_Type_free(&type); }
+  LargeBytes(const LargeBytes&) = delete;
+  LargeBytes& operator=(const LargeBytes&) = delete;
 };
 
 class MpiTransport : public Transport {
  public:
   MpiTransport() {
-    PWM_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
-    PWM_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    PWM_MPI(MPI_Comm_rank(comm_, &rank_));
-    PWM_MPI(MPI_Comm_size(comm_, &size_));
+    PWM_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    PWM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
     void* attr = nullptr;
     int flag = 0;
-    PWM_MPI(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag));
-    max_tag_ = flag ? *static_cast<int*>(attr) : 32767;
+    PWM_MPI(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &attr, &flag));
+    const int tag_ub = flag ? *static_cast<int*>(attr) : 32767;
+    if (tag_ub < kWireTagLimit - 1)
+      PWM_THROW("the MPI library's MPI_TAG_UB is {}, below the 32767 the MPI standard guarantees "
+                "(and the collectives' wire tags need); this MPI library is not standard-conforming",
+                tag_ub);
+    // One matching space per channel (transport.h). MPI_Comm_dup is collective over the world,
+    // which is why every channel is made here, at start-up, and never later.
+    channels_.resize(kChannels, MPI_COMM_NULL);
+    for (MPI_Comm& c : channels_) c = comm_dup_world();
   }
   ~MpiTransport() override {
     for (auto& [group, c] : group_comms_) MPI_Comm_free(&c);
-    MPI_Comm_free(&comm_);
+    for (MPI_Comm& c : channels_) MPI_Comm_free(&c);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  int max_tag() const override { return max_tag_; }
   std::string name() const override { return "mpi"; }
 
   Request isend(const void* buf, size_t bytes, int peer, int tag) override {
     MPI_Request r;
-    PWM_CHECK_LE(bytes, static_cast<size_t>(INT32_MAX));
-    PWM_MPI(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r));
+    if (bytes <= g_large_count_threshold) {
+      PWM_MPI(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, peer, wire_tag(tag), channel(tag), &r));
+    } else {
+      LargeBytes t(bytes);
+      PWM_MPI(MPI_Isend(buf, 1, t.type, peer, wire_tag(tag), channel(tag), &r));
+    }
     return from_mpi(r);
   }
 
   Request irecv(void* buf, size_t bytes, int peer, int tag) override {
     MPI_Request r;
-    PWM_CHECK_LE(bytes, static_cast<size_t>(INT32_MAX));
-    PWM_MPI(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r));
+    if (bytes <= g_large_count_threshold) {
+      PWM_MPI(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, peer, wire_tag(tag), channel(tag), &r));
+    } else {
+      LargeBytes t(bytes);
+      PWM_MPI(MPI_Irecv(buf, 1, t.type, peer, wire_tag(tag), channel(tag), &r));
+    }
     return from_mpi(r);
   }
 
@@ -124,8 +167,8 @@ class MpiTransport : public Transport {
     r = from_mpi(m);
     if (!flag) return false;
     if (received) {
-      int count = 0;
-      PWM_MPI(MPI_Get_count(&st, MPI_BYTE, &count));
+      MPI_Count count = 0;  // MPI_Get_count's int would overflow past 2 GiB
+      PWM_MPI(MPI_Get_elements_x(&st, MPI_BYTE, &count));
       *received = static_cast<size_t>(count);
     }
     return true;
@@ -138,12 +181,20 @@ class MpiTransport : public Transport {
   std::unique_ptr<NativeOp> start_native_allreduce(const std::vector<int>& group, const void* send,
                                                    void* recv, size_t count, DataType dtype,
                                                    ReduceOp op) override {
+    // MPI counts are int, and predefined reductions need predefined datatypes, so a count past
+    // the limit is reduced in consecutive pieces (started at once, matched in order by MPI).
     MPI_Comm c = group_comm(group);
-    PWM_CHECK_LE(count, static_cast<size_t>(INT32_MAX));
-    MPI_Request r;
-    const void* s = send == recv ? MPI_IN_PLACE : send;
-    PWM_MPI(MPI_Iallreduce(s, recv, static_cast<int>(count), mpi_type(dtype), mpi_op(op), c, &r));
-    return std::make_unique<MpiNativeOp>(r);
+    const size_t limit = std::max<size_t>(g_large_count_threshold / dtype_size(dtype), 1);
+    std::vector<MPI_Request> reqs;
+    for (size_t off = 0; off < count || reqs.empty(); off += limit) {
+      const size_t n = std::min(limit, count - off);
+      const size_t at = off * dtype_size(dtype);
+      void* r = static_cast<char*>(recv) + at;
+      const void* s = send == recv ? MPI_IN_PLACE : static_cast<const char*>(send) + at;
+      reqs.push_back(MPI_REQUEST_NULL);
+      PWM_MPI(MPI_Iallreduce(s, r, static_cast<int>(n), mpi_type(dtype), mpi_op(op), c, &reqs.back()));
+    }
+    return std::make_unique<MpiNativeOp>(std::move(reqs));
   }
 
  private:
@@ -158,10 +209,10 @@ class MpiTransport : public Transport {
       if (identity) return group_comms_[group] = comm_dup_world();
     }
     MPI_Group world_group, g;
-    PWM_MPI(MPI_Comm_group(comm_, &world_group));
+    PWM_MPI(MPI_Comm_group(channels_[0], &world_group));
     PWM_MPI(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g));
     MPI_Comm c;
-    PWM_MPI(MPI_Comm_create_group(comm_, g, /*tag=*/4242, &c));
+    PWM_MPI(MPI_Comm_create_group(channels_[0], g, /*tag=*/4242, &c));
     MPI_Group_free(&g);
     MPI_Group_free(&world_group);
     PWM_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
@@ -170,17 +221,29 @@ class MpiTransport : public Transport {
 
   MPI_Comm comm_dup_world() {
     MPI_Comm c;
-    PWM_MPI(MPI_Comm_dup(comm_, &c));
+    PWM_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &c));
     PWM_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     return c;
   }
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1, max_tag_ = 32767;
+  MPI_Comm channel(int tag) const {
+    const int ch = tag_channel(tag);
+    PWM_CHECK(tag >= 0 && ch < kChannels, "logical tag {} outside [0, {}) (collectives/transport.h)", tag,
+              kLogicalTagLimit);
+    return channels_[ch];
+  }
+
+  std::vector<MPI_Comm> channels_;  // channels_[0] also hosts the communicators of group_comm
+  int rank_ = 0, size_ = 1;
   std::map<std::vector<int>, MPI_Comm> group_comms_;
 };
 
 }  // namespace
+
+void set_large_count_threshold_for_testing(size_t bytes) {
+  PWM_CHECK(bytes > 0 && bytes <= static_cast<size_t>(INT32_MAX), "threshold {} out of (0, 2^31-1]", bytes);
+  g_large_count_threshold = bytes;
+}
 
 std::unique_ptr<NativeOp> Transport::start_native_allreduce(const std::vector<int>&, const void*,
                                                             void*, size_t, DataType, ReduceOp) {

@@ -23,7 +23,8 @@ class MpiEnvironment {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // The transport over MPI_COMM_WORLD (a private duplicate of it). Shared by all communicators.
+  // The transport over MPI_COMM_WORLD (kChannels private duplicates of it, made here: the
+  // constructor is collective over the world). Shared by all communicators.
   std::shared_ptr<Transport> transport() const { return transport_; }
   std::string processor_name() const;
 
@@ -35,6 +36,12 @@ class MpiEnvironment {
   int size_ = 1;
   std::shared_ptr<Transport> transport_;
 };
+
+// Tests only: sends and receives of more than `bytes` bytes take the large-count path (a derived
+// datatype) and native reductions are split into pieces of at most `bytes` bytes, so those paths
+// run without 2 GiB buffers. The default is MPI's limit, 2^31 - 1. Not thread-safe; call before
+// any transfer.
+void set_large_count_threshold_for_testing(size_t bytes);
 
 // Runs body() and turns an escaping exception into one line on stderr ("error: ...") and a
 // non-zero exit of the whole job, so that no rank hangs waiting for a rank that died.

@@ -1,7 +1,7 @@
 // Point-to-point transport under the collectives: the only thing algorithms talk to.
 //
 // Algorithms never see MPI (gloo's split of algorithms from transports). Two implementations:
-// MpiTransport (mpi_transport.h, OpenMPI through MPI_Isend/MPI_Irecv on a private duplicate of
+// MpiTransport (mpi_transport.h, any MPI library through MPI_Isend/MPI_Irecv on private duplicates of
 // MPI_COMM_WORLD) and InProcFabric (inproc_transport.h, ranks as threads of one process, for fast
 // unit tests).
 //
@@ -19,6 +19,25 @@
 #include "collectives/types.h"
 
 namespace pwm::collectives {
+
+// The tag space. MPI guarantees only MPI_TAG_UB >= 32767 (MPICH's is 2^28 - 1, OpenMPI's
+// 2^31 - 1, other libraries' smaller), so a tag on the wire has kWireTagBits = 15 bits. A logical
+// tag, as the transports take it, is `channel << 15 | wire tag`: the channel picks one of
+// kChannels private duplicates of MPI_COMM_WORLD that every rank creates once at start-up (a
+// communicator is MPI's own separate matching space), the wire tag is the MPI tag on it. Users
+// split the channels among themselves (collectives/communicator.cc: channels [0, 16) for
+// communicator contexts; pathways/tags.h: the rest), never building a tag at or above
+// kLogicalTagLimit. The in-process fabric checks the same bounds, so a layout that overflows is
+// caught by the unit tests too.
+constexpr int kWireTagBits = 15;
+constexpr int kWireTagLimit = 1 << kWireTagBits;  // wire tags are in [0, 32768)
+constexpr int kChannels = 64;
+constexpr int kLogicalTagLimit = kChannels << kWireTagBits;
+constexpr int kCommunicatorChannels = 16;  // channels [0, 16): Communicator contexts
+constexpr int kFirstFreeChannel = kCommunicatorChannels;  // [16, kChannels): other users
+constexpr int logical_tag(int channel, int wire_tag) { return channel << kWireTagBits | wire_tag; }
+constexpr int tag_channel(int logical) { return logical >> kWireTagBits; }
+constexpr int wire_tag(int logical) { return logical & (kWireTagLimit - 1); }
 
 // An in-flight send or receive. Opaque; valid until the transport's test() returns true.
 struct Request {
@@ -38,11 +57,14 @@ class Transport {
 
   virtual int rank() const = 0;  // this process's world rank
   virtual int size() const = 0;  // world size
-  virtual int max_tag() const = 0;
+  // The largest logical tag isend/irecv accept: kLogicalTagLimit - 1 on every transport.
+  int max_tag() const { return kLogicalTagLimit - 1; }
   virtual std::string name() const = 0;
 
-  // Start a send/receive of `bytes` bytes to/from world rank `peer`. The buffer must stay valid
-  // and (for a send) unmodified until test() reports completion.
+  // Start a send/receive of `bytes` bytes to/from world rank `peer` with a logical tag in
+  // [0, max_tag()]. Any size_t count: the MPI transport sends messages over 2^31 - 1 bytes with a
+  // derived datatype (MPI counts are int). The buffer must stay valid and (for a send)
+  // unmodified until test() reports completion.
   virtual Request isend(const void* buf, size_t bytes, int peer, int tag) = 0;
   virtual Request irecv(void* buf, size_t bytes, int peer, int tag) = 0;
 

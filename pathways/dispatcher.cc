@@ -443,6 +443,8 @@ void Dispatcher::dispatch(RunRec& r) {
   h.run_id = r.id;
   h.program_id = r.lp->id;
   h.owner = r.owner;
+  h.xfer_base = next_xfer_base_;
+  next_xfer_base_ = (next_xfer_base_ + std::max<uint32_t>(r.lp->transfers, 1)) % tags::kDataTags;
   h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
             (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord) |
             (urgent(r) ? kRunAwaited : 0);

@@ -160,6 +160,7 @@ class Dispatcher {
   // turns batching off).
   size_t batch_div_ = static_cast<size_t>(std::max(1.0, env_double("PWM_PW_BATCH_DIV", 2)));
   uint64_t next_req_ = 1, next_move_ = 0;
+  uint32_t next_xfer_base_ = 0;  // data tags are handed out in dispatch order (tags::data_tag)
   size_t deferred_ = 0;  // runs whose workers are done but whose inputs are not resolved
   bool stopping_ = false, shutdown_sent_ = false, urgent_activity_ = false;
 };

@@ -137,6 +137,7 @@ struct TraceRecord {
 
 struct RunHeader {
   uint64_t run_id = 0, program_id = 0, owner = 0;
+  uint32_t xfer_base = 0;  // the run's first data tag: transfer x uses tags::data_tag(xfer_base, x)
   uint8_t flags = 0;
   std::vector<uint64_t> inputs;  // object id per program parameter
 
@@ -145,6 +146,7 @@ struct RunHeader {
     w.put(run_id);
     w.put(program_id);
     w.put(owner);
+    w.put(xfer_base);
     w.put(flags);
     w.vec(inputs);
     return w.take();
@@ -154,6 +156,7 @@ struct RunHeader {
     h.run_id = r.get<uint64_t>();
     h.program_id = r.get<uint64_t>();
     h.owner = r.get<uint64_t>();
+    h.xfer_base = r.get<uint32_t>();
     h.flags = r.get<uint8_t>();
     h.inputs = r.vec<uint64_t>();
     return h;

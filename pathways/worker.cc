@@ -372,7 +372,7 @@ class Worker {
           Object& dst = *run.slots[in.slot];
           if (run.state[i] == kWaiting) {
             run.reqs[i] = t_->irecv(static_cast<char*>(dst.buf.data()) + in.offset, in.bytes, in.peer,
-                                    tags::data_tag(run.h.run_id, in.xfer));
+                                    tags::data_tag(run.h.xfer_base, in.xfer));
             run.state[i] = kPosted;
             any = true;
           }
@@ -390,7 +390,7 @@ class Worker {
           if (run.state[i] == kWaiting) {
             if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
             run.reqs[i] = t_->isend(static_cast<char*>(src.buf.data()) + in.offset, in.bytes, in.peer,
-                                    tags::data_tag(run.h.run_id, in.xfer));
+                                    tags::data_tag(run.h.xfer_base, in.xfer));
             run.state[i] = kPosted;
             any = true;
           }

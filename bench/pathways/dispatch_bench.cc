@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     if (chain < 1 || reps < 1) PWM_THROW("--chain and --reps must be positive");
     bench::register_bench_kernels();
     auto transport = env.transport();
-    const int result_tag = static_cast<int>((tags::kUserContextBase + 1) << 20);
+    const int result_tag = tags::user_tag(1);
     // Rounds: for every T and repetition (the first one a warm-up), the workers run the SPMD
     // chain while the controller sleeps, then a fresh runtime session measures the Pathways
     // modes; SPMD and Pathways thus alternate within seconds and share whatever else the

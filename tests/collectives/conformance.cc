@@ -181,4 +181,40 @@ std::vector<std::string> check_nonblocking(Communicator& comm) {
   return fails;
 }
 
+std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& comms, int calls) {
+  // Values that tell every call apart: {group rank, call, communicator}, summed over the group.
+  std::vector<std::string> fails;
+  const int64_t n = comms.front()->size(), r = comms.front()->rank();
+  const size_t k = comms.size();
+  std::vector<int64_t> buf(static_cast<size_t>(calls) * k * 3);
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(calls) * k);
+  for (int i = 0; i < calls; ++i) {
+    for (size_t c = 0; c < k; ++c) {
+      int64_t* v = &buf[(i * k + c) * 3];
+      v[0] = r;
+      v[1] = i;
+      v[2] = static_cast<int64_t>(c) * 1000 + i % 7;
+      // Algorithms alternate so that calls in flight have different message patterns.
+      const Algorithm a = (i + static_cast<int>(c)) % 2 ? Algorithm::kRing : Algorithm::kRecursiveDoubling;
+      works.push_back(comms[c]->iallreduce(v, v, 3, DataType::kInt64, ReduceOp::kSum, a));
+    }
+  }
+  // Completed newest first: the oldest calls were completed by the window, the rest now.
+  for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+  for (int i = 0; i < calls && fails.empty(); ++i) {
+    for (size_t c = 0; c < k; ++c) {
+      const int64_t* v = &buf[(i * k + c) * 3];
+      const int64_t want[3] = {n * (n - 1) / 2, n * i, n * (static_cast<int64_t>(c) * 1000 + i % 7)};
+      if (v[0] != want[0] || v[1] != want[1] || v[2] != want[2]) {
+        fails.push_back(fmt::format("many in flight: call {} on communicator {} (context {}) got [{}, {}, {}], "
+                                    "want [{}, {}, {}] on rank {}", i, c, comms[c]->context(), v[0], v[1], v[2],
+                                    want[0], want[1], want[2], r));
+        break;
+      }
+    }
+  }
+  return fails;
+}
+
 }  // namespace pwm::collectives::testing

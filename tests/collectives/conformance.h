@@ -24,5 +24,10 @@ std::vector<std::string> check_allreduce(Communicator& comm, const ConformanceOp
 std::vector<std::string> check_other_collectives(Communicator& comm, const ConformanceOptions& o);
 // Two non-blocking AllReduces in flight at once, progressed by test().
 std::vector<std::string> check_nonblocking(Communicator& comm);
+// `calls` rounds of one small AllReduce on every communicator of `comms` (same group, distinct
+// contexts), all started before any is waited for: more calls than the tag space's window of 256
+// per communicator, contexts that share wire tags on other channels (c and c + 64) and
+// neighbouring contexts, then completed newest first. Each result is checked exactly.
+std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& comms, int calls);
 
 }  // namespace pwm::collectives::testing

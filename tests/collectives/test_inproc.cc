@@ -232,5 +232,38 @@ TEST(BucketedAllreduce, EveryElementReducedOnceWhateverTheBucketSize) {
     }
 }
 
+TEST(InProc, ManyCollectivesInFlightOnSeveralContexts) {
+  for (int n : {2, 3}) {
+    std::mutex mu;
+    std::vector<std::string> all;
+    run_inproc(n, [&](int, std::shared_ptr<Transport> t) {
+      std::vector<int> world(n);
+      for (int i = 0; i < n; ++i) world[i] = i;
+      Communicator a(t, world, 3, default_options()), b(t, world, 3 + 64, default_options()),
+          c(t, world, 4, default_options());
+      auto f = testing::check_many_in_flight({&a, &b, &c}, 600);
+      std::lock_guard<std::mutex> lock(mu);
+      all.insert(all.end(), f.begin(), f.end());
+    });
+    EXPECT_TRUE(all.empty()) << "n=" << n << ": " << all.front();
+  }
+}
+
+TEST(InProc, TagsOutsideTheTagSpaceAreRefused) {
+  InProcFabric fabric(1);
+  auto t = fabric.transport(0);
+  char byte = 0;
+  EXPECT_EQ(t->max_tag(), kLogicalTagLimit - 1);
+  EXPECT_THROW(t->isend(&byte, 1, 0, kLogicalTagLimit), pwm::Error);
+  EXPECT_THROW(t->irecv(&byte, 1, 0, -1), pwm::Error);
+  // The largest context and sequence numbers stay inside it (a world of one rank still runs its
+  // schedule through the tag computation).
+  Communicator last(t, {0}, 1023, default_options());
+  int64_t x = 5;
+  for (int i = 0; i < 300; ++i) last.allreduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
+  EXPECT_EQ(x, 5);
+  EXPECT_THROW(Communicator(t, {0}, 1024, default_options()), pwm::Error);
+}
+
 }  // namespace
 }  // namespace pwm::collectives

@@ -3,6 +3,16 @@
 // Every rank runs every test; only rank 0 prints, and any rank's failure fails the job.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <sys/mman.h>
+
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
 #include "tests/collectives/conformance.h"
@@ -58,6 +68,104 @@ TEST(Mpi, SubgroupsWorkWhileOtherRanksDoOtherThings) {
   int64_t x = 1;
   world.allreduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
   EXPECT_EQ(x, n);
+}
+
+TEST(Mpi, ManyCollectivesInFlightOnSeveralContexts) {
+  std::vector<int> world(g_env->size());
+  for (int i = 0; i < g_env->size(); ++i) world[i] = i;
+  Communicator a(g_env->transport(), world, 3), b(g_env->transport(), world, 3 + 64),
+      c(g_env->transport(), world, 4);
+  auto fails = testing::check_many_in_flight({&a, &b, &c}, 600);
+  EXPECT_TRUE(fails.empty()) << first(fails);
+}
+
+// Bytes that depend on their position, so a shifted or truncated copy is caught.
+unsigned char pattern(size_t i) { return static_cast<unsigned char>((i * 2654435761u) >> 13); }
+
+// A buffer in transparent huge pages where the kernel offers them: first touching 2 GiB in 4 KiB
+// pages costs tens of seconds on this project's VMs, in 2 MiB pages well under one.
+struct BigBuffer {
+  unsigned char* p = nullptr;
+  explicit BigBuffer(size_t bytes) {
+    const size_t align = size_t{2} << 20, n = (bytes + align - 1) / align * align;
+    p = static_cast<unsigned char*>(std::aligned_alloc(align, n));
+    if (!p) throw std::bad_alloc();
+    madvise(p, n, MADV_HUGEPAGE);  // advice only: an error leaves ordinary pages
+  }
+  ~BigBuffer() { std::free(p); }
+  BigBuffer(const BigBuffer&) = delete;
+  BigBuffer& operator=(const BigBuffer&) = delete;
+};
+
+// Rank 0 sends `sent` bytes to rank 1, which posts a receive of `posted` bytes and checks what
+// arrived. Returns the failures seen on this rank.
+std::vector<std::string> send_and_check(size_t sent, size_t posted) {
+  std::vector<std::string> fails;
+  Transport& t = *g_env->transport();
+  const int tag = logical_tag(kFirstFreeChannel, 7);
+  if (t.rank() == 0) {
+    BigBuffer buf(sent);
+    for (size_t i = 0; i < sent; ++i) buf.p[i] = pattern(i);
+    Request r = t.isend(buf.p, sent, 1, tag);
+    while (!t.test(r, nullptr)) {
+    }
+  } else if (t.rank() == 1) {
+    BigBuffer buf(posted);
+    std::memset(buf.p, 0, posted);
+    Request r = t.irecv(buf.p, posted, 0, tag);
+    size_t got = 0;
+    while (!t.test(r, &got)) {
+    }
+    if (got != sent) fails.push_back(fmt::format("received {} bytes, {} were sent", got, sent));
+    for (size_t i = 0; i < sent && fails.empty(); ++i)
+      if (buf.p[i] != pattern(i)) fails.push_back(fmt::format("byte {} of {} wrong", i, sent));
+  }
+  return fails;
+}
+
+TEST(Mpi, LargeCountPathWithALoweredThreshold) {
+  // The path taken past 2^31 - 1 bytes (a derived datatype; native reductions in pieces), run
+  // here at a 1000-byte threshold so that it needs no 2 GiB buffers.
+  if (g_env->size() < 2) GTEST_SKIP() << "needs two ranks";
+  set_large_count_threshold_for_testing(1000);
+  std::vector<std::string> fails;
+  for (auto [sent, posted] : {std::pair<size_t, size_t>{2500, 2500}, {1000003, 1000003}, {3000, 5001}, {999, 4000}}) {
+    auto f = send_and_check(sent, posted);
+    fails.insert(fails.end(), f.begin(), f.end());
+  }
+  // Every algorithm against kMpi, whose reduction now runs in pieces of 1000 bytes.
+  Communicator comm = Communicator::world(g_env->transport());
+  testing::ConformanceOptions o;
+  o.counts = {1, 250, 251, 300007};
+  o.with_mpi = true;
+  auto more = testing::check_allreduce(comm, o);
+  fails.insert(fails.end(), more.begin(), more.end());
+  set_large_count_threshold_for_testing(INT32_MAX);
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << first(fails);
+}
+
+// MemAvailable from /proc/meminfo in bytes, 0 if unknown.
+size_t available_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
+TEST(Mpi, MessageJustOverTwoGiB) {
+  // A real message past MPI's int count: 2^31 + 64 bytes from rank 0 to rank 1. Run by the
+  // two-rank case only (both buffers live on one host there), and only with room for them.
+  if (g_env->size() != 2) GTEST_SKIP() << "run by the two-rank case only";
+  const size_t bytes = (size_t{1} << 31) + 64;
+  int64_t room = available_memory() >= 3 * bytes ? 1 : 0;  // a buffer per rank, and headroom
+  Communicator::world(g_env->transport()).allreduce(&room, &room, 1, DataType::kInt64, ReduceOp::kMin);
+  if (!room) GTEST_SKIP() << "skipped: needs about 6.5 GB of available memory on this host (/proc/meminfo)";
+  auto fails = send_and_check(bytes, bytes);
+  EXPECT_TRUE(fails.empty()) << first(fails);
 }
 
 }  // namespace
