@@ -1,6 +1,8 @@
 #include "collectives/mpi_transport.h"
 
 #include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -118,6 +120,16 @@ class MpiTransport : public Transport {
       PWM_THROW("the MPI library's MPI_TAG_UB is {}, below the 32767 the MPI standard guarantees "
                 "(and the collectives' wire tags need); this MPI library is not standard-conforming",
                 tag_ub);
+    // More ranks on this host than cores for them: then a rank that found nothing to do gives
+    // its core away (idle()), as OpenMPI's mpi_yield_when_idle does inside its own waits; our
+    // collectives poll with MPI_Test, where no library yields (MPICH never, OpenMPI only
+    // when told).
+    MPI_Comm local;
+    PWM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    int local_ranks = 1;
+    PWM_MPI(MPI_Comm_size(local, &local_ranks));
+    MPI_Comm_free(&local);
+    yield_when_idle_ = local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     // One matching space per channel (transport.h). MPI_Comm_dup is collective over the world,
     // which is why every channel is made here, at start-up, and never later.
     channels_.resize(kChannels, MPI_COMM_NULL);
@@ -172,6 +184,10 @@ class MpiTransport : public Transport {
       *received = static_cast<size_t>(count);
     }
     return true;
+  }
+
+  void idle() override {
+    if (yield_when_idle_) sched_yield();
   }
 
   [[noreturn]] void abort(const std::string& message) override {
@@ -235,6 +251,7 @@ class MpiTransport : public Transport {
 
   std::vector<MPI_Comm> channels_;  // channels_[0] also hosts the communicators of group_comm
   int rank_ = 0, size_ = 1;
+  bool yield_when_idle_ = false;
   std::map<std::vector<int>, MPI_Comm> group_comms_;
 };
 
@@ -258,7 +275,13 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   PWM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   if (provided < MPI_THREAD_SERIALIZED && rank_ == 0)
     std::fprintf(stderr, "warning: MPI provides thread level %d < MPI_THREAD_SERIALIZED\n", provided);
-  transport_ = std::make_shared<MpiTransport>();
+  // A library this project cannot use (e.g. a non-conforming tag bound) is one line and a
+  // non-zero exit of the job, not an exception escaping main on every rank.
+  try {
+    transport_ = std::make_shared<MpiTransport>();
+  } catch (const std::exception& e) {
+    abort_job(fmt::format("error: [rank {}] {}", rank_, e.what()), 1);
+  }
 }
 
 MpiEnvironment::~MpiEnvironment() {

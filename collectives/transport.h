@@ -74,8 +74,9 @@ class Transport {
   virtual bool test(Request& r, size_t* received) = 0;
 
   // Called by a waiting collective when a progress pass found nothing to do. MPI must be polled
-  // (its progress engine runs inside MPI_Test), so the MPI transport does nothing; the
-  // in-process fabric yields so that oversubscribed rank threads can run.
+  // (its progress engine runs inside MPI_Test), so the MPI transport only yields its core, and
+  // only when its host runs more ranks than it has cores; the in-process fabric always yields so
+  // that oversubscribed rank threads can run.
   virtual void idle() {}
 
   // Ends the whole job after a fatal collective error (the watchdog). The MPI transport prints

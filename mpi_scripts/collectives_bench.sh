@@ -10,8 +10,8 @@ pwm_build >/dev/null
 mkdir -p "$PWM_ROOT/results"
 BENCH="$BUILD_DIR/bench/collectives/collectives_bench"
 run() {
-  echo "\$ mpirun $PWM_MPIRUN_FLAGS -n $NP $BENCH $*"
-  mpirun $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" "$@"
+  echo "\$ $PWM_MPIRUN $PWM_MPIRUN_FLAGS -n $NP $BENCH $*"
+  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" "$@"
 }
 run -b 4 -e 64M -f 4 -n 20 -w 5 --op allreduce --algo ring,hd,rd,auto,mpi \
     --json "$PWM_ROOT/results/collectives_allreduce_np$NP.json" "$@"

@@ -35,8 +35,9 @@ pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy
 mkdir -p "$OUT"
-MPIRUN=(mpirun $PWM_MPIRUN_FLAGS)
-[ -n "$HOSTFILE" ] && MPIRUN+=(--hostfile "$HOSTFILE")
+MPIRUN=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
+# OpenMPI reads "host slots=N" lines with --hostfile, Hydra "host:N" lines with -f.
+if [ -n "$HOSTFILE" ]; then [ "$PWM_MPI" = openmpi ] && MPIRUN+=(--hostfile "$HOSTFILE") || MPIRUN+=(-f "$HOSTFILE"); fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,
 # seq 128) on the default corpus, 16 sequences per data-parallel rank per step.

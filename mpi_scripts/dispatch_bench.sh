@@ -14,10 +14,10 @@ BENCH="$BUILD_DIR/bench/pathways/dispatch_bench"
 busy=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$1 > 20 && $2 != "ps" {print $2}' | head -3 | tr '\n' ' ')
 [ -n "$busy" ] && echo "dispatch_bench.sh: warning: busy processes ($busy): results will be noisy (check eff_us)" >&2
 for NP in ${NPS:-3 5}; do
-  echo "\$ mpirun $PWM_MPIRUN_FLAGS -n $NP $BENCH --json $PWM_ROOT/results/dispatch_np$NP.json $*"
-  mpirun $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" --json "$PWM_ROOT/results/dispatch_np$NP.json" "$@"
+  echo "\$ $PWM_MPIRUN $PWM_MPIRUN_FLAGS -n $NP $BENCH --json $PWM_ROOT/results/dispatch_np$NP.json $*"
+  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS -n "$NP" "$BENCH" --json "$PWM_ROOT/results/dispatch_np$NP.json" "$@"
 done
 if [ "$(nproc)" -ge 2 ] && [ -z "${NPS:-}" ]; then
-  echo "\$ mpirun --bind-to core -n 2 $BENCH --figs 8 --json $PWM_ROOT/results/dispatch_fig8_own_core.json $*"
-  mpirun --bind-to core -n 2 "$BENCH" --figs 8 --json "$PWM_ROOT/results/dispatch_fig8_own_core.json" "$@"
+  echo "\$ $PWM_MPIRUN $(pwm_mpirun_bind_core) -n 2 $BENCH --figs 8 --json $PWM_ROOT/results/dispatch_fig8_own_core.json $*"
+  "$PWM_MPIRUN" $(pwm_mpirun_bind_core) -n 2 "$BENCH" --figs 8 --json "$PWM_ROOT/results/dispatch_fig8_own_core.json" "$@"
 fi

@@ -1,19 +1,54 @@
 # Sourced by the other scripts: installs what is missing, configures and builds what is stale.
-# Variables: BUILD_DIR (default build/), PWM_PORTABLE=1 for a build without -march=native.
+# Variables: PWM_MPI=openmpi (default) | mpich picks the MPI library (Debian's packages; both can
+# be installed side by side); BUILD_DIR (default build/ for OpenMPI, build-mpich/ for MPICH);
+# PWM_PORTABLE=1 for a build without -march=native.
+# Sets PWM_MPIRUN (the launcher of the chosen library) and PWM_MPIRUN_FLAGS; scripts launch
+# with `"$PWM_MPIRUN" $PWM_MPIRUN_FLAGS -n N ... $(pwm_mpirun_env VAR=VALUE)`.
 set -euo pipefail
 
 PWM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build}"
+PWM_MPI="${PWM_MPI:-openmpi}"
 
-# OpenMPI refuses to run as root without these; harmless otherwise.
+# OpenMPI refuses to run as root without these; harmless otherwise (MPICH ignores them).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Quiet OpenMPI's warnings about missing high-speed NICs on laptops/containers.
 export OMPI_MCA_btl_base_warn_component_unused=0
-export PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none"
 
 # Debian packages the project needs (names checked on Debian 12 / Ubuntu 22.04+).
-PWM_PACKAGES=(cmake ninja-build g++ make openmpi-bin libopenmpi-dev libeigen3-dev libfmt-dev
+PWM_PACKAGES=(cmake ninja-build g++ make libeigen3-dev libfmt-dev
               libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev gnuplot-nox python3)
+case "$PWM_MPI" in
+  openmpi)
+    BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build}"
+    PWM_PACKAGES+=(openmpi-bin libopenmpi-dev)
+    PWM_MPICXX=/usr/bin/mpicxx.openmpi
+    PWM_MPIRUN=/usr/bin/mpirun.openmpi
+    # --oversubscribe: more ranks than cores; --bind-to none: OpenMPI binds to cores by default.
+    PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none" ;;
+  mpich)
+    BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build-mpich}"
+    PWM_PACKAGES+=(mpich libmpich-dev)
+    PWM_MPICXX=/usr/bin/mpicxx.mpich
+    PWM_MPIRUN=/usr/bin/mpiexec.mpich
+    PWM_MPIRUN_FLAGS="" ;;  # Hydra oversubscribes and leaves ranks unbound by default
+  *) echo "pathways-mpi: error: PWM_MPI='$PWM_MPI' is not a supported MPI library; use PWM_MPI=openmpi or PWM_MPI=mpich" >&2
+     exit 2 ;;
+esac
+export PWM_MPIRUN PWM_MPIRUN_FLAGS
+
+# pwm_mpirun_env VAR=VALUE...: launcher flags that set VAR on every rank (-x for OpenMPI,
+# -genv for MPICH's Hydra).
+pwm_mpirun_env() {
+  local kv
+  for kv in "$@"; do
+    if [ "$PWM_MPI" = openmpi ]; then printf -- '-x %s ' "$kv"; else printf -- '-genv %s %s ' "${kv%%=*}" "${kv#*=}"; fi
+  done
+}
+
+# pwm_mpirun_bind_core: the launcher flags that bind each rank to a core of its own.
+pwm_mpirun_bind_core() {
+  if [ "$PWM_MPI" = openmpi ]; then echo "--bind-to core"; else echo "-bind-to core"; fi
+}
 
 pwm_install_deps() { pwm_install_packages "${PWM_PACKAGES[@]}"; }
 
@@ -44,7 +79,8 @@ pwm_build() {
   local portable=OFF
   [ "${PWM_PORTABLE:-0}" = "1" ] && portable=ON
   if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-    cmake -S "$PWM_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPORTABLE=$portable >/dev/null
+    cmake -S "$PWM_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPORTABLE=$portable \
+          -DMPI_CXX_COMPILER="$PWM_MPICXX" -DMPIEXEC_EXECUTABLE="$PWM_MPIRUN" >/dev/null
   fi
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }

@@ -14,8 +14,8 @@ TRAIN="$BUILD_DIR/spmd/spmd_train"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 run() {  # run NAME NP args...
   local name=$1 np=$2; shift 2
-  echo "\$ mpirun $PWM_MPIRUN_FLAGS -n $np $TRAIN $* --metrics $OUT/spmd_$name.jsonl"
-  mpirun $PWM_MPIRUN_FLAGS -n "$np" "$TRAIN" --steps "$STEPS" --log-every 10 "$@" --metrics "$OUT/spmd_$name.jsonl" | tail -n 2
+  echo "\$ $PWM_MPIRUN $PWM_MPIRUN_FLAGS -n $np $TRAIN $* --metrics $OUT/spmd_$name.jsonl"
+  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS -n "$np" "$TRAIN" --steps "$STEPS" --log-every 10 "$@" --metrics "$OUT/spmd_$name.jsonl" | tail -n 2
 }
 run dp1 1 --dp 1 --batch 16
 run dp2 2 --dp 2 --batch 32

@@ -29,7 +29,11 @@ def set_build(build, tmp=None):
     BUILD = build
     if tmp:
         TMP = tmp
-MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
+# The launcher of the MPI library the build found (cmake/mpi_launcher.cmake passes it through
+# the test environment); OpenMPI's mpirun with its flags when run by hand.
+MPIRUN = [os.environ.get("PWM_MPIEXEC", "mpirun")] + os.environ.get(
+    "PWM_MPIEXEC_FLAGS", "--oversubscribe --bind-to none").split()
+NP_FLAG = os.environ.get("PWM_MPIEXEC_NUMPROC_FLAG", "-n")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_btl_base_warn_component_unused="0")
 TINY = ["--d-model", "64", "--layers", "2", "--heads", "4", "--head-dim", "16", "--d-ff", "128",
@@ -44,7 +48,7 @@ def trainer(exe="spmd"):
 
 
 def run(n, args, expect_ok=True, timeout=240, exe="spmd"):
-    cmd = MPIRUN + ["-n", str(n), trainer(exe)] + args
+    cmd = MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
     if expect_ok and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -164,7 +168,7 @@ def case_kill_and_resume_is_bitwise():
     # once the first checkpoint exists, wait a while, then kill the highest rank's process.
     ck2 = os.path.join(TMP, "kill2.ckpt")
     for delay in (0.05, 0.23, 0.41):
-        cmd = MPIRUN + ["-n", "2", trainer()] + TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2",
+        cmd = MPIRUN + [NP_FLAG, "2", trainer()] + TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2",
                                                           "--resume", "--step-sleep-ms", "100"]
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
