@@ -7,6 +7,8 @@
 #include <cstdio>
 
 #include "common/time.h"
+#include "pathways/messages.h"
+#include "pathways/object_id.h"
 #include "pathways/tags.h"
 
 namespace pwm::pathways {
@@ -21,9 +23,9 @@ std::vector<std::string> Dispatcher::hello() {
     if (!chan_.progress(inbox)) b.idle();
     for (auto& m : inbox) {
       PWM_CHECK(m.type == MsgType::kHello, "worker {} sent {} before hello", m.peer, msg_type_name(m.type));
-      Reader r(m.body);
-      hosts[m.peer - 1] = r.str();
-      caps_[m.peer] = r.remaining() >= sizeof(uint64_t) ? r.get<uint64_t>() : 0;
+      Hello h = decode<Hello>(m.body);
+      hosts[m.peer - 1] = std::move(h.host);
+      caps_[m.peer] = h.memory_cap;
       got++;
     }
     inbox.clear();
@@ -271,15 +273,8 @@ void Dispatcher::put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint
                                         "capped at {} bytes: it could never fit",
                                         shards[k].size(), ranks[k] - 1, ranks[k], cap));
   }
-  for (size_t k = 0; k < ranks.size(); ++k) {
-    Writer w;
-    w.put(a->id);
-    w.put(a->owner);
-    w.put<uint8_t>(static_cast<uint8_t>(a->spec.shard.dtype));
-    w.vec(a->spec.shard.shape);
-    w.bytes(shards[k].data(), shards[k].size());
-    chan_.post(ranks[k], MsgType::kPut, w.take());
-  }
+  for (size_t k = 0; k < ranks.size(); ++k)
+    chan_.send(ranks[k], PutShard{a->id, a->owner, a->spec.shard, shards[k]});
   objects_[a->id] = ObjMeta{a->slice.id(), a->spec, ranks, a->owner};
   a->status.set({});
 }
@@ -303,10 +298,7 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
   for (size_t k = 0; k < parts; ++k) {
     uint64_t req = next_req_++;
     fetch_reqs_[req] = {rec, k, m.ranks[k]};
-    Writer w;
-    w.put(req);
-    w.put(a->id);
-    chan_.post(m.ranks[k], MsgType::kFetch, w.take());
+    chan_.send(m.ranks[k], Fetch{req, a->id});
   }
 }
 
@@ -315,11 +307,7 @@ void Dispatcher::stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f)
   flush_frees();  // frees queued before the request are counted by it
   uint64_t req = next_req_++;
   stats_[req] = {f, {}};
-  for (int r : workers_) {
-    Writer w;
-    w.put(req);
-    chan_.post(r, MsgType::kStats, w.take());
-  }
+  for (int r : workers_) chan_.send(r, StatsRequest{req});
 }
 
 void Dispatcher::drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f) {
@@ -337,19 +325,8 @@ void Dispatcher::drain(int device, bool undrain, std::shared_ptr<FutureState<std
     for (auto& [id, m] : objects_) {
       if (m.slice != r.slice || m.ranks.at(r.index) != r.from_device + 1) continue;
       const int from = r.from_device + 1, to = r.to_device + 1, tag = tags::move_tag(next_move_++);
-      Writer out;
-      out.put(id);
-      out.put<int32_t>(to);
-      out.put<int32_t>(tag);
-      chan_.post(from, MsgType::kMoveOut, out.take());
-      Writer in;
-      in.put(id);
-      in.put(m.owner);
-      in.put<uint8_t>(static_cast<uint8_t>(m.spec.shard.dtype));
-      in.vec(m.spec.shard.shape);
-      in.put<int32_t>(from);
-      in.put<int32_t>(tag);
-      chan_.post(to, MsgType::kMoveIn, in.take());
+      chan_.send(from, MoveOut{id, to, tag});
+      chan_.send(to, MoveIn{id, m.owner, m.spec.shard, from, tag});
       m.ranks[r.index] = to;
     }
   }
@@ -361,7 +338,7 @@ void Dispatcher::free_object(uint64_t id) {
   if (it == objects_.end()) return;
   // An output of a run still held by a scheduler: the worker must not hear of the free before
   // the run, or the run's output would be registered after the free and never dropped.
-  if (auto r = runs_.find(id >> 16); r != runs_.end() && !r->second->sent) {
+  if (auto r = runs_.find(run_of_object(id)); r != runs_.end() && !r->second->sent) {
     r->second->early_frees.push_back(id);
     objects_.erase(it);
     return;
@@ -385,20 +362,12 @@ void Dispatcher::free_owner(uint64_t owner) {
   }
   for (auto it = objects_.begin(); it != objects_.end();)
     it = it->second.owner == owner ? objects_.erase(it) : std::next(it);
-  for (int r : workers_) {
-    Writer w;
-    w.put(owner);
-    chan_.post(r, MsgType::kFreeOwner, w.take());
-  }
+  for (int r : workers_) chan_.send(r, FreeOwner{owner});
 }
 
 void Dispatcher::evict(const LoweredProgram& lp) {
   post_staged();
-  for (int r : lp.ranks()) {
-    Writer w;
-    w.put(lp.id);
-    chan_.post(r, MsgType::kEvictProgram, w.take());
-  }
+  for (int r : lp.ranks()) chan_.send(r, EvictProgram{lp.id});
 }
 
 std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
@@ -419,11 +388,7 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
     lp->island_execs[devs.at(r - 1).island] += static_cast<int>(wp.execs.size());
     lp->execs += static_cast<int>(wp.execs.size());
   }
-  for (auto& [r, wp] : lp->workers) {
-    Writer w;
-    wp.write(w);
-    chan_.post(r, MsgType::kLoadProgram, w.take());
-  }
+  for (auto& [r, wp] : lp->workers) chan_.send(r, wp);
   p.lowered = lp;
   return lp;
 }
@@ -447,7 +412,7 @@ void Dispatcher::dispatch(RunRec& r) {
             (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord) |
             (urgent(r) ? kRunAwaited : 0);
   for (auto& a : r.in) h.inputs.push_back(a->id);
-  auto body = h.encode();
+  auto body = encode(h);
   for (int rank : r.waiting) {
     if (c_.opts_.island_ordering || r.opts.sequential)  // (stage releases follow the kRun)
       chan_.post(rank, MsgType::kRun, body);
@@ -458,7 +423,7 @@ void Dispatcher::dispatch(RunRec& r) {
   sent_order_.push_back(r.id);
   predictions_dirty_ = true;
   for (uint64_t id : r.early_frees)
-    for (int rank : r.lp->outputs.at(id & 0xffff).ranks) frees_[rank].push_back(id);
+    for (int rank : r.lp->outputs.at(output_index_of(id)).ranks) frees_[rank].push_back(id);
   r.early_frees.clear();
   ClientUsage& u = usage_[r.owner];
   u.runs_dispatched++;
@@ -485,25 +450,18 @@ bool Dispatcher::urgent(const RunRec& r) {
 void Dispatcher::release_stage(RunRec& r, uint32_t s) {
   r.stage = s;
   r.stage_waiting = r.lp->stage_ranks[s];
-  Writer w;
-  w.put(r.id);
-  w.put(s);
-  auto body = w.take();
-  for (int rank : r.stage_waiting) chan_.post(rank, MsgType::kReleaseStage, body);
+  for (int rank : r.stage_waiting) chan_.send(rank, ReleaseStage{{r.id, s}});
 }
 
 void Dispatcher::handle(Message& m) {
-  Reader rd(m.body);
   switch (m.type) {
     case MsgType::kRunDone: {
-      uint64_t id = rd.get<uint64_t>();
-      std::string err = rd.str();
-      const double kernel_s = rd.remaining() >= sizeof(double) ? rd.get<double>() : 0.0;
-      auto it = runs_.find(id);
-      PWM_CHECK(it != runs_.end(), "run_done for unknown run {} from rank {}", id, m.peer);
+      RunDone d = decode<RunDone>(m.body);
+      auto it = runs_.find(d.run_id);
+      PWM_CHECK(it != runs_.end(), "run_done for unknown run {} from rank {}", d.run_id, m.peer);
       RunRec& r = *it->second;
-      r.kernel_s += kernel_s;
-      if (!err.empty() && r.error.empty()) r.error = err;
+      r.kernel_s += d.kernel_s;
+      if (!d.error.empty() && r.error.empty()) r.error = std::move(d.error);
       if (urgent(r)) urgent_activity_ = true;
       r.waiting.erase(m.peer);
       // That rank's next run is now the one its fetches wait behind (recomputed only when a
@@ -514,8 +472,7 @@ void Dispatcher::handle(Message& m) {
     }
     case MsgType::kStageDone: {
       urgent_activity_ = true;
-      uint64_t id = rd.get<uint64_t>();
-      uint32_t s = rd.get<uint32_t>();
+      const auto [id, s] = decode<StageDone>(m.body);
       auto it = runs_.find(id);
       if (it == runs_.end()) break;
       RunRec& r = *it->second;
@@ -525,9 +482,7 @@ void Dispatcher::handle(Message& m) {
       break;
     }
     case MsgType::kNodeEvent: {
-      uint64_t id = rd.get<uint64_t>();
-      uint32_t node = rd.get<uint32_t>();
-      bool started = rd.get<uint8_t>() != 0;
+      const auto [id, node, started] = decode<NodeEvent>(m.body);
       auto it = runs_.find(id);
       if (it == runs_.end()) break;
       if (started) {
@@ -540,22 +495,19 @@ void Dispatcher::handle(Message& m) {
     }
     case MsgType::kFetchReply: {
       urgent_activity_ = true;
-      uint64_t req = rd.get<uint64_t>();
-      std::string err = rd.str();
-      auto it = fetch_reqs_.find(req);
+      FetchReply f = decode<FetchReply>(m.body);
+      auto it = fetch_reqs_.find(f.request);
       PWM_CHECK(it != fetch_reqs_.end());
       auto [rec, k, rank] = it->second;
       fetch_reqs_.erase(it);
-      if (!err.empty() && rec->error.empty()) rec->error = err;
-      const uint8_t* p = rd.bytes(rd.remaining());
-      rec->parts[k].assign(p, p + (m.body.size() - (p - m.body.data())));
+      if (!f.error.empty() && rec->error.empty()) rec->error = std::move(f.error);
+      rec->parts[k].assign(f.bytes.begin(), f.bytes.end());
       if (--rec->left == 0) finish_fetch(*rec);
       break;
     }
     case MsgType::kStatsReply: {
       urgent_activity_ = true;
-      uint64_t req = rd.get<uint64_t>();
-      auto s = rd.get<WorkerStats>();
+      const auto [req, s] = decode<StatsReply>(m.body);
       auto& [f, v] = stats_.at(req);
       v.push_back(s);
       if (v.size() == workers_.size()) {
@@ -567,8 +519,7 @@ void Dispatcher::handle(Message& m) {
     }
     case MsgType::kBye: urgent_activity_ = true; break;
     case MsgType::kTrace: {
-      const size_t n = rd.get<uint32_t>();
-      for (size_t i = 0; i < n; ++i) dev_spans_.push_back({m.peer, rd.get<TraceRecord>()});
+      for (const TraceRecord& t : decode<TraceRecords>(m.body).records) dev_spans_.push_back({m.peer, t});
       break;
     }
     default: PWM_THROW("controller: unexpected message {} from rank {}", msg_type_name(m.type), m.peer);
@@ -698,10 +649,11 @@ void Dispatcher::check_deadlines() {
 void Dispatcher::flush_frees() {
   for (auto& [r, ids] : frees_) {
     if (ids.empty()) continue;
-    Writer w;
-    w.vec(ids);
-    chan_.post(r, MsgType::kFree, w.take());
-    ids.clear();
+    Free msg;
+    msg.objects.swap(ids);  // (ids keeps its capacity: no allocation per pass)
+    chan_.send(r, msg);
+    msg.objects.clear();
+    ids.swap(msg.objects);
   }
 }
 

@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "pathways/backoff.h"
 #include "pathways/controller.h"
+#include "pathways/messages.h"
 
 namespace pwm::pathways {
 
