@@ -36,24 +36,6 @@ PutShard PutShard::read(Reader& r) {
   return m;
 }
 
-void MoveIn::write(Writer& w) const {
-  w.put(object);
-  w.put(owner);
-  write_spec(w, spec);
-  w.put(from);
-  w.put(tag);
-}
-
-MoveIn MoveIn::read(Reader& r) {
-  MoveIn m;
-  m.object = r.get<uint64_t>();
-  m.owner = r.get<uint64_t>();
-  m.spec = read_spec(r);
-  m.from = r.get<int32_t>();
-  m.tag = r.get<int32_t>();
-  return m;
-}
-
 void FetchReply::write(Writer& w) const {
   w.put(request);
   w.str(error);

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "pathways/kernel.h"
@@ -28,15 +30,68 @@ namespace pwm::pathways {
 void write_spec(Writer& w, const TensorSpec& s);
 TensorSpec read_spec(Reader& r);
 
+// Most messages list their fields once, in wire order (`fields(m)`, a tuple of references), and
+// the codec below writes and reads that list: encoder and decoder cannot disagree. Field
+// types: trivially copyable values (as their bytes), bool (u8), std::string, std::vector of
+// trivially copyable values (u32 count, then the elements) and TensorSpec (write_spec).
+// Messages with a byte view (PutShard, FetchReply) or a richer layout (WorkerProgram,
+// lowering.h) have their own write() and read() instead.
+namespace codec {
+inline void put(Writer& w, bool v) { w.put<uint8_t>(v); }
+inline void put(Writer& w, const std::string& s) { w.str(s); }
+inline void put(Writer& w, const TensorSpec& s) { write_spec(w, s); }
+template <typename T>
+void put(Writer& w, const std::vector<T>& v) {
+  w.vec(v);
+}
+template <typename T>
+  requires std::is_trivially_copyable_v<T>
+void put(Writer& w, const T& v) {
+  w.put(v);
+}
+inline void get(Reader& r, bool& v) { v = r.get<uint8_t>() != 0; }
+inline void get(Reader& r, std::string& s) { s = r.str(); }
+inline void get(Reader& r, TensorSpec& s) { s = read_spec(r); }
+template <typename T>
+void get(Reader& r, std::vector<T>& v) {
+  v = r.vec<T>();
+}
+template <typename T>
+  requires std::is_trivially_copyable_v<T>
+void get(Reader& r, T& v) {
+  v = r.get<T>();
+}
+}  // namespace codec
+
+template <typename M>
+concept FieldListed = requires(M& m) { M::fields(m); };
+
+template <typename M>
+void write_message(Writer& w, const M& m) {
+  if constexpr (FieldListed<M>)
+    std::apply([&](const auto&... f) { (codec::put(w, f), ...); }, M::fields(m));
+  else
+    m.write(w);
+}
+
+template <typename M>
+M read_message(Reader& r) {
+  if constexpr (FieldListed<M>) {
+    M m;
+    std::apply([&](auto&... f) { (codec::get(r, f), ...); }, M::fields(m));  // (left to right)
+    return m;
+  } else {
+    return M::read(r);
+  }
+}
+
 // ---- controller -> worker ----
-// (kLoadProgram's payload is a WorkerProgram; its codec is WorkerProgram::write/read, lowering.h.)
+// (kLoadProgram's payload is a WorkerProgram, lowering.h.)
 
 struct EvictProgram {
   static constexpr MsgType kType = MsgType::kEvictProgram;
   uint64_t program_id = 0;
-  void write(Writer& w) const { w.put(program_id); }
-  static EvictProgram read(Reader& r) { return {r.get<uint64_t>()}; }
-  bool operator==(const EvictProgram&) const = default;
+  static auto fields(auto& m) { return std::tie(m.program_id); }
 };
 
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
@@ -51,39 +106,18 @@ struct RunHeader {
   uint64_t run_id = 0, program_id = 0, owner = 0;
   uint8_t flags = 0;
   std::vector<uint64_t> inputs;  // object id per program parameter
-  void write(Writer& w) const {
-    w.put(run_id);
-    w.put(program_id);
-    w.put(owner);
-    w.put(flags);
-    w.vec(inputs);
-  }
-  static RunHeader read(Reader& r) {
-    RunHeader h;
-    h.run_id = r.get<uint64_t>();
-    h.program_id = r.get<uint64_t>();
-    h.owner = r.get<uint64_t>();
-    h.flags = r.get<uint8_t>();
-    h.inputs = r.vec<uint64_t>();
-    return h;
-  }
-  bool operator==(const RunHeader&) const = default;
+  static auto fields(auto& m) { return std::tie(m.run_id, m.program_id, m.owner, m.flags, m.inputs); }
 };
 
-// kReleaseStage (sequential dispatch) and its answer kStageDone carry the same fields.
+// kReleaseStage (sequential dispatch) and its answer kStageDone.
+template <MsgType T>
 struct StageMsg {
+  static constexpr MsgType kType = T;
   uint64_t run_id = 0;
   uint32_t stage = 0;
-  void write(Writer& w) const {
-    w.put(run_id);
-    w.put(stage);
-  }
-  bool operator==(const StageMsg&) const = default;
+  static auto fields(auto& m) { return std::tie(m.run_id, m.stage); }
 };
-struct ReleaseStage : StageMsg {
-  static constexpr MsgType kType = MsgType::kReleaseStage;
-  static ReleaseStage read(Reader& r) { return {{r.get<uint64_t>(), r.get<uint32_t>()}}; }
-};
+using ReleaseStage = StageMsg<MsgType::kReleaseStage>;
 
 // kPut: one shard of a client's value.
 struct PutShard {
@@ -99,28 +133,19 @@ struct PutShard {
 struct Fetch {
   static constexpr MsgType kType = MsgType::kFetch;
   uint64_t request = 0, object = 0;
-  void write(Writer& w) const {
-    w.put(request);
-    w.put(object);
-  }
-  static Fetch read(Reader& r) { return {r.get<uint64_t>(), r.get<uint64_t>()}; }
-  bool operator==(const Fetch&) const = default;
+  static auto fields(auto& m) { return std::tie(m.request, m.object); }
 };
 
 struct Free {
   static constexpr MsgType kType = MsgType::kFree;
   std::vector<uint64_t> objects;
-  void write(Writer& w) const { w.vec(objects); }
-  static Free read(Reader& r) { return {r.vec<uint64_t>()}; }
-  bool operator==(const Free&) const = default;
+  static auto fields(auto& m) { return std::tie(m.objects); }
 };
 
 struct FreeOwner {
   static constexpr MsgType kType = MsgType::kFreeOwner;
-  uint64_t owner = 0;
-  void write(Writer& w) const { w.put(owner); }
-  static FreeOwner read(Reader& r) { return {r.get<uint64_t>()}; }
-  bool operator==(const FreeOwner&) const = default;
+  uint64_t owner = 0;  // a client id
+  static auto fields(auto& m) { return std::tie(m.owner); }
 };
 
 // A drain's migration: the old device sends the object to `to` on `tag`...
@@ -128,13 +153,7 @@ struct MoveOut {
   static constexpr MsgType kType = MsgType::kMoveOut;
   uint64_t object = 0;
   int32_t to = 0, tag = 0;
-  void write(Writer& w) const {
-    w.put(object);
-    w.put(to);
-    w.put(tag);
-  }
-  static MoveOut read(Reader& r) { return {r.get<uint64_t>(), r.get<int32_t>(), r.get<int32_t>()}; }
-  bool operator==(const MoveOut&) const = default;
+  static auto fields(auto& m) { return std::tie(m.object, m.to, m.tag); }
 };
 
 // ... and the new device enters it (pending) and receives it from `from` on the same tag.
@@ -143,17 +162,13 @@ struct MoveIn {
   uint64_t object = 0, owner = 0;
   TensorSpec spec;
   int32_t from = 0, tag = 0;
-  void write(Writer& w) const;
-  static MoveIn read(Reader& r);
-  bool operator==(const MoveIn&) const = default;
+  static auto fields(auto& m) { return std::tie(m.object, m.owner, m.spec, m.from, m.tag); }
 };
 
 struct StatsRequest {
   static constexpr MsgType kType = MsgType::kStats;
   uint64_t request = 0;
-  void write(Writer& w) const { w.put(request); }
-  static StatsRequest read(Reader& r) { return {r.get<uint64_t>()}; }
-  bool operator==(const StatsRequest&) const = default;
+  static auto fields(auto& m) { return std::tie(m.request); }
 };
 
 // kShutdown and kBye have no payload: Channel::post(peer, type).
@@ -164,17 +179,7 @@ struct Hello {
   static constexpr MsgType kType = MsgType::kHello;
   std::string host;         // islands by host
   uint64_t memory_cap = 0;  // WorkerOptions::memory_cap_bytes (0 = none)
-  void write(Writer& w) const {
-    w.str(host);
-    w.put(memory_cap);
-  }
-  static Hello read(Reader& r) {
-    Hello h;
-    h.host = r.str();
-    h.memory_cap = r.get<uint64_t>();
-    return h;
-  }
-  bool operator==(const Hello&) const = default;
+  static auto fields(auto& m) { return std::tie(m.host, m.memory_cap); }
 };
 
 struct RunDone {
@@ -182,25 +187,10 @@ struct RunDone {
   uint64_t run_id = 0;
   std::string error;    // the first error on this worker ("" = ok)
   double kernel_s = 0;  // summed kernel durations on this worker
-  void write(Writer& w) const {
-    w.put(run_id);
-    w.str(error);
-    w.put(kernel_s);
-  }
-  static RunDone read(Reader& r) {
-    RunDone d;
-    d.run_id = r.get<uint64_t>();
-    d.error = r.str();
-    d.kernel_s = r.get<double>();
-    return d;
-  }
-  bool operator==(const RunDone&) const = default;
+  static auto fields(auto& m) { return std::tie(m.run_id, m.error, m.kernel_s); }
 };
 
-struct StageDone : StageMsg {
-  static constexpr MsgType kType = MsgType::kStageDone;
-  static StageDone read(Reader& r) { return {{r.get<uint64_t>(), r.get<uint32_t>()}}; }
-};
+using StageDone = StageMsg<MsgType::kStageDone>;
 
 // Node starts and ends of runs with a deadline (kRunTrace).
 struct NodeEvent {
@@ -208,20 +198,14 @@ struct NodeEvent {
   uint64_t run_id = 0;
   uint32_t node = 0;
   bool started = false;  // false: finished
-  void write(Writer& w) const {
-    w.put(run_id);
-    w.put(node);
-    w.put<uint8_t>(started);
-  }
-  static NodeEvent read(Reader& r) { return {r.get<uint64_t>(), r.get<uint32_t>(), r.get<uint8_t>() != 0}; }
-  bool operator==(const NodeEvent&) const = default;
+  static auto fields(auto& m) { return std::tie(m.run_id, m.node, m.started); }
 };
 
 struct FetchReply {
   static constexpr MsgType kType = MsgType::kFetchReply;
   uint64_t request = 0;
   std::string error;               // "" = ok
-  std::span<const uint8_t> bytes;  // the shard (empty on error)
+  std::span<const uint8_t> bytes;  // the shard (empty on error): the rest of the message
   void write(Writer& w) const;
   static FetchReply read(Reader& r);
 };
@@ -230,11 +214,7 @@ struct StatsReply {
   static constexpr MsgType kType = MsgType::kStatsReply;
   uint64_t request = 0;
   WorkerStats stats;
-  void write(Writer& w) const {
-    w.put(request);
-    w.put(stats);
-  }
-  static StatsReply read(Reader& r) { return {r.get<uint64_t>(), r.get<WorkerStats>()}; }
+  static auto fields(auto& m) { return std::tie(m.request, m.stats); }
 };
 
 // One kernel execution on a worker, for the Perfetto trace.
@@ -250,9 +230,7 @@ struct TraceRecord {
 struct TraceRecords {
   static constexpr MsgType kType = MsgType::kTrace;
   std::vector<TraceRecord> records;
-  void write(Writer& w) const { w.vec(records); }
-  static TraceRecords read(Reader& r) { return {r.vec<TraceRecord>()}; }
-  bool operator==(const TraceRecords&) const = default;
+  static auto fields(auto& m) { return std::tie(m.records); }
 };
 
 // ---- whole messages ----
@@ -260,14 +238,14 @@ struct TraceRecords {
 template <typename M>
 std::vector<uint8_t> encode(const M& m) {
   Writer w;
-  m.write(w);
+  write_message(w, m);
   return w.take();
 }
 
 template <typename M>
 M decode(const uint8_t* p, size_t n) {
   Reader r(p, n);
-  M m = M::read(r);
+  M m = read_message<M>(r);
   r.expect_end(msg_type_name(M::kType));
   return m;
 }

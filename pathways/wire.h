@@ -25,30 +25,30 @@
 
 namespace pwm::pathways {
 
-// The payload of each type is one struct of messages.h (its codec).
+// The payload of each type is the messages.h struct named beside it (its codec).
 enum class MsgType : uint32_t {
   // controller -> worker
-  kLoadProgram = 1,  // WorkerProgram (lowering.h)
-  kEvictProgram = 2,
-  kRun = 3,
-  kReleaseStage = 4,  // sequential dispatch
-  kPut = 5,
-  kFetch = 6,
-  kFree = 7,
-  kFreeOwner = 8,
-  kMoveOut = 9,
-  kMoveIn = 10,
-  kStats = 11,
-  kShutdown = 12,  // no payload
+  kLoadProgram = 1,   // WorkerProgram (lowering.h)
+  kEvictProgram = 2,  // EvictProgram
+  kRun = 3,           // RunHeader
+  kReleaseStage = 4,  // ReleaseStage (sequential dispatch)
+  kPut = 5,           // PutShard
+  kFetch = 6,         // Fetch
+  kFree = 7,          // Free
+  kFreeOwner = 8,     // FreeOwner
+  kMoveOut = 9,       // MoveOut (drain)
+  kMoveIn = 10,       // MoveIn (drain)
+  kStats = 11,        // StatsRequest
+  kShutdown = 12,     // -
   // worker -> controller
-  kHello = 32,
-  kRunDone = 33,
-  kStageDone = 34,
-  kNodeEvent = 35,
-  kFetchReply = 36,
-  kStatsReply = 37,
-  kBye = 38,    // no payload
-  kTrace = 39,  // before bye
+  kHello = 32,       // Hello
+  kRunDone = 33,     // RunDone
+  kStageDone = 34,   // StageDone
+  kNodeEvent = 35,   // NodeEvent
+  kFetchReply = 36,  // FetchReply
+  kStatsReply = 37,  // StatsReply
+  kBye = 38,         // -
+  kTrace = 39,       // TraceRecords (before bye)
 };
 const char* msg_type_name(MsgType t);
 
@@ -161,7 +161,7 @@ class Channel {
   template <typename M>
   void send(int peer, const M& m) {
     const size_t at = begin_message(peer, M::kType);
-    m.write(bundle(peer));
+    write_message(bundle(peer), m);  // (messages.h)
     end_message(peer, at);
   }
   // The next frame to `peer` is its last: the receiver does not repost its receive, so that no

@@ -22,7 +22,7 @@ namespace pwm::pathways {
 
 WorkerOptions WorkerOptions::from_env() {
   WorkerOptions o;
-  o.backoff_max_us = env_double("PWM_PW_WORKER_BACKOFF_US", o.backoff_max_us);
+  o.latency = LatencyPolicy::from_env();
   const double cap = env_double("PWM_PW_MEMORY_CAP", 0);
   if (cap < 0) PWM_THROW("PWM_PW_MEMORY_CAP must be a number of bytes >= 0, got {}", cap);
   o.memory_cap_bytes = static_cast<uint64_t>(cap);
@@ -72,7 +72,8 @@ class Worker {
  public:
   Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
       : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
-        backoff_(o.backoff_min_us, o.backoff_max_us, o.spins), opts_(o) {
+        backoff_(o.latency.worker_backoff_min_us, o.latency.worker_backoff_max_us, o.latency.worker_spins), opts_(o),
+        long_kernel_s_(1e-6 * o.latency.long_kernel_us) {
     PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
   }
 
@@ -111,8 +112,9 @@ class Worker {
         backoff_.reset();
         last_active_ = now_s();
       } else {
-        const bool long_idle = now_s() - last_active_ > 1e-3 * opts_.idle_after_ms;
-        backoff_.set_max_us(long_idle ? opts_.idle_backoff_max_us : opts_.backoff_max_us);
+        const LatencyPolicy& p = opts_.latency;
+        const bool long_idle = now_s() - last_active_ > 1e-3 * p.worker_idle_after_ms;
+        backoff_.set_max_us(long_idle ? p.worker_idle_backoff_max_us : p.worker_backoff_max_us);
         backoff_.idle();
       }
     }
@@ -131,9 +133,7 @@ class Worker {
     switch (m.type) {
       case MsgType::kLoadProgram: {
         auto lp = std::make_shared<LoadedProgram>();
-        Reader r(m.body);
-        lp->p = WorkerProgram::read(r);
-        r.expect_end(msg_type_name(m.type));
+        lp->p = decode<WorkerProgram>(m.body);
         for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
         lp->last_s.assign(lp->p.execs.size(), 0.0);
         programs_[lp->p.id] = std::move(lp);
@@ -327,7 +327,7 @@ class Worker {
     run.left--;
     const Instr& in = run.prog->p.instrs[i];
     if (--run.stage_left[in.stage] == 0 && (run.h.flags & kRunSequential)) {
-      chan_.send(0, StageDone{{run.h.run_id, in.stage}});
+      chan_.send(0, StageDone{run.h.run_id, in.stage});
     }
     while (run.first < run.state.size() && run.state[run.first] == kDone) run.first++;
   }
@@ -430,12 +430,13 @@ class Worker {
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
       // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
-      // the core for long (it last ran here for >= kLongKernelS, or has not run yet): otherwise
+      // the core for long (it last ran here for >= long_kernel_s_, or has not run yet): otherwise
       // they would reach the controller a whole kernel late (a fused training step's statistics
-      // would be answered only when the worker's queue of steps is empty). Before short kernels
-      // they stay bundled until the end of the pass, except a run_done a client waits for.
+      // would be answered only when the worker's queue of steps is empty; long_kernel_s_ is
+      // LatencyPolicy::long_kernel_us). Before short kernels they stay bundled until the end of
+      // the pass, except a run_done a client waits for.
       double& last_s = run.prog->last_s[p.instrs[i].exec];
-      const bool long_kernel = last_s == 0 || last_s >= kLongKernelS;
+      const bool long_kernel = last_s == 0 || last_s >= long_kernel_s_;
       if (long_kernel) progress_fetches();
       if (long_kernel || awaited_done_) {
         chan_.flush();
@@ -449,7 +450,7 @@ class Worker {
         kernels_run_++;
         const double t1 = now_s();
         last_s = t1 - t0;
-        long_kernel_ran_ = long_kernel_ran_ || last_s >= kLongKernelS;
+        long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
         run.kernel_s += t1 - t0;
         if (run.h.flags & kRunRecord) {
           TraceRecord t;
@@ -574,7 +575,7 @@ class Worker {
   uint64_t peak_bytes_ = 0;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
   bool long_kernel_ran_ = false;  // in this pass of loop()
-  static constexpr double kLongKernelS = 1e-3;
+  const double long_kernel_s_;  // LatencyPolicy::long_kernel_us, in seconds
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };

@@ -17,6 +17,7 @@ struct WorkerStats {
   uint64_t waiting_runs = 0;  // runs held back because their buffers do not fit the memory cap
   uint64_t memory_cap = 0;    // bytes, 0 = none
   uint64_t peak_bytes = 0;    // the most bytes of live buffers seen at a run's admission
+  bool operator==(const WorkerStats&) const = default;
 };
 
 }  // namespace pwm::pathways
