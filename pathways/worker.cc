@@ -499,7 +499,7 @@ class Worker {
   }
 
   void finish_run(Run& run) {
-    chan_.send(0, RunDone{run.h.run_id, run.error, run.kernel_s});
+    chan_.send(0, RunDone{run.h.run_id, std::move(run.error), run.kernel_s});  // (the run ends here)
     if (run.h.flags & kRunAwaited) awaited_done_ = true;
   }
 
