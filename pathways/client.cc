@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "pathways/controller.h"
+#include "pathways/object_id.h"
 #include "pathways/runtime.h"
 
 namespace pwm::pathways {
@@ -232,7 +233,7 @@ std::vector<Array> Client::run(const Program& p, const std::vector<Array>& input
   }
   ps->ctl = s_->ctl;
   const uint64_t run_id = s_->ctl->new_id();
-  PWM_CHECK_LT(run_id, uint64_t{1} << 47);
+  PWM_CHECK_LT(run_id, kMaxRunId);
   std::vector<Array> result;
   for (size_t k = 0; k < ps->def.outputs.size(); ++k) {
     const ValueId v = ps->def.outputs[k];

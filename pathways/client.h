@@ -50,7 +50,7 @@
 
 #include "pathways/kernel.h"
 #include "pathways/program.h"
-#include "pathways/wire.h"
+#include "pathways/worker_stats.h"
 
 namespace pwm::pathways {
 

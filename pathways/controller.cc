@@ -14,7 +14,7 @@ namespace pwm::pathways {
 
 RuntimeOptions RuntimeOptions::from_env() {
   RuntimeOptions o;
-  o.busy_backoff_max_us = env_double("PWM_PW_BACKOFF_US", o.busy_backoff_max_us);
+  o.latency = LatencyPolicy::from_env();
   if (const char* p = std::getenv("PWM_PW_SCHEDULER"); p && *p) o.scheduler = scheduler_by_name(p);
   o.island_ordering = env_double("PWM_PW_ISLAND_ORDERING", 1) != 0;
   if (const char* p = std::getenv("PWM_PW_TRACE")) o.trace_path = p;
@@ -23,7 +23,8 @@ RuntimeOptions RuntimeOptions::from_env() {
 
 // ---- Controller ----
 
-Controller::Controller(std::shared_ptr<collectives::Transport> t, RuntimeOptions o) : t_(std::move(t)), opts_(std::move(o)) {
+Controller::Controller(std::shared_ptr<collectives::Transport> t, RuntimeOptions o)
+    : t_(std::move(t)), opts_(std::move(o)), bell_(opts_.latency) {
   PWM_CHECK(t_->rank() == 0, "the Pathways controller runs on world rank 0");
   if (t_->size() < 2) PWM_THROW("pathways: needs at least 2 ranks (a controller and a worker), got {}", t_->size());
 }
@@ -33,14 +34,11 @@ Controller::~Controller() {
 }
 
 void Controller::start() {
-  d_ = std::make_unique<Dispatcher>(*this, *t_);
+  d_ = std::make_unique<Dispatcher>(*this, *t_, bell_);
   rm_ = std::make_unique<ResourceManager>(d_->hello(), opts_.islands);
   memory_cap_ = d_->min_memory_cap();
   d_->init_schedulers(rm_->num_islands());
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    accepting_ = true;
-  }
+  bell_.open();
   thread_ = std::thread([this] { thread_main(); });
 }
 
@@ -53,33 +51,8 @@ void Controller::thread_main() {
 }
 
 void Controller::shutdown() {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (stopped_ || !accepting_) {
-      stopped_ = true;
-    } else {
-      queue_.push_back([](Dispatcher& d) { d.begin_shutdown(); });
-      accepting_ = false;
-      stopped_ = true;
-    }
-  }
-  cv_.notify_one();
+  bell_.close([](Dispatcher& d) { d.begin_shutdown(); });
   if (thread_.joinable()) thread_.join();
-}
-
-bool Controller::devices_busy_past_wake() const {
-  return sleeping_until_ > 0 && busy_until_ > 0 && sleeping_until_ < busy_until_ - 1e-6 * kReserveUs;
-}
-
-bool Controller::enqueue(Command c, bool wake) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!accepting_) return false;
-    queue_.push_back(std::move(c));
-    if (!wake && sleeping_until_ > 0) wake = sleeping_until_ - now_s() > 1e-6 * kLazyWakeUs;
-  }
-  if (wake) cv_.notify_one();
-  return true;
 }
 
 void Controller::submit_run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
@@ -123,6 +96,11 @@ std::string Controller::client_name(uint64_t id) const {
   std::lock_guard<std::mutex> g(clients_mu_);
   auto it = clients_.find(id);
   return it == clients_.end() ? fmt::format("{}", id) : fmt::format("'{}' (id {})", it->second.name, id);
+}
+
+std::map<uint64_t, Controller::ClientRec> Controller::clients() const {
+  std::lock_guard<std::mutex> g(clients_mu_);
+  return clients_;
 }
 
 bool Controller::client_closed(uint64_t id) const {

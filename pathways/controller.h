@@ -1,9 +1,10 @@
 // Internal: the controller behind Runtime and the client handles (runtime.h, client.h).
 //
-// Controller is the thread-safe front: the resource manager (its own lock), id allocation, and
-// a command queue. Every command runs on the dispatcher thread (controller.cc), which owns the
-// Channel to the workers, the run table, the object table and the island schedulers; it is
-// the only thread of rank 0 that calls MPI after start().
+// Controller is the thread-safe front: the resource manager (its own lock), id allocation, the
+// client table (its own lock), and the doorbell (doorbell.h) through which every command
+// reaches the dispatcher thread (dispatcher.h), which owns the Channel to the workers, the run
+// table, the object directory and the island schedulers; it is the only thread of rank 0 that
+// calls MPI after start().
 #pragma once
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "pathways/client.h"
+#include "pathways/doorbell.h"
 #include "pathways/lowering.h"
 #include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
@@ -93,31 +95,25 @@ class Controller : public std::enable_shared_from_this<Controller> {
   void stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f);
   void drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f);
   // A client started waiting: the dispatcher re-plans its sleep (it is woken unless it will wake
-  // anyway before the devices run out of queued work).
-  void poke() {
-    bool wake;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      poked_ = true;
-      wake = !devices_busy_past_wake();
-    }
-    if (wake) cv_.notify_one();
-  }
+  // anyway before the devices run out of queued work: doorbell.h).
+  void poke() { bell_.poke(); }
   // From handle destructors.
   void free_object(uint64_t id);
   void free_owner(uint64_t owner);  // the client disconnected
   void evict(std::shared_ptr<LoweredProgram> lp);
 
+  struct ClientRec {
+    std::string name;
+    double weight = 1;
+    bool closed = false;
+  };
+  // A copy of the client table by id (any thread; for usage() and the trace's row names).
+  std::map<uint64_t, ClientRec> clients() const;
+
  private:
-  using Command = std::function<void(Dispatcher&)>;
-  // Queues a command. `wake`: wake the dispatcher now (a client is about to block on the
-  // answer). Otherwise it is woken only if it planned to sleep more than kLazyWakeUs: a burst of
-  // calls is then taken in one pass instead of one wake-up (and context switch) per call.
-  bool enqueue(Command c, bool wake = false);
-  static constexpr double kLazyWakeUs = 50;
-  // How much predicted work must remain on the devices after the dispatcher's planned wake-up
-  // for a command not to wake it (predictions are off by tens of microseconds).
-  static constexpr double kReserveUs = 250;
+  // Queues a command (doorbell.h). `wake`: wake the dispatcher now (a client is about to block
+  // on the answer). False when the runtime is not accepting work.
+  bool enqueue(Doorbell::Command c, bool wake = false) { return bell_.push(std::move(c), wake); }
   void thread_main();
 
   std::shared_ptr<collectives::Transport> t_;
@@ -126,28 +122,11 @@ class Controller : public std::enable_shared_from_this<Controller> {
   std::atomic<uint64_t> next_id_{1};
   std::unique_ptr<Dispatcher> d_;
   std::thread thread_;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> queue_;
-  double sleeping_until_ = 0;  // now_s() at which the dispatcher's current wait ends (0: awake)
-  double busy_until_ = 0;      // predicted completion of the last run on the devices (0: none)
-  // Under mu_: the dispatcher is asleep but wakes before the runs on the devices are predicted
-  // to end, so a new command can wait for that wake-up without leaving the devices idle.
-  bool devices_busy_past_wake() const;
-  bool poked_ = false;         // a client started waiting since the dispatcher last slept
-  bool accepting_ = false;
-  bool stopped_ = false;
+  Doorbell bell_;            // the command queue and the dispatcher's wake-up state
   uint64_t memory_cap_ = 0;  // smallest worker cap (from the hellos)
 
-  struct ClientRec {
-    std::string name;
-    double weight = 1;
-    bool closed = false;
-  };
   mutable std::mutex clients_mu_;
   std::map<uint64_t, ClientRec> clients_;
-  friend class Dispatcher;
 };
 
 }  // namespace pwm::pathways

@@ -4,26 +4,32 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 
 #include "common/time.h"
+#include "pathways/object_id.h"
 #include "pathways/tags.h"
 
 namespace pwm::pathways {
+
+Dispatcher::Dispatcher(Controller& c, collectives::Transport& t, Doorbell& bell)
+    : c_(c), opts_(c.options()), chan_(t), bell_(bell),
+      backoff_(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us), trace_(opts_.trace_path) {
+  for (int r = 1; r < t.size(); ++r) workers_.push_back(r);
+}
 
 std::vector<std::string> Dispatcher::hello() {
   std::vector<std::string> hosts(workers_.size());
   for (int r : workers_) chan_.listen(r);
   size_t got = 0;
   std::vector<Message> inbox;
-  Backoff b(10, 1000);
+  Backoff b(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us);
   while (got < workers_.size()) {
     if (!chan_.progress(inbox)) b.idle();
     for (auto& m : inbox) {
       PWM_CHECK(m.type == MsgType::kHello, "worker {} sent {} before hello", m.peer, msg_type_name(m.type));
-      Reader r(m.body);
-      hosts[m.peer - 1] = r.str();
-      caps_[m.peer] = r.remaining() >= sizeof(uint64_t) ? r.get<uint64_t>() : 0;
+      Hello h = decode<Hello>(m.body);
+      hosts[m.peer - 1] = std::move(h.host);
+      caps_[m.peer] = h.memory_cap;
       got++;
     }
     inbox.clear();
@@ -40,47 +46,27 @@ uint64_t Dispatcher::min_memory_cap() const {
 
 void Dispatcher::init_schedulers(int islands) {
   for (int i = 0; i < islands; ++i)
-    scheds_.push_back(c_.opts_.scheduler ? c_.opts_.scheduler(i) : std::make_unique<FifoScheduler>());
+    scheds_.push_back(opts_.scheduler ? opts_.scheduler(i) : std::make_unique<FifoScheduler>());
 }
 
 void Dispatcher::loop() {
   std::vector<Message> inbox;
-  std::vector<Controller::Command> cmds;
+  std::vector<Doorbell::Command> cmds;
   while (true) {
-    {
-      std::lock_guard<std::mutex> g(c_.mu_);
-      cmds.swap(c_.queue_);
-    }
+    bell_.take(cmds);
     bool any = !cmds.empty();
     const bool cmds_empty = cmds.empty();
     for (auto& cmd : cmds) cmd(*this);
-    cmds.clear();  // may drop handles, which queue frees: outside the lock
+    cmds.clear();  // may drop handles, which queue frees: outside the doorbell's lock
     any |= chan_.progress(inbox);
     for (auto& m : inbox) handle(m);
     inbox.clear();
     pump_schedulers();  // completions may have opened a window
     check_deadlines();
     post_staged();
-    flush_frees();
+    objects_.flush_frees(chan_);
     any |= chan_.flush();
-    if (stopping_) {
-      if (!shutdown_sent_ && runs_.empty() && fetch_reqs_.empty() && stats_.empty()) {
-        for (int r : workers_) {
-          chan_.post(r, MsgType::kShutdown);
-          chan_.close(r);
-        }
-        shutdown_sent_ = true;
-        any = true;
-      }
-      if (shutdown_sent_ && chan_.sends_in_flight() == 0) {
-        bool all_left = true;
-        for (int r : workers_) all_left = all_left && !chan_.listening(r);
-        if (all_left) {
-          if (!c_.opts_.trace_path.empty()) write_trace();
-          break;
-        }
-      }
-    }
+    if (stopping_ && shutdown_step(any)) break;
     if (any) {
       // Drain everything now, but only a client's command or an answer someone waits for
       // restarts the fine polling; completions nobody waits for keep the back-off where it is.
@@ -88,101 +74,55 @@ void Dispatcher::loop() {
       urgent_activity_ = false;
       continue;
     }
-    // How long to sleep. Runs nobody waits for are noticed within the idle back-off (1 ms):
-    // waking more often would only take CPU from the workers. A run a client waits for (or
-    // fetches), a sequential run (its stages go through here) or one with a deadline is
-    // polled every <= busy_backoff_max_us, except that while its predicted completion (the
-    // program's mean run time) is further away the dispatcher sleeps until just before it.
-    //
-    // Several runs waited for at once (several clients, each waiting for its last result) are
-    // taken in batches: the dispatcher sleeps until the predicted completion of half of them,
-    // while the other half keeps the devices busy. Each wake-up of the controller takes a core
-    // from a worker; one per completed run would cost several percent of the devices' time.
-    const double now = now_s();
-    predict();
-    double cap_us = c_.opts_.backoff_max_us, wake_at = 0, busy_until = 0;
-    std::vector<double>& pred = pred_scratch_;
-    pred.clear();
-    // An overdue run (running longer than its program's mean) is polled every <=
-    // busy_backoff_max_us, or every 1% of that mean if longer: a 700 ms training step that runs
-    // 50 ms late is then noticed within 7 ms, not with 250 wake-ups that each preempt a worker.
-    double overdue_mean_s = -1;
-    for (auto& [id, r] : runs_) {
-      if (r->workers_done) continue;
-      if (r->sent) busy_until = std::max(busy_until, r->predicted_done);
-      if (!urgent(*r)) continue;
-      if (r->predicted_done <= now) {
-        pred.push_back(now);  // overdue (or no estimate yet)
-        auto est = exec_time_.find(r->lp->id);
-        const double mean = est == exec_time_.end() ? 0 : est->second;
-        overdue_mean_s = overdue_mean_s < 0 ? mean : std::min(overdue_mean_s, mean);
-      } else {
-        pred.push_back(r->predicted_done);
-      }
-    }
-    // A fetch sent to a worker is answered between its kernels, at once when it runs nothing.
-    // Its answer is predicted at the end of the run the worker is executing, or sooner by one
-    // of that run's kernels (its program's time on that worker over its kernels there): a fused
-    // training step's statistics are fetched while the next 700 ms step runs, and waking every
-    // millisecond in between would only preempt the worker computing it.
-    for (auto& [req, f] : fetch_reqs_) {
-      auto it = rank_next_done_.find(f.rank);
-      if (it == rank_next_done_.end() || it->second.done <= now) {
-        pred.push_back(now);
-        if (it != rank_next_done_.end())
-          overdue_mean_s = overdue_mean_s < 0 ? it->second.mean : std::min(overdue_mean_s, it->second.mean);
-      } else {
-        // Not sooner than the fine polling interval: a run of many tiny kernels must not turn
-        // this into a spin.
-        pred.push_back(std::min(it->second.done, now + std::max(it->second.kernel, 1e-6 * c_.opts_.busy_backoff_max_us)));
-      }
-    }
-    if (!pred.empty()) {
-      const size_t m = std::max<size_t>(1, pred.size() / batch_div_);
-      std::nth_element(pred.begin(), pred.begin() + static_cast<std::ptrdiff_t>(m - 1), pred.end());
-      // ... but no later than kReserveUs before the devices are predicted to run dry, which
-      // leaves the clients time to submit their next runs.
-      double t_m = pred[m - 1];
-      if (busy_until > 0) t_m = std::min(t_m, busy_until - 1e-6 * Controller::kReserveUs);
-      const bool run_dry_soon = busy_until - 1e-6 * Controller::kReserveUs <= now;  // then poll finely
-      const double overdue_cap_us = run_dry_soon ? 0 : 1e6 * 0.01 * std::max(0.0, overdue_mean_s);
-      if (t_m <= now)
-        cap_us = std::min(cap_us, std::max(c_.opts_.busy_backoff_max_us, overdue_cap_us));
-      else
-        wake_at = t_m;
-    }
-    // Runs held back by a scheduler (proportional share) are released when earlier ones finish:
-    // notice completions promptly then, or the devices idle.
-    bool held = false;
-    for (auto& sch : scheds_) held = held || sch->held() > 0;
-    if (held) cap_us = std::min(cap_us, c_.opts_.busy_backoff_max_us);
-    backoff_.set_max_us(cap_us);
-    auto wait = backoff_.advance();
-    bool predicted = false;
-    if (wake_at > 0) {
-      auto until = std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, (wake_at - now) * 1e6 - 10)));
-      // A predicted completion further away than the idle back-off (a 700 ms training step) is
-      // slept to in one go, up to kMaxPredictedSleepUs, instead of waking every millisecond to
-      // find nothing: each of those wake-ups preempts a worker (a thousand per second cost the
-      // fused trainer 1.5% of a core). Commands from clients still wake it at once.
-      if (!held) until = std::min(until, std::chrono::microseconds(kMaxPredictedSleepUs));
-      if (until < wait || !held) {
-        wait = until;
-        predicted = true;
-      }
-    }
-    {
-      std::unique_lock<std::mutex> l(c_.mu_);
-      if (c_.queue_.empty() && !c_.poked_ && wait.count() > 0) {
-        c_.busy_until_ = busy_until;
-        c_.sleeping_until_ = now + 1e-6 * static_cast<double>(wait.count());
-        c_.cv_.wait_for(l, wait, [&] { return !c_.queue_.empty() || c_.poked_; });
-        c_.sleeping_until_ = 0;
-      }
-      c_.poked_ = false;
-    }
-    if (predicted) backoff_.reset();
+    sleep();
   }
+}
+
+bool Dispatcher::shutdown_step(bool& any) {
+  if (!shutdown_sent_ && runs_.empty() && fetch_reqs_.empty() && stats_.empty()) {
+    for (int r : workers_) {
+      chan_.post(r, MsgType::kShutdown);
+      chan_.close(r);
+    }
+    shutdown_sent_ = true;
+    any = true;
+  }
+  if (!shutdown_sent_ || chan_.sends_in_flight() > 0) return false;
+  for (int r : workers_)
+    if (chan_.listening(r)) return false;
+  if (trace_.enabled()) {
+    std::map<uint64_t, std::string> names;
+    for (auto& [id, rec] : c_.clients()) names[id] = rec.name.empty() ? fmt::format("client {}", id) : rec.name;
+    trace_.write(names, workers_);
+  }
+  return true;
+}
+
+// The sleep planner's inputs are gathered here, in one walk over the runs and the fetches in
+// flight (no lookups: the predictions carry each run's mean), then the planned wait is taken on
+// the doorbell, which a client's command or wait can cut short.
+void Dispatcher::sleep() {
+  const double now = now_s();
+  predictor_.predict(runs_);
+  double busy_until = 0;
+  awaited_scratch_.clear();
+  for (auto& [id, r] : runs_) {
+    if (r->workers_done) continue;
+    if (r->sent) busy_until = std::max(busy_until, r->predicted_done);
+    if (r->awaited()) awaited_scratch_.push_back({r->predicted_done, r->mean_s});
+  }
+  fetch_scratch_.clear();
+  for (auto& [req, f] : fetch_reqs_) {
+    const CompletionPredictor::Next* n = predictor_.next_on(f.rank);
+    fetch_scratch_.push_back(n ? PendingFetch{true, n->done, n->mean, n->kernel} : PendingFetch{});
+  }
+  bool held = false;
+  for (auto& sch : scheds_) held = held || sch->held() > 0;
+  const SleepPlan plan = plan_sleep({awaited_scratch_, fetch_scratch_, busy_until, held}, now, opts_.latency, plan_scratch_);
+  backoff_.set_max_us(plan.poll_cap_us);
+  const SleepPlan::Wait w = plan.wait(backoff_.advance(), now, opts_.latency);
+  bell_.sleep(w.duration, now, busy_until);
+  if (w.predicted) backoff_.reset();
 }
 
 void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
@@ -210,7 +150,7 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
     if (in[i]->released)
       return fail(fmt::format("program '{}': input {} (object {}) was released", def.name, i, in[i]->id));
     if (in[i]->status.failed()) return fail(fmt::format("program '{}': input {} failed: {}", def.name, i, in[i]->status.error()));
-    if (!objects_.count(in[i]->id))
+    if (!objects_.contains(in[i]->id))
       return fail(fmt::format("program '{}': input {} (object {}) no longer exists", def.name, i, in[i]->id));
   }
   std::shared_ptr<LoweredProgram> lp;
@@ -245,12 +185,11 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   rec->weight = weight;
   for (size_t k = 0; k < rec->out.size(); ++k) {
     const OutputPlacement& op = lp->outputs[k];
-    objects_[rec->out[k]->id] = ObjMeta{op.slice, op.spec, op.ranks, rec->owner};
+    objects_.add(rec->out[k]->id, ObjMeta{op.slice, op.spec, op.ranks, rec->owner});
   }
   for (int r : lp->ranks()) rec->waiting.insert(r);
   rec->islands_pending = static_cast<int>(lp->islands.size());
-  RunRec& rr = *rec;
-  runs_[run_id] = std::move(rec);
+  RunRec& rr = runs_.add(std::move(rec));
   if (rr.islands_pending == 0) return dispatch(rr);
   const int n_islands = static_cast<int>(lp->islands.size());
   for (int island : lp->islands) {
@@ -271,16 +210,9 @@ void Dispatcher::put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint
                                         "capped at {} bytes: it could never fit",
                                         shards[k].size(), ranks[k] - 1, ranks[k], cap));
   }
-  for (size_t k = 0; k < ranks.size(); ++k) {
-    Writer w;
-    w.put(a->id);
-    w.put(a->owner);
-    w.put<uint8_t>(static_cast<uint8_t>(a->spec.shard.dtype));
-    w.vec(a->spec.shard.shape);
-    w.bytes(shards[k].data(), shards[k].size());
-    chan_.post(ranks[k], MsgType::kPut, w.take());
-  }
-  objects_[a->id] = ObjMeta{a->slice.id(), a->spec, ranks, a->owner};
+  for (size_t k = 0; k < ranks.size(); ++k)
+    chan_.send(ranks[k], PutShard{a->id, a->owner, a->spec.shard, shards[k]});
+  objects_.add(a->id, ObjMeta{a->slice.id(), a->spec, ranks, a->owner});
   a->status.set({});
 }
 
@@ -290,9 +222,9 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
     return;
   }
   if (a->status.failed()) return f->fail(a->status.error());
-  auto it = objects_.find(a->id);
-  if (it == objects_.end()) return f->fail(fmt::format("object {} no longer exists", a->id));
-  const ObjMeta& m = it->second;
+  const ObjMeta* mp = objects_.find(a->id);
+  if (!mp) return f->fail(fmt::format("object {} no longer exists", a->id));
+  const ObjMeta& m = *mp;
   const bool split = m.spec.sharding == Sharding::kSplit;
   auto rec = std::make_shared<FetchRec>();
   rec->a = a;
@@ -303,23 +235,16 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
   for (size_t k = 0; k < parts; ++k) {
     uint64_t req = next_req_++;
     fetch_reqs_[req] = {rec, k, m.ranks[k]};
-    Writer w;
-    w.put(req);
-    w.put(a->id);
-    chan_.post(m.ranks[k], MsgType::kFetch, w.take());
+    chan_.send(m.ranks[k], Fetch{req, a->id});
   }
 }
 
 void Dispatcher::stats(std::shared_ptr<FutureState<std::vector<WorkerStats>>> f) {
   post_staged();
-  flush_frees();  // frees queued before the request are counted by it
+  objects_.flush_frees(chan_);  // frees queued before the request are counted by it
   uint64_t req = next_req_++;
   stats_[req] = {f, {}};
-  for (int r : workers_) {
-    Writer w;
-    w.put(req);
-    chan_.post(r, MsgType::kStats, w.take());
-  }
+  for (int r : workers_) chan_.send(r, StatsRequest{req});
 }
 
 void Dispatcher::drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f) {
@@ -333,41 +258,20 @@ void Dispatcher::drain(int device, bool undrain, std::shared_ptr<FutureState<std
   } catch (const std::exception& e) {
     return f->fail(e.what());
   }
-  for (auto& r : plan) {
-    for (auto& [id, m] : objects_) {
-      if (m.slice != r.slice || m.ranks.at(r.index) != r.from_device + 1) continue;
-      const int from = r.from_device + 1, to = r.to_device + 1, tag = tags::move_tag(next_move_++);
-      Writer out;
-      out.put(id);
-      out.put<int32_t>(to);
-      out.put<int32_t>(tag);
-      chan_.post(from, MsgType::kMoveOut, out.take());
-      Writer in;
-      in.put(id);
-      in.put(m.owner);
-      in.put<uint8_t>(static_cast<uint8_t>(m.spec.shard.dtype));
-      in.vec(m.spec.shard.shape);
-      in.put<int32_t>(from);
-      in.put<int32_t>(tag);
-      chan_.post(to, MsgType::kMoveIn, in.take());
-      m.ranks[r.index] = to;
-    }
-  }
+  objects_.migrate(plan, chan_);
   f->set({});  // programs on the remapped slices lower again at their next run
 }
 
 void Dispatcher::free_object(uint64_t id) {
-  auto it = objects_.find(id);
-  if (it == objects_.end()) return;
+  if (!objects_.contains(id)) return;
   // An output of a run still held by a scheduler: the worker must not hear of the free before
   // the run, or the run's output would be registered after the free and never dropped.
-  if (auto r = runs_.find(id >> 16); r != runs_.end() && !r->second->sent) {
-    r->second->early_frees.push_back(id);
-    objects_.erase(it);
+  if (RunRec* r = runs_.find(run_of_object(id)); r && !r->sent) {
+    r->early_frees.push_back(id);
+    objects_.forget(id);
     return;
   }
-  for (int r : it->second.ranks) frees_[r].push_back(id);
-  objects_.erase(it);
+  objects_.free(id);
 }
 
 void Dispatcher::free_owner(uint64_t owner) {
@@ -383,22 +287,13 @@ void Dispatcher::free_owner(uint64_t owner) {
       }
     programs_by_owner_.erase(pit);
   }
-  for (auto it = objects_.begin(); it != objects_.end();)
-    it = it->second.owner == owner ? objects_.erase(it) : std::next(it);
-  for (int r : workers_) {
-    Writer w;
-    w.put(owner);
-    chan_.post(r, MsgType::kFreeOwner, w.take());
-  }
+  objects_.forget_owner(owner);
+  for (int r : workers_) chan_.send(r, FreeOwner{owner});
 }
 
 void Dispatcher::evict(const LoweredProgram& lp) {
   post_staged();
-  for (int r : lp.ranks()) {
-    Writer w;
-    w.put(lp.id);
-    chan_.post(r, MsgType::kEvictProgram, w.take());
-  }
+  for (int r : lp.ranks()) chan_.send(r, EvictProgram{lp.id});
 }
 
 std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
@@ -419,11 +314,7 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
     lp->island_execs[devs.at(r - 1).island] += static_cast<int>(wp.execs.size());
     lp->execs += static_cast<int>(wp.execs.size());
   }
-  for (auto& [r, wp] : lp->workers) {
-    Writer w;
-    wp.write(w);
-    chan_.post(r, MsgType::kLoadProgram, w.take());
-  }
+  for (auto& [r, wp] : lp->workers) chan_.send(r, wp);
   p.lowered = lp;
   return lp;
 }
@@ -431,8 +322,8 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
 void Dispatcher::pump_schedulers() {
   for (auto& s : scheds_) {
     while (auto id = s->next()) {
-      auto it = runs_.find(*id);
-      if (it != runs_.end() && --it->second->islands_pending == 0) dispatch(*it->second);
+      RunRec* r = runs_.find(*id);
+      if (r && --r->islands_pending == 0) dispatch(*r);
     }
   }
 }
@@ -446,118 +337,92 @@ void Dispatcher::dispatch(RunRec& r) {
   h.xfer_base = next_xfer_base_;
   next_xfer_base_ = (next_xfer_base_ + std::max<uint32_t>(r.lp->transfers, 1)) % tags::kDataTags;
   h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
-            (c_.opts_.island_ordering ? 0 : kRunUnordered) | (c_.opts_.trace_path.empty() ? 0 : kRunRecord) |
-            (urgent(r) ? kRunAwaited : 0);
+            (opts_.island_ordering ? 0 : kRunUnordered) | (trace_.enabled() ? kRunRecord : 0) |
+            (r.awaited() ? kRunAwaited : 0);
   for (auto& a : r.in) h.inputs.push_back(a->id);
-  auto body = h.encode();
+  auto body = encode(h);
   for (int rank : r.waiting) {
-    if (c_.opts_.island_ordering || r.opts.sequential)  // (stage releases follow the kRun)
+    if (opts_.island_ordering || r.opts.sequential)  // (stage releases follow the kRun)
       chan_.post(rank, MsgType::kRun, body);
     else
       staged_[rank].push_back({r.owner, body});
   }
   r.sent = true;
-  sent_order_.push_back(r.id);
-  predictions_dirty_ = true;
+  runs_.sent(r);
+  predictor_.invalidate();
   for (uint64_t id : r.early_frees)
-    for (int rank : r.lp->outputs.at(id & 0xffff).ranks) frees_[rank].push_back(id);
+    for (int rank : r.lp->outputs.at(output_index_of(id)).ranks) objects_.queue_free(rank, id);
   r.early_frees.clear();
   ClientUsage& u = usage_[r.owner];
   u.runs_dispatched++;
   u.node_shards += static_cast<uint64_t>(r.lp->execs);
-  if (!c_.opts_.trace_path.empty() && !traced_runs_.count(r.lp->id)) {
-    std::vector<std::string> kernels;
-    for (auto& n : r.prog->def.nodes) kernels.push_back(n.kernel);
-    traced_runs_[r.lp->id] = {r.prog->def.name, std::move(kernels)};
-  }
+  trace_.program(r.lp->id, r.prog->def);
   r.dispatched = now_s();
   if (r.opts.deadline_s > 0) r.deadline = r.dispatched + r.opts.deadline_s;
-  // (its completion is predicted when the dispatcher next plans its sleep: predict())
+  // (its completion is predicted when the dispatcher next plans its sleep)
   if (r.opts.sequential && !r.lp->stage_ranks.empty()) release_stage(r, 0);
   if (r.waiting.empty()) complete_workers(r);
-}
-
-bool Dispatcher::urgent(const RunRec& r) {
-  if (r.opts.sequential || r.deadline > 0) return true;
-  for (auto& a : r.out)
-    if (a->awaited) return true;
-  return false;
 }
 
 void Dispatcher::release_stage(RunRec& r, uint32_t s) {
   r.stage = s;
   r.stage_waiting = r.lp->stage_ranks[s];
-  Writer w;
-  w.put(r.id);
-  w.put(s);
-  auto body = w.take();
-  for (int rank : r.stage_waiting) chan_.post(rank, MsgType::kReleaseStage, body);
+  for (int rank : r.stage_waiting) chan_.send(rank, ReleaseStage{r.id, s});
 }
 
 void Dispatcher::handle(Message& m) {
-  Reader rd(m.body);
   switch (m.type) {
     case MsgType::kRunDone: {
-      uint64_t id = rd.get<uint64_t>();
-      std::string err = rd.str();
-      const double kernel_s = rd.remaining() >= sizeof(double) ? rd.get<double>() : 0.0;
-      auto it = runs_.find(id);
-      PWM_CHECK(it != runs_.end(), "run_done for unknown run {} from rank {}", id, m.peer);
-      RunRec& r = *it->second;
-      r.kernel_s += kernel_s;
-      if (!err.empty() && r.error.empty()) r.error = err;
-      if (urgent(r)) urgent_activity_ = true;
+      RunDone d = decode<RunDone>(m.body);
+      RunRec* rp = runs_.find(d.run_id);
+      PWM_CHECK(rp, "run_done for unknown run {} from rank {}", d.run_id, m.peer);
+      RunRec& r = *rp;
+      r.kernel_s += d.kernel_s;
+      if (!d.error.empty() && r.error.empty()) r.error = std::move(d.error);
+      if (r.awaited()) urgent_activity_ = true;
       r.waiting.erase(m.peer);
       // That rank's next run is now the one its fetches wait behind (recomputed only when a
       // fetch waits: an OpByOp stream's partial completions need no new predictions).
-      if (!fetch_reqs_.empty()) predictions_dirty_ = true;
+      if (!fetch_reqs_.empty()) predictor_.invalidate();
       if (r.waiting.empty()) complete_workers(r);
       break;
     }
     case MsgType::kStageDone: {
       urgent_activity_ = true;
-      uint64_t id = rd.get<uint64_t>();
-      uint32_t s = rd.get<uint32_t>();
-      auto it = runs_.find(id);
-      if (it == runs_.end()) break;
-      RunRec& r = *it->second;
-      if (s != r.stage) break;
-      r.stage_waiting.erase(m.peer);
-      if (r.stage_waiting.empty() && s + 1 < r.lp->stage_ranks.size()) release_stage(r, s + 1);
+      const auto [id, s] = decode<StageDone>(m.body);
+      RunRec* r = runs_.find(id);
+      if (!r || s != r->stage) break;
+      r->stage_waiting.erase(m.peer);
+      if (r->stage_waiting.empty() && s + 1 < r->lp->stage_ranks.size()) release_stage(*r, s + 1);
       break;
     }
     case MsgType::kNodeEvent: {
-      uint64_t id = rd.get<uint64_t>();
-      uint32_t node = rd.get<uint32_t>();
-      bool started = rd.get<uint8_t>() != 0;
-      auto it = runs_.find(id);
-      if (it == runs_.end()) break;
+      const auto [id, node, started] = decode<NodeEvent>(m.body);
+      RunRec* r = runs_.find(id);
+      if (!r) break;
       if (started) {
-        it->second->running[{m.peer, node}] = now_s();
+        r->running[{m.peer, node}] = now_s();
       } else {
-        it->second->running.erase({m.peer, node});
-        it->second->finished.insert({m.peer, node});
+        r->running.erase({m.peer, node});
+        r->finished.insert({m.peer, node});
       }
       break;
     }
     case MsgType::kFetchReply: {
       urgent_activity_ = true;
-      uint64_t req = rd.get<uint64_t>();
-      std::string err = rd.str();
-      auto it = fetch_reqs_.find(req);
+      FetchReply f = decode<FetchReply>(m.body);
+      auto it = fetch_reqs_.find(f.request);
       PWM_CHECK(it != fetch_reqs_.end());
       auto [rec, k, rank] = it->second;
       fetch_reqs_.erase(it);
-      if (!err.empty() && rec->error.empty()) rec->error = err;
-      const uint8_t* p = rd.bytes(rd.remaining());
-      rec->parts[k].assign(p, p + (m.body.size() - (p - m.body.data())));
+      if (!f.error.empty() && rec->error.empty()) rec->error = std::move(f.error);
+      rec->parts[k].assign(f.bytes.begin(), f.bytes.end());
       if (--rec->left == 0) finish_fetch(*rec);
       break;
     }
     case MsgType::kStatsReply: {
       urgent_activity_ = true;
-      uint64_t req = rd.get<uint64_t>();
-      auto s = rd.get<WorkerStats>();
+      const auto [req, s] = decode<StatsReply>(m.body);
       auto& [f, v] = stats_.at(req);
       v.push_back(s);
       if (v.size() == workers_.size()) {
@@ -569,8 +434,7 @@ void Dispatcher::handle(Message& m) {
     }
     case MsgType::kBye: urgent_activity_ = true; break;
     case MsgType::kTrace: {
-      const size_t n = rd.get<uint32_t>();
-      for (size_t i = 0; i < n; ++i) dev_spans_.push_back({m.peer, rd.get<TraceRecord>()});
+      trace_.device(m.peer, decode<TraceRecords>(m.body).records);
       break;
     }
     default: PWM_THROW("controller: unexpected message {} from rank {}", msg_type_name(m.type), m.peer);
@@ -589,46 +453,32 @@ void Dispatcher::finish_fetch(FetchRec& rec) {
 
 void Dispatcher::complete_workers(RunRec& r) {
   r.workers_done = true;
-  predictions_dirty_ = true;
-  // The program's device time per worker (moving average of the kernels' durations the workers
-  // reported, plus a few microseconds per instruction list entry), and when each of its workers
-  // became free: the inputs of the completion predictions (predict()).
-  const double now = now_s();
-  if (r.sent && !r.lp->workers.empty()) {
-    const double n = static_cast<double>(r.lp->workers.size());
-    const double d = r.kernel_s / n + 1e-6 * (1 + r.lp->execs / n);
-    auto [it, fresh] = exec_time_.try_emplace(r.lp->id, d);
-    if (!fresh) it->second = 0.75 * it->second + 0.25 * d;
-    // The completion was noticed at `now`; it happened no later, and likely near its
-    // prediction when that was earlier: an early estimate only makes the dispatcher poll.
-    const double done = r.predicted_done > 0 ? std::min(now, r.predicted_done) : now;
-    for (auto& [rank, wp] : r.lp->workers) free_at_[rank] = std::max(free_at_[rank], done);
-  }
+  predictor_.completed(r, now_s());  // the program's device time and its workers' free times
   if (!try_complete(r.id)) {
-    deferred_++;
+    runs_.deferred++;
     return;
   }
   // Runs that waited for this one's outputs, then fetches.
-  for (bool progress = deferred_ > 0; progress;) {
+  for (bool progress = runs_.deferred > 0; progress;) {
     progress = false;
     std::vector<uint64_t> ids;
     for (auto& [rid, rr] : runs_)
       if (rr->workers_done) ids.push_back(rid);
     for (uint64_t rid : ids) {
       if (try_complete(rid)) {
-        deferred_--;
+        runs_.deferred--;
         progress = true;
       }
     }
-    progress = progress && deferred_ > 0;
+    progress = progress && runs_.deferred > 0;
   }
   retry_fetches();
 }
 
 bool Dispatcher::try_complete(uint64_t id) {
-  auto it = runs_.find(id);
-  if (it == runs_.end()) return false;
-  RunRec& r = *it->second;
+  RunRec* rp = runs_.find(id);
+  if (!rp) return false;
+  RunRec& r = *rp;
   if (!r.workers_done) return false;
   std::string err = r.error;
   for (size_t i = 0; i < r.in.size(); ++i) {
@@ -649,10 +499,8 @@ bool Dispatcher::try_complete(uint64_t id) {
   u.runs_completed++;
   if (r.sent) u.node_shards_completed += static_cast<uint64_t>(r.lp->execs);
   u.kernel_s += r.kernel_s;
-  if (!c_.opts_.trace_path.empty()) ctl_spans_.push_back({r.id, r.owner, r.prog->def.name, r.dispatched, now_s(), r.predicted_done});
-  auto rec = std::move(it->second);
-  runs_.erase(it);
-  rec.reset();  // drops input handles (may queue frees)
+  if (trace_.enabled()) trace_.run(r.id, r.owner, r.prog->def.name, r.dispatched, now_s(), r.predicted_done);
+  runs_.remove(id).reset();  // drops input handles (may queue frees)
   return true;
 }
 
@@ -668,42 +516,8 @@ void Dispatcher::check_deadlines() {
     RunRec& r = *rp;
     if (r.deadline == 0 || r.expired || r.workers_done || now < r.deadline) continue;
     r.expired = true;
-    std::string msg = fmt::format("run {} of program '{}' missed its deadline of {:.2f} s:", r.id, r.prog->def.name,
-                                  r.opts.deadline_s);
-    const auto& def = r.prog->def;
-    for (int rank : r.waiting) {
-      std::string where = fmt::format("device {} (world rank {})", rank - 1, rank);
-      bool said = false;
-      for (auto& [key, t0] : r.running) {
-        if (key.first != rank) continue;
-        const auto& nr = r.lp->node_ranks[key.second];
-        int shard = static_cast<int>(std::find(nr.begin(), nr.end(), rank) - nr.begin());
-        msg += fmt::format(" {} is stuck in {} (shard {} of {}), running for {:.2f} s;", where,
-                           def.describe_node(key.second), shard, nr.size(), now - t0);
-        said = true;
-      }
-      if (said) continue;
-      for (uint32_t n = 0; n < r.lp->node_ranks.size() && !said; ++n) {
-        const auto& nr = r.lp->node_ranks[n];
-        if (std::find(nr.begin(), nr.end(), rank) == nr.end() || r.finished.count({rank, n})) continue;
-        std::string why = r.lp->describe_wait(rank, n);
-        msg += fmt::format(" {} is waiting to start {}{};", where, def.describe_node(n), why.empty() ? "" : " (" + why + ")");
-        said = true;
-      }
-      if (!said) msg += fmt::format(" {} has not finished its transfers;", where);
-    }
-    msg.pop_back();
+    const std::string msg = r.missed_deadline(now);
     for (auto& a : r.out) a->status.fail(msg);
-  }
-}
-
-void Dispatcher::flush_frees() {
-  for (auto& [r, ids] : frees_) {
-    if (ids.empty()) continue;
-    Writer w;
-    w.vec(ids);
-    chan_.post(r, MsgType::kFree, w.take());
-    ids.clear();
   }
 }
 
@@ -711,7 +525,7 @@ void Dispatcher::abandon(RunRec& r) {
   for (auto& a : r.out) a->status.fail(fmt::format("program '{}': client {} disconnected before the run was sent",
                                                    r.prog->def.name, c_.client_name(r.owner)));
   for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
-  runs_.erase(r.id);
+  runs_.remove(r.id).reset();
 }
 
 void Dispatcher::post_staged() {
@@ -734,8 +548,7 @@ void Dispatcher::post_staged() {
 
 std::vector<ClientUsage> Dispatcher::usage() const {
   std::vector<ClientUsage> v;
-  std::lock_guard<std::mutex> g(c_.clients_mu_);
-  for (auto& [id, rec] : c_.clients_) {
+  for (auto& [id, rec] : c_.clients()) {
     ClientUsage u;
     if (auto it = usage_.find(id); it != usage_.end()) u = it->second;
     u.id = id;
@@ -745,113 +558,6 @@ std::vector<ClientUsage> Dispatcher::usage() const {
     v.push_back(u);
   }
   return v;
-}
-
-namespace {
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      o += '\\';
-      o += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      o += fmt::format("\\u{:04x}", static_cast<int>(ch));
-    } else {
-      o += ch;
-    }
-  }
-  return o + "\"";
-}
-}  // namespace
-
-// One Chrome-JSON trace (opens in ui.perfetto.dev): process 0 is the controller, with one row
-// per client showing its runs from dispatch to completion; process d+1 is device d with one row
-// on which every kernel execution is a slice named after its client (so each client has one
-// colour on every device, like the paper's Fig. 9). Timestamps are now_s() of each process,
-// the same monotonic clock on one host (across hosts they would need an offset).
-void Dispatcher::write_trace() {
-  double t0 = 1e300;
-  for (auto& s : ctl_spans_) t0 = std::min(t0, s.t0);
-  for (auto& [r, s] : dev_spans_) t0 = std::min(t0, s.t0);
-  if (t0 == 1e300) t0 = 0;
-  auto us = [&](double t) { return fmt::format("{:.3f}", (t - t0) * 1e6); };
-  std::map<uint64_t, std::string> names;
-  {
-    std::lock_guard<std::mutex> g(c_.clients_mu_);
-    for (auto& [id, rec] : c_.clients_) names[id] = rec.name.empty() ? fmt::format("client {}", id) : rec.name;
-  }
-  auto client = [&](uint64_t id) {
-    auto it = names.find(id);
-    return it == names.end() ? fmt::format("client {}", id) : it->second;
-  };
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":0,\"args\":{\"name\":\"controller (rank 0)\"}}";
-  for (auto& [id, n] : names)
-    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":0,\"tid\":{},\"args\":{{\"name\":{}}}}}", id,
-                       json_str("runs of " + n));
-  for (int r : workers_) {
-    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{},\"args\":{{\"name\":\"device {} (rank {})\"}}}}",
-                       r, r - 1, r);
-    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{},\"args\":{{\"sort_index\":{}}}}}", r, r);
-    out += fmt::format(",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":0,\"args\":{{\"name\":\"kernels\"}}}}", r);
-  }
-  for (auto& s : ctl_spans_)
-    out += fmt::format(",\n{{\"ph\":\"X\",\"cat\":\"run\",\"name\":{},\"pid\":0,\"tid\":{},\"ts\":{},\"dur\":{:.3f},"
-                       "\"args\":{{\"run\":{},\"client\":{},\"predicted_done_us\":{}}}}}",
-                       json_str(client(s.owner)), s.owner, us(s.t0), (s.t1 - s.t0) * 1e6, s.run_id,
-                       json_str(client(s.owner) + ": " + s.program), s.predicted > 0 ? us(s.predicted) : "null");
-  for (auto& [r, s] : dev_spans_) {
-    std::string program = "?", kernel = "?";
-    if (auto it = traced_runs_.find(s.program_id); it != traced_runs_.end()) {
-      program = it->second.first;
-      if (s.node < it->second.second.size()) kernel = it->second.second[s.node];
-    }
-    out += fmt::format(",\n{{\"ph\":\"X\",\"cat\":\"node\",\"name\":{},\"pid\":{},\"tid\":0,\"ts\":{},\"dur\":{:.3f},"
-                       "\"args\":{{\"client\":{},\"program\":{},\"node\":{},\"kernel\":{},\"shard\":{},\"run\":{}}}}}",
-                       json_str(client(s.owner)), r, us(s.t0), (s.t1 - s.t0) * 1e6, json_str(client(s.owner)),
-                       json_str(program), s.node, json_str(kernel), s.shard, s.run_id);
-  }
-  out += "\n]}\n";
-  const std::string tmp = c_.opts_.trace_path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) PWM_THROW("pathways trace: cannot write {}: check the directory exists and is writable", tmp);
-  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  if (std::fclose(f) != 0 || !ok) PWM_THROW("pathways trace: writing {} failed", tmp);
-  if (std::rename(tmp.c_str(), c_.opts_.trace_path.c_str()) != 0)
-    PWM_THROW("pathways trace: cannot rename {} to {}", tmp, c_.opts_.trace_path);
-}
-
-// Completion predictions: the runs on the devices, in dispatch order, each starting when it was
-// sent or when the previous run on its busiest worker is predicted to end, and lasting its
-// program's device time. A run of a program never completed before has no prediction (0: the
-// dispatcher polls for it finely if someone waits for it).
-void Dispatcher::predict() {
-  if (!predictions_dirty_) return;  // they depend on the runs sent and completed only
-  predictions_dirty_ = false;
-  std::map<int, double> free = free_at_;
-  rank_next_done_.clear();
-  for (uint64_t id : sent_order_) {
-    auto it = runs_.find(id);
-    if (it == runs_.end() || it->second->workers_done) continue;
-    RunRec& r = *it->second;
-    auto est = exec_time_.find(r.lp->id);
-    double start = r.dispatched;
-    for (auto& [rank, wp] : r.lp->workers) start = std::max(start, free[rank]);
-    const double done = est == exec_time_.end() ? 0 : start + est->second;
-    r.predicted_done = done;
-    for (auto& [rank, wp] : r.lp->workers) {  // the first unfinished run of each rank
-      if (!r.waiting.count(rank)) continue;   // this rank's share is done: its next run counts
-      const double mean = est == exec_time_.end() ? 0.0 : est->second;
-      rank_next_done_.try_emplace(rank, RankNext{done, mean, mean / static_cast<double>(std::max<size_t>(1, wp.execs.size()))});
-    }
-    for (auto& [rank, wp] : r.lp->workers)
-      if (r.waiting.count(rank)) free[rank] = done > 0 ? done : std::max(free[rank], start);
-  }
-  while (!sent_order_.empty()) {  // forget finished runs at the front
-    auto it = runs_.find(sent_order_.front());
-    if (it != runs_.end() && !it->second->workers_done) break;
-    sent_order_.pop_front();
-  }
 }
 
 }  // namespace pwm::pathways

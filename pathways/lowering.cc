@@ -5,23 +5,12 @@
 
 #include <algorithm>
 
+#include "pathways/messages.h"
 #include "pathways/tags.h"
 
 namespace pwm::pathways {
 
 namespace {
-
-void write_spec(Writer& w, const TensorSpec& s) {
-  w.put<uint8_t>(static_cast<uint8_t>(s.dtype));
-  w.vec(s.shape);
-}
-
-TensorSpec read_spec(Reader& r) {
-  TensorSpec s;
-  s.dtype = static_cast<DataType>(r.get<uint8_t>());
-  s.shape = r.vec<int64_t>();
-  return s;
-}
 
 // A value placed on devices: one slot per shard.
 struct Placed {
@@ -251,14 +240,14 @@ WorkerProgram WorkerProgram::read(Reader& r) {
   WorkerProgram p;
   p.id = r.get<uint64_t>();
   p.name = r.str();
-  p.slots.resize(r.get<uint32_t>());
+  p.slots.resize(r.count(5));
   for (auto& s : p.slots) s = read_spec(r);
   p.slot_writers = r.vec<uint32_t>();
   p.params = r.vec<SlotBinding>();
   p.outputs = r.vec<SlotBinding>();
-  p.instrs.resize(r.get<uint32_t>());
+  p.instrs.resize(r.count(sizeof(Instr)));
   for (auto& i : p.instrs) i = r.get<Instr>();
-  p.execs.resize(r.get<uint32_t>());
+  p.execs.resize(r.count(37));  // an exec takes >= 37 bytes on the wire
   for (auto& e : p.execs) {
     e.node = r.get<uint32_t>();
     e.kernel = r.str();

@@ -56,7 +56,9 @@ struct SlotBinding {
   int32_t slot = -1;
 };
 
+// The payload of kLoadProgram (write/read are its codec).
 struct WorkerProgram {
+  static constexpr MsgType kType = MsgType::kLoadProgram;
   uint64_t id = 0;
   std::string name;
   std::vector<TensorSpec> slots;

@@ -15,9 +15,8 @@
 // The Runtime owns the dispatcher thread, the only thread on rank 0 that calls MPI (MPI is
 // initialized MPI_THREAD_SERIALIZED; the constructor's handshake runs on the calling thread
 // before the dispatcher starts). Clients enqueue work to it and wait on condition variables; the
-// dispatcher polls MPI and, when a pass finds nothing, sleeps on its queue's condition variable
-// with exponential back-off (backoff_min_us doubling to backoff_max_us, or to
-// busy_backoff_max_us while runs are in flight): it never spins.
+// dispatcher polls MPI and, when a pass finds nothing, sleeps on its doorbell's condition
+// variable for as long as RuntimeOptions::latency allows (sleep_planner.h): it never spins.
 #pragma once
 
 #include <memory>
@@ -25,15 +24,14 @@
 
 #include "collectives/transport.h"
 #include "pathways/client.h"
+#include "pathways/latency.h"
 #include "pathways/scheduler.h"
 
 namespace pwm::pathways {
 
 struct RuntimeOptions {
   std::string islands;                // "" = one island per host; "KxM" = K islands of M devices
-  double backoff_min_us = 10;
-  double backoff_max_us = 1000;       // idle
-  double busy_backoff_max_us = 200;   // while runs are in flight (PWM_PW_BACKOFF_US overrides)
+  LatencyPolicy latency;              // the dispatcher's polling and sleeping (latency.h)
   SchedulerFactory scheduler;         // per island; empty = FIFO (PWM_PW_SCHEDULER=fifo|share[:N])
   // false: no island order (the deadlock demonstration). Each worker gets the runs released in
   // one dispatcher pass grouped by client in its own rotation of the clients, as independent
@@ -45,6 +43,7 @@ struct RuntimeOptions {
   // named after the client whose node it is (PWM_PW_TRACE).
   std::string trace_path;
 
+  // The defaults with the PWM_PW_* environment settings applied (latency: LatencyPolicy::from_env()).
   static RuntimeOptions from_env();
 };
 

@@ -83,11 +83,24 @@ void Channel::post_header_recv(int p, Peer& s) {
 }
 
 void Channel::post(int p, MsgType type, const std::vector<uint8_t>& body) {
+  const size_t at = begin_message(p, type);
+  peer(p).bundle.bytes(body.data(), body.size());
+  end_message(p, at);
+}
+
+Writer& Channel::bundle(int p) { return peer(p).bundle; }
+
+size_t Channel::begin_message(int p, MsgType type) {
   Peer& s = peer(p);
   PWM_CHECK(!s.closed, "message {} posted to rank {} after close", msg_type_name(type), p);
   s.bundle.put<uint32_t>(static_cast<uint32_t>(type));
-  s.bundle.put<uint32_t>(static_cast<uint32_t>(body.size()));
-  s.bundle.bytes(body.data(), body.size());
+  s.bundle.put<uint32_t>(0);
+  return s.bundle.size() - sizeof(uint32_t);
+}
+
+void Channel::end_message(int p, size_t at) {
+  Writer& b = peer(p).bundle;
+  b.patch<uint32_t>(at, static_cast<uint32_t>(b.size() - at - sizeof(uint32_t)));
 }
 
 void Channel::close(int p) {

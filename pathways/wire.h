@@ -1,5 +1,7 @@
 // The controller <-> worker wire protocol: message types, a byte writer/reader, and the framed
 // Channel that carries them over the collectives' Transport (docs/pathways.md, "Wire protocol").
+// The payload of each message type has one codec, in messages.h. Internal: not part of the
+// client API (client.h does not include it).
 //
 // Messages are bundled: everything posted to one peer between two flush() calls travels as one
 // frame ([u32 type][u32 length][payload] repeated), so a controller that dispatches 100 runs in
@@ -25,29 +27,30 @@
 
 namespace pwm::pathways {
 
+// The payload of each type is the messages.h struct named beside it (its codec).
 enum class MsgType : uint32_t {
   // controller -> worker
   kLoadProgram = 1,   // WorkerProgram (lowering.h)
-  kEvictProgram = 2,  // u64 program id
-  kRun = 3,           // RunHeader: run id, program id, flags, input object ids
-  kReleaseStage = 4,  // u64 run id, u32 stage (sequential dispatch)
-  kPut = 5,           // u64 object, u64 owner, TensorSpec, bytes: a client's value, one shard
-  kFetch = 6,         // u64 request, u64 object: send the shard back
-  kFree = 7,          // vector<u64> objects
-  kFreeOwner = 8,     // u64 client id
-  kMoveOut = 9,       // u64 object, i32 to rank, i32 tag
-  kMoveIn = 10,       // u64 object, u64 owner, TensorSpec, i32 from rank, i32 tag
-  kStats = 11,        // u64 request
-  kShutdown = 12,
+  kEvictProgram = 2,  // EvictProgram
+  kRun = 3,           // RunHeader
+  kReleaseStage = 4,  // ReleaseStage (sequential dispatch)
+  kPut = 5,           // PutShard
+  kFetch = 6,         // Fetch
+  kFree = 7,          // Free
+  kFreeOwner = 8,     // FreeOwner
+  kMoveOut = 9,       // MoveOut (drain)
+  kMoveIn = 10,       // MoveIn (drain)
+  kStats = 11,        // StatsRequest
+  kShutdown = 12,     // -
   // worker -> controller
-  kHello = 32,       // string host name
-  kRunDone = 33,     // u64 run id, string error ("" = ok), f64 summed kernel seconds
-  kStageDone = 34,   // u64 run id, u32 stage
-  kNodeEvent = 35,   // u64 run id, u32 node, u8 started(1)/finished(0)
-  kFetchReply = 36,  // u64 request, string error, bytes
-  kStatsReply = 37,  // u64 request, WorkerStats
-  kBye = 38,
-  kTrace = 39,       // vector of trace records (kernel executions), before bye
+  kHello = 32,       // Hello
+  kRunDone = 33,     // RunDone
+  kStageDone = 34,   // StageDone
+  kNodeEvent = 35,   // NodeEvent
+  kFetchReply = 36,  // FetchReply
+  kStatsReply = 37,  // StatsReply
+  kBye = 38,         // -
+  kTrace = 39,       // TraceRecords (before bye)
 };
 const char* msg_type_name(MsgType t);
 
@@ -59,7 +62,8 @@ class Writer {
     bytes(&v, sizeof(T));
   }
   void bytes(const void* p, size_t n) {
-    size_t o = buf_.size();
+    const size_t o = buf_.size();
+    PWM_CHECK_LE(n, buf_.max_size() - o);  // (also tells the compiler the copy is bounded)
     buf_.resize(o + n);
     if (n) std::memcpy(buf_.data() + o, p, n);
   }
@@ -73,6 +77,13 @@ class Writer {
     put<uint32_t>(static_cast<uint32_t>(v.size()));
     bytes(v.data(), v.size() * sizeof(T));
   }
+  // Overwrites bytes written before (a length known only after its payload).
+  template <typename T>
+  void patch(size_t at, const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    PWM_CHECK_LE(at + sizeof(T), buf_.size());
+    std::memcpy(buf_.data() + at, &v, sizeof(T));
+  }
   std::vector<uint8_t> take() { return std::move(buf_); }
   size_t size() const { return buf_.size(); }
 
@@ -80,7 +91,8 @@ class Writer {
   std::vector<uint8_t> buf_;
 };
 
-// Reads what a Writer wrote; a short or malformed message throws pwm::Error.
+// Reads what a Writer wrote; a short or malformed message throws pwm::Error (never reads past
+// the end, never allocates more than the message holds).
 class Reader {
  public:
   Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
@@ -105,76 +117,28 @@ class Reader {
   template <typename T>
   std::vector<T> vec() {
     auto n = get<uint32_t>();
+    const uint8_t* p = bytes(size_t{n} * sizeof(T));  // checked before allocating: a garbled length throws
     std::vector<T> v(n);
-    if (n) std::memcpy(v.data(), bytes(n * sizeof(T)), n * sizeof(T));
+    if (n) std::memcpy(v.data(), p, size_t{n} * sizeof(T));
     return v;
   }
   size_t remaining() const { return n_ - o_; }
+  // A u32 element count, checked against the bytes left (each element takes at least
+  // `min_bytes` of them): a garbled count throws instead of allocating.
+  size_t count(size_t min_bytes) {
+    const auto n = get<uint32_t>();
+    if (size_t{n} * min_bytes > remaining())
+      PWM_THROW("pathways wire: message truncated ({} elements of >= {} bytes, {} bytes left)", n, min_bytes, remaining());
+    return n;
+  }
+  // Throws unless every byte was read: `what` names the message.
+  void expect_end(const char* what) const {
+    if (o_ != n_) PWM_THROW("pathways wire: {} message has {} bytes after its end (of {})", what, n_ - o_, n_);
+  }
 
  private:
   const uint8_t* p_;
   size_t n_, o_ = 0;
-};
-
-// Object ids: a run's outputs are (run id << 16 | output index), so that a run message need not
-// carry them; a client's put takes a run id of its own.
-inline uint64_t output_object_id(uint64_t run_id, uint32_t index) { return (run_id << 16) | index; }
-
-// kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
-// nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
-// the Perfetto trace.
-// kRunAwaited: a client was waiting for the run's outputs when it was sent (the worker sends
-// its run_done before starting another kernel).
-enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8, kRunAwaited = 16 };
-
-// One kernel execution on a worker, for the Perfetto trace (sent in kTrace at shutdown).
-struct TraceRecord {
-  uint64_t run_id = 0, program_id = 0, owner = 0;
-  uint32_t node = 0;
-  int32_t shard = 0;
-  double t0 = 0, t1 = 0;  // now_s() on the worker
-};
-
-struct RunHeader {
-  uint64_t run_id = 0, program_id = 0, owner = 0;
-  uint32_t xfer_base = 0;  // the run's first data tag: transfer x uses tags::data_tag(xfer_base, x)
-  uint8_t flags = 0;
-  std::vector<uint64_t> inputs;  // object id per program parameter
-
-  std::vector<uint8_t> encode() const {
-    Writer w;
-    w.put(run_id);
-    w.put(program_id);
-    w.put(owner);
-    w.put(xfer_base);
-    w.put(flags);
-    w.vec(inputs);
-    return w.take();
-  }
-  static RunHeader decode(Reader& r) {
-    RunHeader h;
-    h.run_id = r.get<uint64_t>();
-    h.program_id = r.get<uint64_t>();
-    h.owner = r.get<uint64_t>();
-    h.xfer_base = r.get<uint32_t>();
-    h.flags = r.get<uint8_t>();
-    h.inputs = r.vec<uint64_t>();
-    return h;
-  }
-};
-
-// What a worker holds, for tests and the benchmark's leak check.
-struct WorkerStats {
-  int32_t rank = 0;
-  uint64_t objects = 0;   // object-store entries
-  uint64_t buffers = 0;   // live buffers (store entries, run slots, transfers in flight)
-  uint64_t bytes = 0;     // their bytes
-  uint64_t programs = 0;  // cached lowered programs
-  uint64_t runs = 0;      // runs in progress
-  uint64_t kernels_run = 0;
-  uint64_t waiting_runs = 0;  // runs held back because their buffers do not fit the memory cap
-  uint64_t memory_cap = 0;    // bytes, 0 = none
-  uint64_t peak_bytes = 0;    // the most bytes of live buffers seen at a run's admission
 };
 
 struct Message {
@@ -195,6 +159,13 @@ class Channel {
   // Append a message to `peer`'s pending bundle (sent by the next flush()).
   void post(int peer, MsgType type, const std::vector<uint8_t>& body);
   void post(int peer, MsgType type) { post(peer, type, {}); }
+  // Appends message `m` (a struct of messages.h) encoded straight into the bundle.
+  template <typename M>
+  void send(int peer, const M& m) {
+    const size_t at = begin_message(peer, M::kType);
+    write_message(bundle(peer), m);  // (messages.h)
+    end_message(peer, at);
+  }
   // The next frame to `peer` is its last: the receiver does not repost its receive, so that no
   // receive is left posted at MPI_Finalize. Nothing may be posted to `peer` afterwards.
   void close(int peer);
@@ -213,6 +184,9 @@ class Channel {
     std::shared_ptr<std::vector<uint8_t>> buf;
   };
   Peer& peer(int p);
+  Writer& bundle(int p);
+  size_t begin_message(int p, MsgType type);  // returns where its length goes
+  void end_message(int p, size_t at);
   void post_header_recv(int p, Peer& s);
   void deliver(int p, const uint8_t* data, size_t n, std::vector<Message>& inbox);
   void send_frame(int p, std::vector<uint8_t>&& frame, bool final);

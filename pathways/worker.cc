@@ -13,15 +13,16 @@
 #include "common/time.h"
 #include "pathways/backoff.h"
 #include "pathways/lowering.h"
+#include "pathways/messages.h"
+#include "pathways/object_id.h"
 #include "pathways/object_store.h"
 #include "pathways/tags.h"
-#include "pathways/wire.h"
 
 namespace pwm::pathways {
 
 WorkerOptions WorkerOptions::from_env() {
   WorkerOptions o;
-  o.backoff_max_us = env_double("PWM_PW_WORKER_BACKOFF_US", o.backoff_max_us);
+  o.latency = LatencyPolicy::from_env();
   const double cap = env_double("PWM_PW_MEMORY_CAP", 0);
   if (cap < 0) PWM_THROW("PWM_PW_MEMORY_CAP must be a number of bytes >= 0, got {}", cap);
   o.memory_cap_bytes = static_cast<uint64_t>(cap);
@@ -71,18 +72,16 @@ class Worker {
  public:
   Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
       : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
-        backoff_(o.backoff_min_us, o.backoff_max_us, o.spins), opts_(o) {
+        backoff_(o.latency.worker_backoff_min_us, o.latency.worker_backoff_max_us, o.latency.worker_spins), opts_(o),
+        long_kernel_s_(1e-6 * o.latency.long_kernel_us) {
     PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
   }
 
   void loop() {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    Writer w;
-    w.str(host);
-    w.put<uint64_t>(opts_.memory_cap_bytes);
     chan_.listen(0);
-    chan_.post(0, MsgType::kHello, w.take());
+    chan_.send(0, Hello{host, opts_.memory_cap_bytes});
     chan_.flush();
     std::vector<Message> inbox;
     while (true) {
@@ -113,17 +112,13 @@ class Worker {
         backoff_.reset();
         last_active_ = now_s();
       } else {
-        const bool long_idle = now_s() - last_active_ > 1e-3 * opts_.idle_after_ms;
-        backoff_.set_max_us(long_idle ? opts_.idle_backoff_max_us : opts_.backoff_max_us);
+        const LatencyPolicy& p = opts_.latency;
+        const bool long_idle = now_s() - last_active_ > 1e-3 * p.worker_idle_after_ms;
+        backoff_.set_max_us(long_idle ? p.worker_idle_backoff_max_us : p.worker_backoff_max_us);
         backoff_.idle();
       }
     }
-    if (!trace_.empty()) {
-      Writer tw;
-      tw.put<uint32_t>(static_cast<uint32_t>(trace_.size()));
-      for (auto& t : trace_) tw.put(t);
-      chan_.post(0, MsgType::kTrace, tw.take());
-    }
+    if (!trace_.records.empty()) chan_.send(0, trace_);
     chan_.post(0, MsgType::kBye);
     chan_.close(0);
     while (chan_.sends_in_flight() > 0) {
@@ -135,31 +130,29 @@ class Worker {
   std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
 
   void handle(Message& m) {
-    Reader r(m.body);
     switch (m.type) {
       case MsgType::kLoadProgram: {
         auto lp = std::make_shared<LoadedProgram>();
-        lp->p = WorkerProgram::read(r);
+        lp->p = decode<WorkerProgram>(m.body);
         for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
         lp->last_s.assign(lp->p.execs.size(), 0.0);
         programs_[lp->p.id] = std::move(lp);
         break;
       }
-      case MsgType::kEvictProgram: programs_.erase(r.get<uint64_t>()); break;
+      case MsgType::kEvictProgram: programs_.erase(decode<EvictProgram>(m.body).program_id); break;
       case MsgType::kRun:
         // Runs are admitted in arrival order (which keeps the island order): with a memory
         // cap, a run waits behind the first one whose buffers do not fit yet.
         // The program is looked up now: a later evict in the same frame must not unload it.
         {
-          RunHeader h = RunHeader::decode(r);
+          RunHeader h = decode<RunHeader>(m.body);
           auto it = programs_.find(h.program_id);
           queued_.push_back({std::move(h), it == programs_.end() ? nullptr : it->second});
         }
         admit();
         break;
       case MsgType::kReleaseStage: {
-        uint64_t id = r.get<uint64_t>();
-        uint32_t stage = r.get<uint32_t>();
+        const auto [id, stage] = decode<ReleaseStage>(m.body);
         bool found = false;
         for (auto& run : runs_)
           if (run.h.run_id == id) {
@@ -170,57 +163,51 @@ class Worker {
         break;
       }
       case MsgType::kPut: {
-        uint64_t id = r.get<uint64_t>(), owner = r.get<uint64_t>();
-        TensorSpec spec;
-        spec.dtype = static_cast<DataType>(r.get<uint8_t>());
-        spec.shape = r.vec<int64_t>();
-        auto obj = std::make_shared<Object>(spec);
-        std::memcpy(obj->buf.data(), r.bytes(spec.bytes()), spec.bytes());
-        store_.put(id, obj, owner);
+        const PutShard p = decode<PutShard>(m.body);
+        auto obj = std::make_shared<Object>(p.spec);
+        if (!p.bytes.empty()) std::memcpy(obj->buf.data(), p.bytes.data(), p.bytes.size());
+        store_.put(p.object, obj, p.owner);
         break;
       }
       case MsgType::kFetch: {
-        uint64_t req = r.get<uint64_t>(), obj = r.get<uint64_t>();
-        fetches_.push_back({req, obj});
+        fetches_.push_back(decode<Fetch>(m.body));
         break;
       }
       case MsgType::kFree:
-        for (uint64_t id : r.vec<uint64_t>())
-          if (!store_.erase(id) && queued(id >> 16)) early_freed_.insert(id);
+        for (uint64_t id : decode<Free>(m.body).objects)
+          if (!store_.erase(id) && queued(run_of_object(id))) early_freed_.insert(id);
         break;
       case MsgType::kFreeOwner: {
-        const uint64_t owner = r.get<uint64_t>();
+        const uint64_t owner = decode<FreeOwner>(m.body).owner;
         store_.erase_owner(owner);
         for (auto& [h, prog] : queued_)
           if (h.owner == owner) h.flags |= kRunOwnerGone;
         break;
       }
       case MsgType::kMoveOut: {
+        const MoveOut o = decode<MoveOut>(m.body);
         Move mv;
         mv.out = true;
-        mv.object = r.get<uint64_t>();
-        mv.peer = r.get<int32_t>();
-        mv.tag = r.get<int32_t>();
+        mv.object = o.object;
+        mv.peer = o.to;
+        mv.tag = o.tag;
         mv.obj = store_.find(mv.object);
         if (mv.obj) moves_.push_back(std::move(mv));
         break;
       }
       case MsgType::kMoveIn: {
+        const MoveIn i = decode<MoveIn>(m.body);
         Move mv;
-        mv.object = r.get<uint64_t>();
-        uint64_t owner = r.get<uint64_t>();
-        TensorSpec spec;
-        spec.dtype = static_cast<DataType>(r.get<uint8_t>());
-        spec.shape = r.vec<int64_t>();
-        mv.peer = r.get<int32_t>();
-        mv.tag = r.get<int32_t>();
-        mv.obj = std::make_shared<Object>(spec, 1);
-        store_.put(mv.object, mv.obj, owner);
+        mv.object = i.object;
+        mv.peer = i.from;
+        mv.tag = i.tag;
+        mv.obj = std::make_shared<Object>(i.spec, 1);
+        store_.put(mv.object, mv.obj, i.owner);
         moves_.push_back(std::move(mv));
         break;
       }
       case MsgType::kStats: {
-        uint64_t req = r.get<uint64_t>();
+        const uint64_t req = decode<StatsRequest>(m.body).request;
         WorkerStats s;
         s.rank = rank_;
         s.objects = store_.size();
@@ -232,10 +219,7 @@ class Worker {
         s.waiting_runs = queued_.size();
         s.memory_cap = opts_.memory_cap_bytes;
         s.peak_bytes = peak_bytes_;
-        Writer w;
-        w.put(req);
-        w.put(s);
-        chan_.post(0, MsgType::kStatsReply, w.take());
+        chan_.send(0, StatsReply{req, s});
         break;
       }
       case MsgType::kShutdown: shutdown_ = true; break;
@@ -343,10 +327,7 @@ class Worker {
     run.left--;
     const Instr& in = run.prog->p.instrs[i];
     if (--run.stage_left[in.stage] == 0 && (run.h.flags & kRunSequential)) {
-      Writer w;
-      w.put(run.h.run_id);
-      w.put(in.stage);
-      chan_.post(0, MsgType::kStageDone, w.take());
+      chan_.send(0, StageDone{run.h.run_id, in.stage});
     }
     while (run.first < run.state.size() && run.state[run.first] == kDone) run.first++;
   }
@@ -449,12 +430,13 @@ class Worker {
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
       // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
-      // the core for long (it last ran here for >= kLongKernelS, or has not run yet): otherwise
+      // the core for long (it last ran here for >= long_kernel_s_, or has not run yet): otherwise
       // they would reach the controller a whole kernel late (a fused training step's statistics
-      // would be answered only when the worker's queue of steps is empty). Before short kernels
-      // they stay bundled until the end of the pass, except a run_done a client waits for.
+      // would be answered only when the worker's queue of steps is empty; long_kernel_s_ is
+      // LatencyPolicy::long_kernel_us). Before short kernels they stay bundled until the end of
+      // the pass, except a run_done a client waits for.
       double& last_s = run.prog->last_s[p.instrs[i].exec];
-      const bool long_kernel = last_s == 0 || last_s >= kLongKernelS;
+      const bool long_kernel = last_s == 0 || last_s >= long_kernel_s_;
       if (long_kernel) progress_fetches();
       if (long_kernel || awaited_done_) {
         chan_.flush();
@@ -468,7 +450,7 @@ class Worker {
         kernels_run_++;
         const double t1 = now_s();
         last_s = t1 - t0;
-        long_kernel_ran_ = long_kernel_ran_ || last_s >= kLongKernelS;
+        long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
         run.kernel_s += t1 - t0;
         if (run.h.flags & kRunRecord) {
           TraceRecord t;
@@ -479,7 +461,7 @@ class Worker {
           t.shard = e.shard;
           t.t0 = t0;
           t.t1 = t1;
-          trace_.push_back(t);
+          trace_.records.push_back(t);
         }
       } catch (const std::exception& ex) {
         if (failed.empty())
@@ -499,11 +481,7 @@ class Worker {
   }
 
   void node_event(Run& run, uint32_t node, bool started) {
-    Writer w;
-    w.put(run.h.run_id);
-    w.put(node);
-    w.put<uint8_t>(started);
-    chan_.post(0, MsgType::kNodeEvent, w.take());
+    chan_.send(0, NodeEvent{run.h.run_id, node, started});
     chan_.flush();  // now: the controller must hear of a start while the kernel runs
   }
 
@@ -521,11 +499,7 @@ class Worker {
   }
 
   void finish_run(Run& run) {
-    Writer w;
-    w.put(run.h.run_id);
-    w.str(run.error);
-    w.put(run.kernel_s);
-    chan_.post(0, MsgType::kRunDone, w.take());
+    chan_.send(0, RunDone{run.h.run_id, std::move(run.error), run.kernel_s});  // (the run ends here)
     if (run.h.flags & kRunAwaited) awaited_done_ = true;
   }
 
@@ -561,19 +535,19 @@ class Worker {
   bool progress_fetches() {
     bool any = false;
     for (auto it = fetches_.begin(); it != fetches_.end();) {
-      ObjectPtr obj = store_.find(it->second);
-      if ((obj && !obj->resolved()) || (!obj && queued(it->second >> 16))) {  // pending, or its run waits for memory
+      ObjectPtr obj = store_.find(it->object);
+      if ((obj && !obj->resolved()) || (!obj && queued(run_of_object(it->object)))) {  // pending, or its run waits for memory
         ++it;
         continue;
       }
-      Writer w;
-      w.put(it->first);
+      FetchReply reply{it->request, "", {}};
       if (!obj)
-        w.str(fmt::format("object {} does not exist on {}", it->second, where()));
+        reply.error = fmt::format("object {} does not exist on {}", it->object, where());
+      else if (obj->state == Object::State::kFailed)
+        reply.error = obj->error;
       else
-        w.str(obj->state == Object::State::kFailed ? obj->error : "");
-      if (obj && obj->state == Object::State::kReady) w.bytes(obj->buf.data(), obj->buf.size());
-      chan_.post(0, MsgType::kFetchReply, w.take());
+        reply.bytes = {static_cast<const uint8_t*>(obj->buf.data()), obj->buf.size()};
+      chan_.send(0, reply);
       it = fetches_.erase(it);
       any = true;
     }
@@ -591,17 +565,17 @@ class Worker {
   std::map<uint64_t, std::shared_ptr<const LoadedProgram>> programs_;
   std::list<Run> runs_;
   std::list<Move> moves_;
-  std::list<std::pair<uint64_t, uint64_t>> fetches_;  // (request, object)
+  std::list<Fetch> fetches_;
   std::map<uint32_t, std::shared_ptr<collectives::Communicator>> comms_;
   std::set<uint64_t> pending_execs_;
   std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
   std::set<uint64_t> early_freed_;             // outputs of queued runs already freed
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
-  std::vector<TraceRecord> trace_;
+  TraceRecords trace_;
   uint64_t peak_bytes_ = 0;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
   bool long_kernel_ran_ = false;  // in this pass of loop()
-  static constexpr double kLongKernelS = 1e-3;
+  const double long_kernel_s_;  // LatencyPolicy::long_kernel_us, in seconds
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
 };

@@ -4,7 +4,8 @@
 // when the controller shuts the runtime down. The worker loop (one thread, the only one in MPI
 // on this rank) receives control messages, runs the instruction lists of the runs it was given,
 // tests its transfers, and answers; when a pass finds nothing to do it backs off (yields, then
-// sleeps 10 us doubling to `backoff_max_us`), because it shares the cores with other workers.
+// sleeps 10 us doubling to `latency.worker_backoff_max_us`), because it shares the cores with
+// other workers.
 //
 // Execution rules (why they are deadlock-free is in docs/pathways.md, "Gang scheduling"):
 //  - a run's buffers are allocated and its receives posted as soon as its stage is released
@@ -27,21 +28,18 @@
 #include <memory>
 
 #include "collectives/transport.h"
+#include "pathways/latency.h"
 
 namespace pwm::pathways {
 
 struct WorkerOptions {
-  double backoff_min_us = 10;
-  double backoff_max_us = 100;       // while recently active (PWM_PW_WORKER_BACKOFF_US overrides)
-  double idle_backoff_max_us = 1000; // after idle_after_ms without anything to do
-  double idle_after_ms = 20;
-  int spins = 64;                    // idle passes that only yield before sleeping
+  LatencyPolicy latency;  // its worker_* knobs and long_kernel_us (latency.h)
   // Back-pressure: > 0 caps the bytes of this worker's buffers (object store, run slots). A run
   // whose buffers do not fit waits, in arrival order, until frees make room; a run that needs
   // more than the cap on its own fails (PWM_PW_MEMORY_CAP, bytes).
   uint64_t memory_cap_bytes = 0;
 
-  static WorkerOptions from_env();
+  static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };
 
 // Blocks until the controller's shutdown. Must not be called on world rank 0.

@@ -1,0 +1,54 @@
+// The message codecs that do not fit on a line (messages.h).
+#include "pathways/messages.h"
+
+namespace pwm::pathways {
+
+void write_spec(Writer& w, const TensorSpec& s) {
+  w.put<uint8_t>(static_cast<uint8_t>(s.dtype));
+  w.vec(s.shape);
+}
+
+TensorSpec read_spec(Reader& r) {
+  TensorSpec s;
+  const uint8_t t = r.get<uint8_t>();
+  if (t > static_cast<uint8_t>(DataType::kInt64)) PWM_THROW("pathways wire: bad data type {} in a tensor spec", t);
+  s.dtype = static_cast<DataType>(t);
+  s.shape = r.vec<int64_t>();
+  for (int64_t d : s.shape)
+    if (d < 0) PWM_THROW("pathways wire: negative dimension {} in a tensor spec", d);
+  return s;
+}
+
+void PutShard::write(Writer& w) const {
+  w.put(object);
+  w.put(owner);
+  write_spec(w, spec);
+  w.bytes(bytes.data(), bytes.size());
+}
+
+PutShard PutShard::read(Reader& r) {
+  PutShard m;
+  m.object = r.get<uint64_t>();
+  m.owner = r.get<uint64_t>();
+  m.spec = read_spec(r);
+  const size_t n = m.spec.bytes();
+  m.bytes = {r.bytes(n), n};
+  return m;
+}
+
+void FetchReply::write(Writer& w) const {
+  w.put(request);
+  w.str(error);
+  w.bytes(bytes.data(), bytes.size());
+}
+
+FetchReply FetchReply::read(Reader& r) {
+  FetchReply m;
+  m.request = r.get<uint64_t>();
+  m.error = r.str();
+  const size_t n = r.remaining();  // the rest of the message
+  m.bytes = {r.bytes(n), n};
+  return m;
+}
+
+}  // namespace pwm::pathways
