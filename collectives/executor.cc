@@ -225,19 +225,26 @@ void Executor::fire_watchdog() {
     if (st.kind == StepKind::kRecv) recv_from.insert(group[st.peer]);
     if (st.kind == StepKind::kSend && state[id] == 1) send_to.insert(group[st.peer]);
   }
+  // Where the awaited ranks run: on a cluster the host is what an operator looks at first.
+  auto where = [&](const std::set<int>& ranks) {
+    std::vector<std::string> h;
+    for (int r : ranks)
+      if (std::string host = t_.host_of(r); !host.empty()) h.push_back(fmt::format("{} on {}", r, host));
+    return h.empty() ? std::string() : fmt::format(" [world rank {}]", fmt::join(h, ", "));
+  };
   std::string waiting;
   if (native_)
     waiting = "inside MPI's native collective (MPI does not say which peer)";
   else if (!recv_from.empty())
-    waiting = fmt::format("waiting for world rank(s) {} to send", fmt::join(recv_from, ","));
+    waiting = fmt::format("waiting for world rank(s) {} to send{}", fmt::join(recv_from, ","), where(recv_from));
   else if (!send_to.empty())
-    waiting = fmt::format("waiting for world rank(s) {} to receive", fmt::join(send_to, ","));
+    waiting = fmt::format("waiting for world rank(s) {} to receive{}", fmt::join(send_to, ","), where(send_to));
   else
     waiting = "with no message outstanding";
   t_.abort(fmt::format(
-      "collective watchdog: world rank {} timed out after {:.1f} s in {}{}, {}; aborting the job "
+      "collective watchdog: world rank {}{} timed out after {:.1f} s in {}{}, {}; aborting the job "
       "(timeout: PWM_COLL_TIMEOUT or --coll-timeout)",
-      t_.rank(), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
+      t_.rank(), t_.host_of(t_.rank()).empty() ? "" : " on " + t_.host_of(t_.rank()), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
   std::abort();  // not reached (Transport::abort does not return), but GCC does not see
                  // [[noreturn]] through a virtual call
 }

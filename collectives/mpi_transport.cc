@@ -130,6 +130,15 @@ class MpiTransport : public Transport {
     PWM_MPI(MPI_Comm_size(local, &local_ranks));
     MPI_Comm_free(&local);
     yield_when_idle_ = local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    // Every rank's host, for the watchdog's report (one small allgather at start-up).
+    std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME, 0);
+    char mine[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    PWM_MPI(MPI_Get_processor_name(mine, &len));
+    PWM_MPI(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                          MPI_COMM_WORLD));
+    for (int r = 0; r < size_; ++r)
+      hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
     // One matching space per channel (transport.h). MPI_Comm_dup is collective over the world,
     // which is why every channel is made here, at start-up, and never later.
     channels_.resize(kChannels, MPI_COMM_NULL);
@@ -143,6 +152,9 @@ class MpiTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  std::string host_of(int rank) const override {
+    return rank >= 0 && rank < size_ ? hosts_[static_cast<size_t>(rank)] : "";
+  }
 
   Request isend(const void* buf, size_t bytes, int peer, int tag) override {
     MPI_Request r;
@@ -252,6 +264,7 @@ class MpiTransport : public Transport {
   std::vector<MPI_Comm> channels_;  // channels_[0] also hosts the communicators of group_comm
   int rank_ = 0, size_ = 1;
   bool yield_when_idle_ = false;
+  std::vector<std::string> hosts_;  // by world rank
   std::map<std::vector<int>, MPI_Comm> group_comms_;
 };
 

@@ -60,6 +60,9 @@ class Transport {
   // The largest logical tag isend/irecv accept: kLogicalTagLimit - 1 on every transport.
   int max_tag() const { return kLogicalTagLimit - 1; }
   virtual std::string name() const = 0;
+  // The host world rank `rank` runs on (MPI_Get_processor_name; "" where the transport has no
+  // hosts), for error messages that must say where a rank is.
+  virtual std::string host_of(int rank) const { return ""; }
 
   // Start a send/receive of `bytes` bytes to/from world rank `peer` with a logical tag in
   // [0, max_tag()]. Any size_t count: the MPI transport sends messages over 2^31 - 1 bytes with a

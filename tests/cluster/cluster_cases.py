@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The project on an emulated cluster (mpi_scripts/cluster.sh): hosts are network namespaces
+joined by TCP over a bridge, so MPI uses shared memory within a host and TCP between hosts.
+
+    cluster_cases.py CASE BUILD_DIR
+
+Each case makes a cluster of its own (`cluster.sh run --hosts K`, removed when it ends) and
+compares with the same computation on one host: the collectives against MPI_Allreduce, spmd_train
+and pathways_train bitwise against their one-host runs, and the watchdog's report of a rank stopped
+on another host. Exit 77 (skipped) where namespaces cannot be made.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
+import spmd_cases as sc  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+CLUSTER = os.path.join(ROOT, "mpi_scripts", "cluster.sh")
+SKIP = 77
+
+
+def env():
+    e = dict(sc.ENV)
+    e["PWM_MPI"] = os.environ.get("PWM_MPI_FLAVOR", "openmpi")
+    return e
+
+
+def cluster_cmd(hosts, slots, command, timeout=300):
+    """cluster.sh run for a one-shot cluster; `command` runs in host 0 with $PWM_CLUSTER_MPIRUN."""
+    return ["bash", CLUSTER, "run", "--hosts", str(hosts), "--slots", str(slots), "--timeout", str(timeout),
+            "--", "bash", "-c", command]
+
+
+def run_on_cluster(hosts, slots, command, timeout=300):
+    p = subprocess.run(cluster_cmd(hosts, slots, command, timeout), env=env(), capture_output=True, text=True,
+                       timeout=timeout + 60)
+    if p.returncode == SKIP:
+        print(p.stderr.strip())
+        sys.exit(SKIP)
+    if p.returncode != 0:
+        raise AssertionError(f"cluster run failed ({p.returncode}): {command}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def train_on_cluster(hosts, slots, n, name, extra, exe="spmd"):
+    path = os.path.join(sc.TMP, name + ".jsonl")
+    args = " ".join(sc.TINY + ["--metrics", path] + extra)
+    run_on_cluster(hosts, slots, f"$PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}")
+    return sc.metrics(path)
+
+
+def assert_bitwise(ref, got, what):
+    (rs, _, rf), (gs, _, gf) = ref, got
+    assert sorted(rs) == sorted(gs), f"{what}: different steps"
+    for s in rs:
+        assert rs[s]["loss"] == gs[s]["loss"], f"{what}: step {s} loss {gs[s]['loss']} != {rs[s]['loss']}"
+    assert rf["weights_hash"] == gf["weights_hash"], f"{what}: final weights differ"
+
+
+def case_collectives_two_hosts():
+    # 2 hosts x 2 ranks: every algorithm against the analytic result and MPI_Allreduce, with
+    # messages inside a host and across the bridge in the same collective.
+    exe = os.path.join(sc.BUILD, "tests", "collectives", "collectives_mpi_tests")
+    p = run_on_cluster(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {exe} "
+                             "--gtest_filter=Mpi.AllReduce*:Mpi.Other*:Mpi.Many*:Mpi.Subgroups*")
+    assert "PASSED" in p.stdout and "FAILED" not in p.stdout, p.stdout
+
+
+def case_spmd_two_hosts_bitwise():
+    ref = sc.train(4, "spmd_dp4_one_host", ["--dp", "4"])
+    got = train_on_cluster(2, 2, 4, "spmd_dp4_two_hosts", ["--dp", "4"])
+    assert_bitwise(ref, got, "spmd_train --dp 4 over 2 hosts vs one host")
+
+
+def case_pathways_island_spans_hosts():
+    # One island of 2 devices whose devices are on 2 hosts (controller and worker 1 on host 0,
+    # worker 2 on host 1): fused and chained equal spmd_train on one host, bit for bit.
+    ref = sc.train(2, "spmd_dp2", ["--dp", "2"])
+    for g in ("fused", "chained"):
+        got = train_on_cluster(2, 2, 3, "pw_" + g, ["--dp", "2", "--islands", "1x2", "--granularity", g], exe="pathways")
+        assert_bitwise(ref, got, f"pathways {g} over an island spanning 2 hosts vs spmd on one host")
+
+
+def case_pipeline_three_hosts():
+    # One stage per host (islands = hosts, the default): 4 ranks over 3 hosts of 1 slot (the
+    # controller shares host 0 with a worker). The same pipeline on one host is the reference.
+    flags = ["--stages", "3", "--layers", "3", "--microbatches", "4"]
+    ref = sc.train(4, "pipe3_one_host", flags + ["--islands", "3x1"], exe="pathways")
+    got = train_on_cluster(3, 1, 4, "pipe3_three_hosts", flags, exe="pathways")
+    assert_bitwise(ref, got, "pipeline S=3 over 3 hosts vs one host")
+
+
+def case_watchdog_names_stopped_rank_and_host():
+    # A rank on host 1 is stopped (SIGSTOP) mid-training: another rank's watchdog names it and
+    # its host, and the job ends non-zero instead of hanging.
+    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "200", "--step-sleep-ms", "50"])
+    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=120)
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    name = f"pwm{proc.pid}"
+    stopped = None
+    deadline = time.time() + 60
+    while stopped is None and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        pids = subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "spmd_train":
+                        stopped = int(pid)
+                        break
+            except OSError:
+                pass
+    if proc.poll() == SKIP:
+        sys.exit(SKIP)
+    assert stopped is not None, f"no spmd_train rank appeared on {name}-h1"
+    time.sleep(1.0)  # into training
+    os.kill(stopped, signal.SIGSTOP)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "the job with a stopped rank exited 0"
+    m = re.search(r"collective watchdog: world rank \d+ on \S+ timed out .*waiting for world rank\(s\) [0-9,]+ to "
+                  r"(send|receive) \[world rank [^\]]*on " + re.escape(name) + r"-h1", out)
+    assert m, f"the watchdog did not name a rank on {name}-h1:\n{out[-3000:]}"
+    print(m.group(0))
+
+
+def main():
+    case, build = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory(prefix="pwm_cluster_") as tmp:
+        sc.set_build(build, tmp)
+        globals()["case_" + case]()
+    print(f"{case}: ok")
+
+
+if __name__ == "__main__":
+    main()
