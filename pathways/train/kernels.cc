@@ -223,13 +223,14 @@ void fused_step(KernelContext& ctx) {
   const int64_t step = ctx.in<int64_t>(3)[0];
   double comm_s = 0;
   model::Workspace<float>& ws = step_memory(layout);
-  collectives::BucketedAllreduce reducer(dp_comm(ctx, p), model::backward_units(layout), g->cfg.bucket_bytes,
+  const model::StepPlan plan(layout, g->cfg.microbatches);
+  collectives::BucketedAllreduce reducer(dp_comm(ctx, p), plan.finish_order(), g->cfg.bucket_bytes,
                                          g->cfg.overlap);
   reducer.begin(g->grads.data());
   model::StepHooks hooks;
   hooks.tp_reduce = tp_reducer(tp_comm(ctx, p), &comm_s);
   hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
-  const double local = model::accumulate_gradients(g->cfg, layout, *g->data, step, p.dp_rank, ctx.in<float>(0).data(),
+  const double local = model::accumulate_gradients(g->cfg, layout, plan, *g->data, step, p.dp_rank, ctx.in<float>(0).data(),
                                                    g->grads.data(), ws, g->tokens.data(), hooks);
   reducer.finish();
   comm_s += reducer.comm_seconds();
