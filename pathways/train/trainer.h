@@ -17,6 +17,7 @@
 
 #include "model/train_config.h"
 #include "pathways/client.h"
+#include "pathways/train/step_io.h"
 
 namespace pwm::pathways::train {
 
@@ -30,8 +31,9 @@ struct PathwaysOptions {
 
 // Runs the whole training on world rank 0 through `client`. `resume` says that a checkpoint
 // (already validated by model::load_resume_checkpoint) is to be loaded by the workers.
-// Returns the weights hash.
+// The kernels must be registered under `names` (kernels.h) on every rank. Blocks until the
+// training ends. Returns the weights hash.
 std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& opts, Client& client,
-                         int num_islands, double peak_gflops, bool resume);
+                         int num_islands, double peak_gflops, bool resume, const KernelNames& names = {});
 
 }  // namespace pwm::pathways::train
