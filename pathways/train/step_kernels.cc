@@ -111,13 +111,12 @@ void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   dev.add_comm(comm_s);
 }
 
-// The tied piece (embed, then final_norm: the plan's ranges back to back) staged in the device's
-// layout-shaped gradient buffer, where head_backward accumulates, and copied out after.
+// The tied piece holds embed then final_norm (the plan's ranges back to back): head_backward
+// accumulates into it directly, after the previous micro-batch's sums are copied in (or zeros).
 void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = pos(ctx);
   const ParamLayout& layout = dev.layout(p);
   auto& ws = dev.step_memory(layout);
-  const auto& ranges = dev.shapes().plan(p.tp).piece_ranges(model::StepPlan::kTiedPiece);
   BoundActivations b(dev);
   const int L = static_cast<int>(dev.cfg().model.n_layers);
   const float grad_scale = 1.0f / static_cast<float>(dev.cfg().microbatches * p.dp);
@@ -126,19 +125,18 @@ void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const int32_t* tokens = ctx.in<int32_t>(kHeadTokens).data();
   const float* params = ctx.in<float>(kHeadParams).data();
   ctx.out<double>(kHeadLoss)[0] = model::head_forward<float>(layout, params, tokens, b.act);
-  const bool acc = ctx.num_inputs() > kHeadTiedPrev;
-  const float* prev = acc ? ctx.in<float>(kHeadTiedPrev).data() : nullptr;
-  for (const auto& [lo, hi] : ranges) {
-    if (prev) std::memcpy(dev.grads() + lo, prev, sizeof(float) * (hi - lo));
-    else std::fill(dev.grads() + lo, dev.grads() + hi, 0.0f);
-    if (prev) prev += hi - lo;
-  }
-  model::head_backward<float>(layout, params, dev.grads(), tokens, grad_scale, b.act, ws.scratch);
-  float* out = ctx.out<float>(kHeadTied).data();
-  for (const auto& [lo, hi] : ranges) {
-    std::memcpy(out, dev.grads() + lo, sizeof(float) * (hi - lo));
-    out += hi - lo;
-  }
+  auto tied = ctx.out<float>(kHeadTied);
+  if (ctx.num_inputs() > kHeadTiedPrev)
+    std::memcpy(tied.data(), ctx.in<float>(kHeadTiedPrev).data(), sizeof(float) * tied.size());
+  else
+    std::fill(tied.begin(), tied.end(), 0.0f);
+  const auto& ranges = dev.shapes().plan(p.tp).piece_ranges(model::StepPlan::kTiedPiece);
+  PWM_CHECK(ranges.size() == 2 && ranges[0].first == layout.embed_offset() &&
+                ranges[1].first == layout.final_norm_offset(),
+            "the tied piece is embed then final_norm");
+  const int64_t embed_n = ranges[0].second - ranges[0].first;
+  model::head_backward<float>(layout, params, model::HeadGrads<float>{tied.data(), tied.data() + embed_n}, tokens,
+                              grad_scale, b.act, ws.scratch);
 }
 
 // The layer's piece is a view of the layout-shaped buffer at the layer's offset: block_backward

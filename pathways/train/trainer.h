@@ -8,6 +8,8 @@
 //   pipeline  --stages S slices of one device each, spread over the islands, consecutive layers
 //             per stage, --microbatches M in GPipe or 1F1B node order; activations and their
 //             gradients flow stage to stage, worker to worker.
+// The programs are traced from the step plan (model/step_plan.h) in step_program.h; the kernels
+// they name are in kernels.h, registered under a KernelNames prefix.
 // Parameters and optimizer state stay in the workers' object stores across steps (each step's
 // program consumes the state arrays and returns the next ones); the controller fetches only the
 // per-step statistics (loss, gradient norm, timings), the validation loss and the weights hash.
