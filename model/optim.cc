@@ -46,13 +46,17 @@ double sq_norm(const float* data, size_t count) {
   return s[0];
 }
 
-double grad_sq_norm_tp(const ParamLayout& layout, const float* grads) {
+double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads) {
   double total = 0.0;
   for (const ParamInfo& p : layout.params()) {
     if (p.replicated() && layout.tp_rank() != 0) continue;
-    total += sq_norm(grads + p.offset, static_cast<size_t>(p.size));
+    total += sq_norm(grads.at(p.offset, p.size), static_cast<size_t>(p.size));
   }
   return total;
+}
+
+double grad_sq_norm_tp(const ParamLayout& layout, const float* grads) {
+  return grad_sq_norm_tp(layout, GradView(layout, grads));
 }
 
 double clip_factor(const AdamWConfig& c, double global_sq_norm) {
@@ -104,8 +108,14 @@ void adamw_update(const AdamWConfig& c, const ParamLayout& layout, int64_t begin
 void adamw_step_into(const AdamWConfig& c, const ParamLayout& layout, int64_t step, double lr, double clip,
                      const float* p_in, const float* grads, const float* m_in, const float* v_in,
                      float* p_out, float* m_out, float* v_out) {
+  adamw_step_into(c, layout, step, lr, clip, p_in, GradView(layout, grads), m_in, v_in, p_out, m_out, v_out);
+}
+
+void adamw_step_into(const AdamWConfig& c, const ParamLayout& layout, int64_t step, double lr, double clip,
+                     const float* p_in, const GradView& grads, const float* m_in, const float* v_in,
+                     float* p_out, float* m_out, float* v_out) {
   for (const ParamInfo& p : layout.params())
-    adamw_span_into(c, step, lr, clip, p.weight_decay, p_in + p.offset, grads + p.offset, m_in + p.offset,
+    adamw_span_into(c, step, lr, clip, p.weight_decay, p_in + p.offset, grads.at(p.offset, p.size), m_in + p.offset,
                     v_in + p.offset, p_out + p.offset, m_out + p.offset, v_out + p.offset,
                     static_cast<size_t>(p.size));
 }

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/grad_view.h"
 #include "model/params.h"
 
 namespace pwm::model {
@@ -43,6 +44,7 @@ double sq_norm(const float* data, size_t count);
 // tensors, plus the replicated ones on tp rank 0 only (they are identical on every tp rank).
 // Summing it over the tp group gives the full model's squared gradient norm.
 double grad_sq_norm_tp(const ParamLayout& layout, const float* grads);
+double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads);  // the same bits, over pieces
 // min(1, max_norm / (sqrt(global_sq_norm) + 1e-6)); 1 when clipping is disabled.
 double clip_factor(const AdamWConfig& cfg, double global_sq_norm);
 
@@ -61,6 +63,9 @@ void adamw_step(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step,
 // immutable values (the Pathways object store).
 void adamw_step_into(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr,
                      double clip, const float* p_in, const float* grads, const float* m_in,
+                     const float* v_in, float* p_out, float* m_out, float* v_out);
+void adamw_step_into(const AdamWConfig& cfg, const ParamLayout& layout, int64_t step, double lr,
+                     double clip, const float* p_in, const GradView& grads, const float* m_in,
                      const float* v_in, float* p_out, float* m_out, float* v_out);
 void adamw_span_into(const AdamWConfig& cfg, int64_t step, double lr, double clip, bool decay,
                      const float* p_in, const float* grads, const float* m_in, const float* v_in,

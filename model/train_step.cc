@@ -3,29 +3,18 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/check.h"
 #include "common/time.h"
 #include "model/optim.h"
 
 namespace pwm::model {
 
-std::vector<std::pair<int64_t, int64_t>> backward_units(const ParamLayout& layout) {
-  std::vector<std::pair<int64_t, int64_t>> u;
-  const int64_t C = layout.config().d_model;
-  u.push_back({layout.final_norm_offset(), layout.final_norm_offset() + C});
-  for (int l = static_cast<int>(layout.config().n_layers) - 1; l >= 0; --l)
-    u.push_back({layout.layer(l).begin, layout.layer(l).end});
-  const ParamInfo& e = layout.get("embed");
-  u.push_back({e.offset, e.offset + e.size});
-  return u;
-}
-
-double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, const TextDataset& data,
-                            int64_t step, int dp_rank, const float* params, float* grads,
+double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, const StepPlan& plan,
+                            const TextDataset& data, int64_t step, int dp_rank, const float* params, float* grads,
                             Workspace<float>& ws, int32_t* tokens, const StepHooks& hooks) {
+  PWM_CHECK_EQ(plan.microbatches(), cfg.microbatches);
   const int64_t G = cfg.global_batch, M = cfg.microbatches;
-  const int L = static_cast<int>(cfg.model.n_layers);
   const float grad_scale = 1.0f / static_cast<float>(M * cfg.dp);
-  const int last_unit = L + 1;
   auto span = [&](const char* name, int64_t t0, int64_t t1) {
     if (hooks.span) hooks.span(name, t0, t1);
   };
@@ -33,31 +22,36 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
   auto& act = ws.act;
   auto& scratch = ws.scratch;
   double loss_sum = 0;
-  for (int64_t mb = 0; mb < M; ++mb) {
-    const bool last = mb == M - 1;
-    auto unit_done = [&](int u) {
-      if (last && hooks.unit_done) hooks.unit_done(u);
-    };
-    const RowRange rows = batch_rows(G, dp_rank, cfg.dp, mb, M);
-    data.train_batch(cfg.data_seed, step, G, cfg.model.seq_len, rows.begin, rows.end, tokens);
-    // The pieces of model::forward_backward, so that the last micro-batch can hand finished
-    // layers to the caller while the next layer's backward runs.
-    const int64_t t0 = now_us();
-    embed_forward<float>(layout, params, tokens, act);
-    for (int l = 0; l < L; ++l) block_forward<float>(layout, params, l, act, scratch, hooks.tp_reduce);
-    loss_sum += head_forward<float>(layout, params, tokens, act);
-    const int64_t t1 = now_us();
-    span("forward", t0, t1);
-    if (hooks.after_forward) hooks.after_forward(mb);
-    head_backward<float>(layout, params, grads, tokens, grad_scale, act, scratch);
-    unit_done(0);
-    for (int l = L - 1; l >= 0; --l) {
-      block_backward<float>(layout, params, grads, l, act, scratch, hooks.tp_reduce);
-      unit_done(unit_of_layer(layout, l));
+  int64_t t_fwd = 0, t_bwd = 0;
+  // The plan's units, one after the other; the last micro-batch tells the caller when a range
+  // of the gradient is final, so that its dp reduction overlaps the rest of the backward.
+  for (const Unit& u : plan.units()) {
+    switch (u.kind) {
+      case UnitKind::kBatch: {
+        const RowRange rows = batch_rows(G, dp_rank, cfg.dp, u.micro, M);
+        data.train_batch(cfg.data_seed, step, G, cfg.model.seq_len, rows.begin, rows.end, tokens);
+        t_fwd = now_us();
+        break;
+      }
+      case UnitKind::kEmbedForward: embed_forward<float>(layout, params, tokens, act); break;
+      case UnitKind::kBlockForward: block_forward<float>(layout, params, u.layer, act, scratch, hooks.tp_reduce); break;
+      case UnitKind::kHead:
+        loss_sum += head_forward<float>(layout, params, tokens, act);
+        t_bwd = now_us();
+        span("forward", t_fwd, t_bwd);
+        if (hooks.after_forward) hooks.after_forward(u.micro);
+        head_backward<float>(layout, params, grads, tokens, grad_scale, act, scratch);
+        break;
+      case UnitKind::kBlockBackward:
+        block_backward<float>(layout, params, grads, u.layer, act, scratch, hooks.tp_reduce);
+        break;
+      case UnitKind::kEmbedBackward:
+        embed_backward<float>(layout, grads, tokens, act);
+        break;
     }
-    embed_backward<float>(layout, grads, tokens, act);
-    unit_done(last_unit);
-    span("backward", t1, now_us());
+    const int finished = plan.finishes(u);
+    if (finished >= 0 && u.micro == M - 1 && hooks.unit_done) hooks.unit_done(finished);
+    if (u.kind == UnitKind::kEmbedBackward) span("backward", t_bwd, now_us());
   }
   return loss_sum / static_cast<double>(M);
 }
@@ -73,6 +67,14 @@ UpdateResult apply_update(const TrainConfig& cfg, const ParamLayout& layout, int
 
 UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
                                double global_sq_norm, const float* params, const float* grads,
+                               const float* m, const float* v, float* params_out, float* m_out,
+                               float* v_out) {
+  return apply_update_into(cfg, layout, step, global_sq_norm, params, GradView(layout, grads), m, v, params_out,
+                           m_out, v_out);
+}
+
+UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
+                               double global_sq_norm, const float* params, const GradView& grads,
                                const float* m, const float* v, float* params_out, float* m_out,
                                float* v_out) {
   UpdateResult r;

@@ -159,6 +159,13 @@ S head_forward(const ParamLayout& layout, const S* params, const int32_t* tokens
 template <typename S>
 void head_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
                    S grad_scale, Activations<S>& act, Scratch<S>& sc) {
+  head_backward(layout, params, HeadGrads<S>{grads + layout.embed_offset(), grads + layout.final_norm_offset()},
+                tokens, grad_scale, act, sc);
+}
+
+template <typename S>
+void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grads, const int32_t* tokens,
+                   S grad_scale, Activations<S>& act, Scratch<S>& sc) {
   const Config& c = layout.config();
   const int64_t T = c.seq_len, C = c.d_model, V = c.vocab, N = act.N();
   const int L = static_cast<int>(c.n_layers);
@@ -167,13 +174,11 @@ void head_backward(const ParamLayout& layout, const S* params, S* grads, const i
   xent_backward(N, V, tokens + 1, T + 1, T, c.z_loss, act.probs.data(), act.lse.data(),
                 static_cast<S>(grad_scale / static_cast<S>(N)), sc.dlogits.data());
   // dE [V, C] += dlogits^T [V, N] . hf [N, C];  dhf [N, C] = dlogits [N, V] . E [V, C]
-  gemm<S>(true, false, V, C, N, S(1), sc.dlogits.data(), V, act.hf.data(), C, S(1),
-          grads + layout.embed_offset(), C);
+  gemm<S>(true, false, V, C, N, S(1), sc.dlogits.data(), V, act.hf.data(), C, S(1), grads.embed, C);
   gemm<S>(false, false, N, C, V, S(1), sc.dlogits.data(), V, E, C, S(0), sc.dhf.data(), C);
   std::fill(act.dx(), act.dx() + N * C, S(0));
   norm_backward(c.norm, N, C, sc.dhf.data(), act.x(L), params + layout.final_norm_offset(),
-                act.f_mean.data(), act.f_rstd.data(), act.dx(),
-                grads + layout.final_norm_offset());
+                act.f_mean.data(), act.f_rstd.data(), act.dx(), grads.final_norm);
 }
 
 template <typename S>
@@ -208,6 +213,8 @@ S forward_loss(const ParamLayout& layout, const S* params, const int32_t* tokens
   template void embed_backward<S>(const ParamLayout&, S*, const int32_t*, const Activations<S>&); \
   template S head_forward<S>(const ParamLayout&, const S*, const int32_t*, Activations<S>&);    \
   template void head_backward<S>(const ParamLayout&, const S*, S*, const int32_t*, S,           \
+                                 Activations<S>&, Scratch<S>&);                                 \
+  template void head_backward<S>(const ParamLayout&, const S*, HeadGrads<S>, const int32_t*, S, \
                                  Activations<S>&, Scratch<S>&);                                 \
   template S forward_backward<S>(const ParamLayout&, const S*, S*, const int32_t*, int64_t, S,  \
                                  Workspace<S>&, const TpReduce<S>&);                            \

@@ -162,6 +162,16 @@ S head_forward(const ParamLayout& layout, const S* params, const int32_t* tokens
 template <typename S>
 void head_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
                    S grad_scale, Activations<S>& act, Scratch<S>& scratch);
+// The same, accumulating into the two gradients wherever they are held (a runtime whose gradient
+// pieces are separate buffers): embed [V, C] and final_norm [C].
+template <typename S>
+struct HeadGrads {
+  S* embed;
+  S* final_norm;
+};
+template <typename S>
+void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grads, const int32_t* tokens,
+                   S grad_scale, Activations<S>& act, Scratch<S>& scratch);
 // act.dx(): d/dx(l+1) -> d/dx(l); accumulates the grads of layer l. One tp_allreduce call.
 template <typename S>
 void block_backward(const ParamLayout& layout, const S* params, S* grads, int layer,

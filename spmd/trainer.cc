@@ -54,6 +54,7 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       tp_comm_(transport, mesh_.tp_group, kTpContext, comm_options(cfg)),
       dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
       layout_(cfg.model, mesh_.tp_rank, cfg.tp),
+      plan_(layout_, cfg.microbatches),
       params_(layout_.total()), grads_(layout_.total()), m_(layout_.total()), v_(layout_.total()),
       ws_(layout_, cfg.micro_batch()),
       tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
@@ -71,7 +72,7 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.ckpt);
   }
   reducer_ = std::make_unique<collectives::BucketedAllreduce>(
-      &dp_comm_, model::backward_units(layout_), cfg_.bucket_bytes, cfg_.overlap,
+      &dp_comm_, plan_.finish_order(), cfg_.bucket_bytes, cfg_.overlap,
       [this](int i, int64_t t0, int64_t t1, size_t bytes) {
         trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
       });
@@ -127,7 +128,7 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
   hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
   if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
-  const double local_loss = model::accumulate_gradients(cfg_, layout_, data_, step, mesh_.dp_rank, params_.data(),
+  const double local_loss = model::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.dp_rank, params_.data(),
                                                         grads_.data(), ws_, tokens_.data(), hooks);
   reducer_->finish();
   const int64_t t_opt = now_us();

@@ -1,7 +1,7 @@
 // The SPMD / BSP trainer: every rank runs this same loop over a dp x tp mesh (tp ranks adjacent).
 //
-// One step: forward and backward over the rank's micro-batches (gradient accumulation,
-// model::accumulate_gradients), the tp reductions inside each block through the tp group's
+// One step: the step plan (model/step_plan.h) executed directly: forward and backward over the
+// rank's micro-batches (gradient accumulation, model::accumulate_gradients), the tp reductions inside each block through the tp group's
 // communicator, the bucketed dp AllReduce of the gradient buffer overlapped with the last
 // micro-batch's backward (collectives::BucketedAllreduce), global-
 // norm clipping (the squared norm reduced over tp), AdamW. Parameters, gradients and moments are
@@ -20,6 +20,7 @@
 #include "common/trace.h"
 #include "model/checkpoint.h"
 #include "model/data.h"
+#include "model/step_plan.h"
 #include "model/train_config.h"
 #include "model/train_report.h"
 #include "model/transformer.h"
@@ -58,6 +59,7 @@ class Trainer {
   Mesh mesh_;
   collectives::Communicator world_, tp_comm_, dp_comm_;
   model::ParamLayout layout_;
+  model::StepPlan plan_;  // the step's units and gradient ranges (model/step_plan.h)
   std::vector<float> params_, grads_, m_, v_;
   model::Workspace<float> ws_;
   std::vector<int32_t> tokens_;

@@ -26,10 +26,13 @@ int run(int argc, char** argv) {
   CLI::App app{"pwm_eval: loss of a checkpoint on a text file"};
   std::string ckpt_path, text_path;
   int64_t batch = 8, max_windows = 0;
+  bool precise = false;
   app.add_option("--checkpoint", ckpt_path, "checkpoint file")->required();
   app.add_option("--text", text_path, "text file to evaluate on (bytes are tokens)")->required();
   app.add_option("--batch", batch, "windows per forward pass")->capture_default_str();
   app.add_option("--max-windows", max_windows, "evaluate at most this many windows (0: all)");
+  app.add_flag("--precise", precise,
+               "print the losses with 17 significant digits (the double round-trips: compare at 1e-7 and below)");
   CLI11_PARSE(app, argc, argv);
 
   const Checkpoint ckpt = load_checkpoint(ckpt_path);
@@ -40,9 +43,13 @@ int run(int argc, char** argv) {
               static_cast<long long>(ckpt.step), ckpt.config.to_string().c_str());
   std::printf("text %s: %lld windows, %lld tokens predicted\n", text_path.c_str(),
               static_cast<long long>(r.windows), static_cast<long long>(r.tokens));
-  std::printf("xent %.4f nats/token = %.4f bits/byte (uniform: %.4f nats); loss with z-loss %.4f\n",
-              r.xent, r.xent / std::log(2.0), std::log(static_cast<double>(ckpt.config.vocab)),
-              r.loss);
+  if (precise) {
+    std::printf("xent %.17g nats/token = %.17g bits/byte (uniform: %.17g nats); loss with z-loss %.17g\n", r.xent,
+                r.xent / std::log(2.0), std::log(static_cast<double>(ckpt.config.vocab)), r.loss);
+  } else {
+    std::printf("xent %.4f nats/token = %.4f bits/byte (uniform: %.4f nats); loss with z-loss %.4f\n", r.xent,
+                r.xent / std::log(2.0), std::log(static_cast<double>(ckpt.config.vocab)), r.loss);
+  }
   return 0;
 }
 

@@ -4,39 +4,88 @@
 // Each kernel runs once per device of its slice, over object-store buffers; per-device shards
 // follow the SPMD trainer's mesh: a slice of dp x tp devices, device k = dp index k / tp, tp
 // index k % tp, so device k holds exactly what SPMD's world rank k holds, and runs the same
-// floating-point operations (model/train_step.h), which is why the two trainers agree bitwise.
+// floating-point operations (model/step_plan.h, model/train_step.h), which is why the two
+// trainers agree bitwise. Names, shapes and argument positions: step_io.h. What each worker
+// keeps between kernels: device.h.
 //
-// Buffers per device: params, adam_m, adam_v (float[layout.total()], the tp shard), step
-// (int64[1]), stats (float64[kStats]). Temporaries that are not values of the program
-// (gradients of the fused step, GEMM scratch) live in a per-worker cache, like XLA's temp
-// buffers; everything a later node reads is an object-store buffer.
+// Where the kernels are: kernels.cc (state, evaluation, hash, checkpoint, trace, and the
+// registration), step_kernels.cc (the fused step, one kernel per plan unit kind, the dp
+// reduction and the update), pipeline_kernels.cc (the MPMD pipeline's norm and update, merge).
 #pragma once
 
+#include <map>
 #include <memory>
-#include <string>
+#include <mutex>
+#include <utility>
 
 #include "collectives/transport.h"
 #include "model/data.h"
-#include "model/train_config.h"
+#include "pathways/train/device.h"
+#include "pathways/train/step_io.h"
 
 namespace pwm::pathways::train {
 
-// What one step reports per device, as float64[kStats] (the step's last kernel writes it):
-// kBusyMs is the time the device spent in kernels since the previous step's report.
-// kEndUs is the worker's monotonic clock (us) when the step's last kernel ended: step times are
-// the differences between consecutive steps' ends on one device, free of the controller's delays.
-enum Stat { kLoss = 0, kGradNorm, kLr, kComputeMs, kCommMs, kKernelMs, kBusyMs, kEndUs, kStats };
+// The training devices of the worker ranks this process runs, by world rank: one in an MPI
+// worker process, none on the controller, several over the in-process transport (one per worker
+// thread). The registered kernels capture it (shared ownership: the registry outlives callers).
+class DeviceSet {
+ public:
+  explicit DeviceSet(const model::TrainConfig& cfg, PipelineShape pipe = {}) : shapes_(cfg, pipe) {}
+  const Shapes& shapes() const { return shapes_; }
+  // Makes the device of world rank transport->rank(), for as long as the returned object lives.
+  // Call on that worker's thread or process before it starts run_worker, and keep the result
+  // until run_worker returns: the device (its sub-communicators) must go while the transport is
+  // still up, not when the kernel registry goes at exit. Thread-safe.
+  class Attached {
+   public:
+    Attached(DeviceSet* set, int rank) : set_(set), rank_(rank) {}
+    Attached(Attached&& o) noexcept : set_(std::exchange(o.set_, nullptr)), rank_(o.rank_) {}
+    Attached(const Attached&) = delete;
+    Attached& operator=(const Attached&) = delete;
+    Attached& operator=(Attached&&) = delete;
+    ~Attached() {
+      if (set_) set_->detach(rank_);
+    }
 
-struct PipelineShape {
-  int stages = 1;
-  // Layers of stage s: [layer_begin(s), layer_begin(s+1)).
-  int layer_begin(int s, int n_layers) const { return static_cast<int>(static_cast<int64_t>(n_layers) * s / stages); }
+   private:
+    DeviceSet* set_;
+    int rank_;
+  };
+  [[nodiscard]] Attached attach(std::shared_ptr<collectives::Transport> transport,
+                                std::shared_ptr<const model::TextDataset> data);
+  // The device of the worker running a kernel; throws if it was never attached. Thread-safe.
+  TrainingDevice& at(int world_rank);
+
+ private:
+  void detach(int world_rank);
+  Shapes shapes_;
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<TrainingDevice>> devices_;
 };
 
-// Registers every training kernel in the global registry. `data` may be null on the controller
-// (it never runs kernels). Call once per process, before the runtime or the worker starts.
-void register_train_kernels(const model::TrainConfig& cfg, PipelineShape pipe,
-                            std::shared_ptr<collectives::Transport> transport,
-                            std::shared_ptr<const model::TextDataset> data);
+// Registers every training kernel, named names(kernel), in the process's kernel registry.
+// Call once per process and prefix, on every rank, before the runtime or the worker starts;
+// throws if a name is taken.
+void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet> devices);
+
+// The kernel bodies (the three sources above). `scope` times the running kernel; the step's last
+// kernel hands it to TrainingDevice::report.
+using Scope = TrainingDevice::KernelScope;
+namespace kernels {
+void init_state(TrainingDevice&, KernelContext&, Scope&);
+void load_state(TrainingDevice&, KernelContext&, Scope&);
+void fused_step(TrainingDevice&, KernelContext&, Scope&);
+void batch(TrainingDevice&, KernelContext&, Scope&);
+void embed_fwd(TrainingDevice&, KernelContext&, Scope&);
+void block_fwd(TrainingDevice&, KernelContext&, Scope&);
+void head(TrainingDevice&, KernelContext&, Scope&);
+void block_bwd(TrainingDevice&, KernelContext&, Scope&);
+void embed_bwd(TrainingDevice&, KernelContext&, Scope&);
+void dp_allreduce(TrainingDevice&, KernelContext&, Scope&);
+void update(TrainingDevice&, KernelContext&, Scope&);
+void pipe_sqnorm(TrainingDevice&, KernelContext&, Scope&);
+void pipe_update(TrainingDevice&, KernelContext&, Scope&);
+void merge(TrainingDevice&, KernelContext&, Scope&);
+}  // namespace kernels
 
 }  // namespace pwm::pathways::train

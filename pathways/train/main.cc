@@ -81,7 +81,10 @@ int main(int argc, char** argv) {
     return 1;
   return collectives::run_mpi_main(env, [&] {
     if (env.rank() == 0) data.reset();  // the controller never touches tensor data
-    pathways::train::register_train_kernels(cfg, pathways::train::PipelineShape{po.stages}, env.transport(), data);
+    // Every rank registers the kernels (the controller for their signatures); a worker also holds
+    // its training device, which the kernels find by its world rank.
+    auto devices = std::make_shared<pathways::train::DeviceSet>(cfg, pathways::train::PipelineShape{po.stages});
+    pathways::train::register_train_kernels(pathways::train::KernelNames{}, devices);
     double peak = cfg.peak_gflops;
     if (peak <= 0) {  // the workers measure at once, as they will run; the controller idles
       peak = env.rank() == 0 ? 0.0 : model::measure_gemm_gflops();
@@ -89,6 +92,7 @@ int main(int argc, char** argv) {
       peak /= env.size() - 1;
     }
     if (env.rank() != 0) {
+      const auto attached = devices->attach(env.transport(), data);
       pathways::run_worker(env.transport());
       return 0;
     }

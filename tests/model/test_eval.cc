@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -80,6 +81,38 @@ TEST(Eval, LossOfBytesMatchesForwardLoss) {
   EXPECT_LT(r.xent, r.loss);                 // the z-loss term is positive
   EXPECT_NEAR(r.xent, std::log(256.0), 1.0);  // an untrained model is near uniform
   EXPECT_THROW(evaluate_bytes(lay, p.data(), std::string(16, 'a'), 2), pwm::Error);
+}
+
+// pwm_eval --precise prints the losses so that they round-trip: the tool's figures are the
+// library's doubles exactly.
+TEST(Eval, ToolPrecisePrintsTheExactLoss) {
+  const Config c = byte_config();
+  const ParamLayout lay(c, 0, 1);
+  std::vector<float> p(lay.total());
+  init_params(lay, c.seed, p.data());
+  const std::string ckpt = ::testing::TempDir() + "pwm_eval_tool.ckpt", text = ::testing::TempDir() + "pwm_eval_tool.txt";
+  save_checkpoint(ckpt, checkpoint_of(c, p, lay));
+  std::string bytes;
+  for (int i = 0; i < 6 * 16 + 1; ++i) bytes.push_back(static_cast<char>("a quick brown fox "[i % 18]));
+  std::FILE* f = std::fopen(text.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  const EvalResult r = evaluate_bytes(lay, p.data(), bytes, 8);
+  const std::string cmd = std::string(PWM_EVAL_TOOL) + " --precise --checkpoint " + ckpt + " --text " + text;
+  std::FILE* out = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string all;
+  for (char buf[512]; std::fgets(buf, sizeof(buf), out);) all += buf;
+  EXPECT_EQ(::pclose(out), 0) << all;
+  std::remove(ckpt.c_str());
+  std::remove(text.c_str());
+  const size_t at = all.find("xent ");
+  ASSERT_NE(at, std::string::npos) << all;
+  EXPECT_EQ(std::strtod(all.c_str() + at + 5, nullptr), r.xent) << all;
+  const size_t z = all.find("loss with z-loss ");
+  ASSERT_NE(z, std::string::npos) << all;
+  EXPECT_EQ(std::strtod(all.c_str() + z + 17, nullptr), r.loss) << all;
 }
 
 }  // namespace

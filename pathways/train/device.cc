@@ -1,0 +1,113 @@
+#include "pathways/train/device.h"
+
+#include <fmt/format.h>
+
+#include "common/time.h"
+
+namespace pwm::pathways::train {
+
+using collectives::Communicator;
+
+namespace {
+constexpr uint32_t kTpContext = 901, kDpContext = 902;
+}  // namespace
+
+Pos Pos::of(const KernelContext& ctx, int tp) {
+  const int n = ctx.num_shards();
+  return {n / tp, tp, ctx.shard() / tp, ctx.shard() % tp};
+}
+
+TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives::Transport> transport,
+                               std::shared_ptr<const model::TextDataset> data)
+    : shapes_(shapes), transport_(std::move(transport)), data_(std::move(data)) {
+  if (!cfg().trace.empty()) {
+    trace_ = std::make_unique<Trace>(true, transport_->rank(), 0);
+    trace_->process_name(fmt::format("worker rank {} (device {})", transport_->rank(), transport_->rank() - 1));
+  }
+}
+
+const model::TextDataset& TrainingDevice::data() const {
+  PWM_CHECK(data_ != nullptr, "this training device has no dataset");
+  return *data_;
+}
+
+const model::ParamLayout& TrainingDevice::layout(const Pos& p) {
+  auto it = layouts_.find(p.tp * 64 + p.tp_rank);
+  if (it == layouts_.end()) it = layouts_.emplace(p.tp * 64 + p.tp_rank, model::ParamLayout(cfg().model, p.tp_rank, p.tp)).first;
+  return it->second;
+}
+
+model::Workspace<float>& TrainingDevice::step_memory(const model::ParamLayout& layout) {
+  grads_.resize(static_cast<size_t>(layout.total()));
+  tokens_.resize(static_cast<size_t>(shapes_.tokens()));
+  if (!ws_) ws_ = std::make_unique<model::Workspace<float>>(layout, cfg().micro_batch());
+  return *ws_;
+}
+
+Communicator& TrainingDevice::comm(uint32_t context, std::vector<int> group) {
+  auto& c = comms_[{context, group}];
+  if (!c) {
+    collectives::CommOptions o = collectives::CommOptions::from_env();
+    o.timeout_s = cfg().coll_timeout;
+    c = std::make_unique<Communicator>(transport_, group, context, o);
+  }
+  return *c;
+}
+
+// Sub-groups of the slice communicator: tp ranks adjacent, as in spmd_train's mesh.
+Communicator* TrainingDevice::tp_comm(KernelContext& ctx, const Pos& p) {
+  if (p.tp == 1) return nullptr;
+  std::vector<int> grp;
+  for (int t = 0; t < p.tp; ++t) grp.push_back(ctx.comm().group()[p.dp_rank * p.tp + t]);
+  return &comm(kTpContext, grp);
+}
+
+Communicator* TrainingDevice::dp_comm(KernelContext& ctx, const Pos& p) {
+  if (p.dp == 1) return nullptr;
+  std::vector<int> grp;
+  for (int d = 0; d < p.dp; ++d) grp.push_back(ctx.comm().group()[d * p.tp + p.tp_rank]);
+  return &comm(kDpContext, grp);
+}
+
+model::TpReduce<float> TrainingDevice::tp_reducer(Communicator* c, double* comm_s) {
+  if (!c) return {};
+  return [c, comm_s](float* d, size_t n) {
+    const double t0 = now_s();
+    c->allreduce(d, d, n, collectives::DataType::kFloat32, collectives::ReduceOp::kSum);
+    *comm_s += now_s() - t0;
+  };
+}
+
+void TrainingDevice::report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s,
+                            std::span<double> out) {
+  const int64_t now = now_us();
+  const double kernel_s = (now - running.start_us_) * 1e-6;
+  StepStats s;
+  s.loss = loss;
+  s.grad_norm = u.grad_norm;
+  s.lr = u.lr;
+  // The step's communication: this kernel's, and the collectives of its earlier kernels
+  // (chained and opbyop reduce gradients in kernels of their own).
+  s.compute_ms = (kernel_s - kernel_comm_s) * 1e3;
+  s.comm_ms = (kernel_comm_s + comm_s_) * 1e3;
+  s.kernel_ms = kernel_s * 1e3;
+  s.busy_ms = (busy_s_ + (now - running.counted_from_us_) * 1e-6) * 1e3;
+  s.end_us = static_cast<double>(now_us());
+  comm_s_ = 0;
+  busy_s_ = 0;
+  running.counted_from_us_ = now;  // the rest of this kernel counts toward the next step
+  s.write(out);
+}
+
+TrainingDevice::KernelScope::KernelScope(TrainingDevice& dev, const std::string& name, bool step_work)
+    : dev_(dev), name_(name), step_work_(step_work), start_us_(now_us()), counted_from_us_(start_us_) {}
+
+TrainingDevice::KernelScope::~KernelScope() {
+  const int64_t end = now_us();
+  if (step_work_) dev_.busy_s_ += (end - counted_from_us_) * 1e-6;
+  if (dev_.trace_) dev_.trace_->span(name_, "kernel", start_us_, end);
+}
+
+double TrainingDevice::KernelScope::elapsed_s() const { return (now_us() - start_us_) * 1e-6; }
+
+}  // namespace pwm::pathways::train

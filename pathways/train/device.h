@@ -1,0 +1,120 @@
+// The training device: what one worker device keeps between the training kernels it runs.
+//
+// Each worker device of pathways_train holds one TrainingDevice: the workload, the dataset, and
+// the caches that are not values of any program (the model workspace, the fused step's gradient
+// buffer, token scratch, the tp and dp sub-communicators of its slice), like XLA's temporary
+// buffers; everything one program node hands to another is an object-store buffer. It also keeps
+// the device's step accounting (kernel time since the last step report, collective time of the
+// step's earlier kernels) and its kernel trace.
+//
+// The registered kernel closures capture a DeviceSet (kernels.h) and find their device by the
+// executing worker's world rank: one device per MPI worker process, or one per worker thread over
+// the in-process transport. A device is used only by its worker's thread (kernels of one worker
+// run one at a time), so it needs no lock; the DeviceSet's map is locked.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "common/trace.h"
+#include "model/data.h"
+#include "model/params.h"
+#include "model/train_step.h"
+#include "model/transformer.h"
+#include "pathways/kernel.h"
+#include "pathways/train/step_io.h"
+
+namespace pwm::pathways::train {
+
+// The mesh position of a shard in a dp x tp training slice (a pipeline stage: 1 x 1).
+struct Pos {
+  int dp, tp, dp_rank, tp_rank;
+  static Pos of(const KernelContext& ctx, int tp);
+};
+
+class TrainingDevice {
+ public:
+  // `transport`: this worker's (for the sub-communicators); `data` may be null for a device that
+  // never reads batches (tests of shapes only).
+  TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives::Transport> transport,
+                 std::shared_ptr<const model::TextDataset> data);
+
+  const Shapes& shapes() const { return shapes_; }
+  const model::TrainConfig& cfg() const { return shapes_.cfg(); }
+  const model::TextDataset& data() const;
+  const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp rank)
+
+  // The device's step memory: workspace, the layout-shaped gradient buffer and token scratch,
+  // made once for the layout (the state kernels make it with the state, as spmd_train's
+  // constructor makes its own: made in the first step, the workspace's page faults took ~1 s of
+  // a chained run's first step).
+  model::Workspace<float>& step_memory(const model::ParamLayout& layout);
+  float* grads() { return grads_.data(); }
+  int32_t* tokens() { return tokens_.data(); }
+  model::Activations<float>& act() { return ws_->act; }
+
+  // The slice's tp and dp sub-communicators (nullptr for a group of one); contexts 901 and 902
+  // (docs/pathways.md reserves 900..999 for code around the runtime).
+  collectives::Communicator* tp_comm(KernelContext& ctx, const Pos& p);
+  collectives::Communicator* dp_comm(KernelContext& ctx, const Pos& p);
+  // A tp reduction for the model that adds its time to *comm_s.
+  model::TpReduce<float> tp_reducer(collectives::Communicator* c, double* comm_s);
+
+  // Step accounting. Kernels that communicate add their collective time; the step's last kernel
+  // (fused step, update, pipeline update) calls report(): the busy time since the previous
+  // report including the running kernel up to now, the communication, and the end time.
+  void add_comm(double s) { comm_s_ += s; }
+  class KernelScope;
+  void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out);
+
+  Trace* trace() { return trace_.get(); }
+
+ private:
+  friend class KernelScope;
+  collectives::Communicator& comm(uint32_t context, std::vector<int> group);
+
+  const Shapes& shapes_;
+  std::shared_ptr<collectives::Transport> transport_;
+  std::shared_ptr<const model::TextDataset> data_;
+  std::map<int, model::ParamLayout> layouts_;  // by tp rank
+  std::unique_ptr<model::Workspace<float>> ws_;
+  std::vector<float> grads_;
+  std::vector<int32_t> tokens_;
+  std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
+  double busy_s_ = 0;  // step kernels' time since the last report
+  double comm_s_ = 0;  // collectives of this step's earlier kernels
+  std::unique_ptr<Trace> trace_;
+};
+
+// Times one kernel: its span goes to the device's trace and, for the kernels of a training step,
+// its time to the device's busy time. A step's last kernel reports its own time so far through
+// TrainingDevice::report, which restarts the scope's clock: only the rest is added at its end.
+class TrainingDevice::KernelScope {
+ public:
+  KernelScope(TrainingDevice& dev, const std::string& name, bool step_work);
+  ~KernelScope();
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+  double elapsed_s() const;  // since the kernel started (not restarted by report)
+
+ private:
+  friend class TrainingDevice;
+  TrainingDevice& dev_;
+  const std::string& name_;
+  bool step_work_;
+  int64_t start_us_, counted_from_us_;
+};
+
+// The shared workspace's activations bound to a node's buffers for the duration of the node:
+// restores the owned memory when the node ends (the buffers may be freed afterwards).
+struct BoundActivations {
+  explicit BoundActivations(TrainingDevice& d) : act(d.act()) {}
+  ~BoundActivations() { act.unbind_all(); }
+  model::Activations<float>& act;
+};
+
+}  // namespace pwm::pathways::train

@@ -1,0 +1,85 @@
+// The MPMD pipeline's own kernels (one device per stage, tp = dp = 1): its share of the squared
+// gradient norm, the stage's update, and the full state merged from the stages' buffers. The
+// stages' forward and backward units are the per-unit kernels (step_kernels.cc).
+#include <cmath>
+#include <cstring>
+
+#include "model/optim.h"
+#include "pathways/train/kernels.h"
+
+namespace pwm::pathways::train::kernels {
+
+using model::ParamLayout;
+
+// inputs: the stage's gradient pieces (the tied piece, then its layers); output: this stage's
+// share of the squared gradient norm (the tied piece counted on stage 0 only).
+void pipe_sqnorm(TrainingDevice&, KernelContext& ctx, Scope&) {
+  const int stage = static_cast<int>(ctx.attr(1));
+  double s = 0;
+  for (size_t i = stage == 0 ? 0 : 1; i < ctx.num_inputs(); ++i) {
+    auto a = ctx.in<float>(i);
+    s += model::sq_norm(a.data(), a.size());
+  }
+  ctx.out<double>(0)[0] = s;
+}
+
+// inputs: pipe_update_args(stage) (state, total squared norm, pieces, and the losses on the last
+// stage); outputs: the next state and the statistics. Updates the stage's layers plus the
+// embedding and the final norm (every stage holds them and receives the same gradient, so they
+// stay identical); the other stages' layers pass through.
+void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const int stage = static_cast<int>(ctx.attr(1));
+  const ParamLayout& layout = dev.layout(Pos{1, 1, 0, 0});
+  const model::StepPlan& plan = dev.shapes().plan(1);
+  const UpdateArgs args = pipe_update_args(dev.shapes(), stage);
+  PWM_CHECK_EQ(ctx.num_inputs(), args.count());
+  const StageLayers sl = stage_layers(dev.shapes(), stage);
+  const int L = static_cast<int>(dev.cfg().model.n_layers);
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  const double total_sq = ctx.in<double>(args.sq())[0];
+  model::GradView grads;
+  grads.add(plan.piece_ranges(model::StepPlan::kTiedPiece), ctx.in<float>(args.piece(0)).data());
+  for (int l = sl.begin; l < sl.end; ++l)
+    grads.add(plan.piece_ranges(model::StepPlan::layer_piece(l)), ctx.in<float>(args.piece(1 + l - sl.begin)).data());
+  const auto& cfg = dev.cfg().optim;
+  const double lr = model::lr_at(cfg, step), clip = model::clip_factor(cfg, total_sq);
+  for (const model::ParamInfo& p : layout.params()) {
+    const bool mine = p.layer < 0 || p.layer >= L || (sl.begin <= p.layer && p.layer < sl.end);
+    const size_t n = static_cast<size_t>(p.size);
+    const float* pin = ctx.in<float>(kParams).data() + p.offset;
+    const float* min = ctx.in<float>(kAdamM).data() + p.offset;
+    const float* vin = ctx.in<float>(kAdamV).data() + p.offset;
+    float* pout = ctx.out<float>(kParams).data() + p.offset;
+    float* mout = ctx.out<float>(kAdamM).data() + p.offset;
+    float* vout = ctx.out<float>(kAdamV).data() + p.offset;
+    if (mine) {
+      model::adamw_span_into(cfg, step, lr, clip, p.weight_decay, pin, grads.at(p.offset, p.size), min, vin, pout, mout,
+                             vout, n);
+    } else {
+      std::memcpy(pout, pin, sizeof(float) * n);
+      std::memcpy(mout, min, sizeof(float) * n);
+      std::memcpy(vout, vin, sizeof(float) * n);
+    }
+  }
+  double loss = 0;
+  for (size_t m = 0; m < args.losses; ++m) loss += ctx.in<double>(args.loss(m))[0];
+  if (args.losses > 0) loss /= static_cast<double>(args.losses);
+  ctx.out<int64_t>(kStep)[0] = step + 1;
+  dev.report(scope, model::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
+}
+
+// Full state of a pipeline from its stages' buffers: stage s's layers from input s, the
+// embedding and the final norm (identical on every stage) from input 0.
+void merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const ParamLayout& layout = dev.layout(Pos{1, 1, 0, 0});
+  float* out = ctx.out<float>(0).data();
+  std::memcpy(out, ctx.in<float>(0).data(), sizeof(float) * layout.total());
+  for (int s = 1; s < dev.shapes().pipe().stages; ++s) {
+    const StageLayers sl = stage_layers(dev.shapes(), s);
+    if (sl.end <= sl.begin) continue;
+    const int64_t lo = layout.layer(sl.begin).begin, hi = layout.layer(sl.end - 1).end;
+    std::memcpy(out + lo, ctx.in<float>(static_cast<size_t>(s)).data() + lo, sizeof(float) * (hi - lo));
+  }
+}
+
+}  // namespace pwm::pathways::train::kernels

@@ -1,0 +1,80 @@
+#include "pathways/train/step_io.h"
+
+#include "model/transformer.h"
+
+namespace pwm::pathways::train {
+
+std::string KernelNames::unit(const model::Unit& u, int tp) const {
+  // Kernels with tp collectives carry "_tp" (gang-scheduled); a backward unit of a later
+  // micro-batch adds to the previous one's gradient piece ("_acc", one input more).
+  std::string k = model::unit_kind_name(u.kind);
+  const bool block = u.kind == model::UnitKind::kBlockForward || u.kind == model::UnitKind::kBlockBackward;
+  if (block && tp > 1) k += "_tp";
+  const bool acc = u.micro > 0 && (u.kind == model::UnitKind::kHead || u.kind == model::UnitKind::kBlockBackward);
+  if (acc) k += "_acc";
+  return (*this)(k);
+}
+
+Shapes::Shapes(const model::TrainConfig& cfg, PipelineShape pipe) : cfg_(cfg), pipe_(pipe) {
+  layouts_.emplace_back(cfg.model, 0, 1);
+  if (cfg.tp > 1) layouts_.emplace_back(cfg.model, 0, cfg.tp);
+  for (const auto& l : layouts_) plans_.emplace_back(l, cfg.microbatches);
+}
+
+const model::ParamLayout& Shapes::layout(int tp) const {
+  for (const auto& l : layouts_)
+    if (l.tp_size() == tp) return l;
+  PWM_THROW("no layout for tp = {} (the workload has tp = {})", tp, cfg_.tp);
+}
+
+const model::StepPlan& Shapes::plan(int tp) const {
+  for (size_t i = 0; i < layouts_.size(); ++i)
+    if (layouts_[i].tp_size() == tp) return plans_[i];
+  PWM_THROW("no plan for tp = {} (the workload has tp = {})", tp, cfg_.tp);
+}
+
+int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }
+
+std::vector<ArgSpec> Shapes::state(int tp) const {
+  return {split_f32(total(tp)), split_f32(total(tp)), split_f32(total(tp)), rep_i64(1)};
+}
+
+ArgSpec split_f32(int64_t n) { return {TensorSpec{DataType::kFloat32, {n}}, Sharding::kSplit}; }
+ArgSpec split_f64(int64_t n) { return {TensorSpec{DataType::kFloat64, {n}}, Sharding::kSplit}; }
+ArgSpec split_i32(int64_t n) { return {TensorSpec{DataType::kInt32, {n}}, Sharding::kSplit}; }
+ArgSpec rep_i64(int64_t n) { return {TensorSpec{DataType::kInt64, {n}}, Sharding::kReplicated}; }
+
+void StepStats::write(std::span<double> o) const {
+  PWM_CHECK_EQ(static_cast<int64_t>(o.size()), kWords);
+  const double w[kWords] = {loss, grad_norm, lr, compute_ms, comm_ms, kernel_ms, busy_ms, end_us};
+  std::copy(w, w + kWords, o.begin());
+}
+
+StepStats StepStats::read(std::span<const double> i) {
+  PWM_CHECK_EQ(static_cast<int64_t>(i.size()), kWords);
+  return {i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7]};
+}
+
+std::vector<StepStats> StepStats::read_all(const std::vector<double>& all) {
+  PWM_CHECK(all.size() % kWords == 0, "statistics of {} words are not whole devices", all.size());
+  std::vector<StepStats> s;
+  for (size_t d = 0; d < all.size(); d += kWords) s.push_back(read(std::span<const double>(all).subspan(d, kWords)));
+  return s;
+}
+
+StageLayers stage_layers(const Shapes& sh, int stage) {
+  const int L = static_cast<int>(sh.cfg().model.n_layers);
+  return {sh.pipe().layer_begin(stage, L), sh.pipe().layer_begin(stage + 1, L)};
+}
+
+UpdateArgs update_args(const Shapes& sh, int tp) {
+  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().microbatches), false};
+}
+
+UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
+  const StageLayers s = stage_layers(sh, stage);
+  const bool last = stage == sh.pipe().stages - 1;
+  return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().microbatches) : 0, true};
+}
+
+}  // namespace pwm::pathways::train

@@ -1,0 +1,146 @@
+// What the training programs and the training kernels agree on, written once: the kernels' names,
+// the shapes of their arguments, the position of every argument by name, and the step
+// statistics a step's last kernel writes and the controller reads.
+//
+// The program builder (step_program.cc, trainer.cc) and the kernels (kernels.cc,
+// unit_kernels.cc, pipeline_kernels.cc) both use these structs: neither computes the other's
+// positions. Shapes come from the workload only (no device, no MPI): the controller checks and
+// lowers programs with them, the workers run the kernels with the same ones.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "model/params.h"
+#include "model/step_plan.h"
+#include "model/train_config.h"
+#include "pathways/kernel.h"
+
+namespace pwm::pathways::train {
+
+struct PipelineShape {
+  int stages = 1;
+  // Layers of stage s: [layer_begin(s), layer_begin(s+1)).
+  int layer_begin(int s, int n_layers) const { return static_cast<int>(static_cast<int64_t>(n_layers) * s / stages); }
+};
+
+// Kernel names: `prefix` + the kernel's own name ("pw_" in pathways_train). The kernel registry
+// is one per process; a process that trains twice with different workloads (the in-process
+// tests) registers each under its own prefix.
+struct KernelNames {
+  std::string prefix = "pw_";
+  std::string operator()(const std::string& kernel) const { return prefix + kernel; }
+  // The per-unit kernel of a plan unit: "block_fwd", "block_fwd_tp" (with tp collectives),
+  // "block_bwd_tp_acc" (adding to the previous micro-batch's gradient piece), ...
+  std::string unit(const model::Unit& u, int tp) const;
+};
+
+// Per-device shapes of a workload's buffers (elements), for a slice of tp-way tensor parallelism.
+// Immutable after construction; safe from any thread.
+class Shapes {
+ public:
+  Shapes(const model::TrainConfig& cfg, PipelineShape pipe);
+  const model::TrainConfig& cfg() const { return cfg_; }
+  PipelineShape pipe() const { return pipe_; }
+  const model::ParamLayout& layout(int tp) const;  // tp rank 0's (every rank's sizes are equal)
+  const model::StepPlan& plan(int tp) const;
+  int64_t total(int tp) const { return layout(tp).total(); }                                    // params, m, v
+  int64_t act() const { return cfg_.micro_batch() * cfg_.model.seq_len * cfg_.model.d_model; }  // x(l), dx(l): [N, C]
+  int64_t tokens() const { return cfg_.micro_batch() * (cfg_.model.seq_len + 1); }
+  int64_t saved(int tp) const;                                                // one layer's activations
+  int64_t piece(int tp, int p) const { return plan(tp).piece_size(p); }       // a gradient piece
+  std::vector<ArgSpec> state(int tp) const;                                   // State's specs
+
+ private:
+  model::TrainConfig cfg_;
+  PipelineShape pipe_;
+  std::vector<model::ParamLayout> layouts_;  // tp = 1 and cfg.tp
+  std::vector<model::StepPlan> plans_;
+};
+
+ArgSpec split_f32(int64_t n);
+ArgSpec split_f64(int64_t n);
+ArgSpec split_i32(int64_t n);
+ArgSpec rep_i64(int64_t n);
+
+// A device's training state: what each step consumes and returns.
+template <typename V>
+struct State {
+  V params, m, v, step;
+  static constexpr size_t kCount = 4;
+  std::vector<V> list() const { return {params, m, v, step}; }
+  static State from(std::span<const V> a) {
+    PWM_CHECK(a.size() >= kCount, "a state is {} values, got {}", kCount, a.size());
+    return {a[0], a[1], a[2], a[3]};
+  }
+};
+enum StateArg : size_t { kParams = 0, kAdamM, kAdamV, kStep };
+
+// What every step kernel returns: the next state, then the statistics.
+template <typename V>
+struct StepOutputs {
+  State<V> state;
+  V stats;
+  static constexpr size_t kCount = State<V>::kCount + 1;
+  static constexpr size_t kStats = State<V>::kCount;  // the statistics' output position
+  static StepOutputs from(std::span<const V> a) {
+    PWM_CHECK(a.size() == kCount, "a step returns {} values, got {}", kCount, a.size());
+    return {State<V>::from(a), a[kStats]};
+  }
+};
+
+// What one step reports per device (float64[kWords] per device, written by the step's last
+// kernel). busy_ms: the time the device spent in step kernels since the previous report (its
+// own kernel included); end_us: the worker's monotonic clock when the step's last kernel ended,
+// so step times are differences of consecutive ends on one device, free of the controller.
+struct StepStats {
+  double loss = 0, grad_norm = 0, lr = 0;
+  double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0;
+  static constexpr int64_t kWords = 8;
+  void write(std::span<double> out) const;
+  static StepStats read(std::span<const double> in);
+  // One per device of a slice's fetched statistics array.
+  static std::vector<StepStats> read_all(const std::vector<double>& all);
+};
+
+// Inputs of the per-unit kernels, by name.
+enum HeadArg : size_t { kHeadParams = 0, kHeadX, kHeadTokens, kHeadTiedPrev };       // -> loss, dx, tied
+enum HeadOut : size_t { kHeadLoss = 0, kHeadDx, kHeadTied };
+enum BlockBwdArg : size_t { kBwdParams = 0, kBwdSaved, kBwdX, kBwdDx, kBwdGradPrev };  // -> dx, g
+enum BlockBwdOut : size_t { kBwdDxOut = 0, kBwdGrad };
+enum EmbedBwdArg : size_t { kEBwdTokens = 0, kEBwdDx, kEBwdTied };                   // -> tied
+
+// The update's inputs: the state, the gradient pieces (one per piece of the slice's plan, or
+// only the pipeline stage's: the tied piece, then its layers), the micro-batch losses, and for
+// the pipeline the total squared norm. One struct orders them for both sides.
+struct UpdateArgs {
+  size_t pieces = 0, losses = 0;
+  bool total_sq = false;  // the pipeline's: the squared norm summed over the stages
+  size_t piece(size_t i) const { return State<int>::kCount + (total_sq ? 1 : 0) + i; }
+  size_t loss(size_t m) const { return piece(pieces) + m; }
+  size_t sq() const { return State<int>::kCount; }
+  size_t count() const { return loss(losses); }
+  template <typename V>
+  std::vector<V> pack(const State<V>& s, const V* total, const std::vector<V>& p, const std::vector<V>& l) const {
+    PWM_CHECK(p.size() == pieces && l.size() == losses && (total != nullptr) == total_sq, "update arguments");
+    std::vector<V> in = s.list();
+    if (total) in.push_back(*total);
+    in.insert(in.end(), p.begin(), p.end());
+    in.insert(in.end(), l.begin(), l.end());
+    PWM_CHECK_EQ(in.size(), count());
+    return in;
+  }
+};
+
+// The pipeline stage s's layers and update arguments.
+struct StageLayers {
+  int begin, end;
+};
+StageLayers stage_layers(const Shapes& sh, int stage);
+UpdateArgs pipe_update_args(const Shapes& sh, int stage);
+UpdateArgs update_args(const Shapes& sh, int tp);
+
+}  // namespace pwm::pathways::train

@@ -1,0 +1,207 @@
+// The kernels of a training step on a dp x tp slice: the whole step in one kernel (fused), one
+// kernel per unit kind of the step plan (chained, opbyop, and the pipeline's stages), the dp
+// reduction of a gradient piece and the update. Every one calls the model functions the plan's
+// executor in model/train_step.cc calls, on the same values, so all granularities compute the
+// same bits as spmd_train.
+#include <cstring>
+
+#include "collectives/bucketed_allreduce.h"
+#include "common/time.h"
+#include "model/optim.h"
+#include "model/train_step.h"
+#include "pathways/train/kernels.h"
+
+namespace pwm::pathways::train::kernels {
+
+using collectives::Algorithm;
+using collectives::Communicator;
+using collectives::ReduceOp;
+using model::ParamLayout;
+
+namespace {
+
+Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
+
+// The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
+model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
+                                int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
+                                double* loss_out) {
+  double red[2] = {local_loss, model::grad_sq_norm_tp(layout, grads)};
+  const double t0 = now_s();
+  if (Communicator* c = dev.tp_comm(ctx, p))
+    c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (Communicator* c = dev.dp_comm(ctx, p))
+    c->allreduce(&red[0], &red[0], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  *comm_s += now_s() - t0;
+  *loss_out = red[0] / p.dp;
+  const auto in = [&](size_t i) { return ctx.in<float>(i).data(); };
+  return model::apply_update_into(dev.cfg(), layout, step, red[1], in(kParams), grads, in(kAdamM), in(kAdamV),
+                                  ctx.out<float>(kParams).data(), ctx.out<float>(kAdamM).data(),
+                                  ctx.out<float>(kAdamV).data());
+}
+
+// What a block kernel (attrs: tp, layer) works with.
+struct BlockUnit {
+  BlockUnit(TrainingDevice& dev, const KernelContext& ctx)
+      : p(pos(ctx)), layer(static_cast<int>(ctx.attr(1))), layout(dev.layout(p)), ws(dev.step_memory(layout)) {}
+  Pos p;
+  int layer;
+  const ParamLayout& layout;
+  model::Workspace<float>& ws;
+};
+
+}  // namespace
+
+// The whole step: the plan executed directly (model::accumulate_gradients) into the device's
+// layout-shaped gradient buffer, with the bucketed, overlapped dp AllReduce inside.
+void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  double comm_s = 0;
+  model::Workspace<float>& ws = dev.step_memory(layout);
+  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
+                                         dev.cfg().overlap);
+  reducer.begin(dev.grads());
+  model::StepHooks hooks;
+  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
+  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
+  const double local = model::accumulate_gradients(dev.cfg(), layout, plan, dev.data(), step, p.dp_rank,
+                                                   ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
+  reducer.finish();
+  comm_s += reducer.comm_seconds();
+  double loss = 0;
+  const model::UpdateResult u =
+      finish_step(dev, ctx, p, layout, step, local, model::GradView(layout, dev.grads()), &comm_s, &loss);
+  ctx.out<int64_t>(kStep)[0] = step + 1;
+  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
+}
+
+// ---- One kernel per unit kind (attrs: tp, then the micro-batch or the layer) -------------------
+
+void batch(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pos(ctx);
+  const auto& cfg = dev.cfg();
+  const model::RowRange rows = model::batch_rows(cfg.global_batch, p.dp_rank, p.dp, ctx.attr(1), cfg.microbatches);
+  dev.data().train_batch(cfg.data_seed, ctx.in<int64_t>(0)[0], cfg.global_batch, cfg.model.seq_len, rows.begin,
+                         rows.end, ctx.out<int32_t>(0).data());
+}
+
+// inputs: params, tokens; output: x(0)
+void embed_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const ParamLayout& layout = dev.layout(pos(ctx));
+  dev.step_memory(layout);
+  BoundActivations b(dev);
+  b.act.bind_x(0, ctx.out<float>(0).data());
+  model::embed_forward<float>(layout, ctx.in<float>(0).data(), ctx.in<int32_t>(1).data(), b.act);
+}
+
+// inputs: params, x(l); outputs: x(l+1), saved(l) (the layer's activations)
+void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const BlockUnit u(dev, ctx);
+  const int l = u.layer;
+  BoundActivations b(dev);
+  double comm_s = 0;
+  b.act.bind_x(l, const_cast<float*>(ctx.in<float>(1).data()));  // read only: block_forward reads x(l)
+  b.act.bind_x(l + 1, ctx.out<float>(0).data());
+  b.act.bind_layer(l, ctx.out<float>(1).data());
+  model::block_forward<float>(u.layout, ctx.in<float>(0).data(), l, b.act, u.ws.scratch,
+                              dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
+  dev.add_comm(comm_s);
+}
+
+// The tied piece holds embed then final_norm (the plan's ranges back to back): head_backward
+// accumulates into it directly, after the previous micro-batch's sums are copied in (or zeros).
+void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  auto& ws = dev.step_memory(layout);
+  BoundActivations b(dev);
+  const int L = static_cast<int>(dev.cfg().model.n_layers);
+  const float grad_scale = 1.0f / static_cast<float>(dev.cfg().microbatches * p.dp);
+  b.act.bind_x(L, const_cast<float*>(ctx.in<float>(kHeadX).data()));
+  b.act.bind_dx(ctx.out<float>(kHeadDx).data());
+  const int32_t* tokens = ctx.in<int32_t>(kHeadTokens).data();
+  const float* params = ctx.in<float>(kHeadParams).data();
+  ctx.out<double>(kHeadLoss)[0] = model::head_forward<float>(layout, params, tokens, b.act);
+  auto tied = ctx.out<float>(kHeadTied);
+  if (ctx.num_inputs() > kHeadTiedPrev)
+    std::memcpy(tied.data(), ctx.in<float>(kHeadTiedPrev).data(), sizeof(float) * tied.size());
+  else
+    std::fill(tied.begin(), tied.end(), 0.0f);
+  const auto& ranges = dev.shapes().plan(p.tp).piece_ranges(model::StepPlan::kTiedPiece);
+  PWM_CHECK(ranges.size() == 2 && ranges[0].first == layout.embed_offset() &&
+                ranges[1].first == layout.final_norm_offset(),
+            "the tied piece is embed then final_norm");
+  const int64_t embed_n = ranges[0].second - ranges[0].first;
+  model::head_backward<float>(layout, params, model::HeadGrads<float>{tied.data(), tied.data() + embed_n}, tokens,
+                              grad_scale, b.act, ws.scratch);
+}
+
+// The layer's piece is a view of the layout-shaped buffer at the layer's offset: block_backward
+// accumulates into the output directly.
+void block_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const BlockUnit u(dev, ctx);
+  const int l = u.layer;
+  BoundActivations b(dev);
+  double comm_s = 0;
+  b.act.bind_layer(l, const_cast<float*>(ctx.in<float>(kBwdSaved).data()));
+  b.act.bind_x(l, const_cast<float*>(ctx.in<float>(kBwdX).data()));
+  float* dx = ctx.out<float>(kBwdDxOut).data();
+  std::memcpy(dx, ctx.in<float>(kBwdDx).data(), sizeof(float) * dev.shapes().act());  // turned into d/dx(l) in place
+  b.act.bind_dx(dx);
+  auto g = ctx.out<float>(kBwdGrad);
+  if (ctx.num_inputs() > kBwdGradPrev)
+    std::memcpy(g.data(), ctx.in<float>(kBwdGradPrev).data(), sizeof(float) * g.size());
+  else
+    std::fill(g.begin(), g.end(), 0.0f);
+  model::block_backward<float>(u.layout, ctx.in<float>(kBwdParams).data(), g.data() - u.layout.layer(l).begin, l, b.act,
+                               u.ws.scratch, dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
+  dev.add_comm(comm_s);
+}
+
+// The tied piece plus the lookup's part of the embedding gradient (the piece starts with embed,
+// which starts the layout: a view at offset 0).
+void embed_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const ParamLayout& layout = dev.layout(pos(ctx));
+  dev.step_memory(layout);
+  BoundActivations b(dev);
+  b.act.bind_dx(const_cast<float*>(ctx.in<float>(kEBwdDx).data()));
+  auto out = ctx.out<float>(0);
+  std::memcpy(out.data(), ctx.in<float>(kEBwdTied).data(), sizeof(float) * out.size());
+  model::embed_backward<float>(layout, out.data() - layout.embed_offset(), ctx.in<int32_t>(kEBwdTokens).data(), b.act);
+}
+
+void dp_allreduce(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  auto in = ctx.in<float>(0);
+  auto out = ctx.out<float>(0);
+  if (Communicator* c = dev.dp_comm(ctx, pos(ctx))) {
+    const double t0 = now_s();
+    c->allreduce(in.data(), out.data(), in.size(), collectives::DataType::kFloat32, ReduceOp::kSum);
+    dev.add_comm(now_s() - t0);
+  } else {
+    std::memcpy(out.data(), in.data(), sizeof(float) * in.size());
+  }
+}
+
+// inputs: update_args(); the pieces are read where they are (model::GradView), not assembled.
+void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  const UpdateArgs args = update_args(dev.shapes(), p.tp);
+  PWM_CHECK_EQ(ctx.num_inputs(), args.count());
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  model::GradView grads;
+  for (int i = 0; i < plan.num_pieces(); ++i) grads.add(plan.piece_ranges(i), ctx.in<float>(args.piece(i)).data());
+  double local = 0;
+  for (size_t m = 0; m < args.losses; ++m) local += ctx.in<double>(args.loss(m))[0];
+  local /= static_cast<double>(args.losses);
+  double comm_s = 0, loss = 0;
+  const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss);
+  ctx.out<int64_t>(kStep)[0] = step + 1;
+  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
+}
+
+}  // namespace pwm::pathways::train::kernels

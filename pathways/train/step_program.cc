@@ -1,0 +1,228 @@
+#include "pathways/train/step_program.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/check.h"
+
+namespace pwm::pathways::train {
+
+using model::StepPlan;
+using model::Unit;
+using model::UnitKind;
+
+template <typename V>
+std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call) {
+  const StepPlan& plan = sh.plan(tp);
+  const int L = plan.layers();
+  std::vector<V> pieces(static_cast<size_t>(plan.num_pieces())), losses;
+  V& tied = pieces[StepPlan::kTiedPiece];
+  for (int64_t m = 0; m < plan.microbatches(); ++m) {
+    const bool acc = m > 0;  // the backward units add to the previous micro-batch's pieces
+    V tokens, x, dx;
+    std::vector<V> xs(static_cast<size_t>(L)), saved(static_cast<size_t>(L));  // per layer: x(l), saved(l)
+    for (const Unit& u : plan.forward_units(m)) {
+      const std::string k = names.unit(u, tp);
+      switch (u.kind) {
+        case UnitKind::kBatch: tokens = call(k, {st.step}, {tp, m})[0]; break;
+        case UnitKind::kEmbedForward: x = call(k, {st.params, tokens}, {tp})[0]; break;
+        case UnitKind::kBlockForward: {
+          xs[u.layer] = x;
+          auto o = call(k, {st.params, x}, {tp, u.layer});
+          x = o[0];
+          saved[u.layer] = o[1];
+          break;
+        }
+        case UnitKind::kHead: {
+          std::vector<V> in(acc ? kHeadTiedPrev + 1 : kHeadTiedPrev);
+          in[kHeadParams] = st.params;
+          in[kHeadX] = x;
+          in[kHeadTokens] = tokens;
+          if (acc) in[kHeadTiedPrev] = tied;
+          auto h = call(k, in, {tp});
+          losses.push_back(h[kHeadLoss]);
+          dx = h[kHeadDx];
+          tied = h[kHeadTied];
+          break;
+        }
+        default: PWM_THROW("{} is not a forward unit", model::unit_kind_name(u.kind));
+      }
+    }
+    for (const Unit& u : plan.backward_units(m)) {
+      const std::string k = names.unit(u, tp);
+      if (u.kind == UnitKind::kBlockBackward) {
+        V& g = pieces[static_cast<size_t>(plan.piece_of(u))];
+        std::vector<V> in(acc ? kBwdGradPrev + 1 : kBwdGradPrev);
+        in[kBwdParams] = st.params;
+        in[kBwdSaved] = saved[u.layer];
+        in[kBwdX] = xs[u.layer];
+        in[kBwdDx] = dx;
+        if (acc) in[kBwdGradPrev] = g;
+        auto b = call(k, in, {tp, u.layer});
+        dx = b[kBwdDxOut];
+        g = b[kBwdGrad];
+      } else {  // embed_bwd
+        std::vector<V> in(kEBwdTied + 1);
+        in[kEBwdTokens] = tokens;
+        in[kEBwdDx] = dx;
+        in[kEBwdTied] = tied;
+        tied = call(k, in, {tp})[0];
+      }
+    }
+  }
+  std::vector<V> reduced;
+  for (int i = 0; i < plan.num_pieces(); ++i)
+    reduced.push_back(call(names("dp_allreduce"), {pieces[static_cast<size_t>(i)]}, {tp, sh.piece(tp, i)})[0]);
+  return call(names("update"), update_args(sh, tp).pack<V>(st, nullptr, reduced, losses), {tp});
+}
+
+template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&);
+template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&);
+
+Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
+                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
+  const int S = static_cast<int>(slices.size());
+  const StepPlan& plan = sh.plan(1);
+  const int64_t M = plan.microbatches();
+  ProgramBuilder b(fmt::format("pipeline-{}-S{}-M{}", schedule, S, M));
+  std::vector<State<Value>> st;
+  for (const auto& a : states) {
+    std::vector<Value> v;
+    for (const Array& x : a.list()) v.push_back(b.param_like(x));
+    st.push_back(State<Value>::from(v));
+  }
+  auto call = [&](int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
+    return b.call(k, slices[static_cast<size_t>(s)], in, std::move(attrs));
+  };
+  std::vector<Value> loss(M), dhead(M), tok0(M);
+  std::vector<std::vector<Value>> xout(S, std::vector<Value>(M)), dxout = xout;
+  std::vector<std::vector<std::vector<Value>>> xs(S, std::vector<std::vector<Value>>(M)), saved = xs;
+  std::vector<Value> gl(static_cast<size_t>(plan.layers()));  // per layer: the running sum over micro-batches
+  Value gEh, gL;  // the tied piece's head part (last stage) and lookup part (stage 0)
+  auto F = [&](int s, int64_t m) {
+    const StageLayers sl = stage_layers(sh, s);
+    Value x = s == 0 ? Value{} : xout[s - 1][m], tokens;
+    for (const Unit& u : plan.forward_units(m, sl.begin, sl.end)) {
+      const std::string k = names.unit(u, 1);
+      switch (u.kind) {
+        case UnitKind::kBatch:
+          tokens = call(s, k, {st[s].step}, {1, m})[0];
+          if (s == 0) tok0[m] = tokens;
+          break;
+        case UnitKind::kEmbedForward: x = call(s, k, {st[s].params, tokens}, {1})[0]; break;
+        case UnitKind::kBlockForward: {
+          xs[s][m].push_back(x);
+          auto r = call(s, k, {st[s].params, x}, {1, u.layer});
+          x = r[0];
+          saved[s][m].push_back(r[1]);
+          break;
+        }
+        case UnitKind::kHead: {
+          std::vector<Value> in(m > 0 ? kHeadTiedPrev + 1 : kHeadTiedPrev);
+          in[kHeadParams] = st[s].params;
+          in[kHeadX] = x;
+          in[kHeadTokens] = tokens;
+          if (m > 0) in[kHeadTiedPrev] = gEh;
+          auto h = call(s, k, in, {1});
+          loss[m] = h[kHeadLoss];
+          dhead[m] = h[kHeadDx];  // the gradient entering the last stage's backward
+          gEh = h[kHeadTied];
+          break;
+        }
+        default: PWM_THROW("{} is not a forward unit", model::unit_kind_name(u.kind));
+      }
+    }
+    xout[s][m] = x;
+  };
+  auto B = [&](int s, int64_t m) {
+    const StageLayers sl = stage_layers(sh, s);
+    Value dx = s == S - 1 ? dhead[m] : dxout[s + 1][m];
+    for (const Unit& u : plan.backward_units(m, sl.begin, sl.end)) {
+      const std::string k = names.unit(u, 1);
+      if (u.kind == UnitKind::kBlockBackward) {
+        const size_t i = static_cast<size_t>(u.layer - sl.begin);
+        std::vector<Value> in(m > 0 ? kBwdGradPrev + 1 : kBwdGradPrev);
+        in[kBwdParams] = st[s].params;
+        in[kBwdSaved] = saved[s][m][i];
+        in[kBwdX] = xs[s][m][i];
+        in[kBwdDx] = dx;
+        if (m > 0) in[kBwdGradPrev] = gl[u.layer];
+        auto r = call(s, k, in, {1, u.layer});
+        dx = r[kBwdDxOut];
+        gl[u.layer] = r[kBwdGrad];
+      } else {  // embed_bwd, on stage 0
+        std::vector<Value> in(kEBwdTied + 1);
+        in[kEBwdTokens] = tok0[m];
+        in[kEBwdDx] = dx;
+        in[kEBwdTied] = m > 0 ? gL : call(0, names("zeros"), {}, {1, sh.piece(1, StepPlan::kTiedPiece)})[0];
+        gL = call(0, k, in, {1})[0];
+      }
+    }
+    dxout[s][m] = dx;  // what stage s-1's backward starts from
+  };
+  // Per-stage order, then one global order that respects the dependencies.
+  struct Op {
+    bool fwd;
+    int64_t m;
+  };
+  std::vector<std::vector<Op>> order(S);
+  for (int s = 0; s < S; ++s) {
+    if (schedule == "gpipe") {
+      for (int64_t m = 0; m < M; ++m) order[s].push_back({true, m});
+      for (int64_t m = 0; m < M; ++m) order[s].push_back({false, m});
+    } else {  // 1F1B: S-1-s warm-up forwards, then one forward and one backward in turn
+      const int64_t warm = std::min<int64_t>(S - 1 - s, M);
+      for (int64_t m = 0; m < warm; ++m) order[s].push_back({true, m});
+      for (int64_t i = 0; i < M; ++i) {
+        if (warm + i < M) order[s].push_back({true, warm + i});
+        order[s].push_back({false, i});
+      }
+    }
+  }
+  std::vector<size_t> next(S, 0);
+  std::vector<std::vector<char>> fdone(S, std::vector<char>(M, 0)), bdone = fdone;
+  for (bool progress = true; progress;) {
+    progress = false;
+    // One op per stage per round, so that a consumer follows its producer closely in program
+    // order (the producer's worker then sends as soon as the value exists).
+    for (int s = 0; s < S; ++s) {
+      if (next[s] < order[s].size()) {
+        const Op op = order[s][next[s]];
+        const bool ready = op.fwd ? (s == 0 || fdone[s - 1][op.m]) : (fdone[s][op.m] && (s == S - 1 || bdone[s + 1][op.m]));
+        if (!ready) continue;
+        if (op.fwd) {
+          F(s, op.m);
+          fdone[s][op.m] = 1;
+        } else {
+          B(s, op.m);
+          bdone[s][op.m] = 1;
+        }
+        ++next[s];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) PWM_CHECK_EQ(next[s], order[s].size());
+  // Tied embedding: the head's part (last stage) plus the lookup's part (stage 0); every stage
+  // applies the same update to its copy. The clipping norm sums every stage's share.
+  const int64_t tied_n = sh.piece(1, StepPlan::kTiedPiece);
+  const Value gE = call(0, names("add"), {gEh, gL}, {1, tied_n})[0];
+  std::vector<std::vector<Value>> pieces(S);
+  std::vector<Value> sq;
+  for (int s = 0; s < S; ++s) {
+    const StageLayers sl = stage_layers(sh, s);
+    pieces[s].push_back(gE);
+    for (int l = sl.begin; l < sl.end; ++l) pieces[s].push_back(gl[l]);
+    sq.push_back(call(s, names("pipe_sqnorm"), pieces[s], {1, s})[0]);
+  }
+  const Value total = call(0, names("sum"), sq, {1, S})[0];
+  for (int s = 0; s < S; ++s) {
+    const std::vector<Value> losses = s == S - 1 ? loss : std::vector<Value>{};
+    for (auto& v : call(s, names("pipe_update"), pipe_update_args(sh, s).pack<Value>(st[s], &total, pieces[s], losses), {1, s}))
+      b.output(v);
+  }
+  return b.build();
+}
+
+}  // namespace pwm::pathways::train

@@ -1,0 +1,35 @@
+// The training step as Pathways programs, traced from the step plan (model/step_plan.h).
+//
+//   chained   trace_step over a ProgramBuilder: one program per step (built once, lowered once,
+//             each run sends only ids and handles), dispatched at once;
+//   opbyop    trace_step over Client::call: the same nodes, each its own program;
+//   pipeline  pipeline_program: the plan partitioned by layer range over S single-device slices,
+//             the stages' units in GPipe or 1F1B order.
+// (fused is one node, names("fused_step"), which executes the plan inside the kernel.)
+// Only the controller calls these; nothing here blocks except what `call` does.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pathways/client.h"
+#include "pathways/train/step_io.h"
+
+namespace pwm::pathways::train {
+
+template <typename V>
+using CallFn = std::function<std::vector<V>(const std::string& kernel, std::vector<V> in, std::vector<int64_t> attrs)>;
+
+// The plan's units on one dp x tp slice, one node each, then one dp AllReduce node per gradient
+// piece and the update node. Returns the update's outputs (StepOutputs' order). V is Value
+// (tracing) or Array (running).
+template <typename V>
+std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call);
+
+// The pipeline's step over `slices` (stage s on slices[s], holding stage_layers(sh, s)); the
+// program's outputs are each stage's StepOutputs in stage order. schedule: "gpipe" | "1f1b".
+Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
+                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
+
+}  // namespace pwm::pathways::train

@@ -1,0 +1,57 @@
+// pathways_train's conformance suite: one list of cases, run over two transports (IFRT's practice:
+// conformance tests written once against the interface, run for every backend).
+//
+//   test_inproc.cc  the controller and the workers as threads of one process (InProcFabric);
+//   test_mpi.cc     the same cases under mpirun -n 3 (rank 0 the controller).
+//
+// The reference is independent of the transport under test: spmd_train's Trainer, run on threads
+// over the in-process transport with the same workload, dp/tp sharding and micro-batches. Fused,
+// chained and opbyop must give its bits (every step's loss, learning rate and gradient norm, the
+// validation losses, the final weights hash); the pipeline agrees to 1e-5 relative (it sums the
+// tied embedding's two gradient parts in another order: docs/pathways_train.md).
+// The same cases, from the command line, are tests/pathways_train/pathways_cases.py.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/data.h"
+#include "model/train_config.h"
+#include "pathways/client.h"
+#include "pathways/train/kernels.h"
+#include "pathways/train/trainer.h"
+
+namespace pwm::pathways::train::testing {
+
+struct Case {
+  std::string name;
+  std::vector<std::string> flags;  // workload flags on top of the tiny model (mesh, micro-batches, ...)
+  PathwaysOptions po;
+  bool bitwise = true;             // else: losses within 1e-5 relative (the pipeline)
+};
+const std::vector<Case>& cases();  // every case needs 2 workers (3 ranks)
+constexpr int kWorkers = 2;
+
+// A case's workload, writing its metrics to `metrics` (validated for kWorkers devices).
+model::TrainConfig workload(const Case& c, const std::string& metrics);
+
+// The kernels of one case: a device set for its workload, registered under its own prefix.
+struct CaseKernels {
+  model::TrainConfig cfg;
+  std::shared_ptr<DeviceSet> devices;
+  KernelNames names;
+  std::shared_ptr<const model::TextDataset> data;
+};
+CaseKernels register_case(const Case& c, const std::string& metrics, const std::string& prefix);
+
+// Controller side: trains the case through `client` (the workers already hold their devices).
+void train_case(const CaseKernels& k, const Case& c, Client& client, int num_islands);
+
+// Runs spmd_train's Trainer on the case's workload (threads, in-process) and checks the
+// pathways run's metrics file against it with gtest assertions.
+void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, const std::string& dir);
+
+std::string temp_dir(const std::string& tag);  // a fresh directory under the gtest temp dir
+
+}  // namespace pwm::pathways::train::testing
