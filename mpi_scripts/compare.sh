@@ -15,10 +15,15 @@
 #                   order), pool their step times and pair their ratios by round (default 1;
 #                   more rounds make the ratios robust on a machine whose speed drifts)
 #   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
+#   --hosts K       run everything on an emulated cluster of K hosts (mpi_scripts/cluster.sh):
+#                   ranks go round-robin over the hosts, so every run crosses host boundaries;
+#                   fused and chained use one island spanning the hosts (--islands 1xNP), the
+#                   pipeline one island per stage
+#   --dcn-rate R    with --hosts: shape every host's link to R (tc tbf, e.g. 1gbit)
 #   --out DIR       results directory (default results/)
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=()
+NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --np) NP=$2; shift 2 ;;
@@ -27,7 +32,9 @@ while [ $# -gt 0 ]; do
     --hostfile) HOSTFILE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --hosts) HOSTS=$2; shift 2 ;;
+    --dcn-rate) DCN_RATE=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +43,21 @@ pwm_build >/dev/null
 pwm_warn_if_busy
 mkdir -p "$OUT"
 MPIRUN=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
+ISLAND_SPAN=()
+CLUSTER_DESC=""
+if [ "$HOSTS" != 0 ]; then
+  [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "compare.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
+  [ -z "$HOSTFILE" ] || { echo "compare.sh: error: --hosts and --hostfile exclude each other" >&2; exit 2; }
+  # One slot per host: the launcher places ranks round-robin over the hosts.
+  CLUSTER=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts "$HOSTS" --slots 1 ${DCN_RATE:+--dcn-rate "$DCN_RATE"})
+  trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "$CLUSTER" >/dev/null' EXIT
+  MPIRUN=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$CLUSTER" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _)
+  ISLAND_SPAN=(--islands "1x$NP")
+  CLUSTER_DESC="$HOSTS emulated hosts ($CLUSTER), ranks round-robin over them (spmd: $(( (NP + HOSTS - 1) / HOSTS )) per host at most, pathways: $(( (NP + HOSTS) / HOSTS ))), DCN ${DCN_RATE:-unshaped}"
+  echo "cluster: $CLUSTER_DESC"
+elif [ -n "$DCN_RATE" ]; then
+  echo "compare.sh: error: --dcn-rate needs --hosts K" >&2; exit 2
+fi
 # OpenMPI reads "host slots=N" lines with --hostfile, Hydra "host:N" lines with -f.
 if [ -n "$HOSTFILE" ]; then [ "$PWM_MPI" = openmpi ] && MPIRUN+=(--hostfile "$HOSTFILE") || MPIRUN+=(-f "$HOSTFILE"); fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -67,8 +89,8 @@ PT=pathways/train/pathways_train
 one() {
   case $1 in
     spmd) run spmd "$NP" spmd/spmd_train --dp "$NP" ;;
-    fused) run fused $((NP + 1)) $PT --dp "$NP" --granularity fused ;;
-    chained) run chained $((NP + 1)) $PT --dp "$NP" --granularity chained ;;
+    fused) run fused $((NP + 1)) $PT --dp "$NP" --granularity fused "${ISLAND_SPAN[@]}" ;;
+    chained) run chained $((NP + 1)) $PT --dp "$NP" --granularity chained "${ISLAND_SPAN[@]}" ;;
     # The MPMD pipeline: NP stages of one device each, one stage per island.
     pipeline) run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe ;;
   esac
@@ -85,12 +107,13 @@ PEAK_END=$(measure_peak)
 echo "GEMM peak per core after the runs: $PEAK_END GFLOP/s"
 RUNS=()
 for r in spmd fused chained pipeline; do RUNS+=("$r=${METRICS[$r]}:${TRACES[$r]}"); done
-python3 - "$OUT/workload.json" "$NP" "$STEPS" "$PEAK" "$PEAK_END" "${EXTRA[@]}" <<'PY'
+python3 - "$OUT/workload.json" "$NP" "$STEPS" "$PEAK" "$PEAK_END" "$CLUSTER_DESC" "${EXTRA[@]}" <<'PY'
 import json, sys
 start, end = float(sys.argv[4]), float(sys.argv[5])
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
+           "cluster": sys.argv[6] or "one host",
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
-           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[6:],
+           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
            "gemm_peak_gflops_per_core": {"before": start, "after": end, "used_for_mfu": max(start, end)}},
           open(sys.argv[1], "w"))
 PY

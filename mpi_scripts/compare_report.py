@@ -146,6 +146,8 @@ def main():
         table.append(row)
     cols = ["run", "tokens/s", "vs spmd", "p50 ms", "p90 ms", "MFU", "comm|disp", "train loss", "val loss",
             "max|dloss|", "same weights"]
+    if workload.get("cluster", "one host") != "one host":
+        print(f"cluster: {workload['cluster']}")
     print("  ".join(f"{c:>12}" for c in cols))
     for t in table:
         d = t["max_abs_loss_diff_vs_spmd"]
