@@ -10,7 +10,9 @@
 #include <map>
 #include <vector>
 
+#include "collectives/clock_sync.h"
 #include "common/check.h"
+#include "common/time.h"
 
 namespace pwm::collectives {
 
@@ -139,6 +141,7 @@ class MpiTransport : public Transport {
                           MPI_COMM_WORLD));
     for (int r = 0; r < size_; ++r)
       hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    measure_clock_offsets();
     // One matching space per channel (transport.h). MPI_Comm_dup is collective over the world,
     // which is why every channel is made here, at start-up, and never later.
     channels_.resize(kChannels, MPI_COMM_NULL);
@@ -152,6 +155,12 @@ class MpiTransport : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  int64_t clock_offset_us(int rank) const override {
+    return rank >= 0 && rank < size_ ? offsets_[static_cast<size_t>(rank)] : 0;
+  }
+  int64_t clock_error_us(int rank) const override {
+    return rank >= 0 && rank < size_ ? errors_[static_cast<size_t>(rank)] : 0;
+  }
   std::string host_of(int rank) const override {
     return rank >= 0 && rank < size_ ? hosts_[static_cast<size_t>(rank)] : "";
   }
@@ -265,6 +274,41 @@ class MpiTransport : public Transport {
   int rank_ = 0, size_ = 1;
   bool yield_when_idle_ = false;
   std::vector<std::string> hosts_;  // by world rank
+  std::vector<int64_t> offsets_;    // by world rank: its clock minus rank 0's (clock_sync.h)
+  std::vector<int64_t> errors_;     // by world rank: the bound on the offset's error
+
+  // Rank 0 pings every other rank in turn (kClockRounds round trips each, on MPI_COMM_WORLD,
+  // which nothing else uses for point-to-point), estimates each offset and sends every rank the
+  // table. Collective over the world; a few milliseconds at start-up.
+  void measure_clock_offsets() {
+    constexpr int kClockRounds = 16, kTag = 1;
+    offsets_.assign(static_cast<size_t>(size_), 0);
+    errors_.assign(static_cast<size_t>(size_), 0);
+    if (rank_ == 0) {
+      for (int r = 1; r < size_; ++r) {
+        std::vector<ClockSample> samples(kClockRounds);
+        for (ClockSample& s : samples) {
+          int64_t ping = 0;
+          s.t0 = now_us();
+          PWM_MPI(MPI_Send(&ping, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD));
+          PWM_MPI(MPI_Recv(&s.peer, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+          s.t1 = now_us();
+        }
+        const ClockOffset o = estimate_clock_offset(samples);
+        offsets_[static_cast<size_t>(r)] = o.offset_us;
+        errors_[static_cast<size_t>(r)] = o.error_us;
+      }
+    } else {
+      for (int k = 0; k < kClockRounds; ++k) {
+        int64_t ping = 0;
+        PWM_MPI(MPI_Recv(&ping, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        const int64_t t = now_us();
+        PWM_MPI(MPI_Send(&t, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD));
+      }
+    }
+    PWM_MPI(MPI_Bcast(offsets_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD));
+    PWM_MPI(MPI_Bcast(errors_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD));
+  }
   std::map<std::vector<int>, MPI_Comm> group_comms_;
 };
 

@@ -63,6 +63,12 @@ class Transport {
   // The host world rank `rank` runs on (MPI_Get_processor_name; "" where the transport has no
   // hosts), for error messages that must say where a rank is.
   virtual std::string host_of(int rank) const { return ""; }
+  // World rank `rank`'s now_us() minus world rank 0's, measured once at start-up (0 where all
+  // ranks share one clock, as in the in-process fabric). A timestamp t taken on `rank` is
+  // t - clock_offset_us(rank) on rank 0's clock (clock_sync.h).
+  virtual int64_t clock_offset_us(int rank) const { return 0; }
+  // The bound on that offset's error (half the round trip it was measured with).
+  virtual int64_t clock_error_us(int rank) const { return 0; }
 
   // Start a send/receive of `bytes` bytes to/from world rank `peer` with a logical tag in
   // [0, max_tag()]. Any size_t count: the MPI transport sends messages over 2^31 - 1 bytes with a

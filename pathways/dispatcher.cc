@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
 #include "common/time.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
@@ -34,6 +36,9 @@ std::vector<std::string> Dispatcher::hello() {
     }
     inbox.clear();
   }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  trace_.hosts(host, hosts);
   return hosts;
 }
 
@@ -434,7 +439,9 @@ void Dispatcher::handle(Message& m) {
     }
     case MsgType::kBye: urgent_activity_ = true; break;
     case MsgType::kTrace: {
-      trace_.device(m.peer, decode<TraceRecords>(m.body).records);
+      trace_.device(m.peer, decode<TraceRecords>(m.body).records,
+                    1e-6 * static_cast<double>(chan_.transport().clock_offset_us(m.peer)),
+                    1e-6 * static_cast<double>(chan_.transport().clock_error_us(m.peer)));
       break;
     }
     default: PWM_THROW("controller: unexpected message {} from rank {}", msg_type_name(m.type), m.peer);

@@ -218,12 +218,17 @@ struct StatsReply {
   static auto fields(auto& m) { return std::tie(m.request, m.stats); }
 };
 
-// One kernel execution on a worker, for the Perfetto trace.
+// One kernel execution, or one worker-to-worker transfer, on a worker, for the Perfetto trace.
+enum TraceKind : uint8_t { kTraceKernel = 0, kTraceSend = 1, kTraceRecv = 2 };
 struct TraceRecord {
   uint64_t run_id = 0, program_id = 0, owner = 0;
-  uint32_t node = 0;
+  uint32_t node = 0;      // the node run, or the node a transfer feeds
   int32_t shard = 0;
-  double t0 = 0, t1 = 0;  // now_s() on the worker
+  double t0 = 0, t1 = 0;  // now_s() on the worker: posted or started .. completed
+  int32_t peer = -1;      // a transfer's other world rank
+  uint32_t xfer = 0;      // a transfer's index in the lowered program (pairs a send with its receive)
+  uint64_t bytes = 0;     // a transfer's size
+  uint8_t kind = kTraceKernel;
   bool operator==(const TraceRecord&) const = default;
 };
 

@@ -176,6 +176,7 @@ class Channel {
   bool progress(std::vector<Message>& inbox);
   size_t sends_in_flight() const { return sends_.size(); }
   bool listening(int peer) const;
+  const collectives::Transport& transport() const { return t_; }
 
  private:
   struct Peer;

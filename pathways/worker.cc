@@ -51,6 +51,7 @@ struct Run {
   std::vector<uint8_t> state;                // per instruction
   std::vector<collectives::Request> reqs;    // per instruction, while posted
   std::vector<uint64_t> order;               // per instruction: exec order number (kExec only)
+  std::vector<double> posted_at;             // per instruction, when recording a trace: now_s() before post
   std::vector<uint32_t> stage_left;          // instructions not done, per stage
   uint32_t released = 0;                     // stages < released may run
   size_t first = 0, left = 0;
@@ -322,6 +323,32 @@ class Worker {
     return any;
   }
 
+  // Transfers in the Perfetto trace (kRunRecord only): a span from post to completion, paired
+  // with the other side's by the transfer index (controller_trace.cc draws the flow). The post
+  // time is read before the isend/irecv call: a send can be delivered while its call runs (a
+  // preempted rank on a shared core), and a span must not begin after its data arrived.
+  void note_posted(Run& run, size_t i) {
+    if (!(run.h.flags & kRunRecord)) return;
+    if (run.posted_at.size() < run.state.size()) run.posted_at.resize(run.state.size(), 0);
+    run.posted_at[i] = now_s();
+  }
+  void record_transfer(Run& run, size_t i, TraceKind kind) {
+    if (!(run.h.flags & kRunRecord)) return;
+    const Instr& in = run.prog->p.instrs[i];
+    TraceRecord t;
+    t.run_id = run.h.run_id;
+    t.program_id = run.h.program_id;
+    t.owner = run.h.owner;
+    t.node = in.stage;
+    t.t0 = i < run.posted_at.size() ? run.posted_at[i] : now_s();
+    t.t1 = now_s();
+    t.peer = in.peer;
+    t.xfer = in.xfer;
+    t.bytes = in.bytes;
+    t.kind = kind;
+    trace_.records.push_back(t);
+  }
+
   void done(Run& run, size_t i) {
     run.state[i] = kDone;
     run.left--;
@@ -352,6 +379,7 @@ class Worker {
         case Op::kRecv: {
           Object& dst = *run.slots[in.slot];
           if (run.state[i] == kWaiting) {
+            note_posted(run, i);
             run.reqs[i] = t_->irecv(static_cast<char*>(dst.buf.data()) + in.offset, in.bytes, in.peer,
                                     tags::data_tag(run.h.xfer_base, in.xfer));
             run.state[i] = kPosted;
@@ -361,6 +389,7 @@ class Worker {
           if (t_->test(run.reqs[i], &got)) {
             PWM_CHECK_EQ(got, in.bytes);
             dst.write_done();
+            record_transfer(run, i, kTraceRecv);
             done(run, i);
             any = true;
           }
@@ -370,12 +399,14 @@ class Worker {
           Object& src = *run.slots[in.slot];
           if (run.state[i] == kWaiting) {
             if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
+            note_posted(run, i);
             run.reqs[i] = t_->isend(static_cast<char*>(src.buf.data()) + in.offset, in.bytes, in.peer,
                                     tags::data_tag(run.h.xfer_base, in.xfer));
             run.state[i] = kPosted;
             any = true;
           }
           if (t_->test(run.reqs[i], nullptr)) {
+            record_transfer(run, i, kTraceSend);
             done(run, i);
             any = true;
           }

@@ -21,8 +21,12 @@ TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives
                                std::shared_ptr<const model::TextDataset> data)
     : shapes_(shapes), transport_(std::move(transport)), data_(std::move(data)) {
   if (!cfg().trace.empty()) {
-    trace_ = std::make_unique<Trace>(true, transport_->rank(), 0);
-    trace_->process_name(fmt::format("worker rank {} (device {})", transport_->rank(), transport_->rank() - 1));
+    // The trace's origin is this rank's clock offset to rank 0 (the controller): its timestamps
+    // are then on the controller's clock, whichever host this worker runs on.
+    const int r = transport_->rank();
+    trace_ = std::make_unique<Trace>(true, r, transport_->clock_offset_us(r));
+    const std::string host = transport_->host_of(r);
+    trace_->process_name(fmt::format("worker rank {} (device {}){}", r, r - 1, host.empty() ? "" : " on " + host));
   }
 }
 

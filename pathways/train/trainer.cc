@@ -12,6 +12,8 @@
 #include "common/stats.h"
 #include "common/time.h"
 #include "common/trace.h"
+
+#include <unistd.h>
 #include "model/full_state.h"
 #include "model/params.h"
 #include "model/train_report.h"
@@ -43,7 +45,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   const std::string name = pipe ? fmt::format("pathways-pipeline-{}", o.schedule) : "pathways-" + o.granularity;
   model::TrainReport report(cfg, name, devices, peak_gflops, true);
   Trace trace(!cfg.trace.empty(), 0, 0);
-  trace.process_name("controller (rank 0)");
+  {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (device.cc)
+    trace.process_name(fmt::format("controller (rank 0) on {}", host));
+  }
   RunOptions ro;
   ro.sequential = o.sequential;
   auto run = [&](const Program& p, const std::vector<Array>& in, const std::string& what) {

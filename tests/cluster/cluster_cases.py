@@ -9,12 +9,14 @@ compares with the same computation on one host: the collectives against MPI_Allr
 and pathways_train bitwise against their one-host runs, and the watchdog's report of a rank stopped
 on another host. Exit 77 (skipped) where namespaces cannot be made.
 """
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
@@ -48,10 +50,10 @@ def run_on_cluster(hosts, slots, command, timeout=300):
     return p
 
 
-def train_on_cluster(hosts, slots, n, name, extra, exe="spmd"):
+def train_on_cluster(hosts, slots, n, name, extra, exe="spmd", prefix=""):
     path = os.path.join(sc.TMP, name + ".jsonl")
     args = " ".join(sc.TINY + ["--metrics", path] + extra)
-    run_on_cluster(hosts, slots, f"$PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}")
+    run_on_cluster(hosts, slots, f"{prefix} $PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}")
     return sc.metrics(path)
 
 
@@ -90,38 +92,69 @@ def case_pathways_island_spans_hosts():
 def case_pipeline_three_hosts():
     # One stage per host (islands = hosts, the default): 4 ranks over 3 hosts of 1 slot (the
     # controller shares host 0 with a worker). The same pipeline on one host is the reference.
+    # Both traces (the trainer's, and the runtime's PWM_PW_TRACE) label every row with its host,
+    # and the runtime's joins each activation transfer from one host to the next by a flow.
     flags = ["--stages", "3", "--layers", "3", "--microbatches", "4"]
     ref = sc.train(4, "pipe3_one_host", flags + ["--islands", "3x1"], exe="pathways")
-    got = train_on_cluster(3, 1, 4, "pipe3_three_hosts", flags, exe="pathways")
+    trace, runtime_trace = os.path.join(sc.TMP, "pipe3.trace.json"), os.path.join(sc.TMP, "pipe3.runtime.json")
+    got = train_on_cluster(3, 1, 4, "pipe3_three_hosts", flags + ["--trace", trace], exe="pathways",
+                           prefix=f"PWM_PW_TRACE={runtime_trace}")
     assert_bitwise(ref, got, "pipeline S=3 over 3 hosts vs one host")
+    for path in (trace, runtime_trace):
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+        names = [e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+        hosts = {m.group(1) for n in names for m in [re.search(r" on (pwm\d+-h\d+)$", n)] if m}
+        assert len(hosts) == 3, f"{path}: rows should name the 3 hosts: {names}"
+    with open(runtime_trace) as f:
+        events = json.load(f)["traceEvents"]
+    rows = {e["pid"]: e["args"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    host_of = {pid: a["name"].rsplit(" on ", 1)[-1] for pid, a in rows.items()}
+    starts = {e["id"]: e for e in events if e.get("ph") == "s"}
+    flows = [(starts[e["id"]], e) for e in events if e.get("ph") == "f" and e["id"] in starts]
+    across = [(s, f) for s, f in flows if host_of[s["pid"]] != host_of[f["pid"]]]
+    assert across, "no transfer flow between two hosts in the runtime trace"
+    # Tolerance: each row's clock is aligned to the controller's within its measured error (half
+    # the round trip of the best of 16 pings at start-up), so a receive may appear up to the sum
+    # of the two rows' errors before its send; no more.
+    for s, f in across:
+        slack = rows[s["pid"]].get("clock_error_us", 0) + rows[f["pid"]].get("clock_error_us", 0)
+        assert f["ts"] >= s["ts"] - slack, f"a transfer arrives {s['ts'] - f['ts']:.1f} us before it was sent " \
+                                           f"(clock errors allow {slack} us): {s} {f}"
 
 
 def case_watchdog_names_stopped_rank_and_host():
     # A rank on host 1 is stopped (SIGSTOP) mid-training: another rank's watchdog names it and
-    # its host, and the job ends non-zero instead of hanging.
-    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "200", "--step-sleep-ms", "50"])
-    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=120)
+    # its host, and the job ends non-zero instead of hanging. The rank is stopped only once rank
+    # 0 has logged a training step (every rank is then past start-up, in the step loop).
+    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "400", "--step-sleep-ms", "50",
+                                    "--log-every", "1"])
+    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=180)
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     name = f"pwm{proc.pid}"
-    stopped = None
-    deadline = time.time() + 60
-    while stopped is None and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-        pids = subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() == "spmd_train":
-                        stopped = int(pid)
-                        break
-            except OSError:
-                pass
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not any(re.search(r"step +\d+/", x) for x in lines[:]):
+        time.sleep(0.2)
     if proc.poll() == SKIP:
         sys.exit(SKIP)
-    assert stopped is not None, f"no spmd_train rank appeared on {name}-h1"
-    time.sleep(1.0)  # into training
+    assert any(re.search(r"step +\d+/", x) for x in lines[:]), "no training step was logged:\n" + "".join(lines)
+    stopped = None
+    for pid in subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "spmd_train":
+                    stopped = int(pid)
+                    break
+        except OSError:
+            pass
+    assert stopped is not None, f"no spmd_train rank on {name}-h1"
     os.kill(stopped, signal.SIGSTOP)
-    out, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=150)
+    reader.join(timeout=10)
+    out = "".join(lines)
     assert proc.returncode != 0, "the job with a stopped rank exited 0"
     m = re.search(r"collective watchdog: world rank \d+ on \S+ timed out .*waiting for world rank\(s\) [0-9,]+ to "
                   r"(send|receive) \[world rank [^\]]*on " + re.escape(name) + r"-h1", out)

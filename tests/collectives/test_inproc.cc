@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "collectives/bucketed_allreduce.h"
+#include "collectives/clock_sync.h"
 #include "collectives/communicator.h"
 #include "collectives/inproc_transport.h"
 #include "tests/collectives/conformance.h"
@@ -263,6 +264,24 @@ TEST(InProc, TagsOutsideTheTagSpaceAreRefused) {
   for (int i = 0; i < 300; ++i) last.allreduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
   EXPECT_EQ(x, 5);
   EXPECT_THROW(Communicator(t, {0}, 1024, default_options()), pwm::Error);
+}
+
+TEST(ClockSync, TheLeastDelayedSampleGivesTheOffsetWithinHalfItsRoundTrip) {
+  // A peer clock 5,000,000 us ahead of rank 0's; legs of unequal length (queueing on the way
+  // back in the slow samples). The estimate uses the 20 us round trip: error <= 10 us.
+  const int64_t skew = 5'000'000;
+  auto sample = [&](int64_t t0, int64_t there, int64_t back) {
+    return ClockSample{t0, t0 + there + skew, t0 + there + back};
+  };
+  std::vector<ClockSample> s = {sample(100, 300, 900), sample(2000, 12, 8), sample(5000, 40, 400)};
+  const ClockOffset o = estimate_clock_offset(s);
+  EXPECT_EQ(o.error_us, 10);
+  EXPECT_LE(std::abs(o.offset_us - skew), o.error_us);
+  EXPECT_EQ(o.offset_us, skew + 2);  // the peer read its clock 12 us in, the midpoint is 10 us in
+  // A clock behind rank 0's, symmetric legs: exact.
+  std::vector<ClockSample> behind = {{1000, 1000 + 25 - 777, 1050}};
+  EXPECT_EQ(estimate_clock_offset(behind).offset_us, -777);
+  EXPECT_THROW(estimate_clock_offset({}), pwm::Error);
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 // framed channel, and the whole runtime with ranks as threads (InProcFabric).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -271,14 +273,82 @@ TEST(InProcRuntime, PerfettoTraceShowsEveryClientOnEveryDevice) {
       seen.insert({e["pid"].get<int>(), e["name"].get<std::string>()});
       EXPECT_EQ(e["args"]["kernel"], "allreduce_add");
       EXPECT_GE(e["dur"].get<double>(), 0.0);
-    } else {
+    } else if (e["cat"] == "run") {
       runs++;
     }
   }
   for (int pid : {1, 2})
     for (const char* client : {"alpha", "beta"}) EXPECT_TRUE(seen.count({pid, client})) << pid << " " << client;
-  EXPECT_TRUE(devices.count("device 0 (rank 1)") && devices.count("device 1 (rank 2)"));
+  // Rows are labelled with their hosts ("device 0 (rank 1) on HOST").
+  auto has_prefix = [&](const std::string& p) {
+    return std::any_of(devices.begin(), devices.end(), [&](const std::string& d) { return d.rfind(p, 0) == 0; });
+  };
+  EXPECT_TRUE(has_prefix("device 0 (rank 1) on ") && has_prefix("device 1 (rank 2) on ") &&
+              has_prefix("controller (rank 0) on "));
   EXPECT_EQ(runs, 8);  // the controller's row: every run of both clients
+  std::remove(path.c_str());
+}
+
+TEST(InProcRuntime, PerfettoTraceJoinsEachTransferFromSenderToReceiver) {
+  // A value made on one device and scaled on the other: one worker-to-worker transfer per run.
+  // The trace must show it on both devices' transfer rows and join them by a flow arrow that
+  // starts on the sender and ends on the receiver, no earlier than it started.
+  testing::register_test_kernels();
+  const std::string path = ::testing::TempDir() + "pathways_flow_trace_test.json";
+  std::remove(path.c_str());
+  int sender = 0, receiver = 0;
+  collectives::run_inproc(3, [&](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    RuntimeOptions o;
+    o.trace_path = path;
+    Runtime rt(t, o);
+    Client c = rt.client("flows");
+    Slice a = c.allocate(1), b = c.allocate(1);
+    ASSERT_NE(a.devices(), b.devices());
+    sender = a.devices()[0] + 1;
+    receiver = b.devices()[0] + 1;
+    ProgramBuilder pb("move_and_scale");
+    Value v = pb.param(a, {{DataType::kFloat32, {1, 1}}, Sharding::kReplicated});
+    v = pb.call("scale", a, {v}, {2, 1, 1, 1})[0];
+    v = pb.call("scale", b, {v}, {3, 1, 1, 1})[0];
+    pb.output(v);
+    Program p = pb.build();
+    for (int i = 0; i < 3; ++i) {
+      Array in = c.put(a, Sharding::kReplicated, {1, 1}, std::vector<float>{1});
+      EXPECT_EQ(c.run(p, {in})[0].get<float>(), std::vector<float>{6});
+    }
+    rt.shutdown();
+  });
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << path;
+  nlohmann::json j = nlohmann::json::parse(f);
+  int sends = 0, recvs = 0;
+  std::map<int64_t, nlohmann::json> starts, finishes;
+  for (auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "transfer") {
+      const std::string n = e["name"];
+      if (n.rfind("send", 0) == 0) {
+        sends++;
+        EXPECT_EQ(e["pid"].get<int>(), sender) << n;
+      } else {
+        recvs++;
+        EXPECT_EQ(e["pid"].get<int>(), receiver) << n;
+      }
+    }
+    if (e["ph"] == "s") starts[e["id"].get<int64_t>()] = e;
+    if (e["ph"] == "f") finishes[e["id"].get<int64_t>()] = e;
+  }
+  EXPECT_EQ(sends, 3);
+  EXPECT_EQ(recvs, 3);
+  ASSERT_EQ(starts.size(), 3u);
+  ASSERT_EQ(finishes.size(), 3u);
+  for (auto& [id, s] : starts) {
+    ASSERT_TRUE(finishes.count(id)) << id;
+    const nlohmann::json& fin = finishes[id];
+    EXPECT_EQ(s["pid"].get<int>(), sender);
+    EXPECT_EQ(fin["pid"].get<int>(), receiver);
+    EXPECT_GE(fin["ts"].get<double>(), s["ts"].get<double>());
+  }
   std::remove(path.c_str());
 }
 

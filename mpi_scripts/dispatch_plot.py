@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Draws the dispatch benchmark's figures (paper Fig. 5-8) from dispatch_bench's JSON files.
+
+    dispatch_plot.py OUT_DIR FILE.json...
+
+Each file is one dispatch_bench run (its workers and, for emulated clusters, its hosts are in the
+name: dispatch_hosts<K>_w<W>.json, dispatch_np<N>.json, dispatch_fig8_own_core.json). Writes, when
+the files hold those figures:
+  fig5.png   computations/s of opbyop, chained and fused over SPMD's, against the compute time T
+             of one computation, one line style per mode and one colour per run (host count);
+  fig6.png   the break-even T (the smallest swept T from which on Pathways reaches 95% of SPMD)
+             against the number of hosts, per mode;
+  fig7.png   a pipeline of k stages: parallel vs sequential dispatch, computations/s;
+  fig8_*.png multi-tenancy: utilization against SPMD by number of clients, one line per T (a plot
+             per run that has Fig. 8);
+and prints the break-even table. Plots need gnuplot (Debian gnuplot-nox); a missing gnuplot is
+one line on stderr, not an error.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+MODES = ("opbyop", "chained", "fused")
+
+
+def label_of(path, doc):
+    m = re.search(r"hosts(\d+)_w(\d+)", os.path.basename(path))
+    if m:
+        return f"{m.group(1)} host{'s' if m.group(1) != '1' else ''}, {m.group(2)}/host", int(m.group(1))
+    return f"{doc['workers']} workers, one host", 1
+
+
+def gnuplot(script, out):
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True, capture_output=True)
+        print(f"wrote {out}")
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"dispatch_plot: gnuplot failed for {out}: {e}", file=sys.stderr)
+
+
+def write_data(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(" ".join(str(x) for x in r) + "\n")
+
+
+def main():
+    out_dir, files = sys.argv[1], sys.argv[2:]
+    docs = []
+    for p in files:
+        with open(p) as f:
+            doc = json.load(f)
+        label, hosts = label_of(p, doc)
+        docs.append((p, label, hosts, doc))
+    tmp = os.path.join(out_dir, "plot_data")
+    os.makedirs(tmp, exist_ok=True)
+
+    # Fig. 5: ratio to SPMD against T, per run and mode.
+    plots, breakeven = [], []
+    for i, (p, label, hosts, doc) in enumerate(docs):
+        rows = [r for r in doc["rows"] if r["fig"] in ("5", "6")]
+        spmd = {r["compute_us"]: r["computations_per_s"] for r in rows if r["mode"] == "spmd"}
+        if not spmd:
+            continue
+        for dt, mode in enumerate(MODES):
+            pts = sorted((r["compute_us"], r["computations_per_s"] / spmd[r["compute_us"]])
+                         for r in rows if r["mode"] == mode and spmd.get(r["compute_us"]))
+            if not pts:
+                continue
+            data = os.path.join(tmp, f"fig5_{i}_{mode}.dat")
+            write_data(data, pts)
+            plots.append(f"'{data}' using ($1 + 1):2 with linespoints lc {i + 1} dt {dt + 1} pt {dt + 5} "
+                         f"title '{mode}, {label}'")
+        be = doc.get("breakeven_us", {})
+        breakeven.append((hosts, label, be.get("opbyop"), be.get("chained"), doc["workers"]))
+    if plots:
+        out = os.path.join(out_dir, "fig5.png")
+        gnuplot(f"""set terminal pngcairo size 1100,650 font ',10'
+set output '{out}'
+set title 'Fig. 5: dispatch overhead, Pathways / SPMD (multi-controller) computations per second'
+set xlabel 'compute time T of one computation + 1 (us, log)'
+set ylabel 'throughput relative to SPMD'
+set logscale x
+set yrange [0:1.3]
+set key outside right
+set grid
+set arrow from graph 0, first 0.95 to graph 1, first 0.95 nohead dt 3 lc rgb 'gray'
+plot {', '.join(plots)}
+""", out)
+        print("break-even T (>= 95% of SPMD at that T and every larger one):")
+        print(f"{'run':>28} {'workers':>8} {'opbyop':>10} {'chained':>10}")
+        for hosts, label, o, c, w in sorted(breakeven):
+            fmt = lambda v: f"{v} us" if v is not None else "not reached"
+            print(f"{label:>28} {w:>8} {fmt(o):>10} {fmt(c):>10}")
+
+    # Fig. 6: break-even against hosts, for runs of one worker per host (the paper's axis).
+    per_host = sorted((h, o, c) for h, label, o, c, w in breakeven if label.endswith("1/host") or h == 1)
+    if len(per_host) >= 2:
+        data = os.path.join(tmp, "fig6.dat")
+        # Not reached: drawn at the top of the axis (the sweep's largest T) with a point of its own.
+        write_data(data, [(h, o if o is not None else "NaN", c if c is not None else "NaN") for h, o, c in per_host])
+        out = os.path.join(out_dir, "fig6.png")
+        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
+set output '{out}'
+set title 'Fig. 6: break-even compute time against hosts (1 worker per host; emulated hosts)'
+set xlabel 'hosts'
+set ylabel 'break-even T (us)'
+set grid
+plot '{data}' using 1:2 with linespoints pt 5 title 'opbyop', '{data}' using 1:3 with linespoints pt 7 title 'chained'
+""", out)
+
+    # Fig. 7: parallel vs sequential dispatch of a pipeline of k stages.
+    for p, label, hosts, doc in docs:
+        rows = [r for r in doc["rows"] if r["fig"] == "7"]
+        if not rows:
+            continue
+        series = []
+        for mode in sorted({r["mode"] for r in rows}):
+            data = os.path.join(tmp, f"fig7_{mode}.dat")
+            write_data(data, sorted((r["stages"], r["computations_per_s"]) for r in rows if r["mode"] == mode))
+            series.append(f"'{data}' using 1:2 with linespoints title '{mode}'")
+        out = os.path.join(out_dir, "fig7.png")
+        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
+set output '{out}'
+set title 'Fig. 7: a pipeline of k stages, parallel vs sequential dispatch ({label})'
+set xlabel 'stages'
+set ylabel 'pipelines per second'
+set logscale xy
+set grid
+plot {', '.join(series)}
+""", out)
+        break
+
+    # Fig. 8: multi-tenancy, utilization against SPMD by clients, per T.
+    for p, label, hosts, doc in docs:
+        rows = [r for r in doc["rows"] if r["fig"] == "8" and r["mode"] == "clients"]
+        if not rows:
+            continue
+        series = []
+        for t in sorted({r["compute_us"] for r in rows}):
+            data = os.path.join(tmp, f"fig8_{os.path.basename(p)}_{t}.dat")
+            write_data(data, sorted((r["clients"], r["utilization_vs_spmd"]) for r in rows if r["compute_us"] == t))
+            series.append(f"'{data}' using 1:2 with linespoints title 'T = {t} us'")
+        out = os.path.join(out_dir, "fig8_" + os.path.basename(p).replace("dispatch_", "").replace(".json", ".png"))
+        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
+set output '{out}'
+set title 'Fig. 8: multi-tenancy, utilization vs SPMD ({label}{", controller on its own core" if "own_core" in p else ""})'
+set xlabel 'concurrent clients'
+set ylabel 'utilization relative to SPMD'
+set logscale x 2
+set yrange [0:1.2]
+set grid
+plot {', '.join(series)}
+""", out)
+
+
+if __name__ == "__main__":
+    main()
