@@ -175,7 +175,13 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
 std::string Trainer::run() {
   const int64_t first = first_step_;
   world_.barrier();
-  trace_ = Trace(trace_.enabled(), transport_->rank(), now_us());  // common origin after the barrier
+  // A common origin on every host's clock: rank 0's time after the barrier, which rank r's clock
+  // reads as that plus r's offset to rank 0 (collectives/clock_sync.h); the rows then line up
+  // across hosts whose monotonic clocks have unrelated origins.
+  const int64_t offset = transport_->clock_offset_us(transport_->rank());
+  int64_t origin = now_us() - offset;
+  world_.broadcast(&origin, 1, collectives::DataType::kInt64, 0);
+  trace_ = Trace(trace_.enabled(), transport_->rank(), origin + offset);
   trace_.process_name(fmt::format("rank {} (dp {}, tp {})", transport_->rank(), mesh_.dp_rank, mesh_.tp_rank));
   trace_.thread_name(0, "compute");
   trace_.thread_name(1, "dp allreduce");
