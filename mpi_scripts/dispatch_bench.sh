@@ -41,9 +41,10 @@ for K in ${HOSTS-1 2 4}; do
       echo "\$ $PWM_MPIRUN $PWM_MPIRUN_FLAGS -n $N $BENCH ${HOST_ARGS[*]} --json $J"
       "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS -n "$N" "$BENCH" "${HOST_ARGS[@]}" --json "$J"
     else
-      echo "\$ cluster.sh run --hosts $K --slots 1 -- \$PWM_CLUSTER_MPIRUN -n $N $BENCH ${HOST_ARGS[*]} --json $J"
+      # One island over every worker, as a TPU pod's ICI spans its hosts (the paper's Fig. 5).
+      echo "\$ cluster.sh run --hosts $K --slots 1 -- \$PWM_CLUSTER_MPIRUN -n $N $BENCH ${HOST_ARGS[*]} --islands 1x$((N - 1)) --json $J"
       bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts "$K" --slots 1 --timeout 1800 -- \
-        bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n "$N" "$BENCH" "${HOST_ARGS[@]}" --json "$J"
+        bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n "$N" "$BENCH" "${HOST_ARGS[@]}" --islands "1x$((N - 1))" --json "$J"
     fi
     JSONS+=("$J")
   done

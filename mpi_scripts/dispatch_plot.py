@@ -84,6 +84,7 @@ set xlabel 'compute time T of one computation + 1 (us, log)'
 set ylabel 'throughput relative to SPMD'
 set logscale x
 set yrange [0:1.3]
+set xrange [0.8:1500]
 set key outside right
 set grid
 set arrow from graph 0, first 0.95 to graph 1, first 0.95 nohead dt 3 lc rgb 'gray'
@@ -96,7 +97,7 @@ plot {', '.join(plots)}
             print(f"{label:>28} {w:>8} {fmt(o):>10} {fmt(c):>10}")
 
     # Fig. 6: break-even against hosts, for runs of one worker per host (the paper's axis).
-    per_host = sorted((h, o, c) for h, label, o, c, w in breakeven if label.endswith("1/host") or h == 1)
+    per_host = sorted((h, o, c) for h, label, o, c, w in breakeven if label.endswith(", 1/host"))
     if len(per_host) >= 2:
         data = os.path.join(tmp, "fig6.dat")
         # Not reached: drawn at the top of the axis (the sweep's largest T) with a point of its own.

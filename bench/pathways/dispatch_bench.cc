@@ -52,6 +52,12 @@ using namespace pwm::pathways;
 
 namespace {
 
+RuntimeOptions runtime_options(const std::string& islands) {
+  RuntimeOptions o = RuntimeOptions::from_env();
+  o.islands = islands;
+  return o;
+}
+
 struct Row {
   std::string fig, mode;
   int workers = 0, stages = 0;
@@ -113,6 +119,10 @@ int main(int argc, char** argv) {
     app.add_option("--stages", stages_s, "comma-separated pipeline lengths (Fig. 7)");
     app.add_option("--stage-us", stage_us, "compute per pipeline stage (us)");
     app.add_option("--json", json_path, "also write the rows as JSON to this file");
+    std::string islands;
+    app.add_option("--islands", islands,
+                   "the runtime's islands: KxM (e.g. 1x4: one island over the workers of several hosts, as a "
+                   "TPU pod spans its hosts); default one island per host");
     std::string figs_s = "5,6,7,8", clients_s = "1,2,4,8,16", fig8_us_s = "40,330,1000,2400";
     int fig8_reps = 5;
     double fig8_seconds = 0.25;
@@ -219,7 +229,7 @@ int main(int argc, char** argv) {
         iters = msg[2];
         wrong["spmd"] += static_cast<int>(msg[1]);
         if (r >= 0) times["spmd"].push_back(msg[0]);
-        Runtime rt(transport);
+        Runtime rt(transport, runtime_options(islands));
         Client c = rt.client("dispatch_bench");
         Slice s = c.allocate(W);
         Array x0 = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{0});
@@ -274,7 +284,7 @@ int main(int argc, char** argv) {
         iters = msg[2];
         wrong_spmd += static_cast<int>(msg[1]);
         if (r >= 0) spmd_times.push_back(msg[0]);
-        Runtime rt(transport);
+        Runtime rt(transport, runtime_options(islands));
         for (int64_t k : clients_list) {
           // Programs per client: the row lasts about --fig8-seconds at full utilization.
           const int per = std::max<int>(8, static_cast<int>(fig8_seconds / (1e-6 * static_cast<double>(std::max<int64_t>(t, 1)) * k)));
@@ -332,7 +342,7 @@ int main(int argc, char** argv) {
 
     // Fig. 7: a pipeline over 1-device slices, one per worker, stage i on worker i mod W.
     if (!stage_list.empty()) {
-    Runtime rt(transport);
+    Runtime rt(transport, runtime_options(islands));
     Client c = rt.client("dispatch_bench");
     std::vector<Slice> devs;
     for (int w = 0; w < W; ++w) devs.push_back(c.allocate(1));
