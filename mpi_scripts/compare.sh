@@ -59,7 +59,9 @@ elif [ -n "$DCN_RATE" ]; then
   echo "compare.sh: error: --dcn-rate needs --hosts K" >&2; exit 2
 fi
 # OpenMPI reads "host slots=N" lines with --hostfile, Hydra "host:N" lines with -f.
-if [ -n "$HOSTFILE" ]; then [ "$PWM_MPI" = openmpi ] && MPIRUN+=(--hostfile "$HOSTFILE") || MPIRUN+=(-f "$HOSTFILE"); fi
+if [ -n "$HOSTFILE" ]; then
+  if [ "$PWM_MPI" = openmpi ]; then MPIRUN+=(--hostfile "$HOSTFILE"); else MPIRUN+=(-f "$HOSTFILE"); fi
+fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,
 # seq 128) on the default corpus, 16 sequences per data-parallel rank per step.

@@ -40,6 +40,29 @@ def gnuplot(script, out):
         print(f"dispatch_plot: gnuplot failed for {out}: {e}", file=sys.stderr)
 
 
+def line_plot(out, title, xlabel, ylabel, series, settings=""):
+    """One PNG of `series` (gnuplot plot clauses) with the common frame of Fig. 6-8."""
+    gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
+set output '{out}'
+set title '{title}'
+set xlabel '{xlabel}'
+set ylabel '{ylabel}'
+set grid
+{settings}
+plot {', '.join(series)}
+""", out)
+
+
+def series_by(tmp, stem, rows, key, x, y, title):
+    """One line per value of rows' `key`: (x, y) points written to a data file, as plot clauses."""
+    series = []
+    for k in sorted({r[key] for r in rows}):
+        data = os.path.join(tmp, f"{stem}_{k}.dat")
+        write_data(data, sorted((r[x], r[y]) for r in rows if r[key] == k))
+        series.append(f"'{data}' using 1:2 with linespoints title '{title(k)}'")
+    return series
+
+
 def write_data(path, rows):
     with open(path, "w") as f:
         for r in rows:
@@ -100,38 +123,22 @@ plot {', '.join(plots)}
     per_host = sorted((h, o, c) for h, label, o, c, w in breakeven if label.endswith(", 1/host"))
     if len(per_host) >= 2:
         data = os.path.join(tmp, "fig6.dat")
-        # Not reached: drawn at the top of the axis (the sweep's largest T) with a point of its own.
+        # A break-even never reached is NaN: gnuplot leaves the point out.
         write_data(data, [(h, o if o is not None else "NaN", c if c is not None else "NaN") for h, o, c in per_host])
-        out = os.path.join(out_dir, "fig6.png")
-        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
-set output '{out}'
-set title 'Fig. 6: break-even compute time against hosts (1 worker per host; emulated hosts)'
-set xlabel 'hosts'
-set ylabel 'break-even T (us)'
-set grid
-plot '{data}' using 1:2 with linespoints pt 5 title 'opbyop', '{data}' using 1:3 with linespoints pt 7 title 'chained'
-""", out)
+        line_plot(os.path.join(out_dir, "fig6.png"),
+                  "Fig. 6: break-even compute time against hosts (1 worker per host; emulated hosts)", "hosts",
+                  "break-even T (us)", [f"'{data}' using 1:2 with linespoints pt 5 title 'opbyop'",
+                                        f"'{data}' using 1:3 with linespoints pt 7 title 'chained'"])
 
     # Fig. 7: parallel vs sequential dispatch of a pipeline of k stages.
     for p, label, hosts, doc in docs:
         rows = [r for r in doc["rows"] if r["fig"] == "7"]
         if not rows:
             continue
-        series = []
-        for mode in sorted({r["mode"] for r in rows}):
-            data = os.path.join(tmp, f"fig7_{mode}.dat")
-            write_data(data, sorted((r["stages"], r["computations_per_s"]) for r in rows if r["mode"] == mode))
-            series.append(f"'{data}' using 1:2 with linespoints title '{mode}'")
-        out = os.path.join(out_dir, "fig7.png")
-        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
-set output '{out}'
-set title 'Fig. 7: a pipeline of k stages, parallel vs sequential dispatch ({label})'
-set xlabel 'stages'
-set ylabel 'pipelines per second'
-set logscale xy
-set grid
-plot {', '.join(series)}
-""", out)
+        series = series_by(tmp, "fig7", rows, "mode", "stages", "computations_per_s", str)
+        line_plot(os.path.join(out_dir, "fig7.png"),
+                  f"Fig. 7: a pipeline of k stages, parallel vs sequential dispatch ({label})", "stages",
+                  "pipelines per second", series, "set logscale xy")
         break
 
     # Fig. 8: multi-tenancy, utilization against SPMD by clients, per T.
@@ -139,22 +146,12 @@ plot {', '.join(series)}
         rows = [r for r in doc["rows"] if r["fig"] == "8" and r["mode"] == "clients"]
         if not rows:
             continue
-        series = []
-        for t in sorted({r["compute_us"] for r in rows}):
-            data = os.path.join(tmp, f"fig8_{os.path.basename(p)}_{t}.dat")
-            write_data(data, sorted((r["clients"], r["utilization_vs_spmd"]) for r in rows if r["compute_us"] == t))
-            series.append(f"'{data}' using 1:2 with linespoints title 'T = {t} us'")
-        out = os.path.join(out_dir, "fig8_" + os.path.basename(p).replace("dispatch_", "").replace(".json", ".png"))
-        gnuplot(f"""set terminal pngcairo size 800,500 font ',10'
-set output '{out}'
-set title 'Fig. 8: multi-tenancy, utilization vs SPMD ({label}{", controller on its own core" if "own_core" in p else ""})'
-set xlabel 'concurrent clients'
-set ylabel 'utilization relative to SPMD'
-set logscale x 2
-set yrange [0:1.2]
-set grid
-plot {', '.join(series)}
-""", out)
+        series = series_by(tmp, "fig8_" + os.path.basename(p), rows, "compute_us", "clients", "utilization_vs_spmd",
+                           lambda t: f"T = {t} us")
+        own = ", controller on its own core" if "own_core" in p else ""
+        line_plot(os.path.join(out_dir, "fig8_" + os.path.basename(p).replace("dispatch_", "").replace(".json", ".png")),
+                  f"Fig. 8: multi-tenancy, utilization vs SPMD ({label}{own})", "concurrent clients",
+                  "utilization relative to SPMD", series, "set logscale x 2\nset yrange [0:1.2]")
 
 
 if __name__ == "__main__":
