@@ -17,6 +17,7 @@
 #include "pathways/object_id.h"
 #include "pathways/object_store.h"
 #include "pathways/tags.h"
+#include "pathways/worker_trace.h"
 
 namespace pwm::pathways {
 
@@ -119,7 +120,7 @@ class Worker {
         backoff_.idle();
       }
     }
-    if (!trace_.records.empty()) chan_.send(0, trace_);
+    if (!trace_.empty()) chan_.send(0, trace_.message());
     chan_.post(0, MsgType::kBye);
     chan_.close(0);
     while (chan_.sends_in_flight() > 0) {
@@ -323,30 +324,14 @@ class Worker {
     return any;
   }
 
-  // Transfers in the Perfetto trace (kRunRecord only): a span from post to completion, paired
-  // with the other side's by the transfer index (controller_trace.cc draws the flow). The post
-  // time is read before the isend/irecv call: a send can be delivered while its call runs (a
-  // preempted rank on a shared core), and a span must not begin after its data arrived.
+  // A transfer's post time, for the trace (worker_trace.h: read before the isend/irecv call).
   void note_posted(Run& run, size_t i) {
-    if (!(run.h.flags & kRunRecord)) return;
+    if (!WorkerTrace::recording(run.h)) return;
     if (run.posted_at.size() < run.state.size()) run.posted_at.resize(run.state.size(), 0);
     run.posted_at[i] = now_s();
   }
   void record_transfer(Run& run, size_t i, TraceKind kind) {
-    if (!(run.h.flags & kRunRecord)) return;
-    const Instr& in = run.prog->p.instrs[i];
-    TraceRecord t;
-    t.run_id = run.h.run_id;
-    t.program_id = run.h.program_id;
-    t.owner = run.h.owner;
-    t.node = in.stage;
-    t.t0 = i < run.posted_at.size() ? run.posted_at[i] : now_s();
-    t.t1 = now_s();
-    t.peer = in.peer;
-    t.xfer = in.xfer;
-    t.bytes = in.bytes;
-    t.kind = kind;
-    trace_.records.push_back(t);
+    if (WorkerTrace::recording(run.h)) trace_.transfer(run.h, run.prog->p.instrs[i], run.posted_at[i], kind);
   }
 
   void done(Run& run, size_t i) {
@@ -483,17 +468,7 @@ class Worker {
         last_s = t1 - t0;
         long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
         run.kernel_s += t1 - t0;
-        if (run.h.flags & kRunRecord) {
-          TraceRecord t;
-          t.run_id = run.h.run_id;
-          t.program_id = run.h.program_id;
-          t.owner = run.h.owner;
-          t.node = e.node;
-          t.shard = e.shard;
-          t.t0 = t0;
-          t.t1 = t1;
-          trace_.records.push_back(t);
-        }
+        if (WorkerTrace::recording(run.h)) trace_.kernel(run.h, e.node, e.shard, t0, t1);
       } catch (const std::exception& ex) {
         if (failed.empty())
           failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
@@ -602,7 +577,7 @@ class Worker {
   std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
   std::set<uint64_t> early_freed_;             // outputs of queued runs already freed
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
-  TraceRecords trace_;
+  WorkerTrace trace_;
   uint64_t peak_bytes_ = 0;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
   bool long_kernel_ran_ = false;  // in this pass of loop()
