@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -17,6 +19,9 @@
 namespace pwm::collectives {
 
 namespace {
+
+// How long a rank whose watchdog fired waits, after printing its report, before MPI_Abort.
+constexpr int kAbortGraceMs = 1000;
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -212,7 +217,14 @@ class MpiTransport : public Transport {
   }
 
   [[noreturn]] void abort(const std::string& message) override {
-    MpiEnvironment::abort_job(message, 3);
+    // The watchdogs of the ranks stuck in one collective fire within moments of each other, and
+    // the first MPI_Abort ends them all (MPICH's at once). Print first, then wait a short grace
+    // so that each of those ranks gets its own line out: the one waiting on the missing rank is
+    // then in the report whichever rank aborts first.
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(kAbortGraceMs));
+    MpiEnvironment::abort_job("", 3);
   }
 
   std::unique_ptr<NativeOp> start_native_allreduce(const std::vector<int>& group, const void* send,

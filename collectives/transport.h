@@ -89,7 +89,8 @@ class Transport {
   virtual void idle() {}
 
   // Ends the whole job after a fatal collective error (the watchdog). The MPI transport prints
-  // `message` and calls MPI_Abort; the in-process fabric throws CollectiveTimeout.
+  // `message`, waits a 1 s grace (so the other stuck ranks' reports get out too) and calls
+  // MPI_Abort; the in-process fabric throws CollectiveTimeout.
   [[noreturn]] virtual void abort(const std::string& message) = 0;
 
   // Algorithm kMpi. The default throws: only the MPI transport has a native library.
