@@ -130,12 +130,26 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
     for (size_t i = 0; i < active.size();) {
       uint32_t id = active[i];
       size_t got = 0;
-      if (t_.test(req[id], &got)) {
-        const Step& st = steps[id];
+      const Step& st = steps[id];
+      bool complete = false;
+      try {
+        complete = t_.test(req[id], &got);
+      } catch (const std::exception& e) {
+        // MPI reports a message longer than the posted receive as an error (MPI_ERR_TRUNCATE)
+        // and writes no byte past the buffer; name the collective, the sizes and the peer.
+        PWM_THROW("collective mismatch: world rank {}{} in {}: the message from world rank {}{} did not fit "
+                  "the {} bytes this rank expects ({}); the ranks called different collectives (set "
+                  "PWM_COLL_DEBUG=1 to name both calls)",
+                  t_.rank(), on_host(t_.rank()), info_.describe(), group[st.peer], on_host(group[st.peer]),
+                  st.count * elem, e.what());
+      }
+      if (complete) {
         if (st.kind == StepKind::kRecv && got != st.count * elem)
-          PWM_THROW("{}: received {} bytes from world rank {} where {} were expected "
-                    "(mismatched collectives? set PWM_COLL_DEBUG=1 to check every call)",
-                    info_.describe(), got, group[st.peer], st.count * elem);
+          PWM_THROW("collective mismatch: world rank {}{} in {}: received {} bytes from world rank {}{} where {} "
+                    "were expected; the ranks called different collectives (set PWM_COLL_DEBUG=1 to name both "
+                    "calls)",
+                    t_.rank(), on_host(t_.rank()), info_.describe(), got, group[st.peer], on_host(group[st.peer]),
+                    st.count * elem);
         state[id] = 2;
         active[i] = active.back();
         active.pop_back();
@@ -189,20 +203,33 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
   return false;
 }
 
+std::string Executor::on_host(int world_rank) const {
+  const std::string h = t_.host_of(world_rank);
+  return h.empty() ? std::string() : " on " + h;
+}
+
 bool Executor::progress() {
   if (done_) return true;
-  if (native_) {
-    done_ = native_->test();
-  } else {
-    if (fp_sched_) {
-      if (!progress_schedule(*fp_sched_, fp_state_, fp_req_, fp_active_, fp_first_, fp_tag_)) {
-        if (now_us() - start_us_ > timeout_s_ * 1e6) fire_watchdog();
-        return false;
+  // A failed collective (a size mismatch, a fingerprint mismatch, a transport error) ends the
+  // job here, without unwinding: its other sends and receives, and those of every other
+  // collective in flight, are still posted on buffers that unwinding would free while MPI may
+  // still write into them (or read from them), and the peers' tags are out of step anyway.
+  std::string failure;
+  try {
+    if (native_) {
+      done_ = native_->test();
+    } else {
+      bool fp_done = true;
+      if (fp_sched_) {
+        fp_done = progress_schedule(*fp_sched_, fp_state_, fp_req_, fp_active_, fp_first_, fp_tag_);
+        if (fp_done) check_fingerprints();
       }
-      check_fingerprints();
+      if (fp_done) done_ = progress_schedule(sched_, state_, req_, active_, first_, tag_);
     }
-    done_ = progress_schedule(sched_, state_, req_, active_, first_, tag_);
+  } catch (const std::exception& e) {
+    failure = e.what();
   }
+  if (!failure.empty()) t_.abort(failure + "; aborting the job");
   if (!done_ && now_us() - start_us_ > timeout_s_ * 1e6) fire_watchdog();
   return done_;
 }

@@ -49,7 +49,10 @@ class Executor {
   ~Executor();
 
   // Does all that can be done without blocking. Returns true once the collective is complete.
-  // Also fires the watchdog when the timeout has passed since the collective started.
+  // Also fires the watchdog when the timeout has passed since the collective started. A failure
+  // (a message of another size than the posted receive, a fingerprint mismatch, a transport
+  // error) is fatal: one line and Transport::abort, never an exception that would unwind past
+  // buffers MPI may still be writing (the in-process fabric's abort throws, for tests).
   bool progress();
   // Progresses until complete; fires the watchdog after the timeout.
   void wait();
@@ -63,6 +66,7 @@ class Executor {
   void start_fingerprint(int fingerprint_tag);
   void check_fingerprints();
   [[noreturn]] void fire_watchdog();
+  std::string on_host(int world_rank) const;  // " on <host>", or "" where the transport has no hosts
 
   Transport& t_;
   Schedule sched_;

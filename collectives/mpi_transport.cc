@@ -197,12 +197,16 @@ class MpiTransport : public Transport {
     int flag = 0;
     MPI_Status st;
     int rc = MPI_Test(&m, &flag, &st);
+    r = from_mpi(m);  // a failed request is freed too: never test its stale handle again
     if (rc != MPI_SUCCESS) {
       int err = rc == MPI_ERR_IN_STATUS ? st.MPI_ERROR : rc;
+      int cls = 0;
+      MPI_Error_class(err, &cls);
+      // MPI writes no byte past the posted receive; the message's true length is not known.
+      if (cls == MPI_ERR_TRUNCATE) PWM_THROW("MPI_ERR_TRUNCATE: a longer message arrived");
       PWM_THROW("MPI point-to-point failed (peer {}, tag {}): {}", st.MPI_SOURCE, st.MPI_TAG,
                 mpi_error_string(err));
     }
-    r = from_mpi(m);
     if (!flag) return false;
     if (received) {
       MPI_Count count = 0;  // MPI_Get_count's int would overflow past 2 GiB

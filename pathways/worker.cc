@@ -334,6 +334,25 @@ class Worker {
     if (WorkerTrace::recording(run.h)) trace_.transfer(run.h, run.prog->p.instrs[i], run.posted_at[i], kind);
   }
 
+  // A transfer's receive: a message of another size than the lowered program says is fatal at
+  // once (Transport::abort, no unwinding past buffers other posted receives still target).
+  bool test_recv(Run& run, size_t i, size_t* got) {
+    const Instr& in = run.prog->p.instrs[i];
+    std::string what;
+    try {
+      if (!t_->test(run.reqs[i], got)) return false;
+      if (*got == in.bytes) return true;
+      what = fmt::format("received {} bytes", *got);
+    } catch (const std::exception& e) {
+      what = fmt::format("got a longer message ({})", e.what());
+    }
+    const std::string h = t_->host_of(in.peer);
+    t_->abort(fmt::format("pathways transfer mismatch: {} {} from world rank {}{} where {} bytes were expected "
+                          "(transfer {} of run {}, program '{}'); aborting the job",
+                          where(), what, in.peer, h.empty() ? "" : " on " + h, in.bytes, in.xfer, run.h.run_id,
+                          run.prog->p.name));
+  }
+
   void done(Run& run, size_t i) {
     run.state[i] = kDone;
     run.left--;
@@ -371,8 +390,7 @@ class Worker {
             any = true;
           }
           size_t got = 0;
-          if (t_->test(run.reqs[i], &got)) {
-            PWM_CHECK_EQ(got, in.bytes);
+          if (test_recv(run, i, &got)) {
             dst.write_done();
             record_transfer(run, i, kTraceRecv);
             done(run, i);
@@ -589,7 +607,14 @@ class Worker {
 }  // namespace
 
 void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options) {
-  Worker(std::move(transport), options).loop();
+  Worker w(transport, options);
+  try {
+    w.loop();
+  } catch (const std::exception& e) {
+    // Ended here, with the worker (its buffers, its posted receives) alive: unwinding further
+    // would free buffers that MPI may still write into before the job is aborted.
+    transport->abort(fmt::format("error: [rank {}] pathways worker: {}", transport->rank(), e.what()));
+  }
 }
 
 }  // namespace pwm::pathways

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Faults around the collectives, end to end under real mpirun (issue 17, part A).
+
+    fault_cases.py CASE BUILD_DIR
+
+Mismatched collectives between ranks, and bad PWM_* environment settings: each must end the job
+non-zero with one clear line, never with a memory corruption, a backtrace or a hang.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
+import spmd_cases as sc  # noqa: E402  (shared helpers: MPIRUN, ENV, TINY, trainer)
+
+# What a memory corruption, an escaped exception or an MPI error handler leaves in the output.
+CORRUPTION = ("free(): ", "corrupted", "double free", "Segmentation fault", "signal 11", "SIGSEGV", "Aborted",
+              "backtrace", "Read -1", "terminate called", "NULL communicator", "core dumped")
+
+
+def case_mismatched_buckets_fail_cleanly():
+    # MPMD: the two ranks run spmd_train with other --bucket-bytes, so their gradient AllReduces
+    # differ in size. Without PWM_COLL_DEBUG every run must end non-zero with a line naming the
+    # collective, the sizes and the peer (or, where every rank checks the whole configuration
+    # before training, a line naming the differing flag) and no trace of a memory corruption.
+    # Repeated: before issue 17 six runs in seven crashed, one of them with no error line.
+    def app(bucket):
+        return [sc.NP_FLAG, "1", sc.trainer()] + sc.TINY + ["--dp", "2", "--bucket-bytes", str(bucket)]
+    for i in range(4):
+        cmd = sc.MPIRUN + app(100000) + [":"] + app(50000)
+        p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        assert p.returncode != 0, f"run {i}: mismatched bucket sizes exited 0:\n{out}"
+        lines = [l for l in out.splitlines()
+                 if "collective mismatch: world rank" in l or ("error:" in l and "bucket" in l)]
+        assert lines, f"run {i}: no line names the mismatch:\n{out[-3000:]}"
+        for l in lines:
+            if "collective mismatch" in l:
+                assert "allreduce(" in l and "bytes" in l and "from world rank" in l, l
+        for bad in CORRUPTION:
+            assert bad not in out, f"run {i}: {bad!r} in the output:\n{out[-3000:]}"
+    print("ok:", lines[0])
+
+
+def main():
+    case, build = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"coll_{case}_")
+    sc.set_build(build, tmp)
+    try:
+        globals()["case_" + case]()
+        print(f"PASS {case}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
