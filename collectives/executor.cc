@@ -235,7 +235,10 @@ bool Executor::progress() {
 }
 
 void Executor::wait() {
-  while (!progress()) t_.idle();
+  while (!progress()) {
+    t_.idle();
+    t_.run_wait_hook();
+  }
 }
 
 void Executor::fire_watchdog() {

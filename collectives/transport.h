@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,15 @@ class Transport {
   // that oversubscribed rank threads can run.
   virtual void idle() {}
 
+  // A hook run by a collective's blocking wait after each idle pass (after idle()), on the
+  // waiting thread: the Pathways worker sends its heartbeat from there while a kernel waits in
+  // a collective (pathways/liveness.h). It must not start or wait for a collective. Set and
+  // cleared by the transport's one user thread; empty: nothing runs.
+  void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+  void run_wait_hook() {
+    if (wait_hook_) wait_hook_();
+  }
+
   // Ends the whole job after a fatal collective error (the watchdog). The MPI transport prints
   // `message`, waits a 1 s grace (so the other stuck ranks' reports get out too) and calls
   // MPI_Abort; the in-process fabric throws CollectiveTimeout.
@@ -99,6 +109,9 @@ class Transport {
                                                            const void* send, void* recv,
                                                            size_t count, DataType dtype,
                                                            ReduceOp op);
+
+ private:
+  std::function<void()> wait_hook_;
 };
 
 }  // namespace pwm::collectives

@@ -2,6 +2,7 @@
 #include "pathways/dispatcher.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -13,11 +14,18 @@
 
 namespace pwm::pathways {
 
-Dispatcher::Dispatcher(Controller& c, collectives::Transport& t, Doorbell& bell)
-    : c_(c), opts_(c.options()), chan_(t), bell_(bell),
-      backoff_(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us), trace_(opts_.trace_path) {
-  for (int r = 1; r < t.size(); ++r) workers_.push_back(r);
+namespace {
+std::vector<int> worker_ranks(int world) {
+  std::vector<int> w;
+  for (int r = 1; r < world; ++r) w.push_back(r);
+  return w;
 }
+}  // namespace
+
+Dispatcher::Dispatcher(Controller& c, collectives::Transport& t, Doorbell& bell)
+    : c_(c), opts_(c.options()), t_(t), chan_(t), bell_(bell),
+      backoff_(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us), workers_(worker_ranks(t.size())),
+      live_(opts_.timeout_s, workers_, now_s()), trace_(opts_.trace_path) {}
 
 std::vector<std::string> Dispatcher::hello() {
   std::vector<std::string> hosts(workers_.size());
@@ -25,17 +33,38 @@ std::vector<std::string> Dispatcher::hello() {
   size_t got = 0;
   std::vector<Message> inbox;
   Backoff b(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us);
+  // The hellos have a deadline too; the workers that said hello get heartbeats meanwhile.
+  const double start = now_s();
+  std::vector<bool> greeted(workers_.size() + 1, false);
   while (got < workers_.size()) {
     if (!chan_.progress(inbox)) b.idle();
     for (auto& m : inbox) {
+      if (m.type == MsgType::kHeartbeat) continue;  // a worker that said hello beats
       PWM_CHECK(m.type == MsgType::kHello, "worker {} sent {} before hello", m.peer, msg_type_name(m.type));
       Hello h = decode<Hello>(m.body);
       hosts[m.peer - 1] = std::move(h.host);
       caps_[m.peer] = h.memory_cap;
+      greeted[m.peer] = true;
       got++;
     }
     inbox.clear();
+    const double now = now_s();
+    if (live_.due(now)) {
+      for (int r : workers_)
+        if (greeted[r]) chan_.post(r, MsgType::kHeartbeat);
+      chan_.flush();
+    }
+    if (got < workers_.size() && now - start > opts_.timeout_s) {
+      std::vector<std::string> missing;
+      for (int r : workers_)
+        if (!greeted[r]) missing.push_back(fmt::format("world rank {}{}", r, t_.host_of(r).empty() ? "" : " on " + t_.host_of(r)));
+      t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) waited {:.1f} s for the hello of {} "
+                           "(stopped, dead, or not calling run_worker); aborting the job (timeout: --coll-timeout or "
+                           "PWM_COLL_TIMEOUT)",
+                           t_.host_of(0).empty() ? "" : " on " + t_.host_of(0), now - start, fmt::join(missing, ", ")));
+    }
   }
+  for (int r : workers_) live_.heard(r, now_s());
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   trace_.hosts(host, hosts);
@@ -64,10 +93,15 @@ void Dispatcher::loop() {
     for (auto& cmd : cmds) cmd(*this);
     cmds.clear();  // may drop handles, which queue frees: outside the doorbell's lock
     any |= chan_.progress(inbox);
-    for (auto& m : inbox) handle(m);
+    const double now = now_s();
+    for (auto& m : inbox) {
+      live_.heard(m.peer, now);
+      handle(m);
+    }
     inbox.clear();
     pump_schedulers();  // completions may have opened a window
-    check_deadlines();
+    check_deadlines(now);
+    if (live_.due(now)) check_liveness(now);  // every quarter of the timeout
     post_staged();
     objects_.flush_frees(chan_);
     any |= chan_.flush();
@@ -438,6 +472,7 @@ void Dispatcher::handle(Message& m) {
       break;
     }
     case MsgType::kBye: urgent_activity_ = true; break;
+    case MsgType::kHeartbeat: break;  // (heard: see loop())
     case MsgType::kTrace: {
       trace_.device(m.peer, decode<TraceRecords>(m.body).records,
                     1e-6 * static_cast<double>(chan_.transport().clock_offset_us(m.peer)),
@@ -517,8 +552,7 @@ void Dispatcher::retry_fetches() {
   for (auto& [a, f] : w) fetch(a, f);
 }
 
-void Dispatcher::check_deadlines() {
-  const double now = now_s();
+void Dispatcher::check_deadlines(double now) {
   for (auto& [id, rp] : runs_) {
     RunRec& r = *rp;
     if (r.deadline == 0 || r.expired || r.workers_done || now < r.deadline) continue;
@@ -526,6 +560,41 @@ void Dispatcher::check_deadlines() {
     const std::string msg = r.missed_deadline(now);
     for (auto& a : r.out) a->status.fail(msg);
   }
+}
+
+void Dispatcher::check_liveness(double now) {
+  for (int r : workers_) {
+    if (!chan_.listening(r)) {
+      live_.forget(r);  // it sent its final frame (bye)
+      continue;
+    }
+    if (!shutdown_sent_) chan_.post(r, MsgType::kHeartbeat);  // (flushed with this pass's messages)
+  }
+  const std::vector<int> silent = live_.silent(now);
+  if (silent.empty()) return;
+  auto on = [&](int r) { return t_.host_of(r).empty() ? std::string() : " on " + t_.host_of(r); };
+  std::vector<std::string> who;
+  for (int r : silent) who.push_back(fmt::format("world rank {}{} (device {}) for {:.1f} s", r, on(r), r - 1, live_.silence(r, now)));
+  t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) has heard nothing from {} while waiting for {}; "
+                       "stopped, dead or stuck in a kernel; aborting the job (timeout: --coll-timeout or PWM_COLL_TIMEOUT)",
+                       on(0), fmt::join(who, ", and "), awaited_from(silent.front())));
+}
+
+std::string Dispatcher::awaited_from(int rank) {
+  std::vector<std::string> w;
+  for (auto& [id, rp] : runs_) {
+    const RunRec& r = *rp;
+    if (r.stage_waiting.count(rank))
+      w.push_back(fmt::format("stage_done of stage {} of run {} (program '{}')", r.stage, id, r.prog->def.name));
+    else if (r.sent && r.waiting.count(rank))
+      w.push_back(fmt::format("run_done of run {} (program '{}')", id, r.prog->def.name));
+  }
+  for (auto& [req, f] : fetch_reqs_)
+    if (f.rank == rank) w.push_back(fmt::format("fetch_reply of object {}", f.rec->a->id));
+  if (!stats_.empty()) w.push_back("stats_reply");
+  if (shutdown_sent_) w.push_back("bye (shutdown)");
+  if (w.empty()) return "its heartbeat (no work outstanding on it)";
+  return w.size() == 1 ? w[0] : fmt::format("{} and {} more", w[0], w.size() - 1);
 }
 
 void Dispatcher::abandon(RunRec& r) {

@@ -30,6 +30,7 @@
 #include "pathways/controller.h"
 #include "pathways/controller_trace.h"
 #include "pathways/doorbell.h"
+#include "pathways/liveness.h"
 #include "pathways/messages.h"
 #include "pathways/object_directory.h"
 #include "pathways/run_table.h"
@@ -95,10 +96,15 @@ class Dispatcher {
   void complete_workers(RunRec& r);
   bool try_complete(uint64_t id);
   void retry_fetches();
-  void check_deadlines();
+  void check_deadlines(double now);
+  // Liveness (liveness.h): every quarter of the timeout, heartbeats to the workers and a check
+  // that none has been silent for longer than the timeout (else the job is aborted, one line).
+  void check_liveness(double now);
+  std::string awaited_from(int rank);  // what this controller waits for from a worker, for that line
 
   Controller& c_;
   const RuntimeOptions& opts_;
+  collectives::Transport& t_;
   Channel chan_;
   Doorbell& bell_;
   Backoff backoff_;
@@ -107,6 +113,7 @@ class Dispatcher {
   RunTable runs_;
   ObjectDirectory objects_;
   CompletionPredictor predictor_;
+  Liveness live_;
   ControllerTrace trace_;
   std::map<uint64_t, FetchReq> fetch_reqs_;
   std::vector<std::pair<std::shared_ptr<ArrayState>, std::shared_ptr<FutureState<HostTensor>>>> waiting_fetches_;

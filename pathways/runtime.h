@@ -42,6 +42,11 @@ struct RuntimeOptions {
   // shutdown() writes one Perfetto (Chrome JSON) trace there: one row per device, each slice
   // named after the client whose node it is (PWM_PW_TRACE).
   std::string trace_path;
+  // Liveness (liveness.h): a worker heard from by no message for this long while the runtime
+  // runs is stopped, dead or stuck, and the job is aborted with one line naming it. The
+  // collectives' watchdog timeout by default (PWM_COLL_TIMEOUT, 300 s); pathways_train passes
+  // --coll-timeout.
+  double timeout_s = 300;
 
   // The defaults with the PWM_PW_* environment settings applied (latency: LatencyPolicy::from_env()).
   static RuntimeOptions from_env();

@@ -26,6 +26,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kStatsReply: return "stats_reply";
     case MsgType::kBye: return "bye";
     case MsgType::kTrace: return "trace";
+    case MsgType::kHeartbeat: return "heartbeat";
   }
   return "?";
 }

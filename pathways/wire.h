@@ -51,6 +51,8 @@ enum class MsgType : uint32_t {
   kStatsReply = 37,  // StatsReply
   kBye = 38,         // -
   kTrace = 39,       // TraceRecords (before bye)
+  // both directions
+  kHeartbeat = 40,   // - (liveness.h: every quarter of the timeout)
 };
 const char* msg_type_name(MsgType t);
 

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -12,6 +13,7 @@
 #include "common/env.h"
 #include "common/time.h"
 #include "pathways/backoff.h"
+#include "pathways/liveness.h"
 #include "pathways/lowering.h"
 #include "pathways/messages.h"
 #include "pathways/object_id.h"
@@ -27,6 +29,7 @@ WorkerOptions WorkerOptions::from_env() {
   const double cap = env_double("PWM_PW_MEMORY_CAP", 0);
   if (cap < 0) PWM_THROW("PWM_PW_MEMORY_CAP must be a number of bytes >= 0, got {}", cap);
   o.memory_cap_bytes = static_cast<uint64_t>(cap);
+  o.timeout_s = env_double("PWM_COLL_TIMEOUT", o.timeout_s);
   return o;
 }
 
@@ -75,9 +78,15 @@ class Worker {
   Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
       : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
         backoff_(o.latency.worker_backoff_min_us, o.latency.worker_backoff_max_us, o.latency.worker_spins), opts_(o),
-        long_kernel_s_(1e-6 * o.latency.long_kernel_us) {
+        long_kernel_s_(1e-6 * o.latency.long_kernel_us), live_(o.timeout_s, {0}, now_s()) {
     PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
+    // A kernel waiting in a collective still beats (liveness.h): the controller must not take
+    // a worker waiting for a stopped peer for the stopped one.
+    t_->set_wait_hook([this] {
+      if (live_.due(now_s())) beat();
+    });
   }
+  ~Worker() { t_->set_wait_hook({}); }
 
   void loop() {
     char host[256] = {0};
@@ -88,6 +97,7 @@ class Worker {
     std::vector<Message> inbox;
     while (true) {
       bool any = chan_.progress(inbox);
+      const bool heard = !inbox.empty();  // (the worker listens to the controller only)
       for (auto& m : inbox) handle(m);
       inbox.clear();
       any |= admit();
@@ -112,10 +122,17 @@ class Worker {
       if (shutdown_ && runs_.empty() && queued_.empty() && moves_.empty() && fetches_.empty()) break;
       if (any) {
         backoff_.reset();
-        last_active_ = now_s();
+        const double now = now_s();
+        last_active_ = now;
+        if (heard) live_.heard(0, now);
+        if (live_.due(now)) beat();
       } else {
         const LatencyPolicy& p = opts_.latency;
-        const bool long_idle = now_s() - last_active_ > 1e-3 * p.worker_idle_after_ms;
+        const double now = now_s();
+        // An idle pass found no message just now: the silence is the controller's.
+        if (live_.silence(0, now) > live_.timeout_s()) controller_silent(now);
+        if (live_.due(now)) beat();
+        const bool long_idle = now - last_active_ > 1e-3 * p.worker_idle_after_ms;
         backoff_.set_max_us(long_idle ? p.worker_idle_backoff_max_us : p.worker_backoff_max_us);
         backoff_.idle();
       }
@@ -123,13 +140,45 @@ class Worker {
     if (!trace_.empty()) chan_.send(0, trace_.message());
     chan_.post(0, MsgType::kBye);
     chan_.close(0);
+    const double t0 = now_s();
     while (chan_.sends_in_flight() > 0) {
       if (!chan_.progress(inbox)) backoff_.idle();
+      if (now_s() - t0 > live_.timeout_s())
+        t_->abort(fmt::format("pathways liveness: {} could not hand its last message (bye) to the controller (world "
+                              "rank 0{}) in {:.1f} s; stopped or dead; aborting the job (timeout: --coll-timeout or "
+                              "PWM_COLL_TIMEOUT)",
+                              where_on_host(), on_host(0), now_s() - t0));
     }
   }
 
  private:
   std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
+  // where() with this worker's host, for the lines that end the job.
+  std::string where_on_host() const { return fmt::format("device {} (world rank {}{})", device_, rank_, on_host(rank_)); }
+  std::string on_host(int rank) const {
+    const std::string h = t_->host_of(rank);
+    return h.empty() ? h : " on " + h;
+  }
+
+  // A heartbeat to the controller (liveness.h), sent at once.
+  void beat() {
+    chan_.post(0, MsgType::kHeartbeat);
+    chan_.flush();
+  }
+
+  [[noreturn]] void controller_silent(double now) {
+    std::string doing = "its next command";
+    for (auto& run : runs_)
+      if (run.prog && (run.h.flags & kRunSequential) && run.released < run.prog->p.num_stages) {
+        doing = fmt::format("the release of stage {} of run {}", run.released, run.h.run_id);
+        break;
+      }
+    t_->abort(fmt::format("pathways liveness: worker {} has heard nothing from the controller (world rank 0{}) for "
+                          "{:.1f} s while waiting for {} ({} run(s) in progress, {} queued); stopped or dead; aborting "
+                          "the job (timeout: --coll-timeout or PWM_COLL_TIMEOUT)",
+                          where_on_host(), on_host(0), live_.silence(0, now), doing, runs_.size(), queued_.size()));
+    std::abort();  // not reached (GCC does not see [[noreturn]] through the virtual call)
+  }
 
   void handle(Message& m) {
     switch (m.type) {
@@ -225,6 +274,7 @@ class Worker {
         break;
       }
       case MsgType::kShutdown: shutdown_ = true; break;
+      case MsgType::kHeartbeat: break;  // (heard: see loop())
       default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
     }
   }
@@ -346,11 +396,11 @@ class Worker {
     } catch (const std::exception& e) {
       what = fmt::format("got a longer message ({})", e.what());
     }
-    const std::string h = t_->host_of(in.peer);
     t_->abort(fmt::format("pathways transfer mismatch: {} {} from world rank {}{} where {} bytes were expected "
                           "(transfer {} of run {}, program '{}'); aborting the job",
-                          where(), what, in.peer, h.empty() ? "" : " on " + h, in.bytes, in.xfer, run.h.run_id,
+                          where_on_host(), what, in.peer, on_host(in.peer), in.bytes, in.xfer, run.h.run_id,
                           run.prog->p.name));
+    std::abort();  // not reached
   }
 
   void done(Run& run, size_t i) {
@@ -602,6 +652,7 @@ class Worker {
   const double long_kernel_s_;  // LatencyPolicy::long_kernel_us, in seconds
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
+  Liveness live_;  // the controller's silence; our heartbeats
 };
 
 }  // namespace

@@ -38,6 +38,10 @@ struct WorkerOptions {
   // whose buffers do not fit waits, in arrival order, until frees make room; a run that needs
   // more than the cap on its own fails (PWM_PW_MEMORY_CAP, bytes).
   uint64_t memory_cap_bytes = 0;
+  // Liveness (liveness.h): a controller heard from by no message for this long is stopped or
+  // dead, and the job is aborted with one line naming it (PWM_COLL_TIMEOUT, 300 s by default;
+  // pathways_train passes --coll-timeout).
+  double timeout_s = 300;
 
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };

@@ -93,11 +93,14 @@ int main(int argc, char** argv) {
     }
     if (env.rank() != 0) {
       const auto attached = devices->attach(env.transport(), data);
-      pathways::run_worker(env.transport());
+      pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
+      wo.timeout_s = cfg.coll_timeout;  // liveness: a silent controller ends the job after it
+      pathways::run_worker(env.transport(), wo);
       return 0;
     }
     pathways::RuntimeOptions ro = pathways::RuntimeOptions::from_env();
     ro.islands = po.islands;
+    ro.timeout_s = cfg.coll_timeout;  // liveness: a silent worker ends the job after it
     pathways::Runtime rt(env.transport(), ro);
     fmt::print("[pathways] controller + {} workers ({} islands) | {} | {} | batch {} x {} tokens, {} micro-batches | "
                "GEMM peak {:.1f} GFLOP/s per worker\n",
