@@ -48,7 +48,7 @@ std::string CollectiveInfo::describe() const {
 Executor::Executor(Transport& transport, Schedule&& schedule, CollectiveInfo info, int tag,
                    int fingerprint_tag, double timeout_s)
     : t_(transport), sched_(std::move(schedule)), info_(info), tag_(tag), timeout_s_(timeout_s),
-      start_us_(now_us()) {
+      start_us_(now_us()), last_us_(start_us_) {
   state_.assign(sched_.steps().size(), 0);
   req_.resize(sched_.steps().size());
   size_t n = info_.group ? info_.group->size() : 1;
@@ -60,7 +60,7 @@ Executor::Executor(Transport& transport, Schedule&& schedule, CollectiveInfo inf
 Executor::Executor(Transport& transport, std::unique_ptr<NativeOp> native, CollectiveInfo info,
                    double timeout_s)
     : t_(transport), sched_(info.dtype, info.redop, nullptr), info_(info), tag_(-1),
-      timeout_s_(timeout_s), start_us_(now_us()), native_(std::move(native)) {}
+      timeout_s_(timeout_s), start_us_(now_us()), last_us_(start_us_), native_(std::move(native)) {}
 
 Executor::~Executor() {
   if (window_) {
@@ -230,7 +230,15 @@ bool Executor::progress() {
     failure = e.what();
   }
   if (!failure.empty()) t_.abort(failure + "; aborting the job");
-  if (!done_ && now_us() - start_us_ > timeout_s_ * 1e6) fire_watchdog();
+  if (!done_) {
+    // More than half the timeout since this rank last looked: it did not run (it was stopped,
+    // or computed between two tests of a non-blocking collective). The peers are given that
+    // time back, so a rank resumed after a SIGSTOP does not blame the peers it kept waiting.
+    const int64_t now = now_us();
+    if (now - last_us_ > timeout_s_ * 0.5e6) start_us_ += now - last_us_;
+    last_us_ = now;
+    if (now - start_us_ > timeout_s_ * 1e6) fire_watchdog();
+  }
   return done_;
 }
 

@@ -74,6 +74,7 @@ class Executor {
   int tag_;
   double timeout_s_;
   int64_t start_us_;
+  int64_t last_us_;  // when progress() last found the collective unfinished
   bool done_ = false;
 
   std::vector<uint8_t> state_;    // per step: 0 pending, 1 posted, 2 done

@@ -14,6 +14,7 @@
 
 #include "collectives/clock_sync.h"
 #include "common/check.h"
+#include "common/env.h"
 #include "common/time.h"
 
 namespace pwm::collectives {
@@ -348,6 +349,7 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   PWM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   if (provided < MPI_THREAD_SERIALIZED && rank_ == 0)
     std::fprintf(stderr, "warning: MPI provides thread level %d < MPI_THREAD_SERIALIZED\n", provided);
+  refuse_bad_environment(argc && argv && *argc > 0 ? (*argv)[0] : nullptr);
   // A library this project cannot use (e.g. a non-conforming tag bound) is one line and a
   // non-zero exit of the job, not an exception escaping main on every rank.
   try {
@@ -355,6 +357,23 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   } catch (const std::exception& e) {
     abort_job(fmt::format("error: [rank {}] {}", rank_, e.what()), 1);
   }
+}
+
+void MpiEnvironment::refuse_bad_environment(const char* argv0) {
+  // Every PWM_* setting is checked here, before anything reads one (common/env.h): the lowest
+  // rank with a bad value prints one line, and every rank leaves MPI and exits non-zero. The
+  // ranks agree first, since an MPMD launch may give them different environments.
+  const std::string bad = check_environment();
+  int mine = bad.empty() ? size_ : rank_, first = size_;
+  if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) first = mine;
+  if (first == size_) return;
+  if (rank_ == first) {
+    const char* slash = argv0 ? std::strrchr(argv0, '/') : nullptr;
+    std::fprintf(stderr, "%s: error: %s\n", argv0 ? (slash ? slash + 1 : argv0) : "error", bad.c_str());
+    std::fflush(stderr);
+  }
+  MPI_Finalize();
+  std::exit(1);
 }
 
 MpiEnvironment::~MpiEnvironment() {

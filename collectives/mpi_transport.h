@@ -1,4 +1,5 @@
 // MPI underneath the collectives: the RAII environment and the MPI point-to-point transport.
+// The environment also checks every PWM_* setting at start-up (common/env.h).
 // This header does not include <mpi.h>; only collectives/*.cc do.
 #pragma once
 
@@ -32,6 +33,10 @@ class MpiEnvironment {
   [[noreturn]] static void abort_job(const std::string& message, int code = 1);
 
  private:
+  // A bad PWM_* setting on any rank: one line (from the lowest such rank) and exit(1) on every
+  // rank, after MPI_Finalize. Collective over the world.
+  void refuse_bad_environment(const char* argv0);
+
   int rank_ = 0;
   int size_ = 1;
   std::shared_ptr<Transport> transport_;

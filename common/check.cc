@@ -1,5 +1,7 @@
 #include "common/check.h"
 
+#include "common/env.h"
+
 #include <cstdio>
 
 namespace pwm::detail {
@@ -23,6 +25,10 @@ void throw_check(const char* file, int line, const std::string& msg) {
 namespace pwm {
 
 int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char**)) {
+  if (const std::string bad = check_environment(); !bad.empty()) {
+    std::fprintf(stderr, "%s: error: %s\n", tool, bad.c_str());
+    return 1;
+  }
   try {
     return body(argc, argv);
   } catch (const std::exception& e) {

@@ -1,13 +1,29 @@
-// Reading numeric settings from environment variables.
+// The programs' environment settings (PWM_*), parsed in one place.
+//
+// Every PWM_* variable a program reads is registered in env.cc's table with what it accepts (a
+// number in a range, an integer in a range, 0 or 1, or a text of a given form) and an example.
+// The getters parse a registered variable against its entry; check_environment() checks every
+// registered variable that is set, so that a program refuses a bad value before it does
+// anything else (collectives::MpiEnvironment does so on every rank, and run_tool_main), with one
+// line such as
+//   PWM_COLL_TIMEOUT=abc: expected a number of seconds > 0 (the collectives' watchdog timeout);
+//   unset it for the default, or set e.g. PWM_COLL_TIMEOUT=300
+// Reading a name that is not registered is a bug (PWM_CHECK). Thread-safe (reads only).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace pwm {
 
-// Environment helpers: the value of NAME parsed as a number, or `fallback` when unset.
-// A set but unparsable value throws pwm::Error naming the variable.
+// The value of NAME, or `fallback` when it is unset or empty. A value outside the registered
+// range throws pwm::Error with the line above. (A flag reads as 0 or 1.)
 double env_double(const char* name, double fallback);
 int64_t env_int(const char* name, int64_t fallback);
+// A text setting: its value ("" when unset), checked against its registered form.
+std::string env_string(const char* name);
+
+// Every registered setting that is set, checked: the first bad one as one line ("" = all good).
+std::string check_environment();
 
 }  // namespace pwm

@@ -15,9 +15,9 @@ namespace pwm::pathways {
 RuntimeOptions RuntimeOptions::from_env() {
   RuntimeOptions o;
   o.latency = LatencyPolicy::from_env();
-  if (const char* p = std::getenv("PWM_PW_SCHEDULER"); p && *p) o.scheduler = scheduler_by_name(p);
+  if (const std::string p = env_string("PWM_PW_SCHEDULER"); !p.empty()) o.scheduler = scheduler_by_name(p);
   o.island_ordering = env_double("PWM_PW_ISLAND_ORDERING", 1) != 0;
-  if (const char* p = std::getenv("PWM_PW_TRACE")) o.trace_path = p;
+  o.trace_path = env_string("PWM_PW_TRACE");
   o.timeout_s = env_double("PWM_COLL_TIMEOUT", o.timeout_s);
   return o;
 }

@@ -101,7 +101,7 @@ void Dispatcher::loop() {
     inbox.clear();
     pump_schedulers();  // completions may have opened a window
     check_deadlines(now);
-    if (live_.due(now)) check_liveness(now);  // every quarter of the timeout
+    if (live_.due(now)) check_liveness(now);  // (due() is true every quarter of the timeout)
     post_staged();
     objects_.flush_frees(chan_);
     any |= chan_.flush();

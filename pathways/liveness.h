@@ -26,7 +26,7 @@ class Liveness {
   // `peers`: the world ranks watched (the workers on the controller, {0} on a worker); world
   // ranks index a vector, so they must be small (< world size).
   Liveness(double timeout_s, const std::vector<int>& peers, double now)
-      : timeout_s_(timeout_s), interval_s_(timeout_s / 4), next_s_(now + interval_s_) {
+      : timeout_s_(timeout_s), interval_s_(timeout_s / 4), next_s_(now + interval_s_), last_call_s_(now) {
     for (int p : peers) {
       if (p >= static_cast<int>(heard_.size())) heard_.resize(static_cast<size_t>(p) + 1, kNotWatched);
       heard_[static_cast<size_t>(p)] = now;
@@ -43,9 +43,16 @@ class Liveness {
   void forget(int peer) {
     if (peer >= 0 && peer < static_cast<int>(heard_.size())) heard_[static_cast<size_t>(peer)] = kNotWatched;
   }
-  // True at most once per interval (a quarter of the timeout): send the heartbeats and check
-  // the silences now.
+  // Called on every pass of the loop. True at most once per interval (a quarter of the
+  // timeout): send the heartbeats now. A gap of more than half the timeout since the previous
+  // call means this process itself did not run (it was stopped, or sat in a long kernel): the
+  // peers' silence is then counted afresh from now, so that a rank resumed after a SIGSTOP
+  // does not blame the peers it could not hear.
   bool due(double now) {
+    if (now - last_call_s_ > timeout_s_ / 2)
+      for (double& h : heard_)
+        if (h != kNotWatched) h = std::max(h, now);
+    last_call_s_ = now;
     if (now < next_s_) return false;
     next_s_ = now + interval_s_;
     return true;
@@ -62,7 +69,7 @@ class Liveness {
 
  private:
   static constexpr double kNotWatched = -1e300;
-  double timeout_s_, interval_s_, next_s_;
+  double timeout_s_, interval_s_, next_s_, last_call_s_;
   std::vector<double> heard_;  // by world rank: when last heard (kNotWatched: not watched)
 };
 

@@ -26,9 +26,7 @@ namespace pwm::pathways {
 WorkerOptions WorkerOptions::from_env() {
   WorkerOptions o;
   o.latency = LatencyPolicy::from_env();
-  const double cap = env_double("PWM_PW_MEMORY_CAP", 0);
-  if (cap < 0) PWM_THROW("PWM_PW_MEMORY_CAP must be a number of bytes >= 0, got {}", cap);
-  o.memory_cap_bytes = static_cast<uint64_t>(cap);
+  o.memory_cap_bytes = static_cast<uint64_t>(env_double("PWM_PW_MEMORY_CAP", 0));  // (>= 0: common/env.cc)
   o.timeout_s = env_double("PWM_COLL_TIMEOUT", o.timeout_s);
   return o;
 }
@@ -129,9 +127,9 @@ class Worker {
       } else {
         const LatencyPolicy& p = opts_.latency;
         const double now = now_s();
+        if (live_.due(now)) beat();
         // An idle pass found no message just now: the silence is the controller's.
         if (live_.silence(0, now) > live_.timeout_s()) controller_silent(now);
-        if (live_.due(now)) beat();
         const bool long_idle = now - last_active_ > 1e-3 * p.worker_idle_after_ms;
         backoff_.set_max_us(long_idle ? p.worker_idle_backoff_max_us : p.worker_backoff_max_us);
         backoff_.idle();

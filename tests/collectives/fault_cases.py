@@ -44,6 +44,36 @@ def case_mismatched_buckets_fail_cleanly():
     print("ok:", lines[0])
 
 
+BAD_ENV = (("PWM_COLL_TIMEOUT", "abc"), ("PWM_COLL_TIMEOUT", "0"), ("PWM_COLL_TIMEOUT", "-1"),
+           ("PWM_COLL_DEBUG", "yes"), ("PWM_COLL_SEGMENT_BYTES", "0"), ("PWM_COLL_SEGMENT_BYTES", "abc"))
+
+
+def expect_env_error(exe, n, flags, name, value):
+    cmd = sc.MPIRUN + [sc.NP_FLAG, str(n), sc.trainer(exe)] + sc.TINY + flags
+    p = subprocess.run(cmd, env=dict(sc.ENV, **{name: value}), capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    what = f"{name}={value} {os.path.basename(sc.trainer(exe))}"
+    assert p.returncode != 0, f"{what}: exited 0"
+    prog = os.path.basename(sc.trainer(exe))
+    lines = [l for l in out.splitlines() if "error:" in l]
+    assert len(lines) == 1, f"{what}: expected one error line, got {len(lines)}:\n{out[-3000:]}"
+    assert lines[0].startswith(f"{prog}: error: {name}={value}: expected "), f"{what}: {lines[0]}"
+    assert "unset it" in lines[0], lines[0]
+    for bad in CORRUPTION:
+        assert bad not in out, f"{what}: {bad!r} in the output:\n{out[-3000:]}"
+    print("ok:", lines[0])
+
+
+def case_bad_environment_fails_cleanly():
+    # Each bad value ends every rank non-zero with one line naming the variable, the value and
+    # what it accepts (before issue 17: std::terminate on every rank, interleaved backtraces,
+    # rc 134), in both trainers.
+    for name, value in BAD_ENV:
+        expect_env_error("spmd", 2, ["--dp", "2"], name, value)
+    expect_env_error("pathways", 3, ["--dp", "2"], "PWM_COLL_TIMEOUT", "abc")
+    expect_env_error("pathways", 3, ["--dp", "2"], "PWM_PW_SCHEDULER", "lifo")
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"coll_{case}_")
