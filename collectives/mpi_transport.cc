@@ -42,6 +42,55 @@ std::string mpi_error_string(int code) {
 
 static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit a Request handle");
 
+// The start-up exchanges (the environment check, the host names, the clock sync, the channels)
+// have a deadline: a rank stopped or dead after MPI_Init must not hang the job. The collectives'
+// timeout, or its default while the environment is not checked yet.
+double startup_timeout_s() {
+  try {
+    return env_double("PWM_COLL_TIMEOUT", 300);
+  } catch (const std::exception&) {
+    return 300;
+  }
+}
+
+std::string this_host() {
+  char buf[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(buf, &len);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+// Completes the start-up requests `reqs`, or ends the job with one line naming `what` after the
+// timeout. Polls (MPI progresses inside MPI_Testall), yielding the core between tests.
+void wait_startup(std::vector<MPI_Request>& reqs, const std::string& what) {
+  const double timeout = startup_timeout_s();
+  const int64_t start = now_us();
+  for (int spins = 0;; ++spins) {
+    int flag = 0;
+    PWM_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) return;
+    const double waited = 1e-6 * static_cast<double>(now_us() - start);
+    if (waited > timeout) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MpiEnvironment::abort_job(
+          fmt::format("start-up: world rank {} on {} waited {:.1f} s for {}: a rank is stopped, dead or slow to start; "
+                      "aborting the job (timeout: PWM_COLL_TIMEOUT)",
+                      rank, this_host(), waited, what),
+          3);
+    }
+    if (spins < 1000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void wait_startup(MPI_Request r, const std::string& what) {
+  std::vector<MPI_Request> v{r};
+  wait_startup(v, what);
+}
+
 MPI_Request to_mpi(const Request& r) {
   MPI_Request m;
   std::memcpy(&m, &r.handle, sizeof(m));
@@ -132,26 +181,32 @@ class MpiTransport : public Transport {
     // its core away (idle()), as OpenMPI's mpi_yield_when_idle does inside its own waits; our
     // collectives poll with MPI_Test, where no library yields (MPICH never, OpenMPI only
     // when told).
-    MPI_Comm local;
-    PWM_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-    int local_ranks = 1;
-    PWM_MPI(MPI_Comm_size(local, &local_ranks));
-    MPI_Comm_free(&local);
-    yield_when_idle_ = local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-    // Every rank's host, for the watchdog's report (one small allgather at start-up).
+    // Every rank's host, for the watchdog's report (one small allgather at start-up); the ranks
+    // on this host are those with its name (MPI_COMM_TYPE_SHARED's split has no non-blocking
+    // form, and every start-up exchange has a deadline).
     std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME, 0);
     char mine[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
     PWM_MPI(MPI_Get_processor_name(mine, &len));
-    PWM_MPI(MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
-                          MPI_COMM_WORLD));
-    for (int r = 0; r < size_; ++r)
+    MPI_Request req;
+    PWM_MPI(MPI_Iallgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                           MPI_COMM_WORLD, &req));
+    wait_startup(req, "every rank's host name (an allgather)");
+    int local_ranks = 0;
+    for (int r = 0; r < size_; ++r) {
       hosts_.emplace_back(&names[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+      local_ranks += hosts_.back() == mine;
+    }
+    yield_when_idle_ = local_ranks > static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     measure_clock_offsets();
     // One matching space per channel (transport.h). MPI_Comm_dup is collective over the world,
     // which is why every channel is made here, at start-up, and never later.
     channels_.resize(kChannels, MPI_COMM_NULL);
-    for (MPI_Comm& c : channels_) c = comm_dup_world();
+    for (MPI_Comm& c : channels_) {
+      PWM_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &c, &req));
+      wait_startup(req, "the other ranks to duplicate MPI_COMM_WORLD (the transport's channels)");
+      PWM_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    }
   }
   ~MpiTransport() override {
     for (auto& [group, c] : group_comms_) MPI_Comm_free(&c);
@@ -304,11 +359,14 @@ class MpiTransport : public Transport {
     if (rank_ == 0) {
       for (int r = 1; r < size_; ++r) {
         std::vector<ClockSample> samples(kClockRounds);
+        const std::string what = fmt::format("world rank {} on {} to answer the clock sync", r, hosts_[static_cast<size_t>(r)]);
         for (ClockSample& s : samples) {
           int64_t ping = 0;
+          std::vector<MPI_Request> reqs(2);
           s.t0 = now_us();
-          PWM_MPI(MPI_Send(&ping, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD));
-          PWM_MPI(MPI_Recv(&s.peer, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+          PWM_MPI(MPI_Irecv(&s.peer, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD, &reqs[1]));
+          PWM_MPI(MPI_Isend(&ping, 1, MPI_INT64_T, r, kTag, MPI_COMM_WORLD, &reqs[0]));
+          wait_startup(reqs, what);
           s.t1 = now_us();
         }
         const ClockOffset o = estimate_clock_offset(samples);
@@ -316,15 +374,22 @@ class MpiTransport : public Transport {
         errors_[static_cast<size_t>(r)] = o.error_us;
       }
     } else {
+      // (rank 0 pings the ranks in turn: a rank may wait for the pings of those before it)
+      const std::string what = fmt::format("world rank 0 on {} to run the clock sync", hosts_[0]);
       for (int k = 0; k < kClockRounds; ++k) {
         int64_t ping = 0;
-        PWM_MPI(MPI_Recv(&ping, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        MPI_Request r;
+        PWM_MPI(MPI_Irecv(&ping, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD, &r));
+        wait_startup(r, what);
         const int64_t t = now_us();
-        PWM_MPI(MPI_Send(&t, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD));
+        PWM_MPI(MPI_Isend(&t, 1, MPI_INT64_T, 0, kTag, MPI_COMM_WORLD, &r));
+        wait_startup(r, what);
       }
     }
-    PWM_MPI(MPI_Bcast(offsets_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD));
-    PWM_MPI(MPI_Bcast(errors_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD));
+    std::vector<MPI_Request> reqs(2);
+    PWM_MPI(MPI_Ibcast(offsets_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD, &reqs[0]));
+    PWM_MPI(MPI_Ibcast(errors_.data(), size_, MPI_INT64_T, 0, MPI_COMM_WORLD, &reqs[1]));
+    wait_startup(reqs, "the clock offsets from world rank 0");
   }
   std::map<std::vector<int>, MPI_Comm> group_comms_;
 };
@@ -341,12 +406,13 @@ std::unique_ptr<NativeOp> Transport::start_native_allreduce(const std::vector<in
   PWM_THROW("algorithm 'mpi' needs the MPI transport (this transport is '{}')", name());
 }
 
-MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv, const std::function<void(int)>& after_init) {
   int provided = 0;
   PWM_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   PWM_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   PWM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  if (after_init) after_init(rank_);
   if (provided < MPI_THREAD_SERIALIZED && rank_ == 0)
     std::fprintf(stderr, "warning: MPI provides thread level %d < MPI_THREAD_SERIALIZED\n", provided);
   refuse_bad_environment(argc && argv && *argc > 0 ? (*argv)[0] : nullptr);
@@ -365,7 +431,11 @@ void MpiEnvironment::refuse_bad_environment(const char* argv0) {
   // ranks agree first, since an MPMD launch may give them different environments.
   const std::string bad = check_environment();
   int mine = bad.empty() ? size_ : rank_, first = size_;
-  if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) first = mine;
+  MPI_Request req;
+  if (MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+    first = mine;
+  else
+    wait_startup(req, "every rank's check of its PWM_* environment (an allreduce)");
   if (first == size_) return;
   if (rank_ == first) {
     const char* slash = argv0 ? std::strrchr(argv0, '/') : nullptr;

@@ -17,7 +17,10 @@ namespace pwm::collectives {
 // code reaches our checks instead of aborting inside MPI.
 class MpiEnvironment {
  public:
-  MpiEnvironment(int* argc, char*** argv);
+  // Every exchange after MPI_Init (the PWM_* check, host names, clock sync, channels) has a
+  // deadline (PWM_COLL_TIMEOUT): a rank stopped there ends the job with one line, not a hang.
+  // `after_init` (tests only) runs on every rank right after MPI_Init, before those exchanges.
+  MpiEnvironment(int* argc, char*** argv, const std::function<void(int rank)>& after_init = {});
   ~MpiEnvironment();
   MpiEnvironment(const MpiEnvironment&) = delete;
   MpiEnvironment& operator=(const MpiEnvironment&) = delete;

@@ -2,6 +2,8 @@
 //   collectives_fault watchdog     the last rank never joins a ring AllReduce: the others'
 //                                  watchdog must name it and end the job (PWM_COLL_TIMEOUT=2)
 //   collectives_fault fingerprint  rank 1 passes another count (run with PWM_COLL_DEBUG=1)
+//   collectives_fault startup      the last rank stalls after MPI_Init: the others' start-up
+//                                  deadline names what they wait for (PWM_COLL_TIMEOUT=2)
 //   collectives_fault sizes        without the debug mode: rank 1 runs bucketed AllReduces with
 //                                  other bucket sizes (longer and shorter messages than its
 //                                  peers expect, several collectives in flight): a clean line
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -19,9 +22,15 @@
 using namespace pwm::collectives;
 
 int main(int argc, char** argv) {
-  MpiEnvironment env(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  // startup: the last rank stalls right after MPI_Init, before the start-up exchanges.
+  MpiEnvironment env(&argc, &argv, [&](int rank) {
+    int size = 0;
+    if (mode == "startup" && std::getenv("OMPI_COMM_WORLD_SIZE")) size = std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE"));
+    if (mode == "startup" && std::getenv("PMI_SIZE")) size = std::atoi(std::getenv("PMI_SIZE"));
+    if (mode == "startup" && rank == size - 1) std::this_thread::sleep_for(std::chrono::seconds(30));
+  });
   return run_mpi_main(env, [&] {
-    const std::string mode = argc > 1 ? argv[1] : "";
     Communicator comm = Communicator::world(env.transport());
     std::vector<float> x(1 << 16, 1.f);
     comm.barrier();
@@ -49,7 +58,7 @@ int main(int argc, char** argv) {
         b.finish();
       }
     } else {
-      std::fprintf(stderr, "usage: collectives_fault watchdog|fingerprint|sizes\n");
+      std::fprintf(stderr, "usage: collectives_fault watchdog|fingerprint|sizes|startup\n");
       return 2;
     }
     return 0;
