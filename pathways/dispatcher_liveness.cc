@@ -1,0 +1,92 @@
+// The dispatcher's start-up handshake and its liveness checks (dispatcher.h, liveness.h): the
+// hellos, the heartbeats to the workers, and the line that ends the job when a worker is silent.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <unistd.h>
+
+#include "common/time.h"
+#include "pathways/dispatcher.h"
+
+namespace pwm::pathways {
+
+std::vector<std::string> Dispatcher::hello() {
+  std::vector<std::string> hosts(workers_.size());
+  for (int r : workers_) chan_.listen(r);
+  size_t got = 0;
+  std::vector<Message> inbox;
+  Backoff b(opts_.latency.backoff_min_us, opts_.latency.backoff_max_us);
+  // The hellos have a deadline too; the workers that said hello get heartbeats meanwhile.
+  const double start = now_s();
+  std::vector<bool> greeted(workers_.size() + 1, false);
+  while (got < workers_.size()) {
+    if (!chan_.progress(inbox)) b.idle();
+    for (auto& m : inbox) {
+      if (m.type == MsgType::kHeartbeat) continue;  // a worker that said hello beats
+      PWM_CHECK(m.type == MsgType::kHello, "worker {} sent {} before hello", m.peer, msg_type_name(m.type));
+      Hello h = decode<Hello>(m.body);
+      hosts[m.peer - 1] = std::move(h.host);
+      caps_[m.peer] = h.memory_cap;
+      greeted[m.peer] = true;
+      got++;
+    }
+    inbox.clear();
+    const double now = now_s();
+    if (live_.due(now)) {
+      for (int r : workers_)
+        if (greeted[r]) chan_.post(r, MsgType::kHeartbeat);
+      chan_.flush();
+    }
+    if (got < workers_.size() && now - start > opts_.timeout_s) {
+      std::vector<std::string> missing;
+      for (int r : workers_)
+        if (!greeted[r]) missing.push_back(fmt::format("world rank {}{}", r, t_.host_of(r).empty() ? "" : " on " + t_.host_of(r)));
+      t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) waited {:.1f} s for the hello of {} "
+                           "(stopped, dead, or not calling run_worker); aborting the job (timeout: --coll-timeout or "
+                           "PWM_COLL_TIMEOUT)",
+                           t_.host_of(0).empty() ? "" : " on " + t_.host_of(0), now - start, fmt::join(missing, ", ")));
+    }
+  }
+  for (int r : workers_) live_.heard(r, now_s());
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  trace_.hosts(host, hosts);
+  return hosts;
+}
+
+void Dispatcher::check_liveness(double now) {
+  for (int r : workers_) {
+    if (!chan_.listening(r)) {
+      live_.forget(r);  // it sent its final frame (bye)
+      continue;
+    }
+    if (!shutdown_sent_) chan_.post(r, MsgType::kHeartbeat);  // (flushed with this pass's messages)
+  }
+  const std::vector<int> silent = live_.silent(now);
+  if (silent.empty()) return;
+  auto on = [&](int r) { return t_.host_of(r).empty() ? std::string() : " on " + t_.host_of(r); };
+  std::vector<std::string> who;
+  for (int r : silent) who.push_back(fmt::format("world rank {}{} (device {}) for {:.1f} s", r, on(r), r - 1, live_.silence(r, now)));
+  t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) has heard nothing from {} while waiting for {}; "
+                       "stopped, dead or stuck in a kernel; aborting the job (timeout: --coll-timeout or PWM_COLL_TIMEOUT)",
+                       on(0), fmt::join(who, ", and "), awaited_from(silent.front())));
+}
+
+std::string Dispatcher::awaited_from(int rank) {
+  std::vector<std::string> w;
+  for (auto& [id, rp] : runs_) {
+    const RunRec& r = *rp;
+    if (r.stage_waiting.count(rank))
+      w.push_back(fmt::format("stage_done of stage {} of run {} (program '{}')", r.stage, id, r.prog->def.name));
+    else if (r.sent && r.waiting.count(rank))
+      w.push_back(fmt::format("run_done of run {} (program '{}')", id, r.prog->def.name));
+  }
+  for (auto& [req, f] : fetch_reqs_)
+    if (f.rank == rank) w.push_back(fmt::format("fetch_reply of object {}", f.rec->a->id));
+  if (!stats_.empty()) w.push_back("stats_reply");
+  if (shutdown_sent_) w.push_back("bye (shutdown)");
+  if (w.empty()) return "its heartbeat (no work outstanding on it)";
+  return w.size() == 1 ? w[0] : fmt::format("{} and {} more", w[0], w.size() - 1);
+}
+
+}  // namespace pwm::pathways
