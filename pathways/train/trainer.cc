@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -174,7 +176,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     pending.push_back(std::move(p));
     if (pending.size() > kInFlight) drain_one();
-    if (step == cfg.kill_step) ::raise(SIGKILL);  // testing hook: the controller dies mid-run
+    // Testing hooks, as spmd_train's: --kill-rank 0 is the controller, which dies mid-run (a
+    // worker kills itself inside its step kernel: step_kernels.cc); --step-sleep-ms paces the
+    // dispatch so that an outside kill finds the run in progress.
+    if (step == cfg.kill_step && cfg.kill_rank == 0) ::raise(SIGKILL);
+    if (cfg.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
     const int64_t done = step + 1;
     const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
     const bool ckpt_now = !cfg.ckpt.empty() && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done != cfg.steps;
@@ -205,7 +211,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       for (size_t d = 0; d + words <= all.size(); d += words)
         fragments.emplace_back(reinterpret_cast<const char*>(&all[d + 1]), static_cast<size_t>(all[d]));
     }
-    write_trace_file(cfg.trace, fragments);
+    write_trace_file(cfg.trace, fragments, "--trace");
   }
   const std::string h = model::hash_hex(hash);
   report.finish(h);
