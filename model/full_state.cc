@@ -146,8 +146,8 @@ void check_memory(const TrainConfig& cfg, int ranks_on_host) {
   const double have = available_memory_bytes();
   if (have < 0 || need <= have) return;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-  PWM_THROW("this run needs about {:.3g} GiB of memory ({:.3g} GiB per rank x {} ranks on this host: parameters, "
-            "gradients, AdamW moments and activations) but this host has {:.3g} GiB available: use a smaller "
+  PWM_THROW("this run needs about {:.1f} GiB of memory ({:.1f} GiB per rank x {} ranks on this host: parameters, "
+            "gradients, AdamW moments and activations) but this host has {:.1f} GiB available: use a smaller "
             "--seq-len, --batch or model, more --microbatches, or more hosts",
             need / GiB, per_rank / GiB, ranks_on_host, have / GiB);
 }
