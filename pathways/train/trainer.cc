@@ -164,6 +164,9 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     if (pipe) bubbles.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
     report.step(r);
+    // A failed metrics write (a full disk) ends the run now rather than after the last step; the
+    // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
+    if (report.failed()) throw Error(report.error());
   };
   for (int64_t step = first; step < cfg.steps; ++step) {
     const auto out = run_step(states);
