@@ -136,7 +136,7 @@ void AtomicFile::discard() noexcept {
 
 void AtomicFile::fail(const std::string& op, int err) {
   discard();
-  error_ = fmt::format("{} {}: {} failed: {}; nothing was written to {}", what_, path_, op, errno_text(err), path_);
+  error_ = fmt::format("{} {}: {}: {}; nothing was written to {}", what_, path_, op, errno_text(err), path_);
   throw Error(error_);
 }
 
@@ -155,7 +155,10 @@ void AtomicFile::flush() {
   while (n > 0) {
     const ssize_t k = ::write(fd_, p, n);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) fail("writing " + tmp_, errno);
+    if (k < 0) {
+      const int err = errno;  // before any allocation below
+      fail("cannot write " + tmp_, err);
+    }
     p += k;
     n -= static_cast<size_t>(k);
     written_ += static_cast<uint64_t>(k);
@@ -165,18 +168,21 @@ void AtomicFile::flush() {
 
 void AtomicFile::commit() {
   flush();
-  if (::fsync(fd_) != 0) fail("fsync of " + tmp_, errno);
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    fail("cannot fsync " + tmp_, err);
+  }
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
-    fail("closing " + tmp_, err);
+    fail("cannot close " + tmp_, err);
   }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_.c_str());
-    fail("renaming " + tmp_ + " onto it", err);
+    fail("cannot rename " + tmp_ + " onto it", err);
   }
   temp_files::remove(slot_);
   slot_ = -1;
