@@ -178,6 +178,14 @@ def case_full_disk_leaves_nothing():
     assert p.returncode != 0, "a run on a full disk exited 0"
     assert "No space left on device" in p.stderr, p.stderr[-2000:]
     assert not os.path.exists(m) and not sc.temp_leftovers(full), "an output or a temporary file was left"
+    # A checkpoint larger than the filesystem, written by a worker's save kernel: its error
+    # reaches the controller, which ends the job; neither output appears, no temporary is left.
+    small = sc.small_tmpfs("small")
+    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(sc.TMP, "m2.jsonl")
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False, exe="pathways")
+    assert p.returncode != 0 and f"checkpoint {ck}" in p.stderr and "No space left on device" in p.stderr, p.stderr[-2000:]
+    assert not os.path.exists(ck) and not os.path.exists(m2), "an output was left under its final name"
+    assert not sc.temp_leftovers(small) and not sc.temp_leftovers(sc.TMP), "temporary files left"
 
 
 def main():
