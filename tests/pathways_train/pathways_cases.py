@@ -122,7 +122,8 @@ def case_kill_rank_and_step_sleep_are_honoured():
                exe="pathways", timeout=180)
     assert p.returncode != 0, "a run whose worker was killed exited 0"
     assert not os.path.exists(m), "the killed run left a metrics file"
-    assert not sc.temp_leftovers(sc.TMP), f"temporary files left: {sc.temp_leftovers(sc.TMP)}"
+    # (Temporary files are not checked here: OpenMPI ends the other ranks with SIGTERM, whose
+    # handler removes them, but MPICH's Hydra with SIGKILL, which nothing can catch.)
     sc.expect_error(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "3"], "--kill-rank 3", exe="pathways")
     # --step-sleep-ms paces the run so that an outside SIGTERM of the controller finds it in
     # progress; the controller's handler then removes its temporary metrics file.
