@@ -127,24 +127,28 @@ def case_kill_rank_and_step_sleep_are_honoured():
     sc.expect_error(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "3"], "--kill-rank 3", exe="pathways")
     # --step-sleep-ms paces the run so that an outside SIGTERM of the controller finds it in
     # progress; the controller's handler then removes its temporary metrics file.
-    m2 = os.path.join(sc.TMP, "sleep.jsonl")
+    sub = os.path.join(sc.TMP, "sleep")  # apart from what the SIGKILLed run above may have left
+    os.makedirs(sub)
+    m2 = os.path.join(sub, "sleep.jsonl")
     cmd = sc.MPIRUN + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + [
         "--dp", "2", "--steps", "60", "--step-sleep-ms", "500", "--metrics", m2]
     proc = subprocess.Popen(cmd, env=sc.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = []
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:
-            tmp = sc.temp_leftovers(sc.TMP)
+            tmp = sc.temp_leftovers(sub)
             if tmp and sum(1 for _ in open(tmp[0])) >= 3:  # the header and two steps
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be stopped (--step-sleep-ms ignored?)"
+        assert tmp, "the metrics file's temporary file never appeared"
         os.kill(int(tmp[0].rsplit(".", 1)[1]), signal.SIGTERM)
         assert proc.wait(timeout=120) != 0, "the job exited 0 after a SIGTERM"
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not sc.temp_leftovers(sc.TMP), f"temporary files left after SIGTERM: {sc.temp_leftovers(sc.TMP)}"
+    assert not sc.temp_leftovers(sub), f"temporary files left after SIGTERM: {sc.temp_leftovers(sub)}"
     assert not os.path.exists(m2)
 
 
