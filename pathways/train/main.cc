@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 
 #include "collectives/communicator.h"
@@ -80,10 +79,11 @@ int main(int argc, char** argv) {
   const auto hosts = collectives::allgather_strings(world, host);
   int workers_here = 0;  // the controller holds no tensors
   for (size_t r = 1; r < hosts.size(); ++r) workers_here += hosts[r] == host;
-  const std::map<std::string, std::string> mine = {
+  const std::map<std::string, std::string> pathways_flags = {
       {"granularity", po.granularity}, {"stages", std::to_string(po.stages)}, {"schedule", po.schedule},
       {"islands", po.islands}, {"sequential", po.sequential ? "true" : "false"}};
-  if (!collectives::agree_on_errors(world, "pathways_train", [&] { agree_on_config(world, cfg.canonical_json(mine)); }))
+  if (!collectives::agree_on_errors(world, "pathways_train",
+                                    [&] { agree_on_config(world, cfg.canonical_json(pathways_flags)); }))
     return 1;
   if (!collectives::agree_on_errors(world, "pathways_train", [&] {
         const int workers = env.size() - 1;
@@ -105,8 +105,10 @@ int main(int argc, char** argv) {
         if (env.rank() != 0) model::check_memory(cfg, workers_here);
         if (env.rank() == 0) {
           model::check_output_paths(cfg);
-          // The runtime's own trace is written at shutdown, after the training: check it now.
-          if (const char* t = std::getenv("PWM_PW_TRACE"); t && *t) check_output_path("PWM_PW_TRACE", t);
+          // The runtime's own trace (PWM_PW_TRACE) is written at shutdown, after the training:
+          // check its path now, read where the runtime reads it.
+          const std::string rt_trace = pathways::RuntimeOptions::from_env().trace_path;
+          if (!rt_trace.empty()) check_output_path("PWM_PW_TRACE", rt_trace);
         }
         data = model::open_training_data(cfg);
         resume = model::load_resume_checkpoint(cfg).has_value();

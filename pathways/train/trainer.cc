@@ -183,7 +183,10 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     // worker kills itself inside its step kernel: step_kernels.cc); --step-sleep-ms paces the
     // dispatch so that an outside kill finds the run in progress.
     if (step == cfg.kill_step && cfg.kill_rank == 0) ::raise(SIGKILL);
-    if (cfg.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
+    if (cfg.step_sleep_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
+      last_end_us = -1;  // the pause is not a step (as in spmd_train)
+    }
     const int64_t done = step + 1;
     const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
     const bool ckpt_now = !cfg.ckpt.empty() && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done != cfg.steps;
