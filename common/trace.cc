@@ -1,11 +1,8 @@
 #include "common/trace.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 
 #include "common/check.h"
 #include "common/time.h"
@@ -60,25 +57,7 @@ Trace::Scope::~Scope() {
   if (t_.enabled()) t_.span(name_, cat_, start_, now_us(), tid_);
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) PWM_THROW("cannot write {}: check that the directory exists and is writable", path);
-    f << contents;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      PWM_THROW("writing {} failed (disk full?)", path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    PWM_THROW("cannot move {} into place at {}", tmp, path);
-  }
-}
-
-void write_trace_file(const std::string& path, const std::vector<std::string>& fragments) {
+void write_trace_file(const std::string& path, const std::vector<std::string>& fragments, const std::string& what) {
   std::string doc = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   bool first = true;
   for (const auto& f : fragments) {
@@ -88,15 +67,7 @@ void write_trace_file(const std::string& path, const std::vector<std::string>& f
     first = false;
   }
   doc += "\n]}\n";
-  write_file_atomic(path, doc);
-}
-
-void check_writable(const std::string& flag, const std::string& path) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) PWM_THROW("{} {}: cannot write there (check that the directory exists and is writable)", flag, path);
-  std::fclose(f);
-  std::remove(tmp.c_str());
+  write_file_atomic(path, doc, what);
 }
 
 }  // namespace pwm

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/atomic_file.h"  // write_file_atomic, check_output_path
+
 namespace pwm {
 
 class Trace {
@@ -46,15 +48,10 @@ class Trace {
   std::vector<std::string> events_;
 };
 
-// Writes {"traceEvents": [fragments...], "displayTimeUnit": "ms"} to `path` atomically
-// (temporary file + rename). Throws pwm::Error if the file cannot be written.
-void write_trace_file(const std::string& path, const std::vector<std::string>& fragments);
-
-// Creates and removes PATH.tmp to check that PATH can be written; throws pwm::Error naming
-// the flag and the path otherwise. For validating output paths before a run starts.
-void check_writable(const std::string& flag, const std::string& path);
-
-// Writes `contents` to PATH atomically (PATH.tmp.<pid>, then rename).
-void write_file_atomic(const std::string& path, const std::string& contents);
+// Writes {"traceEvents": [fragments...], "displayTimeUnit": "ms"} to `path` through an
+// AtomicFile (common/atomic_file.h): complete or absent. Throws pwm::Error with one line naming
+// `what` and the path if the file cannot be written (a full disk included).
+void write_trace_file(const std::string& path, const std::vector<std::string>& fragments,
+                      const std::string& what = "trace");
 
 }  // namespace pwm

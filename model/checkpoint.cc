@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "common/atomic_file.h"
 #include "common/check.h"
 
 // File layout (docs/checkpoint-format.md is the byte-exact reference):
@@ -159,24 +161,14 @@ void check_tensors(const Checkpoint& c, const std::string& what) {
 
 // ---- Writing ------------------------------------------------------------------------------
 
-// Writes to a file descriptor through a buffer, checksumming every byte.
+// Writes through an AtomicFile (which buffers and checks every write), checksumming every byte.
 class CrcWriter {
  public:
-  CrcWriter(int fd, const std::string& tmp) : fd_(fd), tmp_(tmp) { buf_.reserve(kBuf); }
-
+  explicit CrcWriter(AtomicFile& f) : f_(f) {}
   void write(const void* data, size_t n) {
     crc_ = checkpoint_crc32(crc_, data, n);
-    const auto* p = static_cast<const char*>(data);
-    if (buf_.size() + n <= kBuf) {
-      buf_.insert(buf_.end(), p, p + n);
-      return;
-    }
-    flush();
-    if (n >= kBuf) {
-      raw_write(p, n);
-    } else {
-      buf_.insert(buf_.end(), p, p + n);
-    }
+    f_.write(data, n);
+    written_ += n;
   }
   void zeros(size_t n) {
     static constexpr char kZeros[kAlign] = {};
@@ -186,30 +178,11 @@ class CrcWriter {
       n -= k;
     }
   }
-  void flush() {
-    raw_write(buf_.data(), buf_.size());
-    buf_.clear();
-  }
   uint32_t crc() const { return crc_; }
   uint64_t written() const { return written_; }
 
  private:
-  static constexpr size_t kBuf = 1 << 20;
-
-  void raw_write(const char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t k = ::write(fd_, p, n);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0) PWM_THROW("cannot write {}: {}", tmp_, std::strerror(errno));
-      p += k;
-      n -= static_cast<size_t>(k);
-      written_ += static_cast<uint64_t>(k);
-    }
-  }
-
-  int fd_;
-  std::string tmp_;
-  std::vector<char> buf_;
+  AtomicFile& f_;
   uint32_t crc_ = 0;
   uint64_t written_ = 0;
 };
@@ -221,7 +194,7 @@ struct Entry {
   uint64_t bytes;
 };
 
-void write_file(int fd, const std::string& tmp, const Checkpoint& c) {
+void write_file(AtomicFile& f, const Checkpoint& c) {
   std::vector<Entry> entries;
   uint64_t data_bytes = 0;
   auto add = [&](const std::vector<TensorData>& g, const char* group) {
@@ -260,7 +233,7 @@ void write_file(int fd, const std::string& tmp, const Checkpoint& c) {
   store_u64(pre + 16, data_offset);
   store_u64(pre + 24, data_bytes);
 
-  CrcWriter w(fd, tmp);
+  CrcWriter w(f);
   w.write(pre, sizeof(pre));
   w.write(text.data(), text.size());
   w.zeros(data_offset - kPreambleBytes - text.size());
@@ -274,13 +247,7 @@ void write_file(int fd, const std::string& tmp, const Checkpoint& c) {
   unsigned char crc[kCrcBytes];
   store_u32(crc, w.crc());
   w.write(crc, sizeof(crc));
-  w.flush();
   PWM_CHECK_EQ(w.written(), data_offset + data_bytes + kCrcBytes);
-}
-
-std::string parent_dir(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
 }
 
 // ---- Reading ------------------------------------------------------------------------------
@@ -360,50 +327,20 @@ const TensorData& Checkpoint::v(const std::string& name) const {
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   check_tensors(ckpt, "checkpoint " + path);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    PWM_THROW("checkpoint {}: cannot create {}: {}; check that the directory exists and is "
-              "writable",
-              path, tmp, std::strerror(errno));
-  // Until the rename succeeds, any failure closes and removes the temporary file.
-  bool renamed = false;
-  struct Cleanup {
-    int& fd;
-    const std::string& tmp;
-    bool& renamed;
-    ~Cleanup() {
-      if (fd >= 0) ::close(fd);
-      if (!renamed) ::unlink(tmp.c_str());
-    }
-  } cleanup{fd, tmp, renamed};
-  try {
-    write_file(fd, tmp, ckpt);
-    if (::fsync(fd) != 0) PWM_THROW("cannot fsync {}: {}", tmp, std::strerror(errno));
-    const int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0) PWM_THROW("cannot close {}: {}", tmp, std::strerror(errno));
-  } catch (const Error& e) {
-    PWM_THROW("checkpoint {}: {}", path, e.what());
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    PWM_THROW("checkpoint {}: cannot rename {} onto it: {}", path, tmp, std::strerror(errno));
-  renamed = true;
-  // The rename is durable only once the directory entry is on disk.
-  const std::string dir = parent_dir(path);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) PWM_THROW("checkpoint {}: cannot open directory {} to fsync it: {}", path, dir,
-                         std::strerror(errno));
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  if (rc != 0 && err != EINVAL)  // some filesystems cannot fsync a directory; nothing to do then
-    PWM_THROW("checkpoint {}: cannot fsync directory {}: {}", path, dir, std::strerror(err));
+  // Complete or absent: any failure removes the temporary file and leaves PATH as it was.
+  AtomicFile f(path, "checkpoint");
+  write_file(f, ckpt);
+  f.commit();
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
-  const std::string what = "checkpoint " + path;
   const std::vector<unsigned char> f = read_all(path);
+  Checkpoint c = parse_checkpoint(std::span<const unsigned char>(f), "checkpoint " + path);
+  c.path = path;
+  return c;
+}
+
+Checkpoint parse_checkpoint(std::span<const unsigned char> f, const std::string& what) {
   const uint64_t size = f.size();
 
   // Magic first, on as many bytes as exist, so a foreign file is not called "truncated".
@@ -445,7 +382,7 @@ Checkpoint load_checkpoint(const std::string& path) {
               stored, computed);
 
   Checkpoint c;
-  c.path = path;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // [offset, offset + bytes) of every tensor
   try {
     const json h = json::parse(f.begin() + kPreambleBytes,
                                f.begin() + static_cast<std::ptrdiff_t>(kPreambleBytes + header_bytes));
@@ -473,12 +410,24 @@ Checkpoint load_checkpoint(const std::string& path) {
       if (offset % sizeof(float) != 0 || offset > data_bytes || bytes > data_bytes - offset)
         PWM_THROW("{} lies outside the data section ({} bytes at offset {}, section of {})", where,
                   bytes, offset, data_bytes);
+      extents.push_back({offset, offset + bytes});
       t.values.resize(static_cast<size_t>(n));
       std::memcpy(t.values.data(), f.data() + data_offset + offset, bytes);
       group_of(c, group, what).push_back(std::move(t));
     }
   } catch (const json::exception& e) {
     PWM_THROW("{}: malformed header: {}", what, e.what());
+  }
+  // Every tensor owns its bytes: two table entries over the same bytes are a forged or corrupt
+  // table (its CRC may still be right), not two tensors.
+  std::sort(extents.begin(), extents.end());
+  std::pair<uint64_t, uint64_t> reach{0, 0};  // the non-empty extent that ends last so far
+  for (const auto& e : extents) {
+    if (e.second == e.first) continue;
+    if (e.first < reach.second)
+      PWM_THROW("{}: corrupt tensor table: tensors at data offsets {} and {} overlap (bytes [{}, {}) and [{}, {}))",
+                what, reach.first, e.first, reach.first, reach.second, e.first, e.second);
+    if (e.second > reach.second) reach = e;
   }
   check_tensors(c, what);
   return c;

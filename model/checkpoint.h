@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,8 @@ struct Checkpoint {
   bool has_optimizer_state() const { return !adam_m.empty(); }
 };
 
-// Writes `ckpt` to PATH atomically: the bytes go to PATH.tmp.<pid>, which is fsynced, renamed
-// onto PATH, and the directory fsynced. On any failure the temporary file is removed, PATH is
+// Writes `ckpt` to PATH atomically (common/atomic_file.h): the bytes go to PATH.tmp.<pid>, every
+// write checked, which is fsynced, renamed onto PATH, and the directory fsynced. On any failure the temporary file is removed, PATH is
 // left as it was, and pwm::Error names PATH and the cause. Malformed tensors (values that do not
 // match the shape, duplicate names, moments that do not mirror params) throw before anything is
 // written. Values are stored bit for bit, non-finite ones included. Not thread-safe per PATH.
@@ -53,6 +54,12 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // CRC-32 over the whole file, then the header and every tensor's extent. A truncated, corrupt or
 // foreign file throws pwm::Error with one line naming PATH and what is wrong.
 Checkpoint load_checkpoint(const std::string& path);
+
+// The same checks and decoding on bytes in memory (load_checkpoint = read the file + this; the
+// fuzz target calls it directly). `what` names the bytes in messages ("checkpoint PATH"). Every
+// tensor's extent must lie inside the data section and no two may overlap. The result's `path`
+// is empty.
+Checkpoint parse_checkpoint(std::span<const unsigned char> bytes, const std::string& what);
 
 // Throws pwm::Error naming the first Config field that differs, e.g.
 // "checkpoint run/x.ckpt was written for d_model=128 but this run has d_model=256".

@@ -41,7 +41,8 @@ uint64_t below(uint64_t r, uint64_t n) {
 const char* kDataHint = "pass a text file or a directory of text files";
 
 void append_file(const fs::path& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put in place after the check above must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     PWM_THROW("data {}: cannot open: {}; {}", path.string(), std::strerror(errno), kDataHint);
   char buf[1 << 16];
@@ -120,6 +121,16 @@ TextDataset TextDataset::open(const std::string& path, double val_fraction) {
       PWM_THROW("data {}: cannot access: {}; {}", path, ec.message(), kDataHint);
     PWM_THROW("data {}: no such file or directory; {} (the default corpus is {})", path,
               kDataHint, default_corpus_path());
+  }
+  // Never open a FIFO, socket or device: opening a FIFO blocks until a writer appears, and a
+  // device may never end. fs::status does not open the path.
+  if (!fs::is_directory(st) && !fs::is_regular_file(st)) {
+    const char* kind = fs::is_fifo(st)             ? "a FIFO (named pipe)"
+                       : fs::is_socket(st)         ? "a socket"
+                       : fs::is_character_file(st) ? "a character device"
+                       : fs::is_block_file(st)     ? "a block device"
+                                                   : "not a regular file";
+    PWM_THROW("data {}: is {}, not a regular file; {}", path, kind, kDataHint);
   }
   std::string bytes;
   if (fs::is_directory(st)) {

@@ -42,8 +42,19 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg);
 // The dataset of `cfg` (the default corpus when cfg.data is empty, which it then names), checked
 // to fit one sequence and one validation batch; throws pwm::Error with one line otherwise.
 std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg);
-// Checks that --metrics, --trace and --ckpt can be written (creates and removes PATH.tmp.<pid>).
+// Checks that --metrics, --trace and --ckpt can be written: not a directory or special file, the
+// parent directory exists, a file can be created there (common/atomic_file.h check_output_path).
 void check_output_paths(const TrainConfig& cfg);
+
+// A lower estimate of one compute rank's memory (bytes): parameters, gradients and AdamW
+// moments of its tp shard, and the activations of one micro-batch. Computed in doubles (no
+// overflow for absurd configs).
+double estimated_memory_bytes(const TrainConfig& cfg);
+// MemAvailable from /proc/meminfo (sysconf's available pages elsewhere); -1 if unknown.
+double available_memory_bytes();
+// Throws pwm::Error with one line giving both numbers if `ranks_on_host` ranks of this config
+// need more than this host has available. Call before allocating anything large.
+void check_memory(const TrainConfig& cfg, int ranks_on_host);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
 // `reps`: the peak MFU is measured against.

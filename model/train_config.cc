@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <fstream>
 
 #include "common/check.h"
@@ -135,6 +137,11 @@ bool parse_train_config(int argc, char** argv, const std::string& program,
 }
 
 void TrainConfig::validate(int world_size) const {
+  // The flags first: optim.total_steps is --steps, and the optimizer's own check would name it
+  // by its internal name.
+  if (steps < 1) PWM_THROW("--steps must be at least 1 (got {})", steps);
+  if (optim.warmup_steps > steps)
+    PWM_THROW("--warmup-steps {} is more than --steps {}: use fewer warm-up steps", optim.warmup_steps, steps);
   model.validate();
   optim.validate();
   if (dp < 1 || tp < 1) PWM_THROW("--dp and --tp must be at least 1 (got dp={} tp={})", dp, tp);
@@ -148,7 +155,6 @@ void TrainConfig::validate(int world_size) const {
   if (global_batch % (static_cast<int64_t>(dp) * microbatches) != 0)
     PWM_THROW("--batch {} is not divisible by --dp {} x --microbatches {}: choose a multiple of {}",
               global_batch, dp, microbatches, static_cast<int64_t>(dp) * microbatches);
-  if (steps < 1) PWM_THROW("--steps must be at least 1 (got {})", steps);
   if (!(val_fraction > 0 && val_fraction < 1))
     PWM_THROW("--val-fraction must be in (0, 1) (got {})", val_fraction);
   if (eval_every < 0 || eval_batches < 1 || log_every < 1 || ckpt_every < 0)
@@ -157,6 +163,72 @@ void TrainConfig::validate(int world_size) const {
   if (resume && ckpt.empty()) PWM_THROW("--resume needs --ckpt PATH");
   if (bucket_bytes < 1024) PWM_THROW("--bucket-bytes must be at least 1024 (got {})", bucket_bytes);
   if (!(coll_timeout > 0)) PWM_THROW("--coll-timeout must be positive (got {})", coll_timeout);
+  if (step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", step_sleep_ms);
+}
+
+void TrainConfig::validate_kill_rank(int ranks) const {
+  if (kill_step < 0) return;
+  if (kill_step >= steps)
+    PWM_THROW("--kill-step {} is never reached: the run has --steps {} (steps 0..{})", kill_step, steps, steps - 1);
+  if (kill_rank < 0 || kill_rank >= ranks)
+    PWM_THROW("--kill-rank {} is not a rank of this job: choose one in [0, {})", kill_rank, ranks);
+}
+
+std::string TrainConfig::canonical_json(const std::map<std::string, std::string>& extra) const {
+  nlohmann::json j = nlohmann::json::parse(to_json());
+  const Config& m = model;  // field by field, so that a difference names the field
+  j["model"] = {{"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"head_dim", m.head_dim},
+                {"d_ff", m.d_ff},       {"vocab", m.vocab},       {"seq_len", m.seq_len}, {"z_loss", m.z_loss},
+                {"rope_base", m.rope_base}, {"norm", norm_name(m.norm)}, {"seed", m.seed}};
+  j["global_batch"] = global_batch;
+  j["log_every"] = log_every;
+  j["metrics"] = metrics;
+  j["trace"] = trace;
+  j["ckpt"] = ckpt;
+  j["ckpt_every"] = ckpt_every;
+  j["resume"] = resume;
+  j["coll_timeout"] = coll_timeout;
+  j["peak_gflops"] = peak_gflops;
+  j["kill_step"] = kill_step;
+  j["kill_rank"] = kill_rank;
+  j["step_sleep_ms"] = step_sleep_ms;
+  for (const auto& [k, v] : extra) j["trainer"][k] = v;
+  return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
+}
+
+uint64_t config_hash(const std::string& canonical) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : canonical) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void check_same_config(const std::vector<std::string>& canonical_by_rank) {
+  std::vector<int> odd;
+  for (size_t r = 1; r < canonical_by_rank.size(); ++r)
+    if (canonical_by_rank[r] != canonical_by_rank[0]) odd.push_back(static_cast<int>(r));
+  if (odd.empty()) return;
+  std::string ranks;
+  for (size_t i = 0; i < odd.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(odd[i]);
+  if (odd.size() > 8) ranks += ",...";
+  PWM_THROW("rank{} {} started with other flags than rank 0 (rank {} vs rank 0: {}): start every rank with the "
+            "same flags and config file",
+            odd.size() > 1 ? "s" : "", ranks, odd[0],
+            config_differences(canonical_by_rank[static_cast<size_t>(odd[0])], canonical_by_rank[0]));
+}
+
+std::string config_differences(const std::string& a, const std::string& b, size_t max_fields) {
+  const nlohmann::json fa = nlohmann::json::parse(a).flatten(), fb = nlohmann::json::parse(b).flatten();
+  std::vector<std::string> out;
+  auto shown = [](const nlohmann::json& j, const std::string& k) { return j.contains(k) ? j.at(k).dump() : "(absent)"; };
+  auto key = [](std::string k) { return k.substr(1); };  // "/optim/lr" -> "optim/lr"
+  for (auto& [k, v] : fa.items())
+    if (!fb.contains(k) || fb.at(k) != v) out.push_back(fmt::format("{}={} vs {}", key(k), shown(fa, k), shown(fb, k)));
+  for (auto& [k, v] : fb.items())
+    if (!fa.contains(k)) out.push_back(fmt::format("{}={} vs {}", key(k), shown(fa, k), shown(fb, k)));
+  std::string s;
+  for (size_t i = 0; i < out.size() && i < max_fields; ++i) s += (i ? ", " : "") + out[i];
+  if (out.size() > max_fields) s += fmt::format(" (and {} more)", out.size() - max_fields);
+  return s;
 }
 
 std::string TrainConfig::workload_json() const {

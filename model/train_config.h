@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/optim.h"
@@ -60,6 +62,9 @@ struct TrainConfig {
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
   // number of compute ranks (dp * tp must equal it).
   void validate(int world_size) const;
+  // Checks the testing hook: --kill-step within the run and --kill-rank in [0, ranks) (ranks:
+  // every world rank, a Pathways controller included). Throws pwm::Error with one line.
+  void validate_kill_rank(int ranks) const;
   // Micro-batch size per dp rank.
   int64_t micro_batch() const { return global_batch / dp / microbatches; }
   int64_t tokens_per_step() const { return global_batch * model.seq_len; }
@@ -69,7 +74,21 @@ struct TrainConfig {
   // refuses another. Excludes mesh, outputs and execution settings.
   std::string workload_json() const;
   std::string to_json() const;  // everything, for the metrics file's header
+  // Every field, as sorted-key JSON: equal texts <=> equal configurations. The ranks of a job
+  // compare its hash before training (a rank started with other flags is named). `extra`: a
+  // trainer's own settings (pathways_train's --granularity...), under "trainer".
+  std::string canonical_json(const std::map<std::string, std::string>& extra = {}) const;
 };
+
+// Throws pwm::Error with one line naming the ranks whose text differs from rank 0's and the
+// first differing fields, e.g. "rank 1 started with other flags than rank 0 (rank 1 vs rank 0:
+// model/seed=2 vs 1): ...". Index = rank.
+void check_same_config(const std::vector<std::string>& canonical_by_rank);
+// FNV-1a 64 of a canonical_json() text.
+uint64_t config_hash(const std::string& canonical);
+// The fields in which two JSON texts differ, "key=A vs B, ..." (at most `max_fields`, then
+// "(and N more)"); empty if equal. Nested keys are joined by '/': "optim/lr", "model".
+std::string config_differences(const std::string& a, const std::string& b, size_t max_fields = 4);
 
 // Registers every flag on `app`, bound to `cfg`. `--config FILE` is handled by
 // parse_train_config below.

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cstdio>
 
@@ -22,21 +21,15 @@ TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int
                          bool is_reporter)
     : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(peak_gflops), reporter_(is_reporter) {
   if (!reporter_ || cfg_.metrics.empty()) return;
-  tmp_path_ = fmt::format("{}.tmp.{}", cfg_.metrics, getpid());
-  out_.open(tmp_path_, std::ios::trunc);
-  if (!out_) PWM_THROW("--metrics {}: cannot write there (check the directory)", cfg_.metrics);
+  out_ = std::make_unique<AtomicFile>(cfg_.metrics, "--metrics");
   nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
                          {"ranks", ranks_}, {"peak_gflops_per_rank", peak_},
                          {"flops_per_token", cfg_.model.flops_per_token()}};
   write(head.dump());
 }
 
-TrainReport::~TrainReport() {
-  if (out_.is_open()) {
-    out_.close();
-    std::remove(tmp_path_.c_str());  // finish() was not reached: leave no partial file
-  }
-}
+// finish() was not reached: out_'s destructor removes the partial file.
+TrainReport::~TrainReport() = default;
 
 double TrainReport::tokens_per_s(double step_ms) const {
   return step_ms > 0 ? static_cast<double>(cfg_.tokens_per_step()) / (step_ms * 1e-3) : 0.0;
@@ -47,9 +40,15 @@ double TrainReport::mfu(double tps) const {
 }
 
 void TrainReport::write(const std::string& line) {
-  if (!out_.is_open()) return;
-  out_ << line << '\n';
-  out_.flush();
+  if (!out_) return;
+  try {
+    out_->write(line);
+    out_->write("\n", 1);
+    out_->flush();  // a reader (or a crash) sees whole lines
+  } catch (const Error& e) {
+    error_ = e.what();
+    out_.reset();  // removes the temporary file
+  }
 }
 
 void TrainReport::step(const StepRecord& r) {
@@ -88,6 +87,7 @@ void TrainReport::validation(int64_t step, double val_loss) {
 
 void TrainReport::finish(const std::string& weights_hash) {
   if (!reporter_) return;
+  if (failed()) throw Error(error_);
   const double tps = median(tokens_per_s_);
   nlohmann::json j = {{"final", true},
                       {"trainer", trainer_},
@@ -102,15 +102,15 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"weights_hash", weights_hash}};
   for (auto& [k, v] : extra_) j[k] = v;
   write(j.dump());
+  if (failed()) throw Error(error_);
+  if (out_) {
+    out_->commit();  // throws (the temporary file removed) if the last bytes cannot be stored
+    out_.reset();
+  }
   for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
   fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, weights {}\n",
              trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_, weights_hash);
   std::fflush(stdout);
-  if (out_.is_open()) {
-    out_.close();
-    if (std::rename(tmp_path_.c_str(), cfg_.metrics.c_str()) != 0)
-      PWM_THROW("cannot move {} into place at {}", tmp_path_, cfg_.metrics);
-  }
 }
 
 }  // namespace pwm::model

@@ -5,10 +5,11 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "model/train_config.h"
 
 namespace pwm::model {
@@ -25,16 +26,24 @@ struct StepRecord {
 
 class TrainReport {
  public:
-  // `ranks` compute ranks; `peak_gflops` per rank (for MFU). Opens --metrics (as PATH.tmp.<pid>,
-  // renamed onto PATH by finish()) when cfg.metrics is set. Only the reporting rank creates one.
+  // `ranks` compute ranks; `peak_gflops` per rank (for MFU). Opens --metrics (an AtomicFile:
+  // PATH.tmp.<pid>, renamed onto PATH by finish()) when cfg.metrics is set. Only the reporting
+  // rank creates one. Throws pwm::Error if it cannot be created.
+  // A failed write (a full disk) does not throw from step()/validation(): the temporary file is
+  // removed at once, later lines are dropped, and failed()/error() say so, so that the trainer
+  // can stop every rank together; finish() then throws that error.
   TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
               bool is_reporter);
   ~TrainReport();
 
   void step(const StepRecord& r);
   void validation(int64_t step, double val_loss);
-  // Writes the final line, prints the summary, and moves the metrics file into place.
+  // Writes the final line, prints the summary, and moves the metrics file into place. Throws
+  // pwm::Error with one line (nothing left under the final name) if any write failed.
   void finish(const std::string& weights_hash);
+
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }
 
   // An extra number for the final line (e.g. a pipeline's measured bubble).
   void set_extra(const std::string& key, double value) { extra_.push_back({key, value}); }
@@ -52,8 +61,8 @@ class TrainReport {
   int ranks_;
   double peak_;
   bool reporter_;
-  std::string tmp_path_;
-  std::ofstream out_;
+  std::unique_ptr<AtomicFile> out_;
+  std::string error_;  // the first failed write
   std::vector<double> step_ms_, tokens_per_s_, comm_share_;
   double last_loss_ = 0, last_val_ = -1;
   std::vector<std::pair<std::string, double>> extra_;

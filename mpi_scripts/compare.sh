@@ -24,16 +24,29 @@
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""
+# value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
+# or followed by another flag); count FLAG VALUE: VALUE must be a whole number >= 1. Both run
+# before anything is installed or built.
+value() {
+  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
+    echo "compare.sh: error: $1 needs a value (see --help)" >&2; exit 2
+  fi
+  printf '%s' "$2"
+}
+count() {
+  [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] ||
+    { echo "compare.sh: error: $1 must be a whole number of at least 1 (got '$2')" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --np) NP=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --rounds) ROUNDS=$2; shift 2 ;;
-    --hostfile) HOSTFILE=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
+    --np) NP=$(value "$@") || exit 2; count --np "$NP"; shift 2 ;;
+    --steps) STEPS=$(value "$@") || exit 2; count --steps "$STEPS"; shift 2 ;;
+    --rounds) ROUNDS=$(value "$@") || exit 2; count --rounds "$ROUNDS"; shift 2 ;;
+    --hostfile) HOSTFILE=$(value "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    --hosts) HOSTS=$2; shift 2 ;;
-    --dcn-rate) DCN_RATE=$2; shift 2 ;;
+    --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
+    --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac

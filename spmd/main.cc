@@ -3,6 +3,7 @@
 // Flags: spmd_train --help (the workload flags are shared with pathways_train).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "collectives/communicator.h"
@@ -16,6 +17,27 @@
 #include "spmd/trainer.h"
 
 using namespace pwm;
+
+namespace {
+
+// Every rank must run the same configuration: ranks of an MPMD launch (`mpirun -n 1 spmd_train
+// --seed 1 : -n 1 spmd_train --seed 2`) would otherwise train apart silently or, with another
+// --bucket-bytes, post collectives of other sizes. One 8-byte AllGather of a hash; the texts are
+// exchanged only to name the difference. Throws on every rank with the same message.
+void agree_on_config(collectives::Communicator& world, const std::string& canonical) {
+  int64_t mine = static_cast<int64_t>(model::config_hash(canonical));
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  world.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
+  if (std::all_of(all.begin(), all.end(), [&](int64_t h) { return h == all[0]; })) return;
+  model::check_same_config(collectives::allgather_strings(world, canonical));
+}
+
+int ranks_on_my_host(collectives::Communicator& world, const std::string& host) {
+  const auto hosts = collectives::allgather_strings(world, host);
+  return static_cast<int>(std::count(hosts.begin(), hosts.end(), host));
+}
+
+}  // namespace
 
 
 int main(int argc, char** argv) {
@@ -34,11 +56,16 @@ int main(int argc, char** argv) {
   if (!go) return exit_code;
   std::unique_ptr<model::TextDataset> data;
   std::optional<model::Checkpoint> resume_from;
+  const int host_ranks = ranks_on_my_host(world, env.processor_name());
+  if (!collectives::agree_on_errors(world, "spmd_train", [&] { agree_on_config(world, cfg.canonical_json()); }))
+    return 1;
   if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());
+        cfg.validate_kill_rank(env.size());
+        model::check_memory(cfg, host_ranks);
+        if (env.rank() == 0) model::check_output_paths(cfg);
         data = model::open_training_data(cfg);
         resume_from = model::load_resume_checkpoint(cfg);
-        if (env.rank() == 0) model::check_output_paths(cfg);
       }))
     return 1;
   return collectives::run_mpi_main(env, [&] {
@@ -55,7 +82,8 @@ int main(int argc, char** argv) {
                  cfg.microbatches, cfg.data, data->size(), peak);
     spmd::Trainer trainer(cfg, env.transport(), *data, peak, resume_from);
     resume_from.reset();  // the trainer has its shard; free the full copy
-    trainer.run();
-    return 0;
+    // An output that could not be written (a full disk) was reported by rank 0 as one line and
+    // ended the run on every rank together.
+    return trainer.run() ? 0 : 1;
   });
 }

@@ -152,9 +152,11 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   world_.barrier();
   const int64_t w1 = now_us();
   trace_.span("wait (step end)", "sync", w0, w1);
-  double mine[3] = {mine_compute * 1e3, step_comm * 1e3, (w1 - w0) * 1e-3};
-  std::vector<double> all(3 * world_.size());
-  world_.allgather(mine, all.data(), 3, DataType::kFloat64);
+  // The 4th word: this rank's report has failed to write (a full disk), so that every rank learns
+  // it with the statistics it already exchanges, and all stop together.
+  double mine[4] = {mine_compute * 1e3, step_comm * 1e3, (w1 - w0) * 1e-3, report_.failed() ? 1.0 : 0.0};
+  std::vector<double> all(4 * world_.size());
+  world_.allgather(mine, all.data(), 4, DataType::kFloat64);
   rec.step = step;
   rec.loss = loss;
   rec.lr = upd.lr;
@@ -164,15 +166,21 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   rec.compute_ms.clear();
   rec.comm_ms.clear();
   rec.wait_ms.clear();
+  output_failed_ = false;
   for (int r = 0; r < world_.size(); ++r) {
-    rec.compute_ms.push_back(all[3 * r]);
-    rec.comm_ms.push_back(all[3 * r + 1]);
-    rec.wait_ms.push_back(all[3 * r + 2]);
+    rec.compute_ms.push_back(all[4 * r]);
+    rec.comm_ms.push_back(all[4 * r + 1]);
+    rec.wait_ms.push_back(all[4 * r + 2]);
+    output_failed_ = output_failed_ || all[4 * r + 3] != 0;
   }
   return loss;
 }
 
-std::string Trainer::run() {
+bool Trainer::agreed_write(const std::function<void()>& fn) {
+  return collectives::agree_on_errors(world_, "spmd_train", fn);
+}
+
+std::optional<std::string> Trainer::run() {
   const int64_t first = first_step_;
   world_.barrier();
   // A common origin on every host's clock: rank 0's time after the barrier, which rank r's clock
@@ -188,23 +196,33 @@ std::string Trainer::run() {
   model::StepRecord rec;
   for (int64_t step = first; step < cfg_.steps; ++step) {
     train_step(step, rec);
+    if (output_failed_) break;  // a metrics write failed: reported below, on every rank at once
     report_.step(rec);
     if (cfg_.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.step_sleep_ms));
     const int64_t done = step + 1;
     const bool eval_now = cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps;
     const bool ckpt_now = !cfg_.ckpt.empty() && cfg_.ckpt_every > 0 && done % cfg_.ckpt_every == 0 && done != cfg_.steps;
     if (eval_now) report_.validation(step, evaluate());
-    if (ckpt_now) save_checkpoint(done);
+    if (ckpt_now && !agreed_write([&] { save_checkpoint(done); })) return std::nullopt;
     if (eval_now || ckpt_now || cfg_.step_sleep_ms > 0) last_end_us_ = -1;  // the pause is not a step
   }
-  report_.validation(cfg_.steps - 1, evaluate());
-  if (!cfg_.ckpt.empty()) save_checkpoint(cfg_.steps);
-  const std::string hash = model::hash_hex(model::weights_hash(full(params_.data())));
-  if (!cfg_.trace.empty()) {
-    auto fragments = collectives::allgather_strings(world_, trace_.fragment());
-    if (transport_->rank() == 0) write_trace_file(cfg_.trace, fragments);
+  if (output_failed_) {
+    agreed_write([&] {
+      if (report_.failed()) throw Error(report_.error());
+      throw Error("another rank's output failed");
+    });
+    return std::nullopt;
   }
-  report_.finish(hash);
+  report_.validation(cfg_.steps - 1, evaluate());
+  if (!cfg_.ckpt.empty() && !agreed_write([&] { save_checkpoint(cfg_.steps); })) return std::nullopt;
+  const std::string hash = model::hash_hex(model::weights_hash(full(params_.data())));
+  std::vector<std::string> fragments;
+  if (!cfg_.trace.empty()) fragments = collectives::allgather_strings(world_, trace_.fragment());
+  const bool ok = agreed_write([&] {
+    if (!cfg_.trace.empty() && transport_->rank() == 0) write_trace_file(cfg_.trace, fragments, "--trace");
+    report_.finish(hash);
+  });
+  if (!ok) return std::nullopt;
   return hash;
 }
 

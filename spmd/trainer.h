@@ -11,6 +11,7 @@
 // Which ranks must call: every world rank constructs a Trainer and calls run(), collectively.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -44,13 +45,19 @@ class Trainer {
   ~Trainer();
 
   // Trains from the checkpoint's step (when resuming) to cfg.steps; writes metrics, trace and
-  // checkpoints as configured. Returns the hex weights hash.
-  std::string run();
+  // checkpoints as configured. Returns the hex weights hash, or nullopt when an output could not
+  // be written: rank 0 has then printed one line ("spmd_train: error: ...") and every rank
+  // stopped at the same step (the failure travels with the step's statistics); no output is
+  // left half-written.
+  std::optional<std::string> run();
 
  private:
   double train_step(int64_t step, model::StepRecord& rec);
   double evaluate();
   void save_checkpoint(int64_t steps_done);
+  // Runs an output write `fn` (on whichever ranks it writes) and agrees on its outcome on every
+  // rank; false (one line printed by rank 0) if it failed anywhere.
+  bool agreed_write(const std::function<void()>& fn);
   std::vector<model::TensorData> full(const float* buffer);
 
   model::TrainConfig cfg_;
@@ -74,6 +81,7 @@ class Trainer {
   // (from one step's end to the next on the workers' clock).
   int64_t last_end_us_ = -1;
   int64_t first_step_ = 0;
+  bool output_failed_ = false;  // some rank's report failed to write (learned with the last step)
 };
 
 }  // namespace pwm::spmd

@@ -8,7 +8,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
@@ -23,6 +25,21 @@
 #include "pathways/worker.h"
 
 using namespace pwm;
+
+namespace {
+
+// Every rank must run the same configuration (the controller and each worker parse it): an MPMD
+// launch with other flags on some rank would otherwise dispatch programs the workers shape
+// differently. One 8-byte AllGather of a hash; the texts only to name the difference.
+void agree_on_config(collectives::Communicator& world, const std::string& canonical) {
+  int64_t mine = static_cast<int64_t>(model::config_hash(canonical));
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  world.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
+  if (std::all_of(all.begin(), all.end(), [&](int64_t h) { return h == all[0]; })) return;
+  model::check_same_config(collectives::allgather_strings(world, canonical));
+}
+
+}  // namespace
 
 
 int main(int argc, char** argv) {
@@ -58,6 +75,16 @@ int main(int argc, char** argv) {
   if (!go) return exit_code;
   std::shared_ptr<model::TextDataset> data;
   bool resume = false;
+  const std::string host = env.processor_name();
+  const auto hosts = collectives::allgather_strings(world, host);
+  int workers_here = 0;  // the controller holds no tensors
+  for (size_t r = 1; r < hosts.size(); ++r) workers_here += hosts[r] == host;
+  const std::map<std::string, std::string> pathways_flags = {
+      {"granularity", po.granularity}, {"stages", std::to_string(po.stages)}, {"schedule", po.schedule},
+      {"islands", po.islands}, {"sequential", po.sequential ? "true" : "false"}};
+  if (!collectives::agree_on_errors(world, "pathways_train",
+                                    [&] { agree_on_config(world, cfg.canonical_json(pathways_flags)); }))
+    return 1;
   if (!collectives::agree_on_errors(world, "pathways_train", [&] {
         const int workers = env.size() - 1;
         if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
@@ -74,9 +101,17 @@ int main(int argc, char** argv) {
         } else {
           cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
         }
+        cfg.validate_kill_rank(env.size());  // world ranks: 0 is the controller
+        if (env.rank() != 0) model::check_memory(cfg, workers_here);
+        if (env.rank() == 0) {
+          model::check_output_paths(cfg);
+          // The runtime's own trace (PWM_PW_TRACE) is written at shutdown, after the training:
+          // check its path now, read where the runtime reads it.
+          const std::string rt_trace = pathways::RuntimeOptions::from_env().trace_path;
+          if (!rt_trace.empty()) check_output_path("PWM_PW_TRACE", rt_trace);
+        }
         data = model::open_training_data(cfg);
         resume = model::load_resume_checkpoint(cfg).has_value();
-        if (env.rank() == 0) model::check_output_paths(cfg);
       }))
     return 1;
   return collectives::run_mpi_main(env, [&] {

@@ -9,6 +9,8 @@
 #include "common/time.h"
 #include "model/optim.h"
 #include "model/train_step.h"
+
+#include <csignal>
 #include "pathways/train/kernels.h"
 
 namespace pwm::pathways::train::kernels {
@@ -26,6 +28,9 @@ Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.att
 model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
                                 int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
                                 double* loss_out) {
+  // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
+  // step, after its gradients and before the update, as spmd_train's rank does.
+  if (step == dev.cfg().kill_step && ctx.world_rank() == dev.cfg().kill_rank) ::raise(SIGKILL);
   double red[2] = {local_loss, model::grad_sq_norm_tp(layout, grads)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))

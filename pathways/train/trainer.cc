@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstring>
 #include <deque>
@@ -162,6 +164,9 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     if (pipe) bubbles.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
     report.step(r);
+    // A failed metrics write (a full disk) ends the run now rather than after the last step; the
+    // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
+    if (report.failed()) throw Error(report.error());
   };
   for (int64_t step = first; step < cfg.steps; ++step) {
     const auto out = run_step(states);
@@ -174,7 +179,14 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     pending.push_back(std::move(p));
     if (pending.size() > kInFlight) drain_one();
-    if (step == cfg.kill_step) ::raise(SIGKILL);  // testing hook: the controller dies mid-run
+    // Testing hooks, as spmd_train's: --kill-rank 0 is the controller, which dies mid-run (a
+    // worker kills itself inside its step kernel: step_kernels.cc); --step-sleep-ms paces the
+    // dispatch so that an outside kill finds the run in progress.
+    if (step == cfg.kill_step && cfg.kill_rank == 0) ::raise(SIGKILL);
+    if (cfg.step_sleep_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
+      last_end_us = -1;  // the pause is not a step (as in spmd_train)
+    }
     const int64_t done = step + 1;
     const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
     const bool ckpt_now = !cfg.ckpt.empty() && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done != cfg.steps;
@@ -205,7 +217,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       for (size_t d = 0; d + words <= all.size(); d += words)
         fragments.emplace_back(reinterpret_cast<const char*>(&all[d + 1]), static_cast<size_t>(all[d]));
     }
-    write_trace_file(cfg.trace, fragments);
+    write_trace_file(cfg.trace, fragments, "--trace");
   }
   const std::string h = model::hash_hex(hash);
   report.finish(h);

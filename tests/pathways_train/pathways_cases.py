@@ -9,7 +9,10 @@ pipeline adds the embedding's two gradient parts in another order, so it agrees 
 """
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
@@ -108,6 +111,88 @@ def case_trace_has_controller_and_workers():
         assert any(x.startswith(n) for x in names), f"trace lacks {n}: {sorted(names)}"
 
 
+# ---- Issue 17: the testing hooks, the pre-run check and checked writes in pathways_train --------
+
+
+def case_kill_rank_and_step_sleep_are_honoured():
+    m = os.path.join(sc.TMP, "k.jsonl")
+    # A worker killed in the middle of step 1: the job ends non-zero (the old code ignored
+    # --kill-rank and exited 0) and no metrics file is moved into place.
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "1", "--metrics", m], expect_ok=False,
+               exe="pathways", timeout=180)
+    assert p.returncode != 0, "a run whose worker was killed exited 0"
+    assert not os.path.exists(m), "the killed run left a metrics file"
+    # (Temporary files are not checked here: OpenMPI ends the other ranks with SIGTERM, whose
+    # handler removes them, but MPICH's Hydra with SIGKILL, which nothing can catch.)
+    sc.expect_error(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "3"], "--kill-rank 3", exe="pathways")
+    # --step-sleep-ms paces the run so that an outside SIGTERM of the controller finds it in
+    # progress; the controller's handler then removes its temporary metrics file.
+    sub = os.path.join(sc.TMP, "sleep")  # apart from what the SIGKILLed run above may have left
+    os.makedirs(sub)
+    m2 = os.path.join(sub, "sleep.jsonl")
+    cmd = sc.MPIRUN + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + [
+        "--dp", "2", "--steps", "60", "--step-sleep-ms", "500", "--metrics", m2]
+    proc = subprocess.Popen(cmd, env=sc.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = []
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            tmp = sc.temp_leftovers(sub)
+            if tmp and sum(1 for _ in open(tmp[0])) >= 3:  # the header and two steps
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be stopped (--step-sleep-ms ignored?)"
+        assert tmp, "the metrics file's temporary file never appeared"
+        os.kill(int(tmp[0].rsplit(".", 1)[1]), signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0, "the job exited 0 after a SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not sc.temp_leftovers(sub), f"temporary files left after SIGTERM: {sc.temp_leftovers(sub)}"
+    assert not os.path.exists(m2)
+
+
+def case_outputs_and_config_checked_first():
+    # PWM_PW_TRACE (the runtime's trace, written at shutdown) into a missing directory: named
+    # before training (the old code failed after the whole run).
+    env = sc.ENV
+    sc.ENV = dict(env, PWM_PW_TRACE=os.path.join(sc.TMP, "missing", "rt.json"))
+    try:
+        p = sc.run(3, sc.TINY + ["--dp", "2"], expect_ok=False, exe="pathways")
+    finally:
+        sc.ENV = env
+    sc.one_error_line(p, "PWM_PW_TRACE", prefix="pathways_train: error:")
+    assert "step" not in p.stdout, f"the run trained before failing:\n{p.stdout}"
+    d = os.path.join(sc.TMP, "adir")
+    os.makedirs(d)
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--ckpt", d], expect_ok=False, exe="pathways")
+    sc.one_error_line(p, f"--ckpt {d} is a directory", prefix="pathways_train: error:")
+    # The controller and the workers parse the flags each: a worker with another --seed is named.
+    a = sc.TINY + ["--dp", "2", "--steps", "2"]
+    p = sc.mpmd([(2, a), (1, a + ["--seed", "9"])], exe="pathways")
+    sc.one_error_line(p, "rank 2 started with other flags than rank 0", prefix="pathways_train: error:")
+    p = sc.mpmd([(1, a + ["--granularity", "chained"]), (2, a)], exe="pathways")
+    sc.one_error_line(p, "granularity", prefix="pathways_train: error:")
+
+
+def case_full_disk_leaves_nothing():
+    full = sc.small_tmpfs("full")
+    subprocess.run(["dd", "if=/dev/zero", f"of={full}/fill", "bs=4k"], capture_output=True)
+    m = os.path.join(full, "m.jsonl")
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--steps", "2", "--metrics", m], expect_ok=False, exe="pathways")
+    assert p.returncode != 0, "a run on a full disk exited 0"
+    assert "No space left on device" in p.stderr, p.stderr[-2000:]
+    assert not os.path.exists(m) and not sc.temp_leftovers(full), "an output or a temporary file was left"
+    # A checkpoint larger than the filesystem, written by a worker's save kernel: its error
+    # reaches the controller, which ends the job; neither output appears, no temporary is left.
+    small = sc.small_tmpfs("small")
+    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(sc.TMP, "m2.jsonl")
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False, exe="pathways")
+    assert p.returncode != 0 and f"checkpoint {ck}" in p.stderr and "No space left on device" in p.stderr, p.stderr[-2000:]
+    assert not os.path.exists(ck) and not os.path.exists(m2), "an output was left under its final name"
+    assert not sc.temp_leftovers(small) and not sc.temp_leftovers(sc.TMP), "temporary files left"
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"pw_{case}_")
@@ -116,6 +201,8 @@ def main():
         globals()["case_" + case]()
         print(f"PASS {case}")
     finally:
+        for d in sc.MOUNTS:
+            subprocess.run(["umount", d], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -237,6 +237,159 @@ def case_trace_and_metrics_are_complete():
     assert len(steps) == 6 and math.isfinite(final["final_loss"]) and final["final_val_loss"] > 0
 
 
+# ---- Issue 17: nothing lost, nothing thrown away at the end -------------------------------------
+
+
+def temp_leftovers(d):
+    return glob.glob(os.path.join(d, "*.tmp.*"))
+
+
+def mpmd(parts, timeout=120, exe="spmd"):
+    """One job of several programs: parts = [(ranks, args), ...] joined by ':'."""
+    cmd = list(MPIRUN)
+    for i, (n, args) in enumerate(parts):
+        cmd += ([":"] if i else []) + [NP_FLAG, str(n), trainer(exe)] + args
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(p, pattern, prefix="spmd_train: error:"):
+    assert p.returncode != 0, f"expected a failure, got exit 0:\n{p.stdout[-2000:]}"
+    lines = [l for l in p.stderr.splitlines() if prefix in l]
+    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr[-3000:]}"
+    assert pattern in lines[0], f"error line does not mention {pattern!r}: {lines[0]}"
+    print("ok:", lines[0])
+    return lines[0]
+
+
+def small_tmpfs(name, kb=64):
+    """A tiny tmpfs under TMP (unmounted by main()), or exit 77 (skip) where mounting is not allowed."""
+    d = os.path.join(TMP, name)
+    os.makedirs(d)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kb}k", "tmpfs", d], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"SKIP: cannot mount a tmpfs here ({r.stderr.strip()})")
+        sys.exit(77)
+    MOUNTS.append(d)
+    return d
+
+
+MOUNTS = []
+
+
+def case_full_disk_leaves_nothing():
+    # 1. --metrics on a full filesystem: one line, non-zero, nothing under the final name, no
+    # temporary file (the old code exited 0 with an empty file).
+    full = small_tmpfs("full")
+    subprocess.run(["dd", "if=/dev/zero", f"of={full}/fill", "bs=4k"], capture_output=True)
+    m = os.path.join(full, "m.jsonl")
+    p = run(2, TINY + ["--dp", "2", "--steps", "2", "--metrics", m], expect_ok=False)
+    one_error_line(p, "No space left on device")
+    assert not os.path.exists(m), "a metrics file was left under its final name"
+    assert not temp_leftovers(full), f"temporary files left: {temp_leftovers(full)}"
+    # 2. A checkpoint larger than the filesystem (the metrics elsewhere): the same, and the
+    # metrics file is not moved into place either.
+    small = small_tmpfs("small")
+    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(TMP, "m2.jsonl")
+    p = run(2, TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False)
+    one_error_line(p, f"checkpoint {ck}")
+    assert not os.path.exists(ck) and not os.path.exists(m2), "an output was left under its final name"
+    assert not temp_leftovers(small) and not temp_leftovers(TMP), "temporary files left"
+
+
+def case_outputs_checked_before_training():
+    d = os.path.join(TMP, "adir")
+    os.makedirs(d)
+    for flag in ("--metrics", "--ckpt", "--trace"):
+        p = run(2, TINY + ["--dp", "2", flag, d], expect_ok=False)
+        one_error_line(p, f"{flag} {d} is a directory")
+        assert "step" not in p.stdout, f"{flag} DIR: the run trained before failing:\n{p.stdout}"
+        assert not temp_leftovers(TMP), f"{flag} DIR left {temp_leftovers(TMP)}"
+    p = run(2, TINY + ["--dp", "2", "--ckpt", os.path.join(TMP, "missing", "c.ckpt")], expect_ok=False)
+    one_error_line(p, "does not exist")
+
+
+def case_bad_data_fails_before_training():
+    fifo = os.path.join(TMP, "fifo")
+    os.mkfifo(fifo)
+    try:  # the old code blocked forever opening it
+        p = run(2, TINY + ["--dp", "2", "--data", fifo], expect_ok=False, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("--data FIFO hung")
+    one_error_line(p, "FIFO")
+    # --vocab below the data's bytes: named before training, not an internal check in the model.
+    p = run(2, TINY + ["--dp", "2", "--vocab", "100"], expect_ok=False)
+    one_error_line(p, "--vocab 100 is smaller than the data's symbols")
+    # A model too large for this host: both numbers, before anything is allocated (the old code
+    # ended in std::bad_alloc). 1.8 MB of text so that the data holds the windows.
+    big = os.path.join(TMP, "big.txt")
+    with open(big, "w") as f:
+        f.write("the quick brown fox jumps over the lazy dog. " * 40000)
+    p = run(2, TINY + ["--dp", "2", "--batch", "2", "--seq-len", "300000", "--val-fraction", "0.5", "--data", big],
+            expect_ok=False)
+    line = one_error_line(p, "needs about")
+    assert "available" in line and "GiB" in line, line
+
+
+def case_ranks_agree_on_the_configuration():
+    # MPMD launches with other flags on one rank: named before training (the old code trained
+    # apart silently with --seed, and corrupted memory with --bucket-bytes).
+    a = TINY + ["--dp", "2", "--steps", "2"]
+    p = mpmd([(1, a + ["--seed", "1"]), (1, a + ["--seed", "2"])])
+    one_error_line(p, "rank 1 started with other flags than rank 0")
+    assert "seed=2 vs 1" in p.stderr, p.stderr
+    p = mpmd([(1, a + ["--bucket-bytes", "100000"]), (1, a + ["--bucket-bytes", "50000"])])
+    one_error_line(p, "bucket_bytes=50000 vs 100000")
+    # The same flags in both parts: it trains.
+    p = mpmd([(1, a), (1, a)])
+    assert p.returncode == 0, p.stderr
+
+
+def case_small_cases_are_named():
+    m = os.path.join(TMP, "s.jsonl")
+    expect_error(2, TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "2", "--metrics", m], "--kill-rank 2", [m])
+    expect_error(2, TINY + ["--dp", "2", "--steps", "-3"], "--steps must be at least 1 (got -3)")
+    # Resuming with another --steps names the field, in one short line (not two JSON dumps).
+    ck = os.path.join(TMP, "s.ckpt")
+    train(2, "s6", ["--dp", "2", "--ckpt", ck])
+    p = run(2, TINY + ["--dp", "2", "--steps", "8", "--ckpt", ck, "--resume"], expect_ok=False)
+    line = one_error_line(p, "optim/total_steps=6 vs 8")
+    assert "--steps" in line and line.count("{") == 0, line
+
+
+def case_sigterm_removes_temp_files():
+    # A run stopped by SIGTERM (the launcher's, after an abort; or a Ctrl-C) leaves no temporary
+    # file: the handler unlinks the live ones and re-raises.
+    m = os.path.join(TMP, "sig.jsonl")
+    cmd = MPIRUN + [NP_FLAG, "2", trainer()] + TINY + ["--dp", "2", "--steps", "200", "--step-sleep-ms", "100",
+                                                      "--metrics", m]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not temp_leftovers(TMP) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        tmp = temp_leftovers(TMP)
+        assert tmp, "the metrics file's temporary file never appeared"
+        pid = int(tmp[0].rsplit(".", 1)[1])  # PATH.tmp.<pid>: rank 0's process
+        os.kill(pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0, "the job exited 0 after a SIGTERM"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not temp_leftovers(TMP), f"temporary files left after SIGTERM: {temp_leftovers(TMP)}"
+    assert not os.path.exists(m)
+
+
+def case_compare_script_flags():
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "mpi_scripts", "compare.sh")
+    for args, pattern in ((["--np"], "--np needs a value"), (["--rounds", "x"], "--rounds must be a whole number"),
+                          (["--np", "--steps", "3"], "--np needs a value"), (["--steps", "0"], "--steps must be")):
+        p = subprocess.run(["bash", script] + args, capture_output=True, text=True, timeout=60,
+                           env=dict(ENV, BUILD_DIR=os.path.join(TMP, "never-built")))
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and pattern in lines[0], f"compare.sh {args}: {p.returncode} {p.stderr}"
+        print("ok:", lines[0])
+
+
 def main():
     global BUILD, TMP
     case, BUILD = sys.argv[1], sys.argv[2]
@@ -246,6 +399,8 @@ def main():
         globals()["case_" + case]()
         print(f"PASS {case}")
     finally:
+        for d in MOUNTS:
+            subprocess.run(["umount", d], capture_output=True)
         shutil.rmtree(TMP, ignore_errors=True)
 
 

@@ -1,0 +1,198 @@
+// Issue 17's "nothing is lost" at the level of one process: AtomicFile (complete or absent, the
+// temporary file removed on an error and on SIGTERM), the pre-run checks of output paths,
+// configurations and memory, the metrics file, and the checkpoint reader's tensor table.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/atomic_file.h"
+#include "common/check.h"
+#include "model/checkpoint.h"
+#include "model/full_state.h"
+#include "model/train_config.h"
+#include "model/train_report.h"
+#include "tests/model/temp_dir.h"
+
+namespace pwm::model {
+namespace {
+
+using testing::error_of;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(AtomicFile, CompleteOnCommitAbsentOtherwise) {
+  TempDir dir;
+  const std::string path = dir.file("out.txt");
+  {
+    AtomicFile f(path, "test");
+    f.write("hello ");
+    f.flush();
+    EXPECT_EQ(dir.listing(), (std::vector<std::string>{"out.txt.tmp." + std::to_string(::getpid())}));
+    EXPECT_EQ(temp_files::live(), 1);
+    f.write("world");
+    f.commit();
+  }
+  EXPECT_EQ(slurp(path), "hello world");
+  EXPECT_EQ(dir.listing(), (std::vector<std::string>{"out.txt"}));
+  EXPECT_EQ(temp_files::live(), 0);
+  {
+    AtomicFile f(path, "test");  // not committed: the old contents stay, the temporary goes
+    f.write("partial");
+  }
+  EXPECT_EQ(slurp(path), "hello world");
+  EXPECT_EQ(dir.listing(), (std::vector<std::string>{"out.txt"}));
+  EXPECT_EQ(temp_files::live(), 0);
+}
+
+TEST(AtomicFile, FailedRenameNamesThePathAndLeavesNothing) {
+  TempDir dir;
+  fs::create_directory(dir.path() / "taken");
+  const std::string e = error_of([&] { write_file_atomic(dir.file("taken"), "x", "--metrics"); });
+  EXPECT_NE(e.find("--metrics " + dir.file("taken") + ": cannot rename"), std::string::npos) << e;
+  EXPECT_EQ(dir.listing(), (std::vector<std::string>{"taken"}));
+  EXPECT_EQ(temp_files::live(), 0);
+}
+
+TEST(AtomicFile, SigtermRemovesTheTemporaryFileAndStillKills) {
+  TempDir dir;
+  const std::string path = dir.file("big.bin");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // never returns into gtest
+    try {
+      AtomicFile f(path, "test");
+      f.write(std::string(1 << 16, 'x'));
+      f.flush();
+      ::raise(SIGTERM);
+    } catch (...) {
+    }
+    ::_exit(3);  // not reached: the handler re-raises with the default action
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+  EXPECT_TRUE(dir.listing().empty()) << dir.listing().front();
+}
+
+TEST(OutputPaths, DirectoriesMissingParentsAndSpecialFilesAreRefused) {
+  TempDir dir;
+  fs::create_directory(dir.path() / "d");
+  std::string e = error_of([&] { check_output_path("--metrics", dir.file("d")); });
+  EXPECT_NE(e.find("--metrics " + dir.file("d") + " is a directory"), std::string::npos) << e;
+  e = error_of([&] { check_output_path("--ckpt", dir.file("no/x.ckpt")); });
+  EXPECT_NE(e.find("does not exist"), std::string::npos) << e;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  e = error_of([&] { check_output_path("--trace", dir.file("fifo")); });
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { check_output_path("--trace", dir.file("t.json")); }), "(no error)");
+  EXPECT_EQ(dir.listing(), (std::vector<std::string>{"d", "fifo"}));  // the probe left nothing
+}
+
+TEST(TrainConfigAgreement, TheDifferingRankAndFieldAreNamed) {
+  TrainConfig a, b;
+  b.model.seed = 2;
+  b.bucket_bytes = 50000;
+  EXPECT_NE(config_hash(a.canonical_json()), config_hash(b.canonical_json()));
+  EXPECT_EQ(config_hash(a.canonical_json()), config_hash(TrainConfig{}.canonical_json()));
+  const std::string e = error_of([&] { check_same_config({a.canonical_json(), a.canonical_json(), b.canonical_json()}); });
+  EXPECT_NE(e.find("rank 2 started with other flags than rank 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("bucket_bytes=50000 vs 26214400"), std::string::npos) << e;
+  EXPECT_NE(e.find("model/seed=2 vs 1234"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { check_same_config({a.canonical_json(), a.canonical_json()}); }), "(no error)");
+  // A trainer's own settings take part.
+  EXPECT_NE(a.canonical_json({{"granularity", "fused"}}), a.canonical_json({{"granularity", "chained"}}));
+}
+
+TEST(TrainConfigValidate, StepsAndKillRankAreNamedAsFlags) {
+  TrainConfig c;
+  c.steps = -3;
+  c.optim.total_steps = -3;
+  EXPECT_NE(error_of([&] { c.validate(1); }).find("--steps must be at least 1 (got -3)"), std::string::npos);
+  c = TrainConfig{};
+  c.kill_step = 1;
+  c.kill_rank = 4;
+  EXPECT_NE(error_of([&] { c.validate_kill_rank(4); }).find("--kill-rank 4 is not a rank"), std::string::npos);
+  EXPECT_EQ(error_of([&] { c.validate_kill_rank(5); }), "(no error)");
+}
+
+TEST(MemoryCheck, AHugeSequenceIsRefusedWithBothNumbers) {
+  TrainConfig c;
+  EXPECT_LT(estimated_memory_bytes(c), 1e9);  // the reference model fits anywhere
+  EXPECT_EQ(error_of([&] { check_memory(c, 2); }), "(no error)");
+  c.model.seq_len = 10'000'000;
+  EXPECT_GT(estimated_memory_bytes(c), 1e15);  // the T x T scores alone
+  const std::string e = error_of([&] { check_memory(c, 2); });
+  EXPECT_NE(e.find("needs about"), std::string::npos) << e;
+  EXPECT_NE(e.find("GiB available"), std::string::npos) << e;
+}
+
+TEST(TrainReport, MetricsAppearOnlyWhenComplete) {
+  TempDir dir;
+  TrainConfig c;
+  c.metrics = dir.file("m.jsonl");
+  c.steps = 1;
+  {
+    TrainReport r(c, "test", 1, 1.0, true);
+    StepRecord s;
+    s.compute_ms = s.comm_ms = s.wait_ms = {1.0};
+    r.step(s);
+    EXPECT_FALSE(fs::exists(c.metrics));
+    EXPECT_FALSE(r.failed());
+  }  // never finished: nothing at all
+  EXPECT_TRUE(dir.listing().empty());
+  TrainReport r(c, "test", 1, 1.0, true);
+  r.finish("0");
+  EXPECT_NE(slurp(c.metrics).find("\"final\":true"), std::string::npos);
+}
+
+// Moves the tensor table entry of params tensor `name` to `offset` (same number of digits, so
+// the header keeps its length) and recomputes the CRC: a well-formed file with a forged table.
+std::string with_offset(std::string bytes, const std::string& name, uint64_t offset) {
+  uint32_t header = 0;
+  std::memcpy(&header, bytes.data() + 12, 4);
+  const std::string text = bytes.substr(32, header);
+  const auto h = nlohmann::json::parse(text);
+  for (const auto& e : h.at("tensors"))
+    if (e.at("name") == name && e.at("group") == "params") {
+      const std::string from = "\"offset\":" + std::to_string(e.at("offset").get<uint64_t>());
+      const std::string to = "\"offset\":" + std::to_string(offset);
+      EXPECT_EQ(from.size(), to.size());
+      const size_t at = bytes.find(from, 32 + text.find("\"name\":\"" + name + "\""));
+      bytes.replace(at, from.size(), to);
+    }
+  const uint32_t crc = checkpoint_crc32(0, bytes.data(), bytes.size() - 4);
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  return bytes;
+}
+
+TEST(CheckpointRead, OverlappingTensorsAreRefused) {
+  TempDir dir;
+  Checkpoint c;
+  c.params = {{"a", {256, 32}, std::vector<float>(256 * 32, 1.0f)}, {"b", {16}, std::vector<float>(16, 2.0f)}};
+  const std::string path = dir.file("x.ckpt");
+  save_checkpoint(path, c);
+  EXPECT_EQ(error_of([&] { load_checkpoint(path); }), "(no error)");
+  // "b" sits after "a" at 32768; move it into the middle of "a" (the CRC recomputed).
+  const std::string forged = with_offset(slurp(path), "b", 10240);
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << forged; }
+  const std::string e = error_of([&] { load_checkpoint(path); });
+  EXPECT_NE(e.find("overlap"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace pwm::model
