@@ -401,9 +401,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
     PWM_THROW("checkpoint {}: cannot fsync directory {}: {}", path, dir, std::strerror(err));
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path) { return parse_checkpoint(read_all(path), path); }
+
+Checkpoint parse_checkpoint(std::span<const unsigned char> f, const std::string& path) {
   const std::string what = "checkpoint " + path;
-  const std::vector<unsigned char> f = read_all(path);
   const uint64_t size = f.size();
 
   // Magic first, on as many bytes as exist, so a foreign file is not called "truncated".

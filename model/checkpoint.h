@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // CRC-32 over the whole file, then the header and every tensor's extent. A truncated, corrupt or
 // foreign file throws pwm::Error with one line naming PATH and what is wrong.
 Checkpoint load_checkpoint(const std::string& path);
+// The same checks on a checkpoint already in memory; `path` only names it in errors (and is
+// stored in Checkpoint::path). load_checkpoint reads the file and calls this.
+Checkpoint parse_checkpoint(std::span<const unsigned char> bytes, const std::string& path);
 
 // Throws pwm::Error naming the first Config field that differs, e.g.
 // "checkpoint run/x.ckpt was written for d_model=128 but this run has d_model=256".
