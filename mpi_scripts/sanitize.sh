@@ -35,7 +35,6 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="suppressions=$SUPP/tsan.supp:print_suppressions=0:second_deadlock_stack=1:history_size=4"
 
 pwm_install_deps
-pwm_install_packages clang libclang-rt-14-dev
 
 declare -A seconds
 timed() {  # timed NAME COMMAND...: runs COMMAND, records its wall time under NAME
@@ -69,13 +68,17 @@ pass_asan() {
 }
 
 pass_tsan() {
-  timed tsan-build san_build "$PWM_ROOT/build-tsan$sfx" thread
+  # What the pathways labels run, unless PWM_SAN_TARGETS says otherwise.
+  PWM_SAN_TARGETS="${PWM_SAN_TARGETS:-pathways_unit_tests pathways_mpi_tests dispatch_bench fuzz_wire_replay
+    pathways_train_inproc_tests pathways_train_mpi_tests pathways_train spmd_train}" \
+    timed tsan-build san_build "$PWM_ROOT/build-tsan$sfx" thread
   timed tsan-test san_ctest "$PWM_ROOT/build-tsan$sfx" -L pathways
 }
 
 pass_fuzz() {
   local dir="$PWM_ROOT/build-fuzz$sfx" t t0
   local targets=(wire checkpoint config)
+  pwm_install_packages clang libclang-rt-14-dev  # Debian 12's clang and its libFuzzer
   PWM_SAN_TARGETS="$(printf 'fuzz_%s fuzz_%s_replay ' "${targets[@]}" "${targets[@]}")" \
     timed fuzz-build san_build "$dir" address,undefined -DCMAKE_CXX_COMPILER=clang++ -DPWM_FUZZ=ON
   mkdir -p "$dir/findings"
