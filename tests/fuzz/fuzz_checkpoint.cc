@@ -43,7 +43,7 @@ std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
   c.config.d_model = 8;
   c.step = 3;
   c.train_config_json = R"({"steps":3})";
-  c.params = {tensor("w", {2, 3}, 1), tensor("b", {}, -1)};
+  c.params = {tensor("w", {2, 3}, 1), tensor("b", {}, -1), tensor("empty", {0, 3}, 0)};
   // Written through save_checkpoint, so the seed is exactly what the writer produces.
   const std::string path = "/tmp/pwm_fuzz_seed." + std::to_string(::getpid()) + ".ckpt";
   std::vector<std::pair<std::string, std::string>> seeds;
