@@ -412,7 +412,7 @@ Checkpoint parse_checkpoint(std::span<const unsigned char> f, const std::string&
                   bytes, offset, data_bytes);
       extents.push_back({offset, offset + bytes});
       t.values.resize(static_cast<size_t>(n));
-      std::memcpy(t.values.data(), f.data() + data_offset + offset, bytes);
+      if (bytes) std::memcpy(t.values.data(), f.data() + data_offset + offset, bytes);  // (empty: data() may be null)
       group_of(c, group, what).push_back(std::move(t));
     }
   } catch (const json::exception& e) {

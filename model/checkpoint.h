@@ -54,7 +54,6 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // CRC-32 over the whole file, then the header and every tensor's extent. A truncated, corrupt or
 // foreign file throws pwm::Error with one line naming PATH and what is wrong.
 Checkpoint load_checkpoint(const std::string& path);
-
 // The same checks and decoding on bytes in memory (load_checkpoint = read the file + this; the
 // fuzz target calls it directly). `what` names the bytes in messages ("checkpoint PATH"). Every
 // tensor's extent must lie inside the data section and no two may overlap. The result's `path`

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <iterator>
 
 #include "common/check.h"
 
@@ -74,12 +75,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
 namespace {
 
 // JSON config -> "--key=value" arguments, so that the file and the flags share one parser.
-std::vector<std::string> json_to_args(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) PWM_THROW("cannot read --config {}: check the path", path);
+std::vector<std::string> json_to_args(std::string_view text, const std::string& path) {
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     PWM_THROW("--config {} is not valid JSON: {}", path, e.what());
   }
@@ -99,9 +98,17 @@ std::vector<std::string> json_to_args(const std::string& path) {
 }  // namespace
 
 void load_train_config_file(const std::string& path, TrainConfig& cfg) {
+  std::ifstream in(path);
+  if (!in) PWM_THROW("cannot read --config {}: check the path", path);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) PWM_THROW("cannot read --config {}: check the path", path);
+  parse_train_config_text(text, path, cfg);
+}
+
+void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg) {
   CLI::App app;
   add_train_flags(app, cfg);
-  auto args = json_to_args(path);
+  auto args = json_to_args(text, path);
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
   try {
     app.parse(args);

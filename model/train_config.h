@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/config.h"
@@ -106,5 +107,7 @@ bool parse_train_config(int argc, char** argv, const std::string& program,
 // Loads a JSON config file (the keys are the long flag names without "--"). Throws pwm::Error
 // naming the file and the bad key.
 void load_train_config_file(const std::string& path, TrainConfig& cfg);
+// The same on the file's text already in memory; `path` only names it in errors.
+void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg);
 
 }  // namespace pwm::model

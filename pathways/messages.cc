@@ -1,6 +1,8 @@
 // The message codecs that do not fit on a line (messages.h).
 #include "pathways/messages.h"
 
+#include <fmt/ranges.h>
+
 namespace pwm::pathways {
 
 void write_spec(Writer& w, const TensorSpec& s) {
@@ -14,8 +16,13 @@ TensorSpec read_spec(Reader& r) {
   if (t > static_cast<uint8_t>(DataType::kInt64)) PWM_THROW("pathways wire: bad data type {} in a tensor spec", t);
   s.dtype = static_cast<DataType>(t);
   s.shape = r.vec<int64_t>();
-  for (int64_t d : s.shape)
+  // Its size in bytes must be representable: TensorSpec::bytes() multiplies the dimensions.
+  int64_t bytes = static_cast<int64_t>(collectives::dtype_size(s.dtype));
+  for (int64_t d : s.shape) {
     if (d < 0) PWM_THROW("pathways wire: negative dimension {} in a tensor spec", d);
+    if (__builtin_mul_overflow(bytes, d, &bytes))
+      PWM_THROW("pathways wire: a tensor spec of shape [{}] overflows 64 bits", fmt::join(s.shape, ","));
+  }
   return s;
 }
 

@@ -49,7 +49,10 @@ TEST(Messages, ControllerToWorkerRoundTrip) {
 
   const std::vector<float> v{1.5f, -2.f, 3.25f};
   PutShard p{9, 4, spec_f32({3}), {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)}};
-  const PutShard back = round_trip(p);
+  round_trip(p);
+  // The decoded bytes view points into the body: keep the body alive while reading them.
+  const std::vector<uint8_t> body = encode(p);
+  const PutShard back = decode<PutShard>(body);
   EXPECT_EQ(back.object, 9u);
   EXPECT_EQ(back.owner, 4u);
   EXPECT_EQ(back.spec, spec_f32({3}));
