@@ -41,8 +41,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_option("--min-lr-frac", c.optim.min_lr_frac, "cosine floor as a fraction of --lr")->group(O);
 
   const char* W = "Workload";
-  app.add_option("--dp", c.dp, "data-parallel ranks")->group(W);
+  app.add_option("--replicas", c.replicas, "model replicas, one per island (data parallel across islands)")->group(W);
+  app.add_option("--dp", c.dp, "data-parallel ranks inside a replica")->group(W);
   app.add_option("--tp", c.tp, "tensor-parallel ranks (adjacent world ranks)")->group(W);
+  app.add_flag("--fsdp,!--no-fsdp", c.fsdp, "shard parameters, gradients and AdamW moments over --dp (ZeRO-3)")->group(W);
+  app.add_option("--replica-reduce", c.replica_reduce,
+                 "spmd_train with --replicas > 1: hierarchical (reduce-scatter, cross-replica allreduce, allgather) or flat")
+      ->check(CLI::IsMember({"hierarchical", "flat"}))->group(W);
   app.add_option("--batch", c.global_batch, "global batch in sequences per optimizer step")->group(W);
   app.add_option("--microbatches", c.microbatches, "gradient-accumulation micro-batches per dp rank")->group(W);
   app.add_option("--steps", c.steps, "optimizer steps (also the cosine schedule's length)")->group(W);
@@ -151,17 +156,21 @@ void TrainConfig::validate(int world_size) const {
     PWM_THROW("--warmup-steps {} is more than --steps {}: use fewer warm-up steps", optim.warmup_steps, steps);
   model.validate();
   optim.validate();
-  if (dp < 1 || tp < 1) PWM_THROW("--dp and --tp must be at least 1 (got dp={} tp={})", dp, tp);
-  if (dp * tp != world_size)
-    PWM_THROW("mesh --dp {} x --tp {} = {} ranks, but the job has {} compute ranks: start it with {} "
-              "compute ranks or change --dp/--tp",
-              dp, tp, dp * tp, world_size, dp * tp);
+  if (replicas < 1 || dp < 1 || tp < 1)
+    PWM_THROW("--replicas, --dp and --tp must be at least 1 (got replicas={} dp={} tp={})", replicas, dp, tp);
+  if (replica_reduce != "hierarchical" && replica_reduce != "flat")
+    PWM_THROW("--replica-reduce must be hierarchical or flat (got '{}')", replica_reduce);
+  if (fsdp && dp < 2) PWM_THROW("--fsdp shards over --dp, which is {}: use --dp 2 or more, or drop --fsdp", dp);
+  if (mesh_ranks() != world_size)
+    PWM_THROW("mesh --replicas {} x --dp {} x --tp {} = {} ranks, but the job has {} compute ranks: start it with {} "
+              "compute ranks or change --replicas/--dp/--tp",
+              replicas, dp, tp, mesh_ranks(), world_size, mesh_ranks());
   model.validate_tp(tp);
   if (global_batch < 1 || microbatches < 1)
     PWM_THROW("--batch and --microbatches must be at least 1 (got {} and {})", global_batch, microbatches);
-  if (global_batch % (static_cast<int64_t>(dp) * microbatches) != 0)
-    PWM_THROW("--batch {} is not divisible by --dp {} x --microbatches {}: choose a multiple of {}",
-              global_batch, dp, microbatches, static_cast<int64_t>(dp) * microbatches);
+  if (global_batch % (static_cast<int64_t>(data_parallel()) * microbatches) != 0)
+    PWM_THROW("--batch {} is not divisible by --replicas {} x --dp {} x --microbatches {}: choose a multiple of {}",
+              global_batch, replicas, dp, microbatches, static_cast<int64_t>(data_parallel()) * microbatches);
   if (!(val_fraction > 0 && val_fraction < 1))
     PWM_THROW("--val-fraction must be in (0, 1) (got {})", val_fraction);
   if (eval_every < 0 || eval_batches < 1 || log_every < 1 || ckpt_every < 0)
@@ -254,8 +263,11 @@ std::string TrainConfig::workload_json() const {
 
 std::string TrainConfig::to_json() const {
   nlohmann::json j = nlohmann::json::parse(workload_json());
+  j["replicas"] = replicas;
   j["dp"] = dp;
   j["tp"] = tp;
+  j["fsdp"] = fsdp;
+  j["replica_reduce"] = replica_reduce;
   j["microbatches"] = microbatches;
   j["steps"] = steps;
   j["eval_every"] = eval_every;

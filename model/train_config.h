@@ -23,9 +23,20 @@ struct TrainConfig {
   Config model;
   AdamWConfig optim;
 
-  // Mesh: dp x tp ranks, tp ranks adjacent (world rank = dp_index * tp + tp_index).
+  // Mesh: replicas x dp x tp ranks (PaLM's layout). A replica is one island's copy of the model
+  // (data parallel across islands, over the DCN); inside it dp ranks are data parallel (sharded
+  // when fsdp) and tp ranks tensor parallel, tp ranks adjacent. World rank =
+  // (replica * dp + dp_index) * tp + tp_index: replica r holds ranks [r dp tp, (r+1) dp tp), and
+  // replica * dp + dp_index is the rank's index among all data-parallel ranks (data_parallel()).
+  int replicas = 1;
   int dp = 1;
   int tp = 1;
+  // The dp axis shards parameters, gradients and AdamW moments (ZeRO-3 / PaLM's sharded data
+  // parallelism): weights gathered per layer, gradients reduce-scattered.
+  bool fsdp = false;
+  // spmd_train, replicas > 1: "hierarchical" (ReduceScatter inside the replica, AllReduce of each
+  // shard across replicas, AllGather inside) or "flat" (one AllReduce over every rank).
+  std::string replica_reduce = "hierarchical";
 
   // Workload.
   int64_t global_batch = 16;  // sequences per optimizer step, over all dp ranks
@@ -61,13 +72,16 @@ struct TrainConfig {
   int64_t step_sleep_ms = 0;
 
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
-  // number of compute ranks (dp * tp must equal it).
+  // number of compute ranks (replicas * dp * tp must equal it).
   void validate(int world_size) const;
   // Checks the testing hook: --kill-step within the run and --kill-rank in [0, ranks) (ranks:
   // every world rank, a Pathways controller included). Throws pwm::Error with one line.
   void validate_kill_rank(int ranks) const;
-  // Micro-batch size per dp rank.
-  int64_t micro_batch() const { return global_batch / dp / microbatches; }
+  // Data-parallel ranks over all replicas; compute ranks of the mesh.
+  int data_parallel() const { return replicas * dp; }
+  int mesh_ranks() const { return replicas * dp * tp; }
+  // Micro-batch size per data-parallel rank.
+  int64_t micro_batch() const { return global_batch / data_parallel() / microbatches; }
   int64_t tokens_per_step() const { return global_batch * model.seq_len; }
 
   // The workload's identity as JSON (model, optimizer, batch, steps' schedule, data, seed): two

@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
     return 1;
   if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());
+        if (cfg.replicas > 1 || cfg.fsdp)  // issue 15 in progress: the trainer runs one replica, unsharded
+          PWM_THROW("spmd_train does not run --replicas > 1 or --fsdp yet: leave them out");
         cfg.validate_kill_rank(env.size());
         model::check_memory(cfg, host_ranks);
         if (env.rank() == 0) model::check_output_paths(cfg);

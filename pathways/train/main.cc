@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
         const int workers = env.size() - 1;
         if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
         if (po.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", po.stages);
+        if (cfg.replicas > 1 || cfg.fsdp)  // issue 15 in progress: the trainer runs one replica, unsharded
+          PWM_THROW("pathways_train does not run --replicas > 1 or --fsdp yet: leave them out");
         if (po.stages > 1) {
           if (cfg.dp != 1 || cfg.tp != 1)
             PWM_THROW("--stages {} runs one device per stage: leave --dp and --tp at 1", po.stages);
