@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/memory.h"
 #include "common/check.h"
 #include "model/checkpoint.h"
 #include "model/full_state.h"
@@ -196,3 +197,19 @@ TEST(CheckpointRead, OverlappingTensorsAreRefused) {
 
 }  // namespace
 }  // namespace pwm::model
+
+// common/memory.h against memory this test touches itself: 64 MiB written page by page must
+// show in the resident set now and in its high-water mark (the kernel counts touched pages).
+TEST(Memory, ResidentBytesSeeTouchedPages) {
+  const int64_t peak0 = pwm::peak_resident_bytes(), now0 = pwm::current_resident_bytes();
+  ASSERT_GT(peak0, 0);
+  ASSERT_GT(now0, 0);
+  constexpr size_t kBytes = 64 << 20;
+  std::vector<char> block(kBytes);
+  for (size_t i = 0; i < kBytes; i += 4096) block[i] = static_cast<char>(i);
+  const int64_t now1 = pwm::current_resident_bytes(), peak1 = pwm::peak_resident_bytes();
+  EXPECT_GE(now1 - now0, static_cast<int64_t>(kBytes) * 9 / 10);
+  EXPECT_GE(peak1, now1 - (1 << 20));  // the high-water mark is at least what is resident now
+  EXPECT_GE(peak1, peak0);
+  EXPECT_EQ(block[4096], static_cast<char>(4096));
+}
