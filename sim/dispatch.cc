@@ -99,18 +99,32 @@ LoweredShape lowered_stages(int workers, int stages) {
   return shape_of(def, slices);
 }
 
+ChainInputs prepare_chain(const Cluster& c, const Profile& p, const DispatchOptions& o) {
+  if (o.workers < 1 || o.workers > c.devices()) PWM_THROW("{} workers need 1..{} devices", o.workers, c.devices());
+  ChainInputs in;
+  in.opbyop = lowered_chain(o.workers, 1, false);
+  in.chained = lowered_chain(o.workers, o.chain, false);
+  in.fused = lowered_chain(o.workers, o.chain, true);
+  in.allreduce_us = scalar_allreduce_us(c, p, o.workers);
+  return in;
+}
+
 double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
-                      double t_us) {
+                      double t_us, const ChainInputs* pre) {
+  ChainInputs own;
+  if (pre == nullptr) {
+    own = prepare_chain(c, p, o);
+    pre = &own;
+  }
   const int w = o.workers, k = o.chain;
-  if (w < 1 || w > c.devices()) PWM_THROW("pwm_sim: {} workers need 1..{} devices", w, c.devices());
-  const double ar = scalar_allreduce_us(c, p, w);
+  const double ar = pre->allreduce_us;
   const double ds = 1.0 / c.dispatch_scale, comp = t_us;  // T is device time already
   if (mode == "spmd") return k / (k * (comp + ar + p.spmd_exec_us * ds) * 1e-6);
   double end = 0;
   if (mode == "opbyop") {
     // One single-node program per computation; the controller issues call after call (each
     // takes the previous future), the workers run them as they arrive.
-    const LoweredShape s = lowered_chain(w, 1, false);
+    const LoweredShape& s = pre->opbyop;
     const double per_call = (p.call_us + p.node_us * s.nodes + p.msg_us * run_messages(c, o, s)) * ds;
     double ctrl = 0, dev = 0;
     for (int j = 0; j < k; ++j) {
@@ -121,15 +135,14 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
     }
     end = dev;
   } else if (mode == "chained" || mode == "fused") {
-    const bool fused = mode == "fused";
-    const LoweredShape s = lowered_chain(w, k, fused);
+    const LoweredShape& s = mode == "fused" ? pre->fused : pre->chained;
     const double ctrl = (p.call_us + p.node_us * s.nodes + p.msg_us * run_messages(c, o, s)) * ds;
     double start = 0;
     for (int r = 0; r < w; ++r) start = std::max(start, ctrl_link_arrival(c, o, r, ctrl));
     const int launches = s.execs.empty() ? 0 : *std::max_element(s.execs.begin(), s.execs.end());
     end = start + launches * p.exec_us * ds + k * (comp + ar);
   } else {
-    PWM_THROW("pwm_sim: unknown dispatch mode '{}' (spmd, opbyop, chained, fused)", mode);
+    PWM_THROW("unknown dispatch mode '{}' (spmd, opbyop, chained, fused)", mode);
   }
   end += p.fetch_rtt_us * ds;
   return k / (end * 1e-6);
@@ -137,9 +150,10 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
 
 double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
                   const std::vector<double>& ts, double frac) {
+  const ChainInputs pre = prepare_chain(c, p, o);
   double be = -1;
   for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-    if (simulate_chain(c, p, o, mode, *it) < frac * simulate_chain(c, p, o, "spmd", *it)) break;
+    if (simulate_chain(c, p, o, mode, *it, &pre) < frac * simulate_chain(c, p, o, "spmd", *it, &pre)) break;
     be = *it;
   }
   return be;

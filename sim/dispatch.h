@@ -28,10 +28,24 @@ struct DispatchOptions {
   bool host_executors = false;
 };
 
+// What lower() made of a program: nodes, per-run worker messages, kernel launches per worker.
+struct LoweredShape {
+  int nodes = 0, messages = 0, stages = 0;
+  std::vector<int> execs;  // per worker in the program, in rank order
+};
+
+// What a chain's simulation needs that does not depend on T: the three lowered programs and the
+// kernel's scalar AllReduce (simulated once; every T reuses them).
+struct ChainInputs {
+  LoweredShape opbyop, chained, fused;
+  double allreduce_us = 0;
+};
+ChainInputs prepare_chain(const Cluster& c, const Profile& p, const DispatchOptions& o);
+
 // Computations per second of one chain at compute time `t_us`: mode "spmd", "opbyop",
-// "chained" or "fused".
+// "chained" or "fused". `pre`: prepare_chain's result for the same c, p, o (or null).
 double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
-                      double t_us);
+                      double t_us, const ChainInputs* pre = nullptr);
 
 // The smallest T (from `ts`, ascending) from which on `mode` reaches `frac` of SPMD at every
 // larger T; -1 when none does.
@@ -48,11 +62,6 @@ double simulate_stages(const Cluster& c, const Profile& p, const DispatchOptions
 double simulate_clients(const Cluster& c, const Profile& p, const DispatchOptions& o, int clients, double t_us,
                         int programs = 64);
 
-// What lower() made of a program: nodes, per-run worker messages, kernel launches per worker.
-struct LoweredShape {
-  int nodes = 0, messages = 0, stages = 0;
-  std::vector<int> execs;  // per worker in the program, in rank order
-};
 LoweredShape lowered_chain(int workers, int nodes, bool fused);
 LoweredShape lowered_stages(int workers, int stages);
 

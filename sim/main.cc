@@ -125,7 +125,7 @@ int body(int argc, char** argv) {
     fmt::print("{}\n", calibrate_kernels(cfg, trace, metrics).dump());
     return 0;
   }
-  if (profile_path.empty()) PWM_THROW("pwm_sim: --profile is required (make one with mpi_scripts/sim_calibrate.sh)");
+  if (profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
   const sim::Profile p = sim::Profile::load(profile_path);
   const int need = what == "step" ? static_cast<int>(cfg.dp) : what == "pipeline" ? stages : workers;
   const sim::Cluster c = cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(cluster_path, p);
@@ -143,9 +143,10 @@ int body(int argc, char** argv) {
          {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
          {"collectives", r.collectives}});
   } else if (what == "dispatch") {
+    const sim::ChainInputs pre = sim::prepare_chain(c, p, o);
     for (double t : parse_list(compute_s, "--compute-us")) {
       json row = {{"what", "dispatch"}, {"workers", workers}, {"compute_us", t}};
-      for (const char* m : {"spmd", "opbyop", "chained", "fused"}) row[m] = sim::simulate_chain(c, p, o, m, t);
+      for (const char* m : {"spmd", "opbyop", "chained", "fused"}) row[m] = sim::simulate_chain(c, p, o, m, t, &pre);
       out(row);
     }
   } else if (what == "stages") {
@@ -176,7 +177,7 @@ int body(int argc, char** argv) {
            {"fused_break_even_us", sim::break_even(ch, p, oh, "fused", ts)}});
     }
   } else {
-    PWM_THROW("pwm_sim: unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", what);
+    PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", what);
   }
   return 0;
 }

@@ -31,7 +31,7 @@ res['fig5_16hosts'] = sim('--what', 'dispatch', '--cluster', f'{cl}/tpu_v3_hosts
                           '--controller-alone', '--host-executors', '--compute-us', ','.join(map(str, ts)))
 # PaLM 540B (PaLM paper, Table 1 shapes), weak scaling: one pod at batch B vs two pods at 2B.
 palm = ['--d-model', '18432', '--layers', '118', '--heads', '48', '--head-dim', '256', '--d-ff', '73728',
-        '--vocab', '256000', '--seq-len', '2048', '--no-overlap', '--bucket-bytes', '4000000000000']
+        '--vocab', '65536', '--seq-len', '2048', '--no-overlap', '--bucket-bytes', '4000000000000']
 one = sim('--what', 'step', '--cluster', f'{cl}/palm_pod.json', *palm, '--batch', '2048')[0]
 two = sim('--what', 'step', '--cluster', f'{cl}/palm_2pods.json', *palm, '--batch', '4096', '--dp', '2')[0]
 res['palm'] = {'one_pod': one, 'two_pods': two, 'weak_scaling': two['tokens_per_s'] / one['tokens_per_s'], 'paper': 1.95}

@@ -107,12 +107,12 @@ std::vector<int> first_devices(int n) {
 
 StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::TrainConfig& cfg,
                              const std::string& granularity) {
-  if (cfg.tp != 1) PWM_THROW("pwm_sim: --tp {} is not simulated (tp = 1 only)", cfg.tp);
+  if (cfg.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.tp);
   const int dp = static_cast<int>(cfg.dp);
-  if (dp > c.devices()) PWM_THROW("pwm_sim: --dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
+  if (dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
   const bool pw = granularity != "spmd";
   if (pw && granularity != "fused" && granularity != "chained" && granularity != "opbyop")
-    PWM_THROW("pwm_sim: unknown granularity '{}' (spmd, fused, chained, opbyop)", granularity);
+    PWM_THROW("unknown granularity '{}' (spmd, fused, chained, opbyop)", granularity);
   // Ranks sharing a host's cores: the Pathways controller is one more process on host 0.
   const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
   Ctx x(c, p, cfg, per_host);
@@ -238,8 +238,8 @@ PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector
 
 StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model::TrainConfig& cfg, int S,
                                  const std::string& schedule) {
-  if (S < 1 || S > c.devices()) PWM_THROW("pwm_sim: --stages {} needs 1..{} devices", S, c.devices());
-  if (schedule != "gpipe" && schedule != "1f1b") PWM_THROW("pwm_sim: unknown --schedule '{}' (gpipe, 1f1b)", schedule);
+  if (S < 1 || S > c.devices()) PWM_THROW("--stages {} needs 1..{} devices", S, c.devices());
+  if (schedule != "gpipe" && schedule != "1f1b") PWM_THROW("unknown --schedule '{}' (gpipe, 1f1b)", schedule);
   const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + 1;  // + the controller
   Ctx x(c, p, cfg, per_host);
   const int L = static_cast<int>(cfg.model.n_layers);
