@@ -31,7 +31,7 @@ B=${PWM_SIM_BUILD:-$BUILD_DIR}
 for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench sim/pwm_sim; do
   [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench pwm_sim_cli" >&2; exit 1; }
 done
-CL="$PWM_ROOT/results/sim/clusters"
+CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)

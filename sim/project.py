@@ -5,7 +5,7 @@
 
 Writes OUTDIR/projection.json and fig5_sim.png, fig6_sim.png: Fig. 5 (computations/s vs T at 16
 hosts), Fig. 6 (break-even T vs hosts 2..512), PaLM's two-pod weak scaling, Table 2's pipeline.
-Every figure rests on the cluster descriptions in results/sim/clusters (their sources in
+Every figure rests on the cluster descriptions in sim/clusters (their sources in
 docs/simulator.md) and on this machine's measured dispatch costs: see the doc for what is assumed.
 """
 import json, os, subprocess, sys
@@ -13,7 +13,7 @@ import json, os, subprocess, sys
 build, profile = sys.argv[1], sys.argv[2]
 out = sys.argv[3] if len(sys.argv) > 3 else 'results/sim'
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-cl = os.path.join(root, 'results', 'sim', 'clusters')
+cl = os.path.join(root, 'sim', 'clusters')
 exe = os.path.join(build, 'sim', 'pwm_sim')
 
 def sim(*args):
