@@ -62,7 +62,8 @@ json Profile::to_json() const {
             {"inter_shaped", link_json(inter_shaped)}}},
           {"dispatch",
            {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
-            {"spmd_exec_us", spmd_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us}}}};
+            {"spmd_exec_us", spmd_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
+            {"train_node_us", train_node_us}}}};
 }
 
 Profile Profile::from_json(const json& j) {
@@ -87,6 +88,7 @@ Profile Profile::from_json(const json& j) {
   p.spmd_exec_us = d.at("spmd_exec_us");
   p.fetch_rtt_us = d.at("fetch_rtt_us");
   p.step_kernel_us = d.value("step_kernel_us", 0.0);
+  p.train_node_us = d.value("train_node_us", 0.0);
   return p;
 }
 

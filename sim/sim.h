@@ -50,6 +50,8 @@ struct Profile {
   double spmd_exec_us = 0;   // the SPMD baseline's per-computation cost beyond T + AllReduce
   double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
   double step_kernel_us = 0; // Pathways trainers: extra per-step cost on the workers
+  double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
+                             // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
 
   double contention_factor(int ranks_on_machine) const;
   nlohmann::json to_json() const;

@@ -123,7 +123,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   // The units of the whole step on one device (every dp rank runs the same ones).
   std::map<int, double> finished_at;  // finish_order index -> time (last micro-batch)
   const bool per_node = granularity == "chained" || granularity == "opbyop";
-  const double node_cost = per_node ? x.disp(p.exec_us) : 0.0;
+  const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
   const double call_cost = granularity == "opbyop" ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
   for (const Unit& u : x.plan.units()) {
@@ -134,6 +134,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
       t = std::max(t, controller);
     }
     t += k + node_cost;
+    r.nodes += per_node ? 1 : 0;
     const int f = x.plan.finishes(u);
     if (f >= 0 && u.micro == cfg.microbatches - 1) finished_at[f] = t;
   }
@@ -149,6 +150,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
         comm_end = simulate_allreduce(c, p, devs, bytes, collectives::Algorithm::kAuto,
                                       std::vector<double>(dp, st)).end;
         r.collectives += 1;
+        r.nodes += 1;
       }
     } else {
       const std::vector<std::pair<int64_t, int64_t>>& units = x.plan.finish_order();
@@ -168,6 +170,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
     r.collectives += 1;
   }
   const double upd = x.update_us(x.layout.total()) + node_cost;
+  r.nodes += per_node ? 1 : 0;
   r.compute_us += x.update_us(x.layout.total());
   double step = comm_end + upd + p.step_overhead_us;
   if (pw) step += x.disp(p.step_kernel_us);
@@ -245,13 +248,13 @@ StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model
   const int L = static_cast<int>(cfg.model.n_layers);
   const int64_t M = cfg.microbatches, seqs = cfg.micro_batch();
   const double act_bytes = static_cast<double>(seqs * cfg.model.seq_len * cfg.model.d_model) * 4.0;
-  const double exec = x.disp(p.exec_us);
+  const double exec = x.disp(p.exec_us + p.train_node_us);
   std::vector<double> dur_f(S), dur_b(S);
   for (int s = 0; s < S; ++s) {
     const int l0 = L * s / S, l1 = L * (s + 1) / S;
-    dur_f[s] = exec, dur_b[s] = exec;
-    for (const Unit& u : x.plan.forward_units(0, l0, l1)) dur_f[s] += x.unit_us(u, seqs);
-    for (const Unit& u : x.plan.backward_units(0, l0, l1)) dur_b[s] += x.unit_us(u, seqs);
+    // One node (kernel launch) per unit of the stage (pipeline_program traces the units).
+    for (const Unit& u : x.plan.forward_units(0, l0, l1)) dur_f[s] += x.unit_us(u, seqs) + exec;
+    for (const Unit& u : x.plan.backward_units(0, l0, l1)) dur_b[s] += x.unit_us(u, seqs) + exec;
   }
   const PipelineTimes pt = pipeline_times(dur_f, dur_b, M, schedule, [&](int from, int to, double t) {
     return message_arrival(c, from, to, act_bytes, t);

@@ -43,6 +43,7 @@ struct StepPrediction {
   double bubble = 0;            // pipeline: 1 - mean busy / step
   double tokens_per_s = 0;
   int collectives = 0;          // AllReduces simulated
+  int nodes = 0;                // chained / opbyop / pipeline: kernel launches per device and step
 };
 
 // `granularity`: "spmd" (spmd_train), "fused", "chained", "opbyop" (pathways_train). Devices
