@@ -86,7 +86,7 @@ if [ $QUICK = 0 ]; then
   "$B/sim/pwm_sim" --profile "$PROFILE" --what dispatch --workers 2 --compute-us $TS >"$W/dispatch.pred"
 fi
 mkdir -p "$OUTDIR"
-python3 - "$W" "$OUTDIR" "$PROFILE" <<'PY'
+PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUTDIR" "$PROFILE" <<'PY'
 import json, os, sys, time
 w, outdir, profile = sys.argv[1:4]
 rows = []
@@ -121,22 +121,20 @@ load = os.getloadavg()
 print(f"{within}/{len(rows)} within 10% ({sum(abs(r['error']) <= 0.05 for r in rows)} within 5%); load {load[0]:.2f} {load[1]:.2f}")
 json.dump({'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'profile': profile, 'load': load, 'rows': rows},
           open(os.path.join(outdir, 'validation.json'), 'w'), indent=1)
-try:
-    import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4.5))
-    for a, unit in zip(ax, ('ms/step', 'us/comp')):
-        rs = [r for r in rows if r['unit'] == unit]
-        if not rs: continue
-        xs = [r['measured'] for r in rs]; ys = [r['predicted'] for r in rs]
-        a.scatter(xs, ys)
-        for r in rs: a.annotate(r['config'], (r['measured'], r['predicted']), fontsize=6)
-        lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.2
-        a.plot([lo, hi], [lo, hi], 'k-', lw=0.8); a.plot([lo, hi], [lo * 1.1, hi * 1.1], 'k:', lw=0.6); a.plot([lo, hi], [lo * 0.9, hi * 0.9], 'k:', lw=0.6)
-        a.set_xscale('log'); a.set_yscale('log'); a.set_xlabel(f'measured ({unit})'); a.set_ylabel(f'predicted ({unit})')
-        a.set_title('step time' if unit == 'ms/step' else 'dispatch_bench Fig. 5 (time per computation)')
-    fig.suptitle('pwm_sim: predicted vs measured (dotted: +-10%)'); fig.tight_layout()
-    fig.savefig(os.path.join(outdir, 'validation.png'), dpi=110)
-except ImportError:
-    print('(no matplotlib: install python3-matplotlib for validation.png)')
+# The plot: gnuplot, as mpi_scripts/dispatch_plot.py draws the dispatch figures.
+sys.path.insert(0, os.path.join(os.environ['PWM_ROOT'], 'mpi_scripts'))
+from dispatch_plot import line_plot, write_data
+series = []
+for unit, title in (('ms/step', 'step time (ms)'), ('us/comp', 'dispatch_bench Fig. 5 (us per computation)')):
+    rs = [r for r in rows if r['unit'] == unit]
+    if not rs: continue
+    data = os.path.join(w, f"v_{unit.replace('/', '_')}.dat")
+    write_data(data, [(r['measured'], r['predicted'], r['config']) for r in rs])
+    series.append(f"'{data}' using 1:2 with points pt 7 title '{title}', '' using 1:2:3 with labels offset 0,0.8 font ',7' notitle")
+if series:
+    series += ["x with lines lc 'black' title 'predicted = measured'", "1.1*x with lines dt 2 lc 'gray' title '+-10%'",
+               "0.9*x with lines dt 2 lc 'gray' notitle"]
+    line_plot(os.path.join(outdir, 'validation.png'), 'pwm_sim: predicted vs measured', 'measured', 'predicted', series,
+              'set logscale xy')
 sys.exit(0 if within == len(rows) and rows else 1)
 PY

@@ -66,21 +66,24 @@ print(f"PaLM two pods: weak scaling {res['palm']['weak_scaling']:.3f}x (paper 1.
 print('Table 2 (relative to SPMD; paper in brackets):')
 for r in res['table2']:
     print(f"  {r['config']:28} {r['relative_to_spmd']:.3f} ({r['paper_relative']:.3f})  bubble {r['bubble']:.3f}")
-try:
-    import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in ('opbyop', 'chained', 'fused'):
-        xs = [r['hosts'] for r in res['fig6'] if r[f'{m}_break_even_us'] > 0]
-        ax.plot(xs, [r[f'{m}_break_even_us'] / 1e3 for r in res['fig6'] if r[f'{m}_break_even_us'] > 0], 'o-', label=m)
-    ax.plot([16, 512], [2.3, 35], 'k*', ms=10, label='paper (OpByOp-like, 2.3 / 35 ms)')
-    ax.set_xscale('log', base=2); ax.set_yscale('log'); ax.set_xlabel('hosts (4 TPU v3 each)'); ax.set_ylabel('break-even T (ms)')
-    ax.set_title('Projected Fig. 6: T where Pathways reaches 95% of SPMD'); ax.legend(fontsize=7); fig.tight_layout()
-    fig.savefig(os.path.join(out, 'fig6_sim.png'), dpi=110)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in ('spmd', 'opbyop', 'chained', 'fused'):
-        ax.plot([r['compute_us'] for r in res['fig5_16hosts']], [r[m] for r in res['fig5_16hosts']], 'o-', label=m)
-    ax.set_xscale('log'); ax.set_yscale('log'); ax.set_xlabel('computation time T (us)'); ax.set_ylabel('computations / s')
-    ax.set_title('Projected Fig. 5: 16 hosts, 64 TPU v3'); ax.legend(fontsize=7); fig.tight_layout()
-    fig.savefig(os.path.join(out, 'fig5_sim.png'), dpi=110)
-except ImportError:
-    print('(no matplotlib: no plots)')
+# Plots: gnuplot, as mpi_scripts/dispatch_plot.py draws the measured figures.
+sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
+from dispatch_plot import line_plot, write_data
+series = []
+for m in ('opbyop', 'chained', 'fused'):
+    pts = [(r['hosts'], r[f'{m}_break_even_us'] / 1e3) for r in res['fig6'] if r[f'{m}_break_even_us'] > 0]
+    if not pts: continue
+    data = os.path.join(out, f'_fig6_{m}.dat'); write_data(data, pts)
+    series.append(f"'{data}' using 1:2 with linespoints title '{m} (projected)'")
+paper = os.path.join(out, '_fig6_paper.dat'); write_data(paper, [(16, 2.3), (512, 35)])
+series.append(f"'{paper}' using 1:2 with points pt 3 ps 2 title 'paper: 2.3 ms at 16 hosts, 35 ms at 512'")
+line_plot(os.path.join(out, 'fig6_sim.png'), 'Projected Fig. 6: T where Pathways reaches 95% of SPMD (4 TPU v3 per host)',
+          'hosts', 'break-even T (ms)', series, 'set logscale xy\nset key top left')
+series = []
+for m in ('spmd', 'opbyop', 'chained', 'fused'):
+    data = os.path.join(out, f'_fig5_{m}.dat'); write_data(data, [(r['compute_us'], r[m]) for r in res['fig5_16hosts']])
+    series.append(f"'{data}' using 1:2 with linespoints title '{m}'")
+line_plot(os.path.join(out, 'fig5_sim.png'), 'Projected Fig. 5: 16 hosts, 64 TPU v3, chain of 128', 'computation time T (us)',
+          'computations / s', series, 'set logscale xy')
+for f in os.listdir(out):
+    if f.startswith('_fig') and f.endswith('.dat'): os.remove(os.path.join(out, f))
