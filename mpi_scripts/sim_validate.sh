@@ -135,6 +135,6 @@ if series:
     series += ["x with lines lc 'black' title 'predicted = measured'", "1.1*x with lines dt 2 lc 'gray' title '+-10%'",
                "0.9*x with lines dt 2 lc 'gray' notitle"]
     line_plot(os.path.join(outdir, 'validation.png'), 'pwm_sim: predicted vs measured', 'measured', 'predicted', series,
-              'set logscale xy')
+              'set logscale xy\nset termoption noenhanced\nset key top left')
 sys.exit(0 if within == len(rows) and rows else 1)
 PY

@@ -78,12 +78,12 @@ for m in ('opbyop', 'chained', 'fused'):
 paper = os.path.join(out, '_fig6_paper.dat'); write_data(paper, [(16, 2.3), (512, 35)])
 series.append(f"'{paper}' using 1:2 with points pt 3 ps 2 title 'paper: 2.3 ms at 16 hosts, 35 ms at 512'")
 line_plot(os.path.join(out, 'fig6_sim.png'), 'Projected Fig. 6: T where Pathways reaches 95% of SPMD (4 TPU v3 per host)',
-          'hosts', 'break-even T (ms)', series, 'set logscale xy\nset key top left')
+          'hosts', 'break-even T (ms)', series, 'set logscale xy\nset termoption noenhanced\nset key top left')
 series = []
 for m in ('spmd', 'opbyop', 'chained', 'fused'):
     data = os.path.join(out, f'_fig5_{m}.dat'); write_data(data, [(r['compute_us'], r[m]) for r in res['fig5_16hosts']])
     series.append(f"'{data}' using 1:2 with linespoints title '{m}'")
 line_plot(os.path.join(out, 'fig5_sim.png'), 'Projected Fig. 5: 16 hosts, 64 TPU v3, chain of 128', 'computation time T (us)',
-          'computations / s', series, 'set logscale xy')
+          'computations / s', series, 'set logscale xy\nset termoption noenhanced\nset key top left')
 for f in os.listdir(out):
     if f.startswith('_fig') and f.endswith('.dat'): os.remove(os.path.join(out, f))
