@@ -103,7 +103,7 @@ if os.path.exists(dj):
     meas = json.load(open(dj))['rows']
     preds = [json.loads(l) for l in open(os.path.join(w, 'dispatch.pred'))]
     for r in meas:
-        if r['fig'] != '5': continue
+        if r['fig'] not in ('5', '6'): continue  # dispatch_bench labels T = 0 '5', T > 0 '6'
         p = [q for q in preds if q['compute_us'] == r['compute_us']][0]
         # Time per computation (us) so that "lower is better" as for step times.
         # The best repetition, as dispatch_bench reports and sim_calibrate.sh calibrates with.
