@@ -1,0 +1,187 @@
+// pwm_sim: predicts step times and dispatch throughput from a machine profile and a cluster
+// (docs/simulator.md).
+//
+//   pwm_sim --what step --profile P [--cluster C] [--granularity spmd|fused|chained|opbyop] TRAIN FLAGS
+//   pwm_sim --what pipeline --profile P [--cluster C] --stages S --schedule gpipe|1f1b TRAIN FLAGS
+//   pwm_sim --what dispatch --profile P [--cluster C] --workers W --compute-us 0,50,... [--chain K]
+//   pwm_sim --what stages|clients ... (Fig. 7, Fig. 8)
+//   pwm_sim --what fig6 --profile P --cluster C --hosts-list 2,4,...,512 (C is one host's description)
+//   pwm_sim --what kernels --trace T.json --metrics M.jsonl TRAIN FLAGS   (calibration: the kernels section)
+// TRAIN FLAGS are the trainers' own (model/train_config.h), --config FILE included. Output: one
+// JSON object per line on stdout.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/check.h"
+#include "model/params.h"
+#include "model/step_plan.h"
+#include "model/train_config.h"
+#include "sim/dispatch.h"
+#include "sim/step.h"
+
+using namespace pwm;
+using nlohmann::json;
+
+namespace {
+
+std::vector<double> parse_list(const std::string& s, const char* flag) {
+  std::vector<double> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      v.push_back(std::stod(item));
+    } catch (...) {
+      PWM_THROW("{} '{}': expected comma-separated numbers", flag, s);
+    }
+  }
+  if (v.empty()) PWM_THROW("{}: give at least one number", flag);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The kernels section of a profile from a trainer's --trace and --metrics at dp = 1.
+json calibrate_kernels(const model::TrainConfig& cfg, const std::string& trace, const std::string& metrics) {
+  std::ifstream tin(trace);
+  if (!tin) PWM_THROW("cannot read --trace {}", trace);
+  const json t = json::parse(tin);
+  const json& ev = t.is_object() ? t.at("traceEvents") : t;
+  std::vector<double> fwd, bwd, opt;
+  for (const auto& e : ev) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string n = e.value("name", "");
+    const double d = e.value("dur", 0.0);
+    if (n == "forward") fwd.push_back(d);
+    else if (n == "backward") bwd.push_back(d);
+    else if (n == "optimizer") opt.push_back(d);
+  }
+  if (fwd.empty() || bwd.empty() || opt.empty())
+    PWM_THROW("--trace {} has no forward/backward/optimizer spans: record it with spmd_train --trace", trace);
+  std::ifstream min(metrics);
+  if (!min) PWM_THROW("cannot read --metrics {}", metrics);
+  double step_ms = 0;
+  for (std::string line; std::getline(min, line);) {
+    if (line.empty()) continue;
+    const json j = json::parse(line);
+    if (j.value("final", false)) step_ms = j.at("step_ms_p50");
+  }
+  if (!(step_ms > 0)) PWM_THROW("--metrics {} has no final line with step_ms_p50", metrics);
+  const model::ParamLayout layout(cfg.model, 0, 1);
+  const model::StepPlan plan(layout, cfg.microbatches);
+  const sim::UnitFlops f = sim::micro_flops(cfg.model, plan, cfg.micro_batch());
+  const double mf = median(fwd), mb = median(bwd), mo = median(opt);
+  const double M = static_cast<double>(cfg.microbatches);
+  return {{"fwd_us_per_gflop", mf / (f.fwd * 1e-9)},
+          {"bwd_us_per_gflop", mb / (f.bwd * 1e-9)},
+          {"opt_us_per_param", mo / static_cast<double>(layout.total())},
+          {"step_overhead_us", std::max(0.0, step_ms * 1e3 - M * (mf + mb) - mo)},
+          {"from", {{"trace", trace}, {"forward_us", mf}, {"backward_us", mb}, {"optimizer_us", mo}, {"step_ms_p50", step_ms}}}};
+}
+
+int body(int argc, char** argv) {
+  std::string what = "step", profile_path, cluster_path, granularity = "spmd", schedule = "gpipe";
+  std::string compute_s = "0,10,20,50,100,200,500,1000,2000,5000", hosts_s = "2,4,8,16,32,64,128,256,512";
+  std::string trace, metrics, clients_s = "1,2,4,8,16";
+  int stages = 0, workers = 2, chain = 128;
+  bool controller_alone = false, host_executors = false;
+  double stage_us = 100;
+  model::TrainConfig cfg;
+  int exit_code = 0;
+  const bool go = model::parse_train_config(
+      argc, argv, "pwm_sim", "Simulates both execution models from a measured machine profile", cfg, exit_code, true,
+      [&](CLI::App& app) {
+        const char* S = "Simulator";
+        app.add_option("--what", what, "step | pipeline | dispatch | stages | clients | fig6 | kernels")->group(S);
+        app.add_option("--profile", profile_path, "machine profile (mpi_scripts/sim_calibrate.sh)")->group(S);
+        app.add_option("--cluster", cluster_path, "cluster description (JSON; default: one host of the profile's machine)")->group(S);
+        app.add_option("--granularity", granularity, "step: spmd | fused | chained | opbyop")->group(S);
+        app.add_option("--stages", stages, "pipeline stages (Fig. 7: pipeline length)")->group(S);
+        app.add_option("--schedule", schedule, "pipeline: gpipe | 1f1b")->group(S);
+        app.add_option("--workers", workers, "dispatch: workers (devices)")->group(S);
+        app.add_option("--chain", chain, "dispatch: computations per chain")->group(S);
+        app.add_option("--compute-us", compute_s, "dispatch: comma-separated compute times T (us)")->group(S);
+        app.add_option("--stage-us", stage_us, "stages: compute per stage (us)")->group(S);
+        app.add_option("--clients", clients_s, "clients: comma-separated numbers of clients")->group(S);
+        app.add_option("--hosts-list", hosts_s, "fig6: comma-separated host counts")->group(S);
+        app.add_flag("--controller-alone", controller_alone, "dispatch: the controller on a host of its own")->group(S);
+        app.add_flag("--host-executors", host_executors, "dispatch: one message per host, not per device")->group(S);
+        app.add_option("--sim-trace", trace, "kernels: the trainer's --trace file")->group(S);
+        app.add_option("--sim-metrics", metrics, "kernels: the trainer's --metrics file")->group(S);
+      });
+  if (!go) return exit_code;
+  if (what == "kernels") {
+    fmt::print("{}\n", calibrate_kernels(cfg, trace, metrics).dump());
+    return 0;
+  }
+  if (profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
+  const sim::Profile p = sim::Profile::load(profile_path);
+  const int need = what == "step" ? static_cast<int>(cfg.dp) : what == "pipeline" ? stages : workers;
+  const sim::Cluster c = cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(cluster_path, p);
+  sim::DispatchOptions o;
+  o.workers = workers;
+  o.chain = chain;
+  o.controller_alone = controller_alone;
+  o.host_executors = host_executors;
+  auto out = [](const json& j) { fmt::print("{}\n", j.dump()); };
+  if (what == "step" || what == "pipeline") {
+    const sim::StepPrediction r = what == "step" ? sim::simulate_step(c, p, cfg, granularity)
+                                                 : sim::simulate_pipeline(c, p, cfg, stages, schedule);
+    out({{"what", what}, {"granularity", what == "step" ? granularity : schedule}, {"dp", cfg.dp}, {"stages", stages},
+         {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
+         {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
+         {"collectives", r.collectives}, {"nodes", r.nodes}});
+  } else if (what == "dispatch") {
+    const sim::ChainInputs pre = sim::prepare_chain(c, p, o);
+    for (double t : parse_list(compute_s, "--compute-us")) {
+      json row = {{"what", "dispatch"}, {"workers", workers}, {"compute_us", t}};
+      for (const char* m : {"spmd", "opbyop", "chained", "fused"}) row[m] = sim::simulate_chain(c, p, o, m, t, &pre);
+      out(row);
+    }
+  } else if (what == "stages") {
+    for (double k : parse_list(compute_s == "0,10,20,50,100,200,500,1000,2000,5000" ? "1,2,4,8,16" : compute_s, "--compute-us")) {
+      const int s = static_cast<int>(k);
+      out({{"what", "stages"}, {"stages", s}, {"parallel_s", sim::simulate_stages(c, p, o, s, stage_us, false)},
+           {"sequential_s", sim::simulate_stages(c, p, o, s, stage_us, true)}});
+    }
+  } else if (what == "clients") {
+    for (double t : parse_list(compute_s, "--compute-us"))
+      for (double n : parse_list(clients_s, "--clients"))
+        out({{"what", "clients"}, {"compute_us", t}, {"clients", static_cast<int>(n)},
+             {"per_s", sim::simulate_clients(c, p, o, static_cast<int>(n), t)},
+             {"spmd_per_s", sim::simulate_chain(c, p, o, "spmd", t)}});
+  } else if (what == "fig6") {
+    // C describes the cluster's hosts (devices per host, links); every host count gets every
+    // device as a worker (one island over the cluster, as the paper's Fig. 6).
+    std::vector<double> ts;
+    for (double t = 1; t <= 2e5; t *= 1.1) ts.push_back(t);
+    for (double h : parse_list(hosts_s, "--hosts-list")) {
+      sim::Cluster ch = c;
+      ch.hosts = static_cast<int>(h);
+      sim::DispatchOptions oh = o;
+      oh.workers = ch.devices();
+      out({{"what", "fig6"}, {"hosts", ch.hosts}, {"devices", ch.devices()},
+           {"opbyop_break_even_us", sim::break_even(ch, p, oh, "opbyop", ts)},
+           {"chained_break_even_us", sim::break_even(ch, p, oh, "chained", ts)},
+           {"fused_break_even_us", sim::break_even(ch, p, oh, "fused", ts)}});
+    }
+  } else {
+    PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", what);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return pwm::run_tool_main("pwm_sim", argc, argv, body); }

@@ -1,0 +1,84 @@
+// pwm::sim: a discrete-event simulator of one training step and of the dispatch benchmarks under
+// both execution models (docs/simulator.md).
+//
+// The simulator never describes the workloads itself: the SPMD step's units and gradient ranges
+// come from model::StepPlan, collectives from the schedules the collectives library builds
+// (collectives/algorithms.h, the algorithm Algorithm::kAuto picks), Pathways programs from
+// pathways::lower(). It adds only time: a Profile (measured on a machine by
+// mpi_scripts/sim_calibrate.sh) says how long kernels, messages and dispatch steps take, and a
+// Cluster says how many hosts and devices there are and which links join them.
+//
+// Everything is single-threaded and deterministic: the same inputs give the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pwm::sim {
+
+// A link: a message of b bytes occupies the sender's port for b / bandwidth and arrives
+// latency_us after that. overhead_us is the per-message software cost at the sender (the
+// alpha that is CPU, not wire).
+struct Link {
+  double latency_us = 1.0;
+  double gbytes_per_s = 1.0;  // GB/s = 1e3 bytes per us
+  double overhead_us = 0.0;
+  double wire_us(double bytes) const { return bytes / (gbytes_per_s * 1e3); }
+};
+
+// What one machine was measured to do (sim_calibrate.sh writes it; JSON as in docs/simulator.md).
+struct Profile {
+  std::string machine;  // free text: where and when it was measured
+  // Kernels, from the trainers' traces: microseconds per GFLOP of the forward and of the
+  // backward span (FLOPs counted per unit of the step plan, sim/step.h), the optimizer per
+  // parameter, and the rest of a step (batch sampling, norm, bookkeeping) as a constant.
+  double fwd_us_per_gflop = 0, bwd_us_per_gflop = 0;
+  double opt_us_per_param = 0, step_overhead_us = 0;
+  // Contention: compute slowdown when `ranks` processes share this machine's cores (ranks -> factor).
+  std::vector<std::pair<int, double>> contention;
+  double reduce_ns_per_byte = 0.2;  // local reduction in a collective (gamma)
+  Link intra, inter, inter_shaped;  // in-host, cross-host (unshaped), cross-host shaped DCN
+  // Pathways controller and workers (microseconds).
+  double call_us = 0;        // controller cost of one client call (OpByOp: one program per call)
+  double node_us = 0;        // controller cost per node of a dispatched program
+  double msg_us = 0;         // controller cost per worker message of a run
+  double exec_us = 0;        // worker cost per kernel launch (beyond the kernel's own time)
+  double spmd_exec_us = 0;   // the SPMD baseline's per-computation cost beyond T + AllReduce
+  double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
+  double step_kernel_us = 0; // Pathways trainers: extra per-step cost on the workers
+  double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
+                             // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
+
+  double contention_factor(int ranks_on_machine) const;
+  nlohmann::json to_json() const;
+  static Profile from_json(const nlohmann::json& j);
+  static Profile load(const std::string& path);  // throws pwm::Error with the path
+};
+
+// Where devices are and how they are joined. Link fields in the JSON are either objects
+// {"latency_us", "gbytes_per_s", "overhead_us"} or the names "measured:intra",
+// "measured:inter", "measured:inter_shaped" (the profile's links).
+struct Cluster {
+  std::string name;
+  int hosts = 1;
+  int devices_per_host = 1;
+  Link intra, inter;
+  double compute_scale = 1.0;   // kernel time = measured / compute_scale ("device_gflops": derived)
+  double dispatch_scale = 1.0;  // controller and worker costs = measured / dispatch_scale
+  int cores_per_host = 0;       // > 0: compute slows by the profile's contention when ranks share cores
+  bool hosts_share_cores = false;
+  bool has_controller_link = false;
+  Link controller_link;  // controller <-> workers (the paper: DCN); default: inter (cross-host) or intra  // emulated hosts (cluster.sh): every host's ranks on one machine's cores
+  int devices() const { return hosts * devices_per_host; }
+  int host_of(int device) const { return device / devices_per_host; }
+  const Link& link(int a, int b) const { return host_of(a) == host_of(b) ? intra : inter; }
+  static Cluster from_json(const nlohmann::json& j, const Profile& p);
+  static Cluster load(const std::string& path, const Profile& p);
+  static Cluster local(const Profile& p, int devices);  // one host of the profile's machine
+};
+
+}  // namespace pwm::sim

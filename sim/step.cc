@@ -1,0 +1,287 @@
+#include "sim/step.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "common/check.h"
+#include "model/params.h"
+#include "sim/collective.h"
+#include "sim/engine.h"
+
+namespace pwm::sim {
+
+using model::Unit;
+using model::UnitKind;
+
+UnitFlops unit_flops(const model::Config& m, const model::StepPlan& plan, const Unit& u, int64_t seqs) {
+  // Per token: a matrix of P parameters costs 2P forward and 4P backward; attention's score and
+  // value products 4 H D T forward per layer (Config::flops_per_token()'s 12 H D T over fwd+bwd).
+  const double tokens = static_cast<double>(seqs * m.seq_len);
+  const double head = static_cast<double>(m.vocab * m.d_model);  // the tied output projection
+  UnitFlops f;
+  switch (u.kind) {
+    case UnitKind::kBatch: break;
+    case UnitKind::kEmbedForward: f.fwd = 2.0 * static_cast<double>(m.d_model) * tokens; break;
+    case UnitKind::kEmbedBackward: f.bwd = 2.0 * static_cast<double>(m.d_model) * tokens; break;
+    case UnitKind::kHead:
+      f.fwd = 2.0 * head * tokens;
+      f.bwd = 4.0 * head * tokens;
+      break;
+    case UnitKind::kBlockForward:
+    case UnitKind::kBlockBackward: {
+      const double pl = static_cast<double>(plan.piece_size(model::StepPlan::layer_piece(u.layer)));
+      const double attn = 4.0 * static_cast<double>(m.n_heads * m.head_dim * m.seq_len);
+      if (u.kind == UnitKind::kBlockForward) f.fwd = (2.0 * pl + attn) * tokens;
+      else f.bwd = 2.0 * (2.0 * pl + attn) * tokens;
+      break;
+    }
+  }
+  return f;
+}
+
+UnitFlops micro_flops(const model::Config& m, const model::StepPlan& plan, int64_t seqs) {
+  UnitFlops s;
+  for (const Unit& u : plan.forward_units(0)) {
+    const UnitFlops f = unit_flops(m, plan, u, seqs);
+    s.fwd += f.fwd, s.bwd += f.bwd;
+  }
+  for (const Unit& u : plan.backward_units(0)) {
+    const UnitFlops f = unit_flops(m, plan, u, seqs);
+    s.fwd += f.fwd, s.bwd += f.bwd;
+  }
+  return s;
+}
+
+std::vector<BucketCut> cut_buckets(const std::vector<std::pair<int64_t, int64_t>>& units, size_t bucket_bytes) {
+  // collectives/bucketed_allreduce.cc's constructor, step for step (its buckets are private).
+  std::vector<BucketCut> out;
+  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
+  int64_t open_end = -1, open_begin = -1;
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const auto [lo, hi] = units[u];
+    for (int64_t pos = hi; pos > lo;) {
+      if (open_end < 0) open_end = pos;
+      const int64_t take = std::min(pos - lo, cap - (open_end - pos));
+      pos -= take;
+      open_begin = pos;
+      if (open_end - open_begin >= cap) {
+        out.push_back({open_begin, open_end, u});
+        open_end = -1;
+      }
+    }
+  }
+  if (open_end >= 0) out.push_back({open_begin, open_end, static_cast<int>(units.size()) - 1});
+  return out;
+}
+
+namespace {
+
+struct Ctx {
+  const Cluster& c;
+  const Profile& p;
+  const model::TrainConfig& cfg;
+  model::ParamLayout layout;
+  model::StepPlan plan;
+  double slow;  // compute slowdown (cluster scale, contention)
+  Ctx(const Cluster& c_, const Profile& p_, const model::TrainConfig& cfg_, int ranks_per_host)
+      : c(c_), p(p_), cfg(cfg_), layout(cfg_.model, 0, 1), plan(layout, cfg_.microbatches) {
+    slow = 1.0 / c.compute_scale;
+    if (c.cores_per_host > 0 && ranks_per_host > 1) slow *= p.contention_factor(ranks_per_host);
+  }
+  double unit_us(const Unit& u, int64_t seqs) const {
+    const UnitFlops f = unit_flops(cfg.model, plan, u, seqs);
+    return slow * (f.fwd * 1e-9 * p.fwd_us_per_gflop + f.bwd * 1e-9 * p.bwd_us_per_gflop);
+  }
+  double update_us(int64_t params) const { return slow * p.opt_us_per_param * static_cast<double>(params); }
+  double disp(double us) const { return us / c.dispatch_scale; }
+};
+
+std::vector<int> first_devices(int n) {
+  std::vector<int> d(n);
+  for (int i = 0; i < n; ++i) d[i] = i;
+  return d;
+}
+
+}  // namespace
+
+StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::TrainConfig& cfg,
+                             const std::string& granularity) {
+  if (cfg.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.tp);
+  const int dp = static_cast<int>(cfg.dp);
+  if (dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
+  const bool pw = granularity != "spmd";
+  if (pw && granularity != "fused" && granularity != "chained" && granularity != "opbyop")
+    PWM_THROW("unknown granularity '{}' (spmd, fused, chained, opbyop)", granularity);
+  // Ranks sharing a host's cores: the Pathways controller is one more process on host 0.
+  const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
+  Ctx x(c, p, cfg, per_host);
+  const std::vector<int> devs = first_devices(dp);
+  const int64_t seqs = cfg.micro_batch();
+  StepPrediction r;
+  double t = 0;
+  // The units of the whole step on one device (every dp rank runs the same ones).
+  std::map<int, double> finished_at;  // finish_order index -> time (last micro-batch)
+  const bool per_node = granularity == "chained" || granularity == "opbyop";
+  const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
+  const double call_cost = granularity == "opbyop" ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
+  double controller = 0;  // opbyop: when the controller has issued the next call
+  for (const Unit& u : x.plan.units()) {
+    const double k = x.unit_us(u, seqs);
+    r.compute_us += k;
+    if (granularity == "opbyop") {
+      controller += call_cost;
+      t = std::max(t, controller);
+    }
+    t += k + node_cost;
+    r.nodes += per_node ? 1 : 0;
+    const int f = x.plan.finishes(u);
+    if (f >= 0 && u.micro == cfg.microbatches - 1) finished_at[f] = t;
+  }
+  const double compute_end = t;
+  double comm_end = compute_end;
+  if (dp > 1) {
+    if (per_node) {
+      // One AllReduce node per gradient piece after the units (step_program.h), in piece order.
+      for (int piece = 0; piece < x.plan.num_pieces(); ++piece) {
+        if (granularity == "opbyop") controller += call_cost;
+        const double st = std::max(comm_end, controller) + node_cost;
+        const size_t bytes = static_cast<size_t>(x.plan.piece_size(piece)) * 4;
+        comm_end = simulate_allreduce(c, p, devs, bytes, collectives::Algorithm::kAuto,
+                                      std::vector<double>(dp, st)).end;
+        r.collectives += 1;
+        r.nodes += 1;
+      }
+    } else {
+      const std::vector<std::pair<int64_t, int64_t>>& units = x.plan.finish_order();
+      double prev = 0;
+      for (const BucketCut& b : cut_buckets(units, cfg.bucket_bytes)) {
+        const double ready = cfg.overlap ? finished_at.at(b.last_unit) : compute_end;
+        const double st = std::max(ready, prev);
+        prev = simulate_allreduce(c, p, devs, static_cast<size_t>(b.end - b.begin) * 4,
+                                  collectives::Algorithm::kAuto, std::vector<double>(dp, st)).end;
+        r.collectives += 1;
+      }
+      comm_end = std::max(compute_end, prev);
+    }
+    // The global norm: one float64 scalar, recursive doubling (spmd/trainer.cc).
+    comm_end = simulate_allreduce(c, p, devs, 8, collectives::Algorithm::kRecursiveDoubling,
+                                  std::vector<double>(dp, comm_end)).end;
+    r.collectives += 1;
+  }
+  const double upd = x.update_us(x.layout.total()) + node_cost;
+  r.nodes += per_node ? 1 : 0;
+  r.compute_us += x.update_us(x.layout.total());
+  double step = comm_end + upd + p.step_overhead_us;
+  if (pw) step += x.disp(p.step_kernel_us);
+  r.step_us = step;
+  r.exposed_comm_us = step - r.compute_us - p.step_overhead_us;
+  r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (step * 1e-6);
+  return r;
+}
+
+PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector<double>& dur_b, int64_t M,
+                             const std::string& schedule, const std::function<double(int, int, double)>& arrive) {
+  const int S = static_cast<int>(dur_f.size());
+  // Each stage's work list in its schedule's order: (forward?, micro-batch).
+  std::vector<std::vector<std::pair<bool, int64_t>>> order(S);
+  for (int s = 0; s < S; ++s) {
+    if (schedule == "gpipe") {
+      for (int64_t m = 0; m < M; ++m) order[s].push_back({true, m});
+      for (int64_t m = 0; m < M; ++m) order[s].push_back({false, m});
+    } else {
+      const int64_t warm = std::min<int64_t>(S - 1 - s, M);
+      int64_t f = 0, b = 0;
+      for (; f < warm; ++f) order[s].push_back({true, f});
+      while (b < M) {
+        if (f < M) order[s].push_back({true, f++});
+        order[s].push_back({false, b++});
+      }
+    }
+  }
+  // fd[s][m], bd[s][m]: when stage s finished micro-batch m's forward / backward. Each device
+  // runs its list in order, a step once its input arrived; resolved in rounds (a static
+  // schedule, so this terminates).
+  std::vector<std::vector<double>> fd(S, std::vector<double>(M, -1)), bd(S, std::vector<double>(M, -1));
+  std::vector<size_t> next(S, 0);
+  std::vector<Serial> dev(S);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < S; ++s) {
+      while (next[s] < order[s].size()) {
+        const auto [fwd, m] = order[s][next[s]];
+        double ready = 0;
+        if (fwd && s > 0) {
+          if (fd[s - 1][m] < 0) break;
+          ready = arrive(s - 1, s, fd[s - 1][m]);
+        } else if (!fwd) {
+          if (fd[s][m] < 0) break;
+          ready = fd[s][m];
+          if (s < S - 1) {
+            if (bd[s + 1][m] < 0) break;
+            ready = std::max(ready, arrive(s + 1, s, bd[s + 1][m]));
+          }
+        }
+        const double e = dev[s].book(ready, fwd ? dur_f[s] : dur_b[s]);
+        (fwd ? fd : bd)[s][m] = e;
+        next[s] += 1;
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) PWM_CHECK(next[s] == order[s].size(), "pipeline schedule deadlocked at stage {}", s);
+  PipelineTimes r;
+  for (int s = 0; s < S; ++s) {
+    r.end.push_back(dev[s].free_at);
+    r.busy.push_back(dev[s].busy);
+  }
+  return r;
+}
+
+StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model::TrainConfig& cfg, int S,
+                                 const std::string& schedule) {
+  if (S < 1 || S > c.devices()) PWM_THROW("--stages {} needs 1..{} devices", S, c.devices());
+  if (schedule != "gpipe" && schedule != "1f1b") PWM_THROW("unknown --schedule '{}' (gpipe, 1f1b)", schedule);
+  const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + 1;  // + the controller
+  Ctx x(c, p, cfg, per_host);
+  const int L = static_cast<int>(cfg.model.n_layers);
+  const int64_t M = cfg.microbatches, seqs = cfg.micro_batch();
+  const double act_bytes = static_cast<double>(seqs * cfg.model.seq_len * cfg.model.d_model) * 4.0;
+  const double exec = x.disp(p.exec_us + p.train_node_us);
+  std::vector<double> dur_f(S), dur_b(S);
+  for (int s = 0; s < S; ++s) {
+    const int l0 = L * s / S, l1 = L * (s + 1) / S;
+    // One node (kernel launch) per unit of the stage (pipeline_program traces the units).
+    for (const Unit& u : x.plan.forward_units(0, l0, l1)) dur_f[s] += x.unit_us(u, seqs) + exec;
+    for (const Unit& u : x.plan.backward_units(0, l0, l1)) dur_b[s] += x.unit_us(u, seqs) + exec;
+  }
+  const PipelineTimes pt = pipeline_times(dur_f, dur_b, M, schedule, [&](int from, int to, double t) {
+    return message_arrival(c, from, to, act_bytes, t);
+  });
+  std::vector<Serial> dev(S);
+  for (int s = 0; s < S; ++s) dev[s] = {pt.end[s], pt.busy[s]};
+  // Updates: each stage its layers plus the tied embedding and final norm, after the tied
+  // gradient came back to stage 0 and went out again.
+  const double tied_bytes = static_cast<double>(x.plan.piece_size(model::StepPlan::kTiedPiece)) * 4.0;
+  double t0 = dev[0].free_at;
+  if (S > 1) t0 = std::max(t0, message_arrival(c, S - 1, 0, tied_bytes, dev[S - 1].free_at));
+  double end = 0, busy = 0;
+  for (int s = 0; s < S; ++s) {
+    int64_t params = x.plan.piece_size(model::StepPlan::kTiedPiece);
+    for (int l = L * s / S; l < L * (s + 1) / S; ++l) params += x.plan.piece_size(model::StepPlan::layer_piece(l));
+    const double ready = s == 0 ? t0 : std::max(dev[s].free_at, message_arrival(c, 0, s, tied_bytes, t0));
+    const double e = dev[s].book(ready, x.update_us(params) + exec);
+    end = std::max(end, e);
+    busy += dev[s].busy;
+  }
+  StepPrediction r;
+  r.step_us = end + p.step_overhead_us + x.disp(p.step_kernel_us);
+  r.compute_us = busy / S;
+  r.bubble = 1.0 - (busy / S) / r.step_us;
+  r.exposed_comm_us = r.step_us - r.compute_us;
+  r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (r.step_us * 1e-6);
+  return r;
+}
+
+}  // namespace pwm::sim

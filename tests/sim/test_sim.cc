@@ -1,0 +1,210 @@
+// The simulator against cases computed by hand (docs/simulator.md, "Tests"). Tolerances: the
+// simulator adds and maxes doubles of a few thousand microseconds; 1e-6 us absolute is far
+// above their rounding (~1e-12 relative) and far below any modelling error worth catching.
+#include <gtest/gtest.h>
+
+#include "model/params.h"
+#include "model/step_plan.h"
+#include "model/train_config.h"
+#include "sim/collective.h"
+#include "sim/dispatch.h"
+#include "sim/step.h"
+
+namespace pwm::sim {
+namespace {
+
+using collectives::Algorithm;
+
+constexpr double kTol = 1e-6;
+
+Profile zero_profile() {
+  Profile p;
+  p.reduce_ns_per_byte = 0;
+  p.intra = p.inter = p.inter_shaped = Link{0, 1e12, 0};
+  return p;
+}
+
+Cluster one_host(int devices, Link l) {
+  Cluster c;
+  c.hosts = 1;
+  c.devices_per_host = devices;
+  c.intra = c.inter = l;
+  return c;
+}
+
+std::vector<int> range(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Ring AllReduce of S bytes over n ranks, one segment per chunk, no reduction cost: 2(n-1)
+// steps, each a chunk of S/n on the wire and one latency: 2(n-1)/n S/B + 2(n-1) L.
+TEST(SimCollective, RingAllreduceMatchesAlphaBeta) {
+  for (int n : {2, 3, 4, 5}) {
+    const double B = 1.0, L = 10.0;  // GB/s, us
+    const size_t S = static_cast<size_t>(n) * 4 * 60000;  // divisible by n, float elements
+    const Profile p = zero_profile();
+    const Cluster c = one_host(n, Link{L, B, 0});
+    const auto r = simulate_allreduce(c, p, range(n), S, Algorithm::kRing, {}, /*segment_bytes=*/S);
+    const double want = 2.0 * (n - 1) / n * static_cast<double>(S) / (B * 1e3) + 2.0 * (n - 1) * L;
+    EXPECT_NEAR(r.end, want, kTol) << "n=" << n;
+    EXPECT_EQ(r.messages, static_cast<size_t>(n) * 2 * (n - 1));
+  }
+}
+
+// Segments: with s segments per chunk and a port slower than a segment's round (s x wire >=
+// wire + L), every step's sends stream back to back on each rank's port: 2(n-1) steps of s
+// segment wires, then the last segment's latency.
+TEST(SimCollective, SegmentedRingIsPortBound) {
+  const int n = 4, segs = 8;
+  const double B = 2.0, L = 5.0;
+  const size_t S = 4u * n * segs * 1000;
+  const Profile p = zero_profile();
+  const Cluster c = one_host(n, Link{L, B, 0});
+  const auto r = simulate_allreduce(c, p, range(n), S, Algorithm::kRing, {}, S / n / segs);
+  const double seg_us = static_cast<double>(S) / n / segs / (B * 1e3);
+  ASSERT_GE(segs * seg_us, seg_us + L);  // the regime the formula is for
+  EXPECT_NEAR(r.end, 2.0 * (n - 1) * segs * seg_us + L, kTol);
+}
+
+// Halving-doubling on p = 4: messages of S/2, S/4 then S/4, S/2: 1.5 S/B + 4 L.
+TEST(SimCollective, HalvingDoublingMatchesAlphaBeta) {
+  const double B = 1.0, L = 7.0;
+  const size_t S = 4 * 100000;
+  const Profile p = zero_profile();
+  const Cluster c = one_host(4, Link{L, B, 0});
+  const auto r = simulate_allreduce(c, p, range(4), S, Algorithm::kHalvingDoubling);
+  EXPECT_NEAR(r.end, 1.5 * static_cast<double>(S) / (B * 1e3) + 4 * L, kTol);
+}
+
+// Two ranks: on one host the in-host link, on two hosts the cross-host link: 2 (S/2/B + L) each.
+TEST(SimCollective, CrossHostUsesTheInterLink) {
+  const size_t S = 4 * 40000;
+  const Profile p = zero_profile();
+  Cluster c;
+  c.devices_per_host = 1;
+  c.hosts = 2;
+  c.intra = Link{1, 100, 0};
+  c.inter = Link{20, 0.5, 3};
+  const auto r = simulate_allreduce(c, p, range(2), S, Algorithm::kRing, {}, S);
+  EXPECT_NEAR(r.end, 2 * (3 + static_cast<double>(S) / 2 / 0.5e3 + 20), kTol);
+  c.devices_per_host = 2;
+  c.hosts = 1;
+  const auto q = simulate_allreduce(c, p, range(2), S, Algorithm::kRing, {}, S);
+  EXPECT_NEAR(q.end, 2 * (static_cast<double>(S) / 2 / 100e3 + 1), kTol);
+}
+
+// GPipe and 1F1B with S equal stages of forward f and backward b: the makespan is
+// (M + S - 1)(f + b), so the bubble is (S - 1) / (M + S - 1).
+TEST(SimPipeline, BubbleMatchesFormula) {
+  for (const char* sched : {"gpipe", "1f1b"}) {
+    for (int S : {1, 2, 4}) {
+      for (int64_t M : {1, 4, 8}) {
+        const double f = 3.0, b = 6.0;
+        const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, sched,
+                                      [](int, int, double t) { return t; });
+        double end = 0, busy = 0;
+        for (int s = 0; s < S; ++s) end = std::max(end, t.end[s]), busy += t.busy[s];
+        EXPECT_NEAR(end, static_cast<double>(M + S - 1) * (f + b), kTol) << sched << " S=" << S << " M=" << M;
+        EXPECT_NEAR(1.0 - busy / S / end, static_cast<double>(S - 1) / static_cast<double>(M + S - 1), kTol);
+      }
+    }
+  }
+}
+
+// A link delay d between stages adds 2 (S - 1) d to GPipe's makespan (one per hop, forward and back).
+TEST(SimPipeline, LinkDelayOnCriticalPath) {
+  const int S = 3;
+  const int64_t M = 4;
+  const double f = 2.0, b = 4.0, d = 0.5;
+  const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, "gpipe",
+                                [&](int, int, double t) { return t + d; });
+  EXPECT_NEAR(t.end[0], (M + S - 1) * (f + b) + 2 * (S - 1) * d, kTol);
+}
+
+// Lowering a chain: k single-node calls on W workers is k nodes, one message per worker, k
+// launches each; fused is one node.
+TEST(SimDispatch, LoweredChainShape) {
+  const LoweredShape s = lowered_chain(3, 5, false);
+  EXPECT_EQ(s.nodes, 5);
+  EXPECT_EQ(s.messages, 3);
+  EXPECT_EQ(s.execs, (std::vector<int>{5, 5, 5}));
+  const LoweredShape f = lowered_chain(3, 5, true);
+  EXPECT_EQ(f.nodes, 1);
+  EXPECT_EQ(f.execs, (std::vector<int>{1, 1, 1}));
+}
+
+// A chain of k OpByOp calls: each costs the controller c = call + node + W msg. When c exceeds
+// a computation (T + launch), the controller is the bottleneck: k c + launch + T + fetch; when
+// not, the devices are: c + k (launch + T) + fetch. Links free, AllReduce free.
+TEST(SimDispatch, OpByOpChain) {
+  Profile p = zero_profile();
+  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  const Cluster c = one_host(2, Link{0, 1e12, 0});
+  DispatchOptions o;
+  o.workers = 2;
+  o.chain = 16;
+  const double call = 30 + 5 + 2 * 2.5;  // 40 us
+  for (double T : {0.0, 10.0, 100.0, 1000.0}) {
+    const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T)) + 11;
+    EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
+  }
+  // Chained: one call, 16 nodes, then the devices run back to back.
+  const double ch = (30 + 16 * 5 + 2 * 2.5) + 16 * (4 + 50.0) + 11;
+  EXPECT_NEAR(simulate_chain(c, p, o, "chained", 50), 16 / (ch * 1e-6), 1e-3);
+  // The break-even of OpByOp sits where a computation outlasts a call: T + 4 >= 40 (at 95%
+  // of SPMD, whose computation costs T here).
+  std::vector<double> ts;
+  for (double t = 1; t < 1e4; t += 1) ts.push_back(t);
+  const double be = break_even(c, p, o, "opbyop", ts);
+  EXPECT_GT(be, 36.0 - 1e-9);
+  EXPECT_LT(be, 200.0);
+}
+
+// A dp = 1 SPMD step is the plan's units back to back, the update and the overhead: the sum
+// computed here from the FLOP counts directly.
+TEST(SimStep, SingleRankIsSumOfUnits) {
+  model::TrainConfig cfg;
+  cfg.model.d_model = 64;
+  cfg.model.n_layers = 2;
+  cfg.model.n_heads = 2;
+  cfg.model.head_dim = 32;
+  cfg.model.d_ff = 128;
+  cfg.model.seq_len = 32;
+  cfg.global_batch = 4;
+  cfg.microbatches = 2;
+  Profile p = zero_profile();
+  p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01, p.step_overhead_us = 7;
+  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  const model::ParamLayout layout(cfg.model, 0, 1);
+  const model::StepPlan plan(layout, cfg.microbatches);
+  double want = 7 + 0.01 * static_cast<double>(layout.total());
+  for (const auto& u : plan.units()) {
+    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
+    want += f.fwd * 1e-6 + f.bwd * 2e-6;
+  }
+  const StepPrediction r = simulate_step(c, p, cfg, "spmd");
+  EXPECT_NEAR(r.step_us, want, 1e-6 * want);
+  EXPECT_EQ(r.collectives, 0);
+}
+
+// BucketedAllreduce's cut: units listed from the end, buckets closed at the cap, a unit larger
+// than a bucket split.
+TEST(SimStep, BucketCut) {
+  const auto b = cut_buckets({{60, 100}, {10, 60}, {0, 10}}, 30 * sizeof(float));
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].begin, 70);
+  EXPECT_EQ(b[0].end, 100);
+  EXPECT_EQ(b[0].last_unit, 0);
+  EXPECT_EQ(b[1].begin, 40);
+  EXPECT_EQ(b[1].last_unit, 1);
+  EXPECT_EQ(b[2].begin, 10);
+  EXPECT_EQ(b[2].last_unit, 1);
+  EXPECT_EQ(b[3].begin, 0);
+  EXPECT_EQ(b[3].end, 10);
+  EXPECT_EQ(b[3].last_unit, 2);
+}
+
+}  // namespace
+}  // namespace pwm::sim
