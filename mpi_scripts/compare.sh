@@ -143,9 +143,18 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   local cluster
   cluster=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts 2 --slots 1 ${rate:+--dcn-rate "$rate"}) || exit 1
   trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "'"$cluster"'" >/dev/null' EXIT
-  local one_host=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
+  # OpenMPI's TCP transport sends a message above btl_tcp_eager_limit (64 KiB) by rendezvous: the
+  # data moves only once the receiver has answered, and both answer only between kernels, so a
+  # layer's gradient posted after its backward would wait a kernel or two before it starts. With
+  # an eager limit above the largest piece (a layer's ~3.6 MB at the reference model) isend hands
+  # the whole piece to the socket at once and the kernel moves it while the next layer computes.
+  # Every row gets the same launcher flags (the SPMD rows' TCP messages too).
+  local tcp=()
+  [ "$PWM_MPI" = openmpi ] && tcp=(--mca btl_tcp_eager_limit 8388608 --mca btl_tcp_rndv_eager_limit 8388608
+                                   --mca btl_tcp_max_send_size 8388608)
+  local one_host=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${tcp[@]}")
   [ "$PWM_MPI" = openmpi ] && one_host+=(--mca mpi_yield_when_idle 1)  # as the cluster's launcher
-  local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _)
+  local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ "${tcp[@]}")
   local desc="2 emulated hosts ($cluster), one replica per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd dp=2 on one host"
   echo "palm: $desc"
   for ROUND in $(seq "$ROUNDS"); do
