@@ -224,6 +224,15 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   auto hv = run(single(names("hash"), slices[0], {final_params}, {tp}), {final_params}, "hash")[0].get<int64_t>();
   uint64_t hash;
   std::memcpy(&hash, hv.data(), sizeof(hash));
+  // Replicas: no parameter was ever sent between the islands; every island must still hold the
+  // same bits (the same summed gradients, the same update). Checked once, at the end of the run.
+  for (int r = 1; r < R; ++r) {
+    const Array pr = states[static_cast<size_t>(r)].params;
+    auto h = run(single(names("hash"), slices[static_cast<size_t>(r)], {pr}, {tp}), {pr}, "hash")[0].get<int64_t>();
+    if (h[0] != hv[0])
+      throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the islands' updates "
+                              "diverged): a bug in the exchange", r, cfg.steps));
+  }
   if (pipe && !bubbles.empty()) {
     report.set_extra("bubble", median(bubbles));
     report.set_extra("bubble_bound", static_cast<double>(o.stages - 1) / static_cast<double>(cfg.microbatches + o.stages - 1));
@@ -234,7 +243,8 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   for (auto& sl : slices)
     for (int64_t b : run(single(names("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>()) peak_rss = std::max(peak_rss, b);
   report.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
-  report.set_extra("state_bytes", 3.0 * static_cast<double>(pipe ? sh.total(1) / o.stages : sh.total(tp)) * sizeof(float));
+  // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
+  report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
   if (R > 1) {
     // Bytes between islands per step: every device sends each piece and its loss to its peer in
     // each other island.
