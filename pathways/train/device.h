@@ -78,8 +78,11 @@ class TrainingDevice {
   // kernels: waiting for the other islands' gradients (StepStats::xchg_exposed_ms).
   void backward_done(const KernelScope& running);
   double exchange_exposed_s() const;
+  // On the controller's clock (now_us() minus this rank's measured offset): backward_done's time.
+  double backward_end_ctrl_us() const { return static_cast<double>(bwd_end_us_ - clock_offset_us_); }
+  double now_ctrl_us() const;
   void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
-              double xchg_exposed_s = 0);
+              const StepStats* exchange = nullptr);
 
   Trace* trace() { return trace_.get(); }
 
@@ -100,6 +103,7 @@ class TrainingDevice {
   int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it
   double busy_at_bwd_s_ = 0;
   model::TrainConfig flat_cfg_;
+  int64_t clock_offset_us_ = 0;
   std::unique_ptr<Trace> trace_;
 };
 

@@ -98,11 +98,15 @@ struct StepOutputs {
 // so step times are differences of consecutive ends on one device, free of the controller.
 // xchg_exposed_ms (replicas > 1): the time between the end of the device's backward pass and the
 // start of its update not spent in kernels, i.e. waiting for the other islands' gradients: the
-// part of the cross-island exchange that compute did not hide.
+// part of the cross-island exchange that compute did not hide. bwd_end_us, update_start_us: when
+// the device's backward ended and its update started, on the controller's clock (the runtime's
+// measured offsets), so that the controller can tell waiting for a slower island's backward
+// from waiting for the transfer.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
   double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0, xchg_exposed_ms = 0;
-  static constexpr int64_t kWords = 9;
+  double bwd_end_us = 0, update_start_us = 0;
+  static constexpr int64_t kWords = 11;
   void write(std::span<double> out) const;
   static StepStats read(std::span<const double> in);
   // One per device of a slice's fetched statistics array.

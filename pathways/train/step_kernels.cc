@@ -291,7 +291,10 @@ void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
 
 // inputs: replica_update_args(): the state, the summed pieces, each island's loss.
 void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
-  const double exposed = dev.exchange_exposed_s();
+  StepStats xchg;  // the exchange's timing (StepStats' three exchange words)
+  xchg.xchg_exposed_ms = dev.exchange_exposed_s() * 1e3;
+  xchg.bwd_end_us = dev.backward_end_ctrl_us();
+  xchg.update_start_us = dev.now_ctrl_us();
   const Pos p = pos(ctx);
   const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
@@ -305,7 +308,7 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double comm_s = 0, loss = 0;
   const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, 0.0, grads, &comm_s, &loss, &total);
   ctx.out<int64_t>(kStep)[0] = step + 1;
-  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), exposed);
+  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
 }
 
 }  // namespace pwm::pathways::train::kernels

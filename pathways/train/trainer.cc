@@ -147,7 +147,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   };
   std::deque<Pending> pending;
   double last_end_us = -1;  // the previous step's end on the workers' clock
-  std::vector<double> bubbles, exposed;
+  std::vector<double> bubbles, exposed, tails;
   auto drain_one = [&]() {
     Pending p = std::move(pending.front());
     pending.pop_front();
@@ -182,6 +182,13 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       double e = 0;
       for (const StepStats& d : devices) e += d.xchg_exposed_ms;
       exposed.push_back(e / static_cast<double>(devices.size()));
+      // The exchange's tail: from the end of the last island's backward (every island's gradients
+      // exist) to each device's update, on the controller's clock; a slower island's backward is
+      // not in it.
+      double last_bwd = 0, tail = 0;
+      for (const StepStats& d : devices) last_bwd = std::max(last_bwd, d.bwd_end_us);
+      for (const StepStats& d : devices) tail += std::max(0.0, d.update_start_us - last_bwd) * 1e-3;
+      tails.push_back(tail / static_cast<double>(devices.size()));
     }
     report.step(r);
     // A failed metrics write (a full disk) ends the run now rather than after the last step; the
@@ -253,6 +260,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     report.set_extra("dcn_bytes_per_step",
                      static_cast<double>(R) * (R - 1) * devices * static_cast<double>(piece_bytes + sizeof(double)));
     if (!exposed.empty()) report.set_extra("xchg_exposed_ms", median(exposed));
+    if (!tails.empty()) report.set_extra("xchg_tail_ms", median(tails));
   }
   if (!cfg.trace.empty()) {
     // Every worker's kernel spans plus the controller's dispatch and wait rows.

@@ -130,7 +130,9 @@ def case_replicas_equal_spmd_dp():
             got = sc.train(3, f"r2_{g}" + "".join(extra), R2 + extra + ["--granularity", g], exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} --replicas 2 {' '.join(extra)}")
             f = got[2]
-            assert f["dcn_bytes_per_step"] > 0 and f["xchg_exposed_ms"] >= 0, f
+            # 2 islands x 1 device x (the pieces: the whole gradient) + one loss each, in bytes.
+            assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 12 + 8), f
+            assert f["xchg_exposed_ms"] >= 0 and f["xchg_tail_ms"] >= 0, f
             assert f["peak_rss_bytes"] > f["state_bytes"] > 0, f
     # Without --islands the host is one island holding both replicas' slices: the same bits.
     got = sc.train(3, "r2_one_island", ["--replicas", "2", "--granularity", "chained"], exe="pathways")
