@@ -277,6 +277,7 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
   add("replica_add", false, [](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
   }, replica_add);
+  add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
   add("replica_update", true, [S, tp_of, piece, state_out](Attrs a) {
     const int tp = tp_of(a);
     const UpdateArgs args = replica_update_args(*S, tp);

@@ -86,6 +86,7 @@ void update(TrainingDevice&, KernelContext&, Scope&);
 void fused_grads(TrainingDevice&, KernelContext&, Scope&);
 void island_loss(TrainingDevice&, KernelContext&, Scope&);
 void replica_add(TrainingDevice&, KernelContext&, Scope&);
+void replica_fwd(TrainingDevice&, KernelContext&, Scope&);
 void replica_update(TrainingDevice&, KernelContext&, Scope&);
 void pipe_sqnorm(TrainingDevice&, KernelContext&, Scope&);
 void pipe_update(TrainingDevice&, KernelContext&, Scope&);

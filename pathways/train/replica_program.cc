@@ -35,6 +35,18 @@ Program replica_program(const Shapes& sh, const KernelNames& names, const std::s
   // Each island's step: its gradient pieces, reduced over the island's dp group, and its loss.
   std::vector<std::vector<Value>> pieces(R);
   std::vector<Value> loss(R);
+  // recv[r][q][i]: island q's piece i as received on island r (early exchange only).
+  std::vector<std::vector<std::vector<Value>>> recv(R, std::vector<std::vector<Value>>(R, std::vector<Value>(static_cast<size_t>(P))));
+  // Early exchange (chained, dp = tp = 1): a worker visits its instruction list in program order
+  // and goes back to the top after every kernel, so a send placed where its consumer is (after
+  // the whole backward, for replica_add) would be posted only when the backward is over. Each
+  // final piece is therefore forwarded at once: right after the node that finishes it, one
+  // replica_fwd node (a copy) on every other island consumes it, so the send sits right after
+  // the producer in the sender's list. Not with dp or tp > 1: a gang node (the dp reduction,
+  // the tp blocks) waits for every lower-numbered node of its worker, which the forwarded nodes
+  // of an island traced earlier would be, serializing that island behind the other's backward.
+  const bool early = granularity == "chained" && cfg.dp == 1 && cfg.tp == 1;
+  const int64_t M = plan.microbatches();
   for (int r = 0; r < R; ++r) {
     const Slice& sl = slices[static_cast<size_t>(r)];
     if (granularity == "fused") {
@@ -45,8 +57,24 @@ Program replica_program(const Shapes& sh, const KernelNames& names, const std::s
       continue;
     }
     PWM_CHECK(granularity == "chained", "replicas run fused or chained, not {}", granularity);
+    std::vector<int64_t> seen(static_cast<size_t>(P), 0);  // backward units per piece so far
     const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-      return b.call(k, sl, in, std::move(at));
+      auto out = b.call(k, sl, in, at);
+      if (!early) return out;
+      int piece = -1;
+      size_t idx = 0;
+      if (k.rfind(names("block_bwd"), 0) == 0) {
+        piece = StepPlan::layer_piece(static_cast<int>(at[1]));
+        idx = kBwdGrad;
+      } else if (k == names("embed_bwd")) {
+        piece = StepPlan::kTiedPiece;
+      }
+      if (piece >= 0 && ++seen[static_cast<size_t>(piece)] == M)  // the last micro-batch's: final
+        for (int q = 0; q < R; ++q)
+          if (q != r)
+            recv[q][r][static_cast<size_t>(piece)] =
+                b.call(names("replica_fwd"), slices[static_cast<size_t>(q)], {out[idx]}, {tp, sh.piece(tp, piece)})[0];
+      return out;
     };
     Grads<Value> g = trace_grads(sh, names, tp, st[r], call, r);
     for (int i = 0; i < P; ++i) {
@@ -69,7 +97,8 @@ Program replica_program(const Shapes& sh, const KernelNames& names, const std::s
     std::vector<Value> sum(static_cast<size_t>(P));
     for (int i : order) {
       std::vector<Value> in;
-      for (int q = 0; q < R; ++q) in.push_back(pieces[q][static_cast<size_t>(i)]);
+      for (int q = 0; q < R; ++q)
+        in.push_back(early && q != r ? recv[r][q][static_cast<size_t>(i)] : pieces[q][static_cast<size_t>(i)]);
       sum[static_cast<size_t>(i)] = b.call(names("replica_add"), slices[static_cast<size_t>(r)], in, {tp, sh.piece(tp, i), R})[0];
     }
     for (auto& v : b.call(names("replica_update"), slices[static_cast<size_t>(r)],

@@ -289,6 +289,13 @@ void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
   }
 }
 
+// Another island's piece as received here (attrs: tp, size): a copy, so that the transfer has a
+// consumer placed right after the piece's producer (replica_program.cc, early exchange).
+void replica_fwd(TrainingDevice&, KernelContext& ctx, Scope&) {
+  auto o = ctx.out<float>(0);
+  std::memcpy(o.data(), ctx.in<float>(0).data(), sizeof(float) * o.size());
+}
+
 // inputs: replica_update_args(): the state, the summed pieces, each island's loss.
 void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   StepStats xchg;  // the exchange's timing (StepStats' three exchange words)
