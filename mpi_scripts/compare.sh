@@ -21,9 +21,15 @@
 #                   pipeline one island per stage
 #   --dcn-rate R    with --hosts: shape every host's link to R (tc tbf, e.g. 1gbit)
 #   --out DIR       results directory (default results/)
+#   --palm          PaLM's layout instead (docs/results/palm.md): 2 replicas over an emulated
+#                   cluster of 2 hosts, against SPMD dp=2 on one host, once unshaped and once at
+#                   --dcn-rate 1gbit (or only at --dcn-rate R); rows: spmd_1host (the
+#                   reference), spmd_flat and spmd_hier (spmd_train --replicas 2
+#                   --replica-reduce flat|hierarchical), pw_fused and pw_chained
+#                   (pathways_train --replicas 2); results in DIR/palm-unshaped, DIR/palm-RATE
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""
+NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0
 # value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
 # or followed by another flag); count FLAG VALUE: VALUE must be a whole number >= 1. Both run
 # before anything is installed or built.
@@ -47,10 +53,16 @@ while [ $# -gt 0 ]; do
     --) shift; EXTRA=("$@"); break ;;
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --palm) PALM=1; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ "$PALM" = 1 ]; then
+  [ "$HOSTS" = 0 ] && [ -z "$HOSTFILE" ] ||
+    { echo "compare.sh: error: --palm makes its own cluster of 2 hosts: leave out --hosts and --hostfile" >&2; exit 2; }
+  [ "$NP" = 2 ] || { echo "compare.sh: error: --palm runs 2 replicas of one device: leave out --np" >&2; exit 2; }
+fi
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy
@@ -58,7 +70,9 @@ mkdir -p "$OUT"
 MPIRUN=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 ISLAND_SPAN=()
 CLUSTER_DESC=""
-if [ "$HOSTS" != 0 ]; then
+if [ "$PALM" = 1 ]; then
+  : # palm_set makes its clusters
+elif [ "$HOSTS" != 0 ]; then
   [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "compare.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
   [ -z "$HOSTFILE" ] || { echo "compare.sh: error: --hosts and --hostfile exclude each other" >&2; exit 2; }
   # One slot per host: the launcher places ranks round-robin over the hosts.
@@ -68,7 +82,7 @@ if [ "$HOSTS" != 0 ]; then
   ISLAND_SPAN=(--islands "1x$NP")
   CLUSTER_DESC="$HOSTS emulated hosts ($CLUSTER), ranks round-robin over them (spmd: $(( (NP + HOSTS - 1) / HOSTS )) per host at most, pathways: $(( (NP + HOSTS) / HOSTS ))), DCN ${DCN_RATE:-unshaped}"
   echo "cluster: $CLUSTER_DESC"
-elif [ -n "$DCN_RATE" ]; then
+elif [ -n "$DCN_RATE" ] && [ "$PALM" = 0 ]; then
   echo "compare.sh: error: --dcn-rate needs --hosts K" >&2; exit 2
 fi
 # OpenMPI reads "host slots=N" lines with --hostfile, Hydra "host:N" lines with -f.
@@ -100,6 +114,83 @@ run() {  # run NAME NRANKS BINARY FLAGS...
 }
 SECONDS=0
 declare -A METRICS TRACES
+# --palm: PaLM's layout (issue 15). Two replicas of one device each, one per emulated host (each
+# host is its own Pathways island); the reference is one island of 2 devices: spmd_train --dp 2
+# on one host (plain mpirun on this machine, same launcher flags as the cluster's). The
+# Pathways controller is rank 0, placed round-robin on host 0 beside the worker of one island
+# (rank 2); rank 1, the other island's worker, is alone on host 1. The controller only
+# dispatches (docs/pathways_train.md: ~40 ms of CPU per 10 s), so it costs that island little.
+palm_run() {  # palm_run NAME OPTIONAL NRANKS BINARY FLAGS... (launcher in PALM_LAUNCH)
+  local name=$1 optional=$2 n=$3 bin=$4; shift 4
+  local tag="$name"; [ "$ROUNDS" -gt 1 ] && tag="$name.r$ROUND"
+  local cmd=("${PALM_LAUNCH[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"
+             --metrics "$PALM_DIR/$tag.jsonl" --trace "$PALM_DIR/$tag.trace.json")
+  echo "\$ ${cmd[*]}"
+  if ! "${cmd[@]}" > "$PALM_DIR/$tag.log" 2>&1; then
+    if [ "$optional" = 1 ]; then
+      echo "compare.sh: '$name' did not run: $(grep -m1 error "$PALM_DIR/$tag.log")"; SKIPPED[$name]=1; return 0
+    fi
+    echo "compare.sh: error: run '$name' failed (log: $PALM_DIR/$tag.log)" >&2; exit 1
+  fi
+  grep -E "done:" "$PALM_DIR/$tag.log"
+  METRICS[$name]+="${METRICS[$name]:+,}$PALM_DIR/$tag.jsonl"
+  TRACES[$name]="$PALM_DIR/$tag.trace.json"
+}
+palm_set() {  # palm_set RATE (empty: unshaped)
+  local rate=$1 label=${1:-unshaped}
+  PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"
+  METRICS=(); TRACES=(); declare -gA SKIPPED=()
+  local cluster
+  cluster=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts 2 --slots 1 ${rate:+--dcn-rate "$rate"}) || exit 1
+  trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "'"$cluster"'" >/dev/null' EXIT
+  # OpenMPI's TCP transport sends a message above btl_tcp_eager_limit (64 KiB) by rendezvous: the
+  # data moves only once the receiver has answered, and both answer only between kernels, so a
+  # layer's gradient posted after its backward would wait a kernel or two before it starts. With
+  # an eager limit above the largest piece (a layer's ~3.6 MB at the reference model) isend hands
+  # the whole piece to the socket at once and the kernel moves it while the next layer computes.
+  # Every row gets the same launcher flags (the SPMD rows' TCP messages too).
+  local tcp=()
+  [ "$PWM_MPI" = openmpi ] && tcp=(--mca btl_tcp_eager_limit 8388608 --mca btl_tcp_rndv_eager_limit 8388608
+                                   --mca btl_tcp_max_send_size 8388608)
+  local one_host=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${tcp[@]}")
+  [ "$PWM_MPI" = openmpi ] && one_host+=(--mca mpi_yield_when_idle 1)  # as the cluster's launcher
+  local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ "${tcp[@]}")
+  local desc="2 emulated hosts ($cluster), one replica per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd dp=2 on one host"
+  echo "palm: $desc"
+  for ROUND in $(seq "$ROUNDS"); do
+    local order=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained)
+    [ $((ROUND % 2)) -eq 0 ] && order=(pw_chained pw_fused spmd_hier spmd_flat spmd_1host)
+    for r in "${order[@]}"; do
+      case $r in
+        spmd_1host) PALM_LAUNCH=("${one_host[@]}"); palm_run spmd_1host 0 2 spmd/spmd_train --dp 2 ;;
+        spmd_flat) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_flat 1 2 spmd/spmd_train --replicas 2 --replica-reduce flat ;;
+        spmd_hier) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_hier 1 2 spmd/spmd_train --replicas 2 --replica-reduce hierarchical ;;
+        pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 3 pathways/train/pathways_train --replicas 2 --granularity fused ;;
+        pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 3 pathways/train/pathways_train --replicas 2 --granularity chained ;;
+      esac
+    done
+  done
+  bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "$cluster" >/dev/null; trap - EXIT
+  local runs=()
+  for r in spmd_1host spmd_flat spmd_hier pw_fused pw_chained; do
+    [ -n "${SKIPPED[$r]:-}" ] || runs+=("$r=${METRICS[$r]}:${TRACES[$r]}")
+  done
+  python3 - "$PALM_DIR/workload.json" "$NP" "$STEPS" "$PEAK" "$PEAK" "$desc" "${EXTRA[@]}" <<'PY'
+import json, sys
+json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16, "cluster": sys.argv[6],
+           "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
+           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
+           "gemm_peak_gflops_per_core": {"before": float(sys.argv[4]), "after": float(sys.argv[5]),
+                                         "used_for_mfu": float(sys.argv[4])}}, open(sys.argv[1], "w"))
+PY
+  echo
+  python3 "$PWM_ROOT/mpi_scripts/compare_report.py" "$PALM_DIR" "$PALM_DIR/workload.json" "${runs[@]}"
+}
+if [ "$PALM" = 1 ]; then
+  if [ -n "$DCN_RATE" ]; then palm_set "$DCN_RATE"; else palm_set ""; palm_set 1gbit; fi
+  echo "compare.sh --palm: finished in ${SECONDS} s"
+  exit 0
+fi
 PT=pathways/train/pathways_train
 one() {
   case $1 in

@@ -88,6 +88,34 @@ def gnuplot(script):
         return False
 
 
+def exchange_lines(table):
+    """Replicas (--palm): bytes between the islands per step, the exchange time compute did not
+    hide, and the share it hid. A run's exposed exchange is, per device and step, the time from
+    the end of its backward pass to the start of its update not spent in kernels (waiting for the
+    other island's gradients; pathways_train's xchg_exposed_ms), which includes waiting for a
+    slower island's backward; its tail (xchg_tail_ms) starts only when the last island's backward
+    has ended, so it is the transfer that compute did not hide. Fused exchanges only after its
+    whole backward, so its tail is the exchange's whole duration; the hidden share of another
+    run is 1 - its tail / fused's (same run of the script, same link)."""
+    key = "xchg_tail_ms" if any("xchg_tail_ms" in t for t in table) else "xchg_exposed_ms"
+    full = next((t[key] for t in table if "fused" in t["name"] and key in t), None)
+    for t in table:
+        parts = []
+        if "dcn_bytes_per_step" in t:
+            parts.append(f"between islands {t['dcn_bytes_per_step'] / 1e6:.2f} MB/step")
+        if "xchg_exposed_ms" in t:
+            parts.append(f"exchange exposed {t['xchg_exposed_ms']:.1f} ms/step")
+        if "xchg_tail_ms" in t:
+            parts.append(f"after the last island's backward {t['xchg_tail_ms']:.1f} ms/step")
+        if key in t and full:
+            t["exchange_hidden_share"] = max(0.0, 1.0 - t[key] / full)
+            parts.append(f"hidden {100 * t['exchange_hidden_share']:.0f}% (of fused's {full:.1f} ms)")
+        if "peak_rss_bytes" in t:
+            parts.append(f"peak RSS {t['peak_rss_bytes'] / 2**20:.0f} MiB/rank, model state {t['state_bytes'] / 2**20:.1f} MiB/device")
+        if parts:
+            print(f"{'':>12}  {t['name']}: " + ", ".join(parts))
+
+
 def main():
     out_dir, workload = sys.argv[1], json.loads(open(sys.argv[2]).read())
     specs = []
@@ -140,7 +168,7 @@ def main():
                    max_abs_loss_diff_vs_spmd=max(diffs) if diffs else None,
                    weights_hash=f["weights_hash"],
                    weights_identical=f["weights_hash"] == ref["final"]["weights_hash"])
-        for k in ("bubble", "bubble_bound"):
+        for k in ("bubble", "bubble_bound", "dcn_bytes_per_step", "xchg_exposed_ms", "xchg_tail_ms", "peak_rss_bytes", "state_bytes"):
             if k in f:
                 row[k] = f[k]
         table.append(row)
@@ -158,6 +186,7 @@ def main():
             "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else "no"]))
         if "bubble" in t:
             print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
+    exchange_lines(table)
     if ref["rounds"] > 1:
         print(f"{'':>12}  vs spmd: the median of the {ref['rounds']} rounds' ratios (each round ran every trainer back "
               f"to back); tokens/s and p50/p90 pool the rounds' steps")

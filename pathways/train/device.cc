@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/time.h"
 
 namespace pwm::pathways::train {
@@ -19,7 +21,10 @@ Pos Pos::of(const KernelContext& ctx, int tp) {
 
 TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives::Transport> transport,
                                std::shared_ptr<const model::TextDataset> data)
-    : shapes_(shapes), transport_(std::move(transport)), data_(std::move(data)) {
+    : shapes_(shapes), transport_(std::move(transport)), data_(std::move(data)), flat_cfg_(shapes.cfg()) {
+  flat_cfg_.dp = flat_cfg_.data_parallel();
+  flat_cfg_.replicas = 1;
+  clock_offset_us_ = transport_->clock_offset_us(transport_->rank());
   if (!cfg().trace.empty()) {
     // The trace's origin is this rank's clock offset to rank 0 (the controller): its timestamps
     // are then on the controller's clock, whichever host this worker runs on.
@@ -83,7 +88,7 @@ model::TpReduce<float> TrainingDevice::tp_reducer(Communicator* c, double* comm_
 }
 
 void TrainingDevice::report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s,
-                            std::span<double> out) {
+                            std::span<double> out, const StepStats* exchange) {
   const int64_t now = now_us();
   const double kernel_s = (now - running.start_us_) * 1e-6;
   StepStats s;
@@ -97,10 +102,27 @@ void TrainingDevice::report(KernelScope& running, model::UpdateResult u, double 
   s.kernel_ms = kernel_s * 1e3;
   s.busy_ms = (busy_s_ + (now - running.counted_from_us_) * 1e-6) * 1e3;
   s.end_us = static_cast<double>(now_us());
+  if (exchange) {
+    s.xchg_exposed_ms = exchange->xchg_exposed_ms;
+    s.bwd_end_us = exchange->bwd_end_us;
+    s.update_start_us = exchange->update_start_us;
+  }
   comm_s_ = 0;
   busy_s_ = 0;
   running.counted_from_us_ = now;  // the rest of this kernel counts toward the next step
   s.write(out);
+}
+
+void TrainingDevice::backward_done(const KernelScope& running) {
+  bwd_end_us_ = now_us();
+  busy_at_bwd_s_ = busy_s_ + (bwd_end_us_ - running.counted_from_us_) * 1e-6;
+}
+
+double TrainingDevice::now_ctrl_us() const { return static_cast<double>(now_us() - clock_offset_us_); }
+
+double TrainingDevice::exchange_exposed_s() const {
+  if (bwd_end_us_ < 0) return 0;
+  return std::max(0.0, (now_us() - bwd_end_us_) * 1e-6 - (busy_s_ - busy_at_bwd_s_));
 }
 
 TrainingDevice::KernelScope::KernelScope(TrainingDevice& dev, const std::string& name, bool step_work)

@@ -45,6 +45,10 @@ class TrainingDevice {
 
   const Shapes& shapes() const { return shapes_; }
   const model::TrainConfig& cfg() const { return shapes_.cfg(); }
+  // The configuration as one island of all data-parallel devices (dp = replicas x dp, one
+  // replica): what the model's step reads rows and scales gradients by, with data index
+  // replica x dp + dp rank (as spmd_train's world rank).
+  const model::TrainConfig& flat_cfg() const { return flat_cfg_; }
   const model::TextDataset& data() const;
   const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp rank)
 
@@ -69,7 +73,16 @@ class TrainingDevice {
   // report including the running kernel up to now, the communication, and the end time.
   void add_comm(double s) { comm_s_ += s; }
   class KernelScope;
-  void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out);
+  // Replicas: the running kernel ends this device's backward pass (its last gradient is ready);
+  // exchange_exposed_s(), called when the update starts, is the time since then not spent in
+  // kernels: waiting for the other islands' gradients (StepStats::xchg_exposed_ms).
+  void backward_done(const KernelScope& running);
+  double exchange_exposed_s() const;
+  // On the controller's clock (now_us() minus this rank's measured offset): backward_done's time.
+  double backward_end_ctrl_us() const { return static_cast<double>(bwd_end_us_ - clock_offset_us_); }
+  double now_ctrl_us() const;
+  void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
+              const StepStats* exchange = nullptr);
 
   Trace* trace() { return trace_.get(); }
 
@@ -87,6 +100,10 @@ class TrainingDevice {
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
   double busy_s_ = 0;  // step kernels' time since the last report
   double comm_s_ = 0;  // collectives of this step's earlier kernels
+  int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it
+  double busy_at_bwd_s_ = 0;
+  model::TrainConfig flat_cfg_;
+  int64_t clock_offset_us_ = 0;
   std::unique_ptr<Trace> trace_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "collectives/communicator.h"
 #include "common/check.h"
+#include "common/memory.h"
 #include "model/checkpoint.h"
 #include "model/full_state.h"
 #include "model/train_step.h"
@@ -86,13 +87,31 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const ParamLayout& layout = dev.layout(p);
   double comm_s = 0;
   model::Workspace<float>& ws = dev.step_memory(layout);  // before dev.tokens() is taken
-  double sum = model::validation_loss_sum(dev.cfg(), layout, dev.data(), p.dp_rank, ctx.in<float>(0).data(), ws,
-                                          dev.tokens(), dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s));
+  // Replicas (attrs[1] = the island): the island's rows of the flat view, and the island's sum
+  // without the division (val_total adds the islands' sums in island order, then divides).
+  const bool replica = ctx.attrs().size() > 1;
+  const int r = replica ? static_cast<int>(ctx.attr(1)) : 0;
+  double sum = model::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
+                                          ctx.in<float>(0).data(), ws, dev.tokens(),
+                                          dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s));
   if (Communicator* c = dev.dp_comm(ctx, p))
     c->allreduce(&sum, &sum, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   ctx.out<double>(0)[0] =
+      replica ? sum
+              : sum / static_cast<double>(model::validation_batches(dev.cfg(), dev.data()) * dev.cfg().global_batch);
+}
+
+// The islands' validation sums (eval with an island attribute), in island order, divided as eval
+// divides.
+void val_total(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  double sum = 0;
+  for (size_t r = 0; r < ctx.num_inputs(); ++r) sum += ctx.in<double>(r)[0];
+  ctx.out<double>(0)[0] =
       sum / static_cast<double>(model::validation_batches(dev.cfg(), dev.data()) * dev.cfg().global_batch);
 }
+
+// This worker process's peak resident set (bytes, from common/memory.h).
+void memory(TrainingDevice&, KernelContext& ctx, Scope&) { ctx.out<int64_t>(0)[0] = peak_resident_bytes(); }
 
 void weights_hash(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const uint64_t h = model::weights_hash(full(dev, ctx, pos(ctx), ctx.in<float>(0).data()));
@@ -154,7 +173,7 @@ using Attrs = std::span<const int64_t>;
 // Evaluation, checkpoints, hashing, merging and set-up run between steps: their time is not a
 // step's busy time.
 bool counts_as_step_work(const std::string& k) {
-  for (const char* n : {"init", "load", "eval", "hash", "save", "merge"})
+  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge"})
     if (k == n) return false;
   return true;
 }
@@ -186,6 +205,11 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
   add("fused_step", true, [S, tp_of, state_out](Attrs a) { return sig(S->state(tp_of(a)), state_out(a)); },
       fused_step);
   add("eval", true, [S, tp_of](Attrs a) { return sig({split_f32(S->total(tp_of(a)))}, {split_f64(1)}); }, evaluate);
+  add("val_total", false, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
+  }, val_total);
+  add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}}); },
+      memory);
   add("hash", true, [S, tp_of](Attrs a) {
     return sig({split_f32(S->total(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
   }, weights_hash);
@@ -238,6 +262,29 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
     return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(a));
   }, update);
 
+  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island; island_loss [1] =
+  // the micro-batches; replica_add [1] = the piece's size, [2] = the replicas.
+  add("fused_grads", true, [S, tp_of, piece](Attrs a) {
+    const int tp = tp_of(a);
+    std::vector<ArgSpec> out;
+    for (int i = 0; i < S->plan(tp).num_pieces(); ++i) out.push_back(piece(tp, i));
+    out.push_back(split_f64(1));
+    return sig(S->state(tp), out);
+  }, fused_grads);
+  add("island_loss", true, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
+  }, island_loss);
+  add("replica_add", false, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
+  }, replica_add);
+  add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
+  add("replica_update", true, [S, tp_of, piece, state_out](Attrs a) {
+    const int tp = tp_of(a);
+    const UpdateArgs args = replica_update_args(*S, tp);
+    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
+    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(tp, static_cast<int>(i)));
+    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(a));
+  }, replica_update);
   // The pipeline's (tp = 1; attrs[1] = the stage, or a size or count).
   auto stage_pieces = [S, piece](int stage) {
     const StageLayers sl = stage_layers(*S, stage);

@@ -89,8 +89,13 @@ int main(int argc, char** argv) {
         const int workers = env.size() - 1;
         if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
         if (po.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", po.stages);
-        if (cfg.replicas > 1 || cfg.fsdp)  // issue 15 in progress: the trainer runs one replica, unsharded
-          PWM_THROW("pathways_train does not run --replicas > 1 or --fsdp yet: leave them out");
+        if (cfg.fsdp)
+          PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
+        if (cfg.replicas > 1 && po.stages > 1)
+          PWM_THROW("--replicas {} with --stages {}: the pipeline runs one replica; leave one of them out", cfg.replicas,
+                    po.stages);
+        if (cfg.replicas > 1 && po.granularity == "opbyop")
+          PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.replicas);
         if (po.stages > 1) {
           if (cfg.dp != 1 || cfg.tp != 1)
             PWM_THROW("--stages {} runs one device per stage: leave --dp and --tp at 1", po.stages);
@@ -143,7 +148,7 @@ int main(int argc, char** argv) {
                "GEMM peak {:.1f} GFLOP/s per worker\n",
                env.size() - 1, rt.num_islands(),
                po.stages > 1 ? fmt::format("pipeline S={} {}", po.stages, po.schedule)
-                             : fmt::format("{} dp={} tp={}", po.granularity, cfg.dp, cfg.tp),
+                             : fmt::format("{} replicas={} dp={} tp={}", po.granularity, cfg.replicas, cfg.dp, cfg.tp),
                cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len, cfg.microbatches, peak);
     pathways::Client client = rt.client("trainer");
     pathways::train::run_training(cfg, po, client, rt.num_islands(), peak, resume);

@@ -46,13 +46,13 @@ ArgSpec rep_i64(int64_t n) { return {TensorSpec{DataType::kInt64, {n}}, Sharding
 
 void StepStats::write(std::span<double> o) const {
   PWM_CHECK_EQ(static_cast<int64_t>(o.size()), kWords);
-  const double w[kWords] = {loss, grad_norm, lr, compute_ms, comm_ms, kernel_ms, busy_ms, end_us};
+  const double w[kWords] = {loss, grad_norm, lr, compute_ms, comm_ms, kernel_ms, busy_ms, end_us, xchg_exposed_ms, bwd_end_us, update_start_us};
   std::copy(w, w + kWords, o.begin());
 }
 
 StepStats StepStats::read(std::span<const double> i) {
   PWM_CHECK_EQ(static_cast<int64_t>(i.size()), kWords);
-  return {i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7]};
+  return {i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10]};
 }
 
 std::vector<StepStats> StepStats::read_all(const std::vector<double>& all) {
@@ -65,6 +65,10 @@ std::vector<StepStats> StepStats::read_all(const std::vector<double>& all) {
 StageLayers stage_layers(const Shapes& sh, int stage) {
   const int L = static_cast<int>(sh.cfg().model.n_layers);
   return {sh.pipe().layer_begin(stage, L), sh.pipe().layer_begin(stage + 1, L)};
+}
+
+UpdateArgs replica_update_args(const Shapes& sh, int tp) {
+  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().replicas), false};
 }
 
 UpdateArgs update_args(const Shapes& sh, int tp) {

@@ -96,10 +96,17 @@ struct StepOutputs {
 // kernel). busy_ms: the time the device spent in step kernels since the previous report (its
 // own kernel included); end_us: the worker's monotonic clock when the step's last kernel ended,
 // so step times are differences of consecutive ends on one device, free of the controller.
+// xchg_exposed_ms (replicas > 1): the time between the end of the device's backward pass and the
+// start of its update not spent in kernels, i.e. waiting for the other islands' gradients: the
+// part of the cross-island exchange that compute did not hide. bwd_end_us, update_start_us: when
+// the device's backward ended and its update started, on the controller's clock (the runtime's
+// measured offsets), so that the controller can tell waiting for a slower island's backward
+// from waiting for the transfer.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
-  double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0;
-  static constexpr int64_t kWords = 8;
+  double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0, xchg_exposed_ms = 0;
+  double bwd_end_us = 0, update_start_us = 0;
+  static constexpr int64_t kWords = 11;
   void write(std::span<double> out) const;
   static StepStats read(std::span<const double> in);
   // One per device of a slice's fetched statistics array.
@@ -142,5 +149,16 @@ struct StageLayers {
 StageLayers stage_layers(const Shapes& sh, int stage);
 UpdateArgs pipe_update_args(const Shapes& sh, int stage);
 UpdateArgs update_args(const Shapes& sh, int tp);
+// The replicas' update (replica_update): the state, the pieces summed over the islands, and one
+// loss per island (the island's dp sum of its devices' micro-batch means), in island order.
+UpdateArgs replica_update_args(const Shapes& sh, int tp);
+
+// The replicas' kernels' attributes after tp (attrs[0]): the island (replica) index where the
+// kernel reads data or scales by it. Every replica kernel takes the number of replicas from the
+// configuration (cfg().replicas).
+struct ReplicaAttrs {
+  static constexpr size_t kBatchReplica = 2;  // batch: tp, micro-batch, replica
+  static constexpr size_t kFusedReplica = 1;  // fused_grads: tp, replica
+};
 
 }  // namespace pwm::pathways::train

@@ -27,7 +27,7 @@ Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.att
 // The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
 model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
                                 int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
-                                double* loss_out) {
+                                double* loss_out, const double* replicas_loss_sum = nullptr) {
   // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
   // step, after its gradients and before the update, as spmd_train's rank does.
   if (step == dev.cfg().kill_step && ctx.world_rank() == dev.cfg().kill_rank) ::raise(SIGKILL);
@@ -35,10 +35,13 @@ model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const P
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
     c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  if (Communicator* c = dev.dp_comm(ctx, p))
+  if (replicas_loss_sum) {  // replicas: the islands' losses arrived with the gradients
+    red[0] = *replicas_loss_sum;
+  } else if (Communicator* c = dev.dp_comm(ctx, p)) {
     c->allreduce(&red[0], &red[0], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  }
   *comm_s += now_s() - t0;
-  *loss_out = red[0] / p.dp;
+  *loss_out = red[0] / (replicas_loss_sum ? dev.cfg().data_parallel() : p.dp);
   const auto in = [&](size_t i) { return ctx.in<float>(i).data(); };
   return model::apply_update_into(dev.cfg(), layout, step, red[1], in(kParams), grads, in(kAdamM), in(kAdamV),
                                   ctx.out<float>(kParams).data(), ctx.out<float>(kAdamM).data(),
@@ -88,7 +91,11 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
 void batch(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = pos(ctx);
   const auto& cfg = dev.cfg();
-  const model::RowRange rows = model::batch_rows(cfg.global_batch, p.dp_rank, p.dp, ctx.attr(1), cfg.microbatches);
+  // Replicas: island r's dp rank d reads data-parallel index r x dp + d of replicas x dp (as
+  // spmd_train's world rank does).
+  const int64_t r = ctx.attrs().size() > ReplicaAttrs::kBatchReplica ? ctx.attr(ReplicaAttrs::kBatchReplica) : 0;
+  const model::RowRange rows = model::batch_rows(cfg.global_batch, static_cast<int>(r * p.dp + p.dp_rank),
+                                                 p.dp * cfg.replicas, ctx.attr(1), cfg.microbatches);
   dev.data().train_batch(cfg.data_seed, ctx.in<int64_t>(0)[0], cfg.global_batch, cfg.model.seq_len, rows.begin,
                          rows.end, ctx.out<int32_t>(0).data());
 }
@@ -124,7 +131,7 @@ void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto& ws = dev.step_memory(layout);
   BoundActivations b(dev);
   const int L = static_cast<int>(dev.cfg().model.n_layers);
-  const float grad_scale = 1.0f / static_cast<float>(dev.cfg().microbatches * p.dp);
+  const float grad_scale = 1.0f / static_cast<float>(dev.cfg().microbatches * p.dp * dev.cfg().replicas);
   b.act.bind_x(L, const_cast<float*>(ctx.in<float>(kHeadX).data()));
   b.act.bind_dx(ctx.out<float>(kHeadDx).data());
   const int32_t* tokens = ctx.in<int32_t>(kHeadTokens).data();
@@ -168,7 +175,7 @@ void block_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 
 // The tied piece plus the lookup's part of the embedding gradient (the piece starts with embed,
 // which starts the layout: a view at offset 0).
-void embed_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+void embed_bwd(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const ParamLayout& layout = dev.layout(pos(ctx));
   dev.step_memory(layout);
   BoundActivations b(dev);
@@ -176,6 +183,7 @@ void embed_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto out = ctx.out<float>(0);
   std::memcpy(out.data(), ctx.in<float>(kEBwdTied).data(), sizeof(float) * out.size());
   model::embed_backward<float>(layout, out.data() - layout.embed_offset(), ctx.in<int32_t>(kEBwdTokens).data(), b.act);
+  dev.backward_done(scope);  // the last micro-batch's is the step's last backward unit
 }
 
 void dp_allreduce(TrainingDevice& dev, KernelContext& ctx, Scope&) {
@@ -207,6 +215,107 @@ void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
+}
+
+// ---- Replicas: one slice per island, the cross-island exchange as program nodes ----------------
+//
+// Each island runs its own step on its slice; a gradient piece reduced inside the island goes to
+// the peer device (same shard index) of every other island as a runtime transfer, and
+// replica_add on each island sums the islands' pieces in island order, so every island holds
+// the same bits and applies the same update (docs/pathways_train.md, "Replicas").
+
+// The whole island step (attrs: tp, replica): the plan into the device's gradient buffer with the
+// bucketed dp AllReduce inside the island, as fused_step; outputs the plan's pieces (copies out
+// of the buffer, for the exchange) and the island's loss (the dp sum of the local means).
+void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  const int replica = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedReplica));
+  double comm_s = 0;
+  model::Workspace<float>& ws = dev.step_memory(layout);
+  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
+                                         dev.cfg().overlap);
+  reducer.begin(dev.grads());
+  model::StepHooks hooks;
+  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
+  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
+  // The flat view: dp = replicas x dp, this device's data index replica x dp + dp rank.
+  double loss = model::accumulate_gradients(dev.flat_cfg(), layout, plan, dev.data(), step, replica * p.dp + p.dp_rank,
+                                            ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
+  reducer.finish();
+  comm_s += reducer.comm_seconds();
+  if (Communicator* c = dev.dp_comm(ctx, p)) {
+    const double t0 = now_s();
+    c->allreduce(&loss, &loss, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+    comm_s += now_s() - t0;
+  }
+  dev.add_comm(comm_s);
+  for (int i = 0; i < plan.num_pieces(); ++i) {
+    float* out = ctx.out<float>(static_cast<size_t>(i)).data();
+    for (const auto& [b, e] : plan.piece_ranges(i)) {
+      std::memcpy(out, dev.grads() + b, sizeof(float) * static_cast<size_t>(e - b));
+      out += e - b;
+    }
+  }
+  ctx.out<double>(static_cast<size_t>(plan.num_pieces()))[0] = loss;
+  dev.backward_done(scope);
+}
+
+// The island's loss (chained; attrs: tp, micro-batches): the dp sum of the local means.
+void island_loss(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  double local = 0;
+  for (size_t m = 0; m < ctx.num_inputs(); ++m) local += ctx.in<double>(m)[0];
+  local /= static_cast<double>(ctx.num_inputs());
+  if (Communicator* c = dev.dp_comm(ctx, pos(ctx))) {
+    const double t0 = now_s();
+    c->allreduce(&local, &local, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+    dev.add_comm(now_s() - t0);
+  }
+  ctx.out<double>(0)[0] = local;
+}
+
+// The islands' copies of one piece, summed in island order (attrs: tp, size, replicas): every
+// island adds the same inputs in the same order, so all hold the same bits. With two islands
+// the sum is a + b, SPMD's two-rank AllReduce, bit for bit.
+void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
+  auto o = ctx.out<float>(0);
+  auto a = ctx.in<float>(0);
+  std::memcpy(o.data(), a.data(), sizeof(float) * o.size());
+  for (size_t r = 1; r < ctx.num_inputs(); ++r) {
+    auto b = ctx.in<float>(r);
+    for (size_t i = 0; i < o.size(); ++i) o[i] += b[i];
+  }
+}
+
+// Another island's piece as received here (attrs: tp, size): a copy, so that the transfer has a
+// consumer placed right after the piece's producer (replica_program.cc, early exchange).
+void replica_fwd(TrainingDevice&, KernelContext& ctx, Scope&) {
+  auto o = ctx.out<float>(0);
+  std::memcpy(o.data(), ctx.in<float>(0).data(), sizeof(float) * o.size());
+}
+
+// inputs: replica_update_args(): the state, the summed pieces, each island's loss.
+void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  StepStats xchg;  // the exchange's timing (StepStats' three exchange words)
+  xchg.xchg_exposed_ms = dev.exchange_exposed_s() * 1e3;
+  xchg.bwd_end_us = dev.backward_end_ctrl_us();
+  xchg.update_start_us = dev.now_ctrl_us();
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  const UpdateArgs args = replica_update_args(dev.shapes(), p.tp);
+  PWM_CHECK_EQ(ctx.num_inputs(), args.count());
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  model::GradView grads;
+  for (int i = 0; i < plan.num_pieces(); ++i) grads.add(plan.piece_ranges(i), ctx.in<float>(args.piece(i)).data());
+  double total = 0;  // island order, as the gradients
+  for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
+  double comm_s = 0, loss = 0;
+  const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, 0.0, grads, &comm_s, &loss, &total);
+  ctx.out<int64_t>(kStep)[0] = step + 1;
+  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
 }
 
 }  // namespace pwm::pathways::train::kernels

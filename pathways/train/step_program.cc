@@ -13,7 +13,8 @@ using model::Unit;
 using model::UnitKind;
 
 template <typename V>
-std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call) {
+Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
+                     int replica) {
   const StepPlan& plan = sh.plan(tp);
   const int L = plan.layers();
   std::vector<V> pieces(static_cast<size_t>(plan.num_pieces())), losses;
@@ -25,7 +26,9 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
     for (const Unit& u : plan.forward_units(m)) {
       const std::string k = names.unit(u, tp);
       switch (u.kind) {
-        case UnitKind::kBatch: tokens = call(k, {st.step}, {tp, m})[0]; break;
+        case UnitKind::kBatch:
+          tokens = call(k, {st.step}, replica < 0 ? std::vector<int64_t>{tp, m} : std::vector<int64_t>{tp, m, replica})[0];
+          break;
         case UnitKind::kEmbedForward: x = call(k, {st.params, tokens}, {tp})[0]; break;
         case UnitKind::kBlockForward: {
           xs[u.layer] = x;
@@ -71,14 +74,22 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
       }
     }
   }
+  return {std::move(pieces), std::move(losses)};
+}
+
+template <typename V>
+std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call) {
+  const StepPlan& plan = sh.plan(tp);
+  Grads<V> g = trace_grads(sh, names, tp, st, call, -1);
   std::vector<V> reduced;
   for (int i = 0; i < plan.num_pieces(); ++i)
-    reduced.push_back(call(names("dp_allreduce"), {pieces[static_cast<size_t>(i)]}, {tp, sh.piece(tp, i)})[0]);
-  return call(names("update"), update_args(sh, tp).pack<V>(st, nullptr, reduced, losses), {tp});
+    reduced.push_back(call(names("dp_allreduce"), {g.pieces[static_cast<size_t>(i)]}, {tp, sh.piece(tp, i)})[0]);
+  return call(names("update"), update_args(sh, tp).pack<V>(st, nullptr, reduced, g.losses), {tp});
 }
 
 template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&);
 template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&);
+template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int);
 
 Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {

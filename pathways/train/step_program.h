@@ -24,8 +24,28 @@ using CallFn = std::function<std::vector<V>(const std::string& kernel, std::vect
 // The plan's units on one dp x tp slice, one node each, then one dp AllReduce node per gradient
 // piece and the update node. Returns the update's outputs (StepOutputs' order). V is Value
 // (tracing) or Array (running).
+// The plan's units alone (forward and backward of every micro-batch): the gradient pieces (not
+// reduced) and the micro-batch losses. replica >= 0: island `replica` of the replicas (its batch
+// nodes read that island's rows).
+template <typename V>
+struct Grads {
+  std::vector<V> pieces, losses;
+};
+template <typename V>
+Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
+                     int replica);
+
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call);
+
+// Replicas (cfg.replicas = slices.size() > 1): island r's dp x tp slice slices[r] runs its step
+// (granularity "chained": the plan's units, one node each; "fused": one fused_grads node), its
+// pieces are reduced inside the island (dp > 1), then each piece goes to the peer devices of the
+// other islands (runtime transfers, posted as soon as the piece exists) and replica_add sums the
+// islands' copies in island order on every island; replica_update applies the same update on
+// every island. Outputs: each island's StepOutputs in island order.
+Program replica_program(const Shapes& sh, const KernelNames& names, const std::string& granularity,
+                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 
 // The pipeline's step over `slices` (stage s on slices[s], holding stage_layers(sh, s)); the
 // program's outputs are each stage's StepOutputs in stage order. schedule: "gpipe" | "1f1b".

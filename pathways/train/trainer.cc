@@ -41,11 +41,12 @@ Program single(const std::string& kernel, const Slice& s, const std::vector<Arra
 std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o, Client& client, int num_islands,
                          double peak_gflops, bool resume, const KernelNames& names) {
   const bool pipe = o.stages > 1;
+  const int R = pipe ? 1 : cfg.replicas;  // > 1: one dp x tp slice per island, exchanging gradients
   const int tp = pipe ? 1 : cfg.tp;
   const int devices = pipe ? o.stages : cfg.dp * cfg.tp;
   const Shapes sh(cfg, PipelineShape{o.stages});
   const std::string name = pipe ? fmt::format("pathways-pipeline-{}", o.schedule) : "pathways-" + o.granularity;
-  model::TrainReport report(cfg, name, devices, peak_gflops, true);
+  model::TrainReport report(cfg, name, devices * R, peak_gflops, true);
   Trace trace(!cfg.trace.empty(), 0, 0);
   {
     char host[256] = {};
@@ -70,6 +71,8 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   std::vector<Slice> slices;
   if (pipe)
     for (int s = 0; s < o.stages; ++s) slices.push_back(client.allocate(1, {}, s % num_islands));
+  else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
+    for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
   else
     slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}));
   std::vector<ArrayState> states;
@@ -82,6 +85,8 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   Program step_prog;
   if (pipe) {
     step_prog = pipeline_program(sh, names, o.schedule, slices, states);
+  } else if (R > 1) {
+    step_prog = replica_program(sh, names, o.granularity, slices, states);
   } else if (o.granularity == "fused") {
     step_prog = single(names("fused_step"), slices[0], states[0].list(), {tp});
   } else if (o.granularity == "chained") {
@@ -113,6 +118,16 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     return run(single(names("merge"), slices[0], in, {1}), in, "merge")[0];
   };
   auto evaluate = [&]() {
+    if (R > 1) {  // every island evaluates its rows of its own (identical) parameters; island 0 adds
+      ProgramBuilder b("eval-replicas");
+      std::vector<Value> sums;
+      for (int r = 0; r < R; ++r)
+        sums.push_back(b.call(names("eval"), slices[static_cast<size_t>(r)], {b.param_like(states[static_cast<size_t>(r)].params)}, {tp, r})[0]);
+      b.output(b.call(names("val_total"), slices[0], sums, {tp, R})[0]);
+      std::vector<Array> in;
+      for (auto& s : states) in.push_back(s.params);
+      return fetch(run(b.build(), in, "eval")[0], "val loss")[0];
+    }
     const Array params = merged(&ArrayState::params);
     return fetch(run(single(names("eval"), slices[0], {params}, {tp}), {params}, "eval")[0], "val loss")[0];
   };
@@ -132,7 +147,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   };
   std::deque<Pending> pending;
   double last_end_us = -1;  // the previous step's end on the workers' clock
-  std::vector<double> bubbles;
+  std::vector<double> bubbles, exposed, tails;
   auto drain_one = [&]() {
     Pending p = std::move(pending.front());
     pending.pop_front();
@@ -163,6 +178,18 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       busy_sum += busy;
     }
     if (pipe) bubbles.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
+    if (R > 1) {
+      double e = 0;
+      for (const StepStats& d : devices) e += d.xchg_exposed_ms;
+      exposed.push_back(e / static_cast<double>(devices.size()));
+      // The exchange's tail: from the end of the last island's backward (every island's gradients
+      // exist) to each device's update, on the controller's clock; a slower island's backward is
+      // not in it.
+      double last_bwd = 0, tail = 0;
+      for (const StepStats& d : devices) last_bwd = std::max(last_bwd, d.bwd_end_us);
+      for (const StepStats& d : devices) tail += std::max(0.0, d.update_start_us - last_bwd) * 1e-3;
+      tails.push_back(tail / static_cast<double>(devices.size()));
+    }
     report.step(r);
     // A failed metrics write (a full disk) ends the run now rather than after the last step; the
     // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
@@ -204,9 +231,36 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   auto hv = run(single(names("hash"), slices[0], {final_params}, {tp}), {final_params}, "hash")[0].get<int64_t>();
   uint64_t hash;
   std::memcpy(&hash, hv.data(), sizeof(hash));
+  // Replicas: no parameter was ever sent between the islands; every island must still hold the
+  // same bits (the same summed gradients, the same update). Checked once, at the end of the run.
+  for (int r = 1; r < R; ++r) {
+    const Array pr = states[static_cast<size_t>(r)].params;
+    auto h = run(single(names("hash"), slices[static_cast<size_t>(r)], {pr}, {tp}), {pr}, "hash")[0].get<int64_t>();
+    if (h[0] != hv[0])
+      throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the islands' updates "
+                              "diverged): a bug in the exchange", r, cfg.steps));
+  }
   if (pipe && !bubbles.empty()) {
     report.set_extra("bubble", median(bubbles));
     report.set_extra("bubble_bound", static_cast<double>(o.stages - 1) / static_cast<double>(cfg.microbatches + o.stages - 1));
+  }
+  // Memory: every worker's peak resident set, and the model state each device holds (parameters
+  // and the two AdamW moments of its shard).
+  int64_t peak_rss = 0;
+  for (auto& sl : slices)
+    for (int64_t b : run(single(names("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>()) peak_rss = std::max(peak_rss, b);
+  report.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
+  report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
+  if (R > 1) {
+    // Bytes between islands per step: every device sends each piece and its loss to its peer in
+    // each other island.
+    int64_t piece_bytes = 0;
+    for (int i = 0; i < sh.plan(tp).num_pieces(); ++i) piece_bytes += sh.piece(tp, i) * static_cast<int64_t>(sizeof(float));
+    report.set_extra("dcn_bytes_per_step",
+                     static_cast<double>(R) * (R - 1) * devices * static_cast<double>(piece_bytes + sizeof(double)));
+    if (!exposed.empty()) report.set_extra("xchg_exposed_ms", median(exposed));
+    if (!tails.empty()) report.set_extra("xchg_tail_ms", median(tails));
   }
   if (!cfg.trace.empty()) {
     // Every worker's kernel spans plus the controller's dispatch and wait rows.

@@ -89,6 +89,19 @@ def case_pathways_island_spans_hosts():
         assert_bitwise(ref, got, f"pathways {g} over an island spanning 2 hosts vs spmd on one host")
 
 
+def case_pathways_replicas_two_hosts():
+    # PaLM's layout (issue 15): 2 replicas, one per host, each host its own island (the default);
+    # ranks round-robin over 2 hosts of 1 slot: the controller and island B's worker on host 0,
+    # island A's worker on host 1. The gradients cross between the hosts as the program's
+    # transfers (TCP over the bridge); both granularities bitwise equal to spmd_train --dp 2 on
+    # one host (two summands: a + b in either order, see pathways_cases.replicas_equal_spmd_dp).
+    ref = sc.train(2, "spmd_dp2_ref", ["--dp", "2"])
+    for g in ("fused", "chained"):
+        got = train_on_cluster(2, 1, 3, "pw_r2_" + g, ["--replicas", "2", "--granularity", g], exe="pathways")
+        assert_bitwise(ref, got, f"pathways {g} --replicas 2 over 2 hosts vs spmd --dp 2 on one host")
+        assert got[2]["dcn_bytes_per_step"] > 0
+
+
 def case_pipeline_three_hosts():
     # One stage per host (islands = hosts, the default): 4 ranks over 3 hosts of 1 slot (the
     # controller shares host 0 with a worker). The same pipeline on one host is the reference.

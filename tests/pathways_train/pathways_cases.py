@@ -111,6 +111,92 @@ def case_trace_has_controller_and_workers():
         assert any(x.startswith(n) for x in names), f"trace lacks {n}: {sorted(names)}"
 
 
+# ---- Issue 15: replicas, one slice per island, exchanging gradients between the islands ---------
+
+# --islands 2x1 / 2x2 make one island per replica on this one host (over the emulated cluster the
+# hosts are the islands: tests/cluster, case pathways_replicas_two_hosts).
+R2 = ["--replicas", "2", "--islands", "2x1"]
+
+
+def case_replicas_equal_spmd_dp():
+    # 2 replicas x dp 1 against spmd_train --dp 2 on the same global batch: replica r reads data
+    # index r (spmd's rank r) and both sum the gradient over 2 data-parallel ranks. With two
+    # summands the sum is one addition, a + b == b + a in IEEE arithmetic, so SPMD's AllReduce
+    # (flat, hierarchical or plain: all reduce two ranks to that one addition) and Pathways'
+    # replica_add (island order on every island) give the same bits: asserted bitwise.
+    for extra in ([], ["--microbatches", "2"]):
+        ref = sc.train(2, "spmd_dp2" + "".join(extra), ["--dp", "2"] + extra)
+        for g in ("fused", "chained"):
+            got = sc.train(3, f"r2_{g}" + "".join(extra), R2 + extra + ["--granularity", g], exe="pathways")
+            assert_bitwise(ref, got, f"pathways {g} --replicas 2 {' '.join(extra)}")
+            f = got[2]
+            # 2 islands x 1 device x (the pieces: the whole gradient) + one loss each, in bytes.
+            assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 12 + 8), f
+            assert f["xchg_exposed_ms"] >= 0 and f["xchg_tail_ms"] >= 0, f
+            assert f["peak_rss_bytes"] > f["state_bytes"] > 0, f
+    # Without --islands the host is one island holding both replicas' slices: the same bits.
+    got = sc.train(3, "r2_one_island", ["--replicas", "2", "--granularity", "chained"], exe="pathways")
+    assert_bitwise(sc.train(2, "spmd_dp2_again", ["--dp", "2"]), got, "pathways --replicas 2 on one island")
+
+
+def case_replicas_dp2_match_spmd_dp4():
+    # 2 replicas x dp 2 (5 ranks) against spmd_train --dp 4: the four ranks' gradients are summed
+    # as (a + b) + (c + d) here and in the order of SPMD's ring chunks there, so the two agree to
+    # float rounding only: sc.RTOL (1e-5 relative on every loss, the dp/tp decomposition bound of
+    # tests/spmd; measured differences are printed).
+    ref = sc.train(4, "spmd_dp4", ["--dp", "4"])
+    for g in ("fused", "chained"):
+        got = sc.train(5, f"r2dp2_{g}", ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--granularity", g],
+                       exe="pathways")
+        sc.assert_close_curves(ref, got, sc.RTOL, f"pathways {g} --replicas 2 --dp 2 vs spmd --dp 4")
+
+
+def case_replicas_resume_across_meshes():
+    # Checkpoints are mesh-independent (full tensors, the workload only): a run at 2 replicas,
+    # killed after its step-4 checkpoint, resumes at 1 replica in pathways_train and in
+    # spmd_train --dp 1, the two continuations bitwise equal (same mesh, same trainer bits); and
+    # within sc.RTOL of the uninterrupted 2-replica run (dp 1 vs 2 sums the batch in another order).
+    full = sc.train(3, "r2_full", R2 + ["--granularity", "chained"], exe="pathways")
+    ck = os.path.join(sc.TMP, "r2.ckpt")
+    p = sc.run(3, sc.TINY + R2 + ["--granularity", "chained", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5"],
+               expect_ok=False, exe="pathways")
+    assert p.returncode != 0
+    cks = []
+    for i in range(2):  # each resumed run writes its final checkpoint over its own copy
+        cks.append(os.path.join(sc.TMP, f"r2_{i}.ckpt"))
+        shutil.copy(ck, cks[-1])
+    a = sc.train(2, "r1_resumed", ["--ckpt", cks[0], "--resume", "--granularity", "chained"], exe="pathways")
+    b = sc.train(1, "spmd1_resumed", ["--ckpt", cks[1], "--resume"])
+    assert min(a[0]) == 4 and min(b[0]) == 4, f"resumed at {min(a[0])}, {min(b[0])}"
+    assert_bitwise(b, a, "resumed at 1 replica: pathways vs spmd --dp 1")
+    for s in a[0]:
+        x, y = a[0][s]["loss"], full[0][s]["loss"]
+        assert abs(x - y) <= sc.RTOL * abs(y), f"step {s}: resumed loss {x} vs uninterrupted {y}"
+    # The reverse: spmd_train --dp 1's step-4 checkpoint resumes at 2 replicas (fused), bitwise
+    # equal to spmd_train --dp 2 resumed from it (the first case's equality, from a checkpoint).
+    ck1 = os.path.join(sc.TMP, "dp1.ckpt")
+    p = sc.run(1, sc.TINY + ["--ckpt", ck1, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "0"],
+               expect_ok=False)
+    assert p.returncode != 0
+    c1, c2 = os.path.join(sc.TMP, "dp1_a.ckpt"), os.path.join(sc.TMP, "dp1_b.ckpt")
+    shutil.copy(ck1, c1)
+    shutil.copy(ck1, c2)
+    r = sc.train(3, "r2_resumed", R2 + ["--ckpt", c1, "--resume", "--granularity", "fused"], exe="pathways")
+    d = sc.train(2, "spmd2_resumed", ["--dp", "2", "--ckpt", c2, "--resume"])
+    assert min(r[0]) == 4, f"2 replicas resumed at {min(r[0])}"
+    assert_bitwise(d, r, "resumed at 2 replicas vs spmd --dp 2")
+
+
+def case_replicas_bad_inputs_fail_cleanly():
+    m = os.path.join(sc.TMP, "bad.jsonl")
+    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--dp", "2", "--metrics", m], "ranks", [m], exe="pathways")
+    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--granularity", "opbyop", "--metrics", m], "not opbyop", [m],
+                    exe="pathways")
+    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m], "pipeline runs one replica",
+                    [m], exe="pathways")
+    sc.expect_error(3, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m], "--fsdp", [m], exe="pathways")
+
+
 # ---- Issue 17: the testing hooks, the pre-run check and checked writes in pathways_train --------
 
 
