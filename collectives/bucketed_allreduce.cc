@@ -33,6 +33,27 @@ BucketedAllreduce::BucketedAllreduce(Communicator* comm, std::vector<Range> unit
   if (open_end >= 0) buckets_.push_back({open_begin, open_end, num_units() - 1, {}});
 }
 
+namespace {
+bool trivial(const Communicator* c) { return c == nullptr || c->size() == 1; }
+}  // namespace
+
+BucketedAllreduce::BucketedAllreduce(Communicator* inner, Communicator* outer, std::vector<Range> units,
+                                     size_t bucket_bytes, bool overlap, OnBucketDone on_done)
+    : BucketedAllreduce(trivial(inner) ? outer : inner, std::move(units), bucket_bytes, overlap, std::move(on_done)) {
+  if (trivial(inner) || trivial(outer)) return;  // one level: the flat AllReduce set up above
+  outer_ = outer;
+  // Scratch for every bucket at once (buckets are in flight together): bucket i uses
+  // [padded offset, + size * s) and its shard [shard offset, + s), s = ceil(n / size).
+  const int64_t D = comm_->size();
+  int64_t padded = 0;
+  for (Bucket& b : buckets_) {
+    b.pad_off = padded;
+    padded += (b.end - b.begin + D - 1) / D * D;
+  }
+  padded_.assign(static_cast<size_t>(padded), 0.0f);
+  shard_.assign(static_cast<size_t>(padded / D), 0.0f);
+}
+
 void BucketedAllreduce::begin(float* buffer) {
   buf_ = buffer;
   units_done_ = 0;
@@ -44,10 +65,38 @@ void BucketedAllreduce::begin(float* buffer) {
 }
 
 void BucketedAllreduce::start(Bucket& b) {
-  b.work = comm_->iallreduce(buf_ + b.begin, buf_ + b.begin, static_cast<size_t>(b.end - b.begin),
-                             DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto);
   b.started = true;
   b.start_us = now_us();
+  if (outer_ != nullptr) {
+    b.stage = 0;
+    const int64_t D = comm_->size(), n = b.end - b.begin, s = (n + D - 1) / D;
+    float* pad = padded_.data() + b.pad_off;
+    std::copy(buf_ + b.begin, buf_ + b.end, pad);
+    std::fill(pad + n, pad + D * s, 0.0f);
+    b.work = comm_->ireduce_scatter(pad, shard_.data() + b.pad_off / D, static_cast<size_t>(s), DataType::kFloat32,
+                                    ReduceOp::kSum);
+    return;
+  }
+  b.work = comm_->iallreduce(buf_ + b.begin, buf_ + b.begin, static_cast<size_t>(b.end - b.begin),
+                             DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto);
+}
+
+bool BucketedAllreduce::advance(Bucket& b) {
+  if (outer_ == nullptr) return true;
+  const int64_t D = comm_->size(), n = b.end - b.begin, s = (n + D - 1) / D;
+  float* pad = padded_.data() + b.pad_off;
+  float* shard = shard_.data() + b.pad_off / D;
+  switch (b.stage++) {
+    case 0:  // the inner sum of this rank's shard is here: add the other groups' (same shard)
+      b.work = outer_->iallreduce(shard, shard, static_cast<size_t>(s), DataType::kFloat32, ReduceOp::kSum);
+      return false;
+    case 1:  // every shard complete: gather the bucket inside the group
+      b.work = comm_->iallgather(shard, pad, static_cast<size_t>(s), DataType::kFloat32);
+      return false;
+    default:
+      std::copy(pad, pad + n, buf_ + b.begin);
+      return true;
+  }
 }
 
 void BucketedAllreduce::completed(size_t i) {
@@ -67,8 +116,11 @@ void BucketedAllreduce::unit_done(int unit) {
 void BucketedAllreduce::poll() {
   if (buckets_.empty()) return;
   const double t0 = now_s();
-  for (size_t i = 0; i < buckets_.size(); ++i)
-    if (buckets_[i].started && !buckets_[i].done && buckets_[i].work.test()) completed(i);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    while (b.started && !b.done && b.work.test())
+      if (advance(b)) completed(i);
+  }
   comm_s_ += now_s() - t0;
 }
 
@@ -78,9 +130,11 @@ void BucketedAllreduce::finish() {
   for (auto& b : buckets_)
     if (!b.started) start(b);
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i].done) continue;
-    buckets_[i].work.wait();
-    completed(i);
+    Bucket& b = buckets_[i];
+    while (!b.done) {
+      b.work.wait();
+      if (advance(b)) completed(i);
+    }
   }
   comm_s_ += now_s() - t0;
 }
