@@ -37,11 +37,21 @@ namespace {
 bool trivial(const Communicator* c) { return c == nullptr || c->size() == 1; }
 }  // namespace
 
-BucketedAllreduce::BucketedAllreduce(Communicator* inner, Communicator* outer, std::vector<Range> units,
-                                     size_t bucket_bytes, bool overlap, OnBucketDone on_done)
+BucketedAllreduce::BucketedAllreduce(Communicator* inner, Communicator* inner_gather, Communicator* outer,
+                                     std::vector<Range> units, size_t bucket_bytes, bool overlap, OnBucketDone on_done)
     : BucketedAllreduce(trivial(inner) ? outer : inner, std::move(units), bucket_bytes, overlap, std::move(on_done)) {
   if (trivial(inner) || trivial(outer)) return;  // one level: the flat AllReduce set up above
+  PWM_CHECK(inner_gather != nullptr && inner_gather->group() == inner->group() &&
+                inner_gather->context() != inner->context(),
+            "hierarchical allreduce: the gather communicator must be the inner group on another context");
+  // Each stage's collectives start in bucket order, possibly from poll(): a communicator's 257th
+  // collective in flight would block there on the oldest (communicator.h), which may wait for
+  // this rank's progress on another stage: a deadlock. So every bucket must fit in the window.
+  if (buckets_.size() > 256)
+    PWM_THROW("hierarchical allreduce: {} buckets of {} bytes; at most 256: use larger buckets (--bucket-bytes {} or "
+              "more)", buckets_.size(), bucket_bytes, (units_.front().second - units_.back().first) * sizeof(float) / 256 + 1);
   outer_ = outer;
+  gather_ = inner_gather;
   // Scratch for every bucket at once (buckets are in flight together): bucket i uses
   // [padded offset, + size * s) and its shard [shard offset, + s), s = ceil(n / size).
   const int64_t D = comm_->size();
@@ -58,8 +68,9 @@ void BucketedAllreduce::begin(float* buffer) {
   buf_ = buffer;
   units_done_ = 0;
   comm_s_ = 0;
+  outer_next_ = gather_next_ = 0;
   for (auto& b : buckets_) {
-    b.started = b.done = false;
+    b.started = b.done = b.ready = false;
     b.work = Work();
   }
 }
@@ -81,22 +92,35 @@ void BucketedAllreduce::start(Bucket& b) {
                              DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto);
 }
 
-bool BucketedAllreduce::advance(Bucket& b) {
-  if (outer_ == nullptr) return true;
+bool BucketedAllreduce::advance(size_t i) {
+  Bucket& b = buckets_[i];
+  if (outer_ == nullptr) {
+    completed(i);
+    return true;
+  }
+  // Every rank must post a communicator's collectives in the same order, but stages finish in
+  // an order that depends on timing: so each stage's collectives are started in bucket order (a
+  // bucket whose turn has not come waits, b.ready), and the all-gathers use their own
+  // communicator (inner_gather), not interleaving with the reduce-scatters.
   const int64_t D = comm_->size(), n = b.end - b.begin, s = (n + D - 1) / D;
   float* pad = padded_.data() + b.pad_off;
   float* shard = shard_.data() + b.pad_off / D;
-  switch (b.stage++) {
-    case 0:  // the inner sum of this rank's shard is here: add the other groups' (same shard)
-      b.work = outer_->iallreduce(shard, shard, static_cast<size_t>(s), DataType::kFloat32, ReduceOp::kSum);
-      return false;
-    case 1:  // every shard complete: gather the bucket inside the group
-      b.work = comm_->iallgather(shard, pad, static_cast<size_t>(s), DataType::kFloat32);
-      return false;
-    default:
-      std::copy(pad, pad + n, buf_ + b.begin);
-      return true;
+  if (b.stage == 0) {  // the inner sum of this rank's shard is here: add the other groups' (same shard)
+    if (static_cast<int>(i) != outer_next_) return false;
+    ++outer_next_;
+    b.work = outer_->iallreduce(shard, shard, static_cast<size_t>(s), DataType::kFloat32, ReduceOp::kSum);
+  } else if (b.stage == 1) {  // every shard complete: gather the bucket inside the group
+    if (static_cast<int>(i) != gather_next_) return false;
+    ++gather_next_;
+    b.work = gather_->iallgather(shard, pad, static_cast<size_t>(s), DataType::kFloat32);
+  } else {
+    std::copy(pad, pad + n, buf_ + b.begin);
+    completed(i);
+    return true;
   }
+  ++b.stage;
+  b.ready = false;
+  return true;
 }
 
 void BucketedAllreduce::completed(size_t i) {
@@ -116,10 +140,14 @@ void BucketedAllreduce::unit_done(int unit) {
 void BucketedAllreduce::poll() {
   if (buckets_.empty()) return;
   const double t0 = now_s();
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    Bucket& b = buckets_[i];
-    while (b.started && !b.done && b.work.test())
-      if (advance(b)) completed(i);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      if (!b.started || b.done) continue;
+      if (!b.ready) b.ready = b.work.test();
+      if (b.ready && advance(i)) moved = true;
+    }
   }
   comm_s_ += now_s() - t0;
 }
@@ -131,9 +159,12 @@ void BucketedAllreduce::finish() {
     if (!b.started) start(b);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
-    while (!b.done) {
-      b.work.wait();
-      if (advance(b)) completed(i);
+    while (!b.done) {  // every earlier bucket is done: this one's turn has come at every stage
+      if (!b.ready) {
+        b.work.wait();
+        b.ready = true;
+      }
+      PWM_CHECK(advance(i), "bucket {} could not advance", i);
     }
   }
   comm_s_ += now_s() - t0;

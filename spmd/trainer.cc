@@ -25,9 +25,9 @@ using collectives::DataType;
 using collectives::ReduceOp;
 
 namespace {
-// Context ids: world 0, tp groups 1, dp groups 2, replica groups 3, flat data-parallel groups 4
-// (groups of one family are disjoint).
-constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4;
+// Context ids: world 0, tp groups 1, dp groups 2, replica groups 3, flat data-parallel groups 4,
+// dp groups for the hierarchical exchange's all-gathers 5 (groups of one family are disjoint).
+constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4, kDpGatherContext = 5;
 
 collectives::CommOptions comm_options(const model::TrainConfig& cfg) {
   collectives::CommOptions o = collectives::CommOptions::from_env();
@@ -64,6 +64,7 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
       replica_comm_(transport, mesh_.replica_group, kReplicaContext, comm_options(cfg)),
       flat_comm_(transport, mesh_.flat_group, kFlatContext, comm_options(cfg)),
+      dp_gather_comm_(transport, mesh_.dp_group, kDpGatherContext, comm_options(cfg)),
       layout_(cfg.model, mesh_.tp_rank, cfg.tp),
       plan_(layout_, cfg.microbatches),
       ws_(layout_, cfg.micro_batch()),
@@ -115,7 +116,7 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
     reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, plan_.finish_order(), cfg_.bucket_bytes,
                                                                 cfg_.overlap, on_bucket);
   } else {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &replica_comm_, plan_.finish_order(),
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &dp_gather_comm_, &replica_comm_, plan_.finish_order(),
                                                                 cfg_.bucket_bytes, cfg_.overlap, on_bucket);
   }
   if (cfg_.tp > 1) {

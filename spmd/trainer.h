@@ -79,6 +79,7 @@ class Trainer {
   const model::TextDataset& data_;
   Mesh mesh_;
   collectives::Communicator world_, tp_comm_, dp_comm_, replica_comm_, flat_comm_;
+  collectives::Communicator dp_gather_comm_;  // the dp group again: the hierarchical exchange's all-gathers
   model::ParamLayout layout_;
   model::StepPlan plan_;  // the step's units and gradient ranges (model/step_plan.h)
   std::vector<float> params_, grads_, m_, v_;
