@@ -119,7 +119,9 @@ double estimated_memory_bytes(const TrainConfig& cfg) {
   const double N = B * T, Hs = H / tp;
   const double per_layer = C + C * H * D + 2 * C * D + H * D * C + 3 * C * F;
   const double params = (V * C + L * per_layer + C) / tp;
-  const double state = 4 * params;  // parameters, gradients, AdamW m and v
+  // Parameters, gradients, AdamW m and v (with --fsdp a 1/dp shard of each; the gathered layers
+  // are left out: this is a lower estimate).
+  const double state = 4 * params / (cfg.fsdp ? cfg.dp : 1);
   // Saved activations per layer (model::Activations::layer_elements: norms, x, the fused input
   // projection, attention output, the T x T scores per head, the MLP's hidden rows), the head's
   // probabilities, and the working copies of x.
