@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -305,8 +306,11 @@ std::optional<std::string> Trainer::run() {
       peak.push_back(all[2 * r]);
       state.push_back(all[2 * r + 1]);
     }
-    report_.set_extra_list("peak_resident_bytes", peak);
-    report_.set_extra_list("state_bytes", state);
+    // Per rank, and the largest as pathways_train reports them (compare.sh's table reads those).
+    report_.set_extra_list("peak_resident_bytes_per_rank", peak);
+    report_.set_extra_list("state_bytes_per_rank", state);
+    report_.set_extra("peak_rss_bytes", *std::max_element(peak.begin(), peak.end()));
+    report_.set_extra("state_bytes", *std::max_element(state.begin(), state.end()));
   }
   report_.validation(cfg_.steps - 1, evaluate());
   if (!cfg_.ckpt.empty() && !agreed_write([&] { save_checkpoint(cfg_.steps); })) return std::nullopt;

@@ -439,10 +439,12 @@ def case_fsdp_matches_dp():
     # Memory: plain dp holds 4 full buffers (params, grads, m, v): 16 bytes a parameter; FSDP
     # less, and at least its shards (16 bytes x P / 2).
     P = tiny_params()
-    assert ref[2]["state_bytes"] == [16 * P] * 2, f"plain state {ref[2]['state_bytes']} vs 16 x {P}"
-    for b in fs[2]["state_bytes"]:
+    assert ref[2]["state_bytes_per_rank"] == [16 * P] * 2, f"plain state {ref[2]['state_bytes_per_rank']} vs 16 x {P}"
+    for b in fs[2]["state_bytes_per_rank"]:
         assert 8 * P <= b < 16 * P, f"fsdp state {b} bytes is not between 8 P and 16 P (P = {P})"
-    assert all(x > 0 for x in fs[2]["peak_resident_bytes"])
+    assert fs[2]["state_bytes"] == max(fs[2]["state_bytes_per_rank"])
+    assert all(x > 0 for x in fs[2]["peak_resident_bytes_per_rank"])
+    assert fs[2]["peak_rss_bytes"] == max(fs[2]["peak_resident_bytes_per_rank"])
 
 
 def case_replicas_match_dp():
