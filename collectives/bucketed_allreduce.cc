@@ -33,21 +33,94 @@ BucketedAllreduce::BucketedAllreduce(Communicator* comm, std::vector<Range> unit
   if (open_end >= 0) buckets_.push_back({open_begin, open_end, num_units() - 1, {}});
 }
 
+namespace {
+bool trivial(const Communicator* c) { return c == nullptr || c->size() == 1; }
+}  // namespace
+
+BucketedAllreduce::BucketedAllreduce(Communicator* inner, Communicator* inner_gather, Communicator* outer,
+                                     std::vector<Range> units, size_t bucket_bytes, bool overlap, OnBucketDone on_done)
+    : BucketedAllreduce(trivial(inner) ? outer : inner, std::move(units), bucket_bytes, overlap, std::move(on_done)) {
+  if (trivial(inner) || trivial(outer)) return;  // one level: the flat AllReduce set up above
+  PWM_CHECK(inner_gather != nullptr && inner_gather->group() == inner->group() &&
+                inner_gather->context() != inner->context(),
+            "hierarchical allreduce: the gather communicator must be the inner group on another context");
+  // Each stage's collectives start in bucket order, possibly from poll(): a communicator's 257th
+  // collective in flight would block there on the oldest (communicator.h), which may wait for
+  // this rank's progress on another stage: a deadlock. So every bucket must fit in the window.
+  if (buckets_.size() > 256)
+    PWM_THROW("hierarchical allreduce: {} buckets of {} bytes; at most 256: use larger buckets (--bucket-bytes {} or "
+              "more)", buckets_.size(), bucket_bytes, (units_.front().second - units_.back().first) * sizeof(float) / 256 + 1);
+  outer_ = outer;
+  gather_ = inner_gather;
+  // Scratch for every bucket at once (buckets are in flight together): bucket i uses
+  // [padded offset, + size * s) and its shard [shard offset, + s), s = ceil(n / size).
+  const int64_t D = comm_->size();
+  int64_t padded = 0;
+  for (Bucket& b : buckets_) {
+    b.pad_off = padded;
+    padded += (b.end - b.begin + D - 1) / D * D;
+  }
+  padded_.assign(static_cast<size_t>(padded), 0.0f);
+  shard_.assign(static_cast<size_t>(padded / D), 0.0f);
+}
+
 void BucketedAllreduce::begin(float* buffer) {
   buf_ = buffer;
   units_done_ = 0;
   comm_s_ = 0;
+  outer_next_ = gather_next_ = 0;
   for (auto& b : buckets_) {
-    b.started = b.done = false;
+    b.started = b.done = b.ready = false;
     b.work = Work();
   }
 }
 
 void BucketedAllreduce::start(Bucket& b) {
-  b.work = comm_->iallreduce(buf_ + b.begin, buf_ + b.begin, static_cast<size_t>(b.end - b.begin),
-                             DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto);
   b.started = true;
   b.start_us = now_us();
+  if (outer_ != nullptr) {
+    b.stage = 0;
+    const int64_t D = comm_->size(), n = b.end - b.begin, s = (n + D - 1) / D;
+    float* pad = padded_.data() + b.pad_off;
+    std::copy(buf_ + b.begin, buf_ + b.end, pad);
+    std::fill(pad + n, pad + D * s, 0.0f);
+    b.work = comm_->ireduce_scatter(pad, shard_.data() + b.pad_off / D, static_cast<size_t>(s), DataType::kFloat32,
+                                    ReduceOp::kSum);
+    return;
+  }
+  b.work = comm_->iallreduce(buf_ + b.begin, buf_ + b.begin, static_cast<size_t>(b.end - b.begin),
+                             DataType::kFloat32, ReduceOp::kSum, Algorithm::kAuto);
+}
+
+bool BucketedAllreduce::advance(size_t i) {
+  Bucket& b = buckets_[i];
+  if (outer_ == nullptr) {
+    completed(i);
+    return true;
+  }
+  // Every rank must post a communicator's collectives in the same order, but stages finish in
+  // an order that depends on timing: so each stage's collectives are started in bucket order (a
+  // bucket whose turn has not come waits, b.ready), and the all-gathers use their own
+  // communicator (inner_gather), not interleaving with the reduce-scatters.
+  const int64_t D = comm_->size(), n = b.end - b.begin, s = (n + D - 1) / D;
+  float* pad = padded_.data() + b.pad_off;
+  float* shard = shard_.data() + b.pad_off / D;
+  if (b.stage == 0) {  // the inner sum of this rank's shard is here: add the other groups' (same shard)
+    if (static_cast<int>(i) != outer_next_) return false;
+    ++outer_next_;
+    b.work = outer_->iallreduce(shard, shard, static_cast<size_t>(s), DataType::kFloat32, ReduceOp::kSum);
+  } else if (b.stage == 1) {  // every shard complete: gather the bucket inside the group
+    if (static_cast<int>(i) != gather_next_) return false;
+    ++gather_next_;
+    b.work = gather_->iallgather(shard, pad, static_cast<size_t>(s), DataType::kFloat32);
+  } else {
+    std::copy(pad, pad + n, buf_ + b.begin);
+    completed(i);
+    return true;
+  }
+  ++b.stage;
+  b.ready = false;
+  return true;
 }
 
 void BucketedAllreduce::completed(size_t i) {
@@ -67,8 +140,15 @@ void BucketedAllreduce::unit_done(int unit) {
 void BucketedAllreduce::poll() {
   if (buckets_.empty()) return;
   const double t0 = now_s();
-  for (size_t i = 0; i < buckets_.size(); ++i)
-    if (buckets_[i].started && !buckets_[i].done && buckets_[i].work.test()) completed(i);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      if (!b.started || b.done) continue;
+      if (!b.ready) b.ready = b.work.test();
+      if (b.ready && advance(i)) moved = true;
+    }
+  }
   comm_s_ += now_s() - t0;
 }
 
@@ -78,9 +158,14 @@ void BucketedAllreduce::finish() {
   for (auto& b : buckets_)
     if (!b.started) start(b);
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i].done) continue;
-    buckets_[i].work.wait();
-    completed(i);
+    Bucket& b = buckets_[i];
+    while (!b.done) {  // every earlier bucket is done: this one's turn has come at every stage
+      if (!b.ready) {
+        b.work.wait();
+        b.ready = true;
+      }
+      PWM_CHECK(advance(i), "bucket {} could not advance", i);
+    }
   }
   comm_s_ += now_s() - t0;
 }

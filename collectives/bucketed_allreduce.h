@@ -9,8 +9,16 @@
 // a small machine it would take a core from the compute). Overlap on or off gives the same
 // bits: the same sums, in the same order, only started at other times.
 //
-// Which ranks must call: every member of `comm`, the same calls in the same order, with the same
-// units and bucket size.
+// Hierarchical form (two communicators, Horovod's hierarchical AllReduce): the sum runs over
+// inner x outer. Each bucket is a ReduceScatter inside `inner` (a bucket of n elements is padded
+// to a multiple of inner.size() in a scratch copy), an AllReduce of this rank's 1/inner.size()
+// shard over `outer` (the ranks that hold the same shard in the other groups: replicas across
+// islands), then an AllGather inside `inner` back into the buffer. The three run one after the
+// other per bucket, driven by poll()/finish(); buckets still overlap each other and the compute.
+// Only 1/inner.size() of the bucket crosses `outer` (the slow links).
+//
+// Which ranks must call: every member of `comm` (of inner and outer), the same calls in the same
+// order, with the same units and bucket size.
 #pragma once
 
 #include <functional>
@@ -31,6 +39,12 @@ class BucketedAllreduce {
   // range and be listed from its end towards its start (the order backward finishes them).
   BucketedAllreduce(Communicator* comm, std::vector<Range> units, size_t bucket_bytes, bool overlap,
                     OnBucketDone on_done = {});
+  // Hierarchical: reduce-scatter in `inner`, AllReduce of the shard in `outer`, all-gather in
+  // `inner_gather` (the same group as inner on another context: the all-gathers and the
+  // reduce-scatters then need not interleave in the same order on every rank). inner or outer
+  // may be null or of size 1: then this is the flat AllReduce over the other.
+  BucketedAllreduce(Communicator* inner, Communicator* inner_gather, Communicator* outer, std::vector<Range> units,
+                    size_t bucket_bytes, bool overlap, OnBucketDone on_done = {});
 
   int num_units() const { return static_cast<int>(units_.size()); }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
@@ -47,12 +61,22 @@ class BucketedAllreduce {
     int last_unit;
     Work work;
     bool started = false, done = false;
+    bool ready = false;  // the current stage's collective has completed (hierarchical: next not yet started)
     int64_t start_us = 0;
+    int64_t pad_off = 0;  // hierarchical: offset of the bucket's scratch in padded_ (size * s floats)
+    int stage = 0;  // hierarchical: 0 reduce-scatter, 1 outer AllReduce, 2 all-gather
   };
   void start(Bucket& b);
+  // Bucket i's current collective has completed: starts its next stage if its turn has come
+  // (false otherwise), or finishes it. True if something moved.
+  bool advance(size_t i);
   void completed(size_t i);
 
   Communicator* comm_;
+  Communicator* outer_ = nullptr;   // hierarchical only (comm_ is then the inner group)
+  Communicator* gather_ = nullptr;  // hierarchical: the inner group's all-gathers
+  int outer_next_ = 0, gather_next_ = 0;  // hierarchical: next bucket to start each stage
+  std::vector<float> padded_, shard_;  // hierarchical scratch: one bucket padded, its shard
   bool overlap_;
   OnBucketDone on_done_;
   std::vector<Range> units_;

@@ -115,11 +115,13 @@ double estimated_memory_bytes(const TrainConfig& cfg) {
   const Config& m = cfg.model;
   const double C = m.d_model, L = m.n_layers, H = m.n_heads, D = m.head_dim, F = m.d_ff, V = m.vocab,
                T = m.seq_len, tp = cfg.tp;
-  const double B = static_cast<double>(cfg.global_batch) / cfg.dp / std::max<int64_t>(cfg.microbatches, 1);
+  const double B = static_cast<double>(cfg.global_batch) / cfg.data_parallel() / std::max<int64_t>(cfg.microbatches, 1);
   const double N = B * T, Hs = H / tp;
   const double per_layer = C + C * H * D + 2 * C * D + H * D * C + 3 * C * F;
   const double params = (V * C + L * per_layer + C) / tp;
-  const double state = 4 * params;  // parameters, gradients, AdamW m and v
+  // Parameters, gradients, AdamW m and v (with --fsdp a 1/dp shard of each; the gathered layers
+  // are left out: this is a lower estimate).
+  const double state = 4 * params / (cfg.fsdp ? cfg.dp : 1);
   // Saved activations per layer (model::Activations::layer_elements: norms, x, the fused input
   // projection, attention output, the T x T scores per head, the MLP's hidden rows), the head's
   // probabilities, and the working copies of x.

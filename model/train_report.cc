@@ -1,6 +1,7 @@
 #include "model/train_report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -101,6 +102,7 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"final_val_loss", last_val_},
                       {"weights_hash", weights_hash}};
   for (auto& [k, v] : extra_) j[k] = v;
+  for (auto& [k, v] : extra_lists_) j[k] = v;
   write(j.dump());
   if (failed()) throw Error(error_);
   if (out_) {
@@ -108,6 +110,7 @@ void TrainReport::finish(const std::string& weights_hash) {
     out_.reset();
   }
   for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
+  for (auto& [k, v] : extra_lists_) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(v, ", "));
   fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, weights {}\n",
              trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_, weights_hash);
   std::fflush(stdout);

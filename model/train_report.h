@@ -47,6 +47,10 @@ class TrainReport {
 
   // An extra number for the final line (e.g. a pipeline's measured bubble).
   void set_extra(const std::string& key, double value) { extra_.push_back({key, value}); }
+  // A per-rank list for the final line (e.g. peak resident bytes, index = rank).
+  void set_extra_list(const std::string& key, std::vector<double> values) {
+    extra_lists_.push_back({key, std::move(values)});
+  }
 
   double tokens_per_s(double step_ms) const;
   double mfu(double tokens_per_s) const;
@@ -66,6 +70,7 @@ class TrainReport {
   std::vector<double> step_ms_, tokens_per_s_, comm_share_;
   double last_loss_ = 0, last_val_ = -1;
   std::vector<std::pair<std::string, double>> extra_;
+  std::vector<std::pair<std::string, std::vector<double>>> extra_lists_;
 };
 
 }  // namespace pwm::model

@@ -14,7 +14,7 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
                             Workspace<float>& ws, int32_t* tokens, const StepHooks& hooks) {
   PWM_CHECK_EQ(plan.microbatches(), cfg.microbatches);
   const int64_t G = cfg.global_batch, M = cfg.microbatches;
-  const float grad_scale = 1.0f / static_cast<float>(M * cfg.dp);
+  const float grad_scale = 1.0f / static_cast<float>(M * cfg.data_parallel());
   auto span = [&](const char* name, int64_t t0, int64_t t1) {
     if (hooks.span) hooks.span(name, t0, t1);
   };
@@ -28,7 +28,7 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
   for (const Unit& u : plan.units()) {
     switch (u.kind) {
       case UnitKind::kBatch: {
-        const RowRange rows = batch_rows(G, dp_rank, cfg.dp, u.micro, M);
+        const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), u.micro, M);
         data.train_batch(cfg.data_seed, step, G, cfg.model.seq_len, rows.begin, rows.end, tokens);
         t_fwd = now_us();
         break;
@@ -96,7 +96,7 @@ double validation_loss_sum(const TrainConfig& cfg, const ParamLayout& layout, co
   double sum = 0;
   for (int64_t i = 0; i < validation_batches(cfg, data); ++i)
     for (int64_t mb = 0; mb < cfg.microbatches; ++mb) {
-      const RowRange rows = batch_rows(G, dp_rank, cfg.dp, mb, cfg.microbatches);
+      const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), mb, cfg.microbatches);
       data.val_batch(i, G, T, rows.begin, rows.end, tokens);
       sum += static_cast<double>(forward_loss<float>(layout, params, tokens, b, ws, tp_reduce)) * b;
     }

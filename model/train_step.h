@@ -25,9 +25,10 @@ struct StepHooks {
 };
 
 // Executes `plan` (model/step_plan.h; plan.microbatches() == cfg.microbatches): zeroes `grads`,
-// then for each micro-batch of this dp rank's rows of step `step` forward and backward (exactly
-// model::forward_backward's pieces), accumulating
-// grads += d(mean loss)/d(params) / (microbatches * dp). Returns the mean of the micro-batch
+// then for each micro-batch of this data-parallel rank's rows of step `step` forward and backward
+// (exactly model::forward_backward's pieces), accumulating
+// grads += d(mean loss)/d(params) / (microbatches * data_parallel()). `dp_rank` is the rank's
+// index among all data-parallel ranks, replica * dp + dp_index (TrainConfig::data_parallel()). Returns the mean of the micro-batch
 // losses (this dp rank's share of the global batch loss). `tokens` holds one micro-batch.
 double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, const StepPlan& plan,
                             const TextDataset& data, int64_t step, int dp_rank, const float* params, float* grads,

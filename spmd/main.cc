@@ -2,6 +2,7 @@
 //   mpirun -n 2 spmd_train --dp 2 --steps 50 --metrics m.jsonl --trace t.json
 // Flags: spmd_train --help (the workload flags are shared with pathways_train).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -32,9 +33,24 @@ void agree_on_config(collectives::Communicator& world, const std::string& canoni
   model::check_same_config(collectives::allgather_strings(world, canonical));
 }
 
-int ranks_on_my_host(collectives::Communicator& world, const std::string& host) {
-  const auto hosts = collectives::allgather_strings(world, host);
-  return static_cast<int>(std::count(hosts.begin(), hosts.end(), host));
+// Every rank's processor name, index = world rank.
+std::vector<std::string> all_hosts(collectives::Communicator& world, const std::string& host) {
+  return collectives::allgather_strings(world, host);
+}
+
+// One line naming the replicas whose ranks are on more than one host (their dp and tp
+// collectives then cross hosts too, not only the replica exchange); empty if none.
+std::string replicas_spanning_hosts(const model::TrainConfig& cfg, const std::vector<std::string>& hosts) {
+  const int per = cfg.dp * cfg.tp;
+  std::vector<std::string> spans;
+  for (int r = 0; r < cfg.replicas && (r + 1) * per <= static_cast<int>(hosts.size()); ++r) {
+    std::vector<std::string> mine(hosts.begin() + r * per, hosts.begin() + (r + 1) * per);
+    std::sort(mine.begin(), mine.end());
+    mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    if (mine.size() > 1) spans.push_back(fmt::format("replica {} ({})", r, fmt::join(mine, ", ")));
+  }
+  if (spans.empty()) return "";
+  return fmt::format("[spmd] note: not on one host: {}; its dp/tp collectives cross hosts", fmt::join(spans, "; "));
 }
 
 }  // namespace
@@ -56,13 +72,12 @@ int main(int argc, char** argv) {
   if (!go) return exit_code;
   std::unique_ptr<model::TextDataset> data;
   std::optional<model::Checkpoint> resume_from;
-  const int host_ranks = ranks_on_my_host(world, env.processor_name());
+  const std::vector<std::string> hosts = all_hosts(world, env.processor_name());
+  const int host_ranks = static_cast<int>(std::count(hosts.begin(), hosts.end(), env.processor_name()));
   if (!collectives::agree_on_errors(world, "spmd_train", [&] { agree_on_config(world, cfg.canonical_json()); }))
     return 1;
   if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());
-        if (cfg.replicas > 1 || cfg.fsdp)  // issue 15 in progress: the trainer runs one replica, unsharded
-          PWM_THROW("spmd_train does not run --replicas > 1 or --fsdp yet: leave them out");
         cfg.validate_kill_rank(env.size());
         model::check_memory(cfg, host_ranks);
         if (env.rank() == 0) model::check_output_paths(cfg);
@@ -78,10 +93,15 @@ int main(int argc, char** argv) {
       peak /= world.size();
     }
     if (env.rank() == 0)
-      fmt::print("[spmd] {} ranks: dp={} tp={} | {} | batch {} x {} tokens, {} micro-batches | data {} ({} bytes) | "
+      fmt::print("[spmd] {} ranks: replicas={} dp={}{} tp={}{} | {} | batch {} x {} tokens, {} micro-batches | data {} ({} bytes) | "
                  "GEMM peak {:.1f} GFLOP/s per rank\n",
-                 env.size(), cfg.dp, cfg.tp, cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len,
+                 env.size(), cfg.replicas, cfg.dp, cfg.fsdp ? " (fsdp)" : "", cfg.tp,
+                 cfg.replicas > 1 ? fmt::format(" ({} replica reduce)", cfg.replica_reduce) : "", cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len,
                  cfg.microbatches, cfg.data, data->size(), peak);
+    if (env.rank() == 0) {
+      const std::string spans = replicas_spanning_hosts(cfg, hosts);
+      if (!spans.empty()) fmt::print("{}\n", spans);
+    }
     spmd::Trainer trainer(cfg, env.transport(), *data, peak, resume_from);
     resume_from.reset();  // the trainer has its shard; free the full copy
     // An output that could not be written (a full disk) was reported by rank 0 as one line and

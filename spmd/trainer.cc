@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "collectives/strings.h"
 #include "common/check.h"
+#include "common/memory.h"
 #include "common/time.h"
 #include "model/checkpoint.h"
 #include "model/full_state.h"
@@ -23,8 +26,9 @@ using collectives::DataType;
 using collectives::ReduceOp;
 
 namespace {
-// Context ids: world 0, tp groups 1, dp groups 2 (groups of one family are disjoint).
-constexpr uint32_t kTpContext = 1, kDpContext = 2;
+// Context ids: world 0, tp groups 1, dp groups 2, replica groups 3, flat data-parallel groups 4,
+// dp groups for the hierarchical exchange's all-gathers 5 (groups of one family are disjoint).
+constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4, kDpGatherContext = 5;
 
 collectives::CommOptions comm_options(const model::TrainConfig& cfg) {
   collectives::CommOptions o = collectives::CommOptions::from_env();
@@ -34,14 +38,20 @@ collectives::CommOptions comm_options(const model::TrainConfig& cfg) {
 
 }  // namespace
 
-Mesh Mesh::make(int world_rank, int dp, int tp) {
+Mesh Mesh::make(int world_rank, int replicas, int dp, int tp) {
+  // World rank = (replica * dp + dp_rank) * tp + tp_rank (model/train_config.h).
   Mesh m;
+  m.replicas = replicas;
   m.dp = dp;
   m.tp = tp;
-  m.dp_rank = world_rank / tp;
+  m.data_index = world_rank / tp;
   m.tp_rank = world_rank % tp;
-  for (int t = 0; t < tp; ++t) m.tp_group.push_back(m.dp_rank * tp + t);
-  for (int d = 0; d < dp; ++d) m.dp_group.push_back(d * tp + m.tp_rank);
+  m.replica = m.data_index / dp;
+  m.dp_rank = m.data_index % dp;
+  for (int t = 0; t < tp; ++t) m.tp_group.push_back(m.data_index * tp + t);
+  for (int d = 0; d < dp; ++d) m.dp_group.push_back((m.replica * dp + d) * tp + m.tp_rank);
+  for (int r = 0; r < replicas; ++r) m.replica_group.push_back((r * dp + m.dp_rank) * tp + m.tp_rank);
+  for (int i = 0; i < replicas * dp; ++i) m.flat_group.push_back(i * tp + m.tp_rank);
   return m;
 }
 
@@ -49,33 +59,67 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
                  const model::TextDataset& data, double peak_gflops,
                  const std::optional<model::Checkpoint>& resume_from)
     : cfg_(cfg), transport_(transport), data_(data),
-      mesh_(Mesh::make(transport->rank(), cfg.dp, cfg.tp)),
+      mesh_(Mesh::make(transport->rank(), cfg.replicas, cfg.dp, cfg.tp)),
       world_(Communicator::world(transport, comm_options(cfg))),
       tp_comm_(transport, mesh_.tp_group, kTpContext, comm_options(cfg)),
       dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
+      replica_comm_(transport, mesh_.replica_group, kReplicaContext, comm_options(cfg)),
+      flat_comm_(transport, mesh_.flat_group, kFlatContext, comm_options(cfg)),
+      dp_gather_comm_(transport, mesh_.dp_group, kDpGatherContext, comm_options(cfg)),
       layout_(cfg.model, mesh_.tp_rank, cfg.tp),
       plan_(layout_, cfg.microbatches),
-      params_(layout_.total()), grads_(layout_.total()), m_(layout_.total()), v_(layout_.total()),
       ws_(layout_, cfg.micro_batch()),
       tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
       trace_(!cfg.trace.empty(), transport->rank(), 0),
       report_(cfg, "spmd", transport->size(), peak_gflops, transport->rank() == 0) {
+  // The state is allocated here, at its size (a shard with --fsdp): never a full buffer first,
+  // which the peak resident bytes would count.
+  if (cfg_.fsdp) fsdp_ = std::make_unique<Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
+  const size_t n = static_cast<size_t>(fsdp_ ? fsdp_->shard_total() : layout_.total());
+  params_.assign(n, 0.0f);
+  grads_.assign(n, 0.0f);
+  m_.assign(n, 0.0f);
+  v_.assign(n, 0.0f);
+  // From full tensors to this rank's buffer (through one full tp buffer with --fsdp).
+  auto load = [&](const std::vector<model::TensorData>* full, float* dst) {
+    if (!fsdp_) {
+      if (full) model::scatter_full(layout_, *full, dst);
+      else model::init_params(layout_, cfg_.model.seed, dst);
+      return;
+    }
+    std::vector<float> tmp(static_cast<size_t>(layout_.total()));
+    if (full) model::scatter_full(layout_, *full, tmp.data());
+    else model::init_params(layout_, cfg_.model.seed, tmp.data());
+    fsdp_->take_shard(tmp.data(), dst);
+  };
   if (resume_from) {
-    model::scatter_full(layout_, resume_from->params, params_.data());
-    model::scatter_full(layout_, resume_from->adam_m, m_.data());
-    model::scatter_full(layout_, resume_from->adam_v, v_.data());
+    load(&resume_from->params, params_.data());
+    load(&resume_from->adam_m, m_.data());
+    load(&resume_from->adam_v, v_.data());
     first_step_ = resume_from->step;
     if (transport->rank() == 0) fmt::print("[spmd] resumed from {} at step {}\n", cfg_.ckpt, first_step_);
   } else {
-    model::init_params(layout_, cfg_.model.seed, params_.data());
+    load(nullptr, params_.data());
     if (cfg_.resume && transport->rank() == 0)
       fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.ckpt);
   }
-  reducer_ = std::make_unique<collectives::BucketedAllreduce>(
-      &dp_comm_, plan_.finish_order(), cfg_.bucket_bytes, cfg_.overlap,
-      [this](int i, int64_t t0, int64_t t1, size_t bytes) {
-        trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
-      });
+  auto on_bucket = [this](int i, int64_t t0, int64_t t1, size_t bytes) {
+    trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
+  };
+  // The gradient's sum over every data-parallel rank: inside the one replica; over all of them
+  // at once (flat); or in two levels, the replicas exchanging 1/dp of it each (hierarchical).
+  if (fsdp_) {
+    // reduced inside Fsdp::accumulate
+  } else if (cfg_.replicas == 1) {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, plan_.finish_order(), cfg_.bucket_bytes,
+                                                                cfg_.overlap, on_bucket);
+  } else if (cfg_.replica_reduce == "flat") {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, plan_.finish_order(), cfg_.bucket_bytes,
+                                                                cfg_.overlap, on_bucket);
+  } else {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &dp_gather_comm_, &replica_comm_, plan_.finish_order(),
+                                                                cfg_.bucket_bytes, cfg_.overlap, on_bucket);
+  }
   if (cfg_.tp > 1) {
     tp_reduce_ = [this](float* d, size_t n) {
       const int64_t t0 = now_us();
@@ -85,7 +129,7 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       trace_.span("tp allreduce", "comm", t0, t1, 0);
     };
   }
-  trace_.process_name(fmt::format("rank {} (dp {}, tp {})", transport->rank(), mesh_.dp_rank, mesh_.tp_rank));
+  trace_.process_name(fmt::format("rank {} (replica {}, dp {}, tp {})", transport->rank(), mesh_.replica, mesh_.dp_rank, mesh_.tp_rank));
   trace_.thread_name(0, "compute");
   trace_.thread_name(1, "dp allreduce");
 }
@@ -98,55 +142,93 @@ std::vector<model::TensorData> Trainer::full(const float* buffer) {
   });
 }
 
+const float* Trainer::unsharded(const float* buffer, std::vector<float>& storage) {
+  if (!fsdp_) return buffer;
+  storage.resize(static_cast<size_t>(layout_.total()));
+  fsdp_->gather_full(buffer, storage.data());
+  return storage.data();
+}
+
+int64_t Trainer::state_bytes() const {
+  const int64_t state = static_cast<int64_t>(4 * params_.size() * sizeof(float));
+  return state + (fsdp_ ? fsdp_->peak_gathered_bytes() : 0);
+}
+
 void Trainer::save_checkpoint(int64_t steps_done) {
-  // One tp group holds a full replica; its members gather, world rank 0 writes.
+  // One tp group holds a full replica (with --fsdp: once replica 0's dp group has gathered its
+  // shards); its members gather over tp, world rank 0 writes. The file holds whole tensors,
+  // whatever the mesh.
+  if (mesh_.replica != 0) return;
+  std::vector<float> sp, sm, sv;
+  const float* p = unsharded(params_.data(), sp);
+  const float* m = unsharded(m_.data(), sm);
+  const float* v = unsharded(v_.data(), sv);
   if (mesh_.dp_rank != 0) return;
   const int64_t t0 = now_us();
   model::Checkpoint ck;
   ck.config = cfg_.model;
   ck.step = steps_done;
   ck.train_config_json = cfg_.workload_json();
-  ck.params = full(params_.data());
-  ck.adam_m = full(m_.data());
-  ck.adam_v = full(v_.data());
+  ck.params = full(p);
+  ck.adam_m = full(m);
+  ck.adam_v = full(v);
   if (transport_->rank() == 0) model::save_checkpoint(cfg_.ckpt, ck);
   trace_.span("checkpoint", "io", t0, now_us());
 }
 
 double Trainer::evaluate() {
-  double sum = model::validation_loss_sum(cfg_, layout_, data_, mesh_.dp_rank, params_.data(), ws_, tokens_.data(), tp_reduce_);
-  if (cfg_.dp > 1) dp_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  double sum = fsdp_ ? fsdp_->validation_loss_sum(data_, mesh_.data_index, params_.data(), ws_, tokens_.data(), tp_reduce_)
+                     : model::validation_loss_sum(cfg_, layout_, data_, mesh_.data_index, params_.data(), ws_,
+                                                  tokens_.data(), tp_reduce_);
+  if (cfg_.data_parallel() > 1)
+    flat_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   return sum / static_cast<double>(model::validation_batches(cfg_, data_) * cfg_.global_batch);
 }
 
 double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   comm_s_ = 0;
   const int64_t step_t0 = now_us();
-  reducer_->begin(grads_.data());
   model::StepHooks hooks;
   hooks.tp_reduce = tp_reduce_;
-  hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
+  if (reducer_) {
+    reducer_->begin(grads_.data());
+    hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
+  }
   hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
   if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
-  const double local_loss = model::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.dp_rank, params_.data(),
-                                                        grads_.data(), ws_, tokens_.data(), hooks);
-  reducer_->finish();
+  double local_loss = 0;
+  if (fsdp_) {
+    local_loss = fsdp_->accumulate(data_, step, mesh_.data_index, params_.data(), grads_.data(), ws_, tokens_.data(), hooks);
+  } else {
+    local_loss = model::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.data_index, params_.data(),
+                                             grads_.data(), ws_, tokens_.data(), hooks);
+    reducer_->finish();
+  }
   const int64_t t_opt = now_us();
   // Loss of the global batch; squared gradient norm over the tp shards (grads are identical on
-  // every dp rank after the reduction).
-  double red[2] = {local_loss, model::grad_sq_norm_tp(layout_, grads_.data())};
+  // every dp rank after the reduction) and, with --fsdp, over the dp shards.
+  double red[2] = {local_loss, fsdp_ ? fsdp_->grad_sq_norm(grads_.data()) : model::grad_sq_norm_tp(layout_, grads_.data())};
   const int64_t tr0 = now_us();
   if (cfg_.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  if (cfg_.dp > 1) dp_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (fsdp_) dp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (cfg_.data_parallel() > 1)
+    flat_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   comm_s_ += (now_us() - tr0) * 1e-6;
-  const double loss = red[0] / cfg_.dp;
-  const model::UpdateResult upd =
-      model::apply_update(cfg_, layout_, step, red[1], params_.data(), grads_.data(), m_.data(), v_.data());
+  const double loss = red[0] / cfg_.data_parallel();
+  model::UpdateResult upd;
+  if (fsdp_) {
+    upd.lr = model::lr_at(cfg_.optim, step);
+    upd.grad_norm = std::sqrt(red[1]);
+    fsdp_->adamw(step, upd.lr, model::clip_factor(cfg_.optim, red[1]), params_.data(), grads_.data(), m_.data(),
+                 v_.data());
+  } else {
+    upd = model::apply_update(cfg_, layout_, step, red[1], params_.data(), grads_.data(), m_.data(), v_.data());
+  }
   const int64_t t_end = now_us();
   trace_.span("optimizer", "compute", t_opt, t_end);
   // Straggler accounting: this rank's compute and communication, then how long it waits for
   // the slowest rank to finish the step.
-  const double step_comm = comm_s_ + reducer_->comm_seconds();
+  const double step_comm = comm_s_ + (reducer_ ? reducer_->comm_seconds() : fsdp_->comm_seconds());
   const double mine_compute = (t_end - step_t0) * 1e-6 - step_comm;
   const int64_t w0 = now_us();
   world_.barrier();
@@ -190,7 +272,7 @@ std::optional<std::string> Trainer::run() {
   int64_t origin = now_us() - offset;
   world_.broadcast(&origin, 1, collectives::DataType::kInt64, 0);
   trace_ = Trace(trace_.enabled(), transport_->rank(), origin + offset);
-  trace_.process_name(fmt::format("rank {} (dp {}, tp {})", transport_->rank(), mesh_.dp_rank, mesh_.tp_rank));
+  trace_.process_name(fmt::format("rank {} (replica {}, dp {}, tp {})", transport_->rank(), mesh_.replica, mesh_.dp_rank, mesh_.tp_rank));
   trace_.thread_name(0, "compute");
   trace_.thread_name(1, "dp allreduce");
   model::StepRecord rec;
@@ -213,9 +295,27 @@ std::optional<std::string> Trainer::run() {
     });
     return std::nullopt;
   }
+  // Memory, measured before the final evaluation and checkpoint (whose whole-model buffers are
+  // not training state): the process's peak resident set and the model state it holds.
+  {
+    double mine[2] = {static_cast<double>(peak_resident_bytes()), static_cast<double>(state_bytes())};
+    std::vector<double> all(2 * static_cast<size_t>(world_.size()));
+    world_.allgather(mine, all.data(), 2, DataType::kFloat64);
+    std::vector<double> peak, state;
+    for (int r = 0; r < world_.size(); ++r) {
+      peak.push_back(all[2 * r]);
+      state.push_back(all[2 * r + 1]);
+    }
+    // Per rank, and the largest as pathways_train reports them (compare.sh's table reads those).
+    report_.set_extra_list("peak_resident_bytes_per_rank", peak);
+    report_.set_extra_list("state_bytes_per_rank", state);
+    report_.set_extra("peak_rss_bytes", *std::max_element(peak.begin(), peak.end()));
+    report_.set_extra("state_bytes", *std::max_element(state.begin(), state.end()));
+  }
   report_.validation(cfg_.steps - 1, evaluate());
   if (!cfg_.ckpt.empty() && !agreed_write([&] { save_checkpoint(cfg_.steps); })) return std::nullopt;
-  const std::string hash = model::hash_hex(model::weights_hash(full(params_.data())));
+  std::vector<float> sp;
+  const std::string hash = model::hash_hex(model::weights_hash(full(unsharded(params_.data(), sp))));
   std::vector<std::string> fragments;
   if (!cfg_.trace.empty()) fragments = collectives::allgather_strings(world_, trace_.fragment());
   const bool ok = agreed_write([&] {

@@ -1,4 +1,5 @@
-// The SPMD / BSP trainer: every rank runs this same loop over a dp x tp mesh (tp ranks adjacent).
+// The SPMD / BSP trainer: every rank runs this same loop over a replicas x dp x tp mesh (tp ranks
+// adjacent; model/train_config.h).
 //
 // One step: the step plan (model/step_plan.h) executed directly: forward and backward over the
 // rank's micro-batches (gradient accumulation, model::accumulate_gradients), the tp reductions inside each block through the tp group's
@@ -7,6 +8,11 @@
 // norm clipping (the squared norm reduced over tp), AdamW. Parameters, gradients and moments are
 // this rank's tp shard in one contiguous buffer each (model/params.h); dp replicas stay
 // bitwise identical because they apply the same update to the same reduced gradient.
+// With replicas, the gradient is summed over every data-parallel rank: --replica-reduce flat is
+// one AllReduce over all of them (same tp index), hierarchical a ReduceScatter inside the
+// replica's dp group, an AllReduce of each shard across the replicas, an AllGather inside
+// (collectives::BucketedAllreduce's two-level form). With --fsdp the dp axis shards parameters,
+// gradients and moments instead (spmd/fsdp.h).
 //
 // Which ranks must call: every world rank constructs a Trainer and calls run(), collectively.
 #pragma once
@@ -25,14 +31,18 @@
 #include "model/train_config.h"
 #include "model/train_report.h"
 #include "model/transformer.h"
+#include "spmd/fsdp.h"
 
 namespace pwm::spmd {
 
 struct Mesh {
-  int dp = 1, tp = 1;
-  int dp_rank = 0, tp_rank = 0;
-  std::vector<int> tp_group, dp_group;  // world ranks
-  static Mesh make(int world_rank, int dp, int tp);
+  int replicas = 1, dp = 1, tp = 1;
+  int replica = 0, dp_rank = 0, tp_rank = 0;
+  int data_index = 0;  // replica * dp + dp_rank: the rank's index among all data-parallel ranks
+  // World ranks: the tp group; the replica's dp group (same tp index); the replica group (same
+  // dp and tp index in every replica); every data-parallel rank with the same tp index.
+  std::vector<int> tp_group, dp_group, replica_group, flat_group;
+  static Mesh make(int world_rank, int replicas, int dp, int tp);
 };
 
 class Trainer {
@@ -59,19 +69,25 @@ class Trainer {
   // rank; false (one line printed by rank 0) if it failed anywhere.
   bool agreed_write(const std::function<void()>& fn);
   std::vector<model::TensorData> full(const float* buffer);
+  // A full tp-layout buffer from params_/m_/v_ (gathered over dp with --fsdp; else a copy of the
+  // pointer). Collective over dp with --fsdp.
+  const float* unsharded(const float* buffer, std::vector<float>& storage);
+  int64_t state_bytes() const;  // parameters, gradients, moments and gathered buffers held
 
   model::TrainConfig cfg_;
   std::shared_ptr<collectives::Transport> transport_;
   const model::TextDataset& data_;
   Mesh mesh_;
-  collectives::Communicator world_, tp_comm_, dp_comm_;
+  collectives::Communicator world_, tp_comm_, dp_comm_, replica_comm_, flat_comm_;
+  collectives::Communicator dp_gather_comm_;  // the dp group again: the hierarchical exchange's all-gathers
   model::ParamLayout layout_;
   model::StepPlan plan_;  // the step's units and gradient ranges (model/step_plan.h)
   std::vector<float> params_, grads_, m_, v_;
   model::Workspace<float> ws_;
   std::vector<int32_t> tokens_;
   Trace trace_;
-  std::unique_ptr<collectives::BucketedAllreduce> reducer_;
+  std::unique_ptr<collectives::BucketedAllreduce> reducer_;  // without --fsdp
+  std::unique_ptr<Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
   model::TrainReport report_;
   model::TpReduce<float> tp_reduce_;
   double comm_s_ = 0;  // tp reductions and scalar reductions of the current step

@@ -233,6 +233,50 @@ TEST(BucketedAllreduce, EveryElementReducedOnceWhateverTheBucketSize) {
     }
 }
 
+TEST(BucketedAllreduce, HierarchicalSumsOverBothGroups) {
+  // 6 ranks as 2 "replicas" x 3 (inner groups {0,1,2}, {3,4,5}; outer groups {0,3}, {1,4},
+  // {2,5}): reduce-scatter inside, AllReduce of the shard across, all-gather inside. Buckets of
+  // lengths not divisible by 3 (padding), overlap on and off. Every element must hold the sum over
+  // all 6 ranks (small integers: exact in float, whatever the order), and equal the flat
+  // AllReduce over all 6.
+  const std::vector<BucketedAllreduce::Range> units = {{900, 1000}, {500, 900}, {499, 500}, {0, 499}};
+  // (Buckets of 7 elements or more: at most 256 buckets, the hierarchical form's limit.)
+  for (size_t bucket_elems : {7u, 100u, 401u, 2000u})
+    for (bool overlap : {true, false}) {
+      std::mutex mu;
+      std::vector<std::string> fails;
+      run_inproc(6, [&](int rank, std::shared_ptr<Transport> t) {
+        const int rep = rank / 3, idx = rank % 3;
+        CommOptions o = default_options();
+        o.timeout_s = 8;
+        Communicator inner(t, {rep * 3, rep * 3 + 1, rep * 3 + 2}, 5, o);
+        Communicator gather(t, {rep * 3, rep * 3 + 1, rep * 3 + 2}, 7, o);
+        Communicator outer(t, {idx, 3 + idx}, 6, o);
+        Communicator flat = Communicator::world(t, o);
+        BucketedAllreduce br(&inner, &gather, &outer, units, bucket_elems * sizeof(float), overlap);
+        BucketedAllreduce fr(&flat, units, bucket_elems * sizeof(float), overlap);
+        std::vector<float> buf(1000), ref(1000);
+        for (int round = 0; round < 2; ++round) {
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = ref[i] = static_cast<float>((rank + 1) * (i % 5 + round));
+          br.begin(buf.data());
+          fr.begin(ref.data());
+          for (int u = 0; u < br.num_units(); ++u) br.unit_done(u);
+          br.finish();
+          for (int u = 0; u < fr.num_units(); ++u) fr.unit_done(u);
+          fr.finish();
+          for (size_t i = 0; i < buf.size(); ++i)
+            if (buf[i] != static_cast<float>(21 * (i % 5 + round)) || buf[i] != ref[i]) {
+              std::lock_guard<std::mutex> lock(mu);
+              fails.push_back(fmt::format("bucket {} overlap {} element {}: {} (flat {})", bucket_elems, overlap, i,
+                                          buf[i], ref[i]));
+              break;
+            }
+        }
+      });
+      EXPECT_TRUE(fails.empty()) << fails.front();
+    }
+}
+
 TEST(InProc, ManyCollectivesInFlightOnSeveralContexts) {
   for (int n : {2, 3}) {
     std::mutex mu;

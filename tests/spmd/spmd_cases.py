@@ -215,6 +215,11 @@ def case_bad_inputs_fail_cleanly():
                  "d_model", [m])
     expect_error(2, TINY + ["--dp", "2", "--lr", "5e-3", "--ckpt", ck, "--resume", "--metrics", m],
                  "another workload", [m])
+    # The mesh (issue 15): replicas x dp x tp must be the job, --fsdp needs a dp axis, the replica
+    # reduction is one of two.
+    expect_error(2, TINY + ["--replicas", "2", "--dp", "2", "--metrics", m], "mesh --replicas 2 x --dp 2", [m])
+    expect_error(2, TINY + ["--replicas", "2", "--fsdp", "--metrics", m], "--fsdp shards over --dp", [m])
+    expect_error(2, TINY + ["--replicas", "2", "--replica-reduce", "ring", "--metrics", m], "--replica-reduce", [m])
 
 
 def case_trace_and_metrics_are_complete():
@@ -388,6 +393,111 @@ def case_compare_script_flags():
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and pattern in lines[0], f"compare.sh {args}: {p.returncode} {p.stderr}"
         print("ok:", lines[0])
+
+
+
+# ---- issue 15: the mesh replicas x dp x tp, sharded data parallelism ------------------------------
+
+def tiny_params():
+    """Parameters of the TINY model, counted from its shapes (model/params.h)."""
+    a = dict(zip(TINY[::2], TINY[1::2]))
+    C, L, H, D, F = (int(a[k]) for k in ("--d-model", "--layers", "--heads", "--head-dim", "--d-ff"))
+    V = 256
+    return V * C + L * (C + C * H * D + 2 * C * D + H * D * C + 3 * C * F) + C
+
+
+def same_bits(a, b, what, fields=DETERMINISTIC_FIELDS):
+    for s in a[0]:
+        for k in fields:
+            assert a[0][s][k] == b[0][s][k], f"{what}: step {s} {k}: {b[0][s][k]} vs {a[0][s][k]}"
+    assert a[1] == b[1], f"{what}: validation losses differ"
+    assert a[2]["weights_hash"] == b[2]["weights_hash"], f"{what}: final weights differ"
+    print(f"{what}: bitwise equal")
+
+
+def case_fsdp_matches_dp():
+    # Bitwise at D=2, one micro-batch, clipping off: every rank computes each layer's gradient
+    # with the same (gathered, identical) weights as plain dp, and the 2-rank reduce-scatter sums
+    # a + b as the 2-rank AllReduce does (commutative: order-free); AdamW is per element. Only
+    # the squared norm is summed in another order (over shards instead of whole tensors), so with
+    # clipping on, the clip factor may differ in its last bits: then RTOL, as for any other
+    # decomposition (above). With 2 micro-batches FSDP sums each micro-batch over ranks before
+    # accumulating (plain dp accumulates first): RTOL too. grad_norm is compared only bitwise-run.
+    off = ["--max-grad-norm", "0"]
+    ref = train(2, "plain_dp2", ["--dp", "2"] + off)
+    fs = train(2, "fsdp_dp2", ["--dp", "2", "--fsdp"] + off)
+    same_bits(ref, fs, "fsdp D=2 vs dp=2 (no clipping)", ("step", "loss", "lr"))
+    # The reported norm: the same squares summed in another order (in double): relative error
+    # <= n * 2^-53 for n ~ 1e5 terms, ~1e-11.
+    for s in ref[0]:
+        a, b = ref[0][s]["grad_norm"], fs[0][s]["grad_norm"]
+        assert abs(a - b) <= 1e-11 * a, f"step {s}: grad_norm {b} vs {a}"
+    assert_close_curves(train(2, "plain_dp2c", ["--dp", "2"]), train(2, "fsdp_dp2c", ["--dp", "2", "--fsdp"]),
+                        RTOL, "fsdp D=2 vs dp=2 (clipping)")
+    assert_close_curves(ref, train(2, "fsdp_dp2m2", ["--dp", "2", "--fsdp", "--microbatches", "2"] + off),
+                        RTOL, "fsdp D=2 x 2 micro-batches vs dp=2")
+    # Memory: plain dp holds 4 full buffers (params, grads, m, v): 16 bytes a parameter; FSDP
+    # less, and at least its shards (16 bytes x P / 2).
+    P = tiny_params()
+    assert ref[2]["state_bytes_per_rank"] == [16 * P] * 2, f"plain state {ref[2]['state_bytes_per_rank']} vs 16 x {P}"
+    for b in fs[2]["state_bytes_per_rank"]:
+        assert 8 * P <= b < 16 * P, f"fsdp state {b} bytes is not between 8 P and 16 P (P = {P})"
+    assert fs[2]["state_bytes"] == max(fs[2]["state_bytes_per_rank"])
+    assert all(x > 0 for x in fs[2]["peak_resident_bytes_per_rank"])
+    assert fs[2]["peak_rss_bytes"] == max(fs[2]["peak_resident_bytes_per_rank"])
+
+
+def case_replicas_match_dp():
+    # R=2 x D=1: the cross-replica sum of two gradients, a + b, is order-free: hierarchical (an
+    # AllReduce over the replica group), flat and plain dp=2 give the same bits.
+    ref = train(2, "r_dp2", ["--dp", "2"])
+    same_bits(ref, train(2, "r2_hier", ["--replicas", "2"]), "replicas=2 hierarchical vs dp=2")
+    same_bits(ref, train(2, "r2_flat", ["--replicas", "2", "--replica-reduce", "flat"]), "replicas=2 flat vs dp=2")
+    # R=2 x D=2: four summands, summed in another order (pairs inside the replica, then across;
+    # or one 4-rank AllReduce): RTOL (the tolerance of any other decomposition, above).
+    h = train(4, "r2d2_hier", ["--replicas", "2", "--dp", "2"])
+    f = train(4, "r2d2_flat", ["--replicas", "2", "--dp", "2", "--replica-reduce", "flat"])
+    assert_close_curves(h, f, RTOL, "replicas=2 x dp=2 hierarchical vs flat")
+    assert_close_curves(ref, h, RTOL, "replicas=2 x dp=2 hierarchical vs dp=2")
+    assert_close_curves(ref, train(4, "r2d2_fsdp", ["--replicas", "2", "--dp", "2", "--fsdp"]), RTOL,
+                        "replicas=2 x dp=2 fsdp vs dp=2")
+
+
+def killed_at_5(n, ck, mesh):
+    """Runs 8 steps with a checkpoint every 4 and SIGKILLs rank 0 in step 5: leaves the step-4 file."""
+    p = run(n, TINY + mesh + ["--ckpt", ck, "--ckpt-every", "4", "--kill-step", "5",
+                              "--kill-rank", "0", "--metrics", os.path.join(TMP, "killed.jsonl")], expect_ok=False)
+    assert p.returncode != 0 and os.path.exists(ck), "the killed run left no step-4 checkpoint"
+
+
+def case_resume_across_meshes():
+    # The checkpoint holds whole tensors whatever the mesh: R=2 x D=2 --fsdp resumes at R=1 x D=1
+    # and the reverse. Against the uninterrupted run of the resuming mesh: RTOL (the first 4
+    # steps ran on another decomposition). On the same mesh: bitwise, as for dp.
+    fsdp_mesh = ["--replicas", "2", "--dp", "2", "--fsdp"]
+    TINY[TINY.index("--steps") + 1] = "8"
+    steps8 = []
+    ref1 = train(1, "mesh_ref1", steps8)
+    ref4 = train(4, "mesh_ref4", steps8 + fsdp_mesh)
+    ck = os.path.join(TMP, "mesh_a.ckpt")
+    killed_at_5(4, ck, fsdp_mesh)
+    got = train(1, "mesh_a", steps8 + ["--ckpt", ck, "--resume"])
+    assert min(got[0]) == 4, f"resumed at step {min(got[0])}, not 4"
+    assert_close_curves(({s: ref1[0][s] for s in got[0]}, ref1[1], None), got, RTOL, "R2xD2 fsdp -> R1xD1")
+    ck = os.path.join(TMP, "mesh_b.ckpt")
+    killed_at_5(1, ck, [])
+    got = train(4, "mesh_b", steps8 + fsdp_mesh + ["--ckpt", ck, "--resume"])
+    assert min(got[0]) == 4
+    assert_close_curves(({s: ref4[0][s] for s in got[0]}, ref4[1], None), got, RTOL, "R1xD1 -> R2xD2 fsdp")
+    ck = os.path.join(TMP, "mesh_c.ckpt")
+    killed_at_5(4, ck, fsdp_mesh)
+    got = train(4, "mesh_c", steps8 + fsdp_mesh + ["--ckpt", ck, "--resume"])
+    assert min(got[0]) == 4
+    for s in got[0]:
+        for k in DETERMINISTIC_FIELDS:
+            assert got[0][s][k] == ref4[0][s][k], f"same-mesh resume: step {s} {k}"
+    assert got[2]["weights_hash"] == ref4[2]["weights_hash"], "same-mesh resume: final weights differ"
+    print("R2xD2 fsdp -> R2xD2 fsdp: bitwise equal to the uninterrupted run")
 
 
 def main():

@@ -1,0 +1,311 @@
+#include "spmd/fsdp.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/time.h"
+#include "model/optim.h"
+
+namespace pwm::spmd {
+
+using collectives::DataType;
+using collectives::ReduceOp;
+using collectives::Work;
+
+LazyBuffer::LazyBuffer(size_t floats) : bytes_(std::max<size_t>(floats, 1) * sizeof(float)) {
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  PWM_CHECK(p != MAP_FAILED, "fsdp: cannot reserve {} bytes of address space", bytes_);
+  data_ = static_cast<float*>(p);
+}
+
+LazyBuffer::~LazyBuffer() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+}
+
+void LazyBuffer::release(int64_t begin, int64_t end) {
+  // Only whole pages inside the range: a page shared with a neighbouring piece keeps its bytes.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(data_ + begin) + page - 1) / page * page;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + end) / page * page;
+  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
+Fsdp::Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
+           collectives::Communicator* dp, collectives::Communicator* replicas)
+    : cfg_(cfg), layout_(layout), plan_(plan), dp_(dp), replicas_(replicas), D_(dp->size()), r_(dp->rank()),
+      L_(plan.layers()) {
+  PWM_CHECK(D_ >= 2, "fsdp needs a dp group of 2 or more ranks");
+  auto add = [&](int64_t lo, int64_t hi) {
+    Piece p{lo, hi, (hi - lo + D_ - 1) / D_, shard_total_, 0, 0};
+    p.own_lo = std::min(hi, lo + r_ * p.s);
+    p.own_hi = std::min(hi, lo + (r_ + 1) * p.s);
+    shard_total_ += p.s;
+    pieces_.push_back(p);
+  };
+  const model::ParamInfo& e = layout.get("embed");
+  add(e.offset, e.offset + e.size);
+  for (int l = 0; l < L_; ++l) {
+    add(layout.layer(l).begin, layout.layer(l).end);
+    max_layer_s_ = std::max(max_layer_s_, pieces_.back().s);
+  }
+  add(layout.final_norm_offset(), layout.total());
+  // A gather writes D * s >= n floats from a piece's start: up to D - 1 past the buffer's end.
+  const size_t floats = static_cast<size_t>(layout.total() + D_);
+  for (int i = 0; i < 3; ++i) {
+    pbuf_[i] = std::make_unique<LazyBuffer>(floats);
+    gbuf_[i] = std::make_unique<LazyBuffer>(floats);
+  }
+  rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
+  hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
+}
+
+Fsdp::~Fsdp() = default;
+
+void Fsdp::hold(int64_t bytes) {
+  held_ += bytes;
+  peak_held_ = std::max(peak_held_, held_);
+}
+
+void Fsdp::wait(Work& w) {
+  if (!w.valid()) return;
+  const double t0 = now_s();
+  w.wait();
+  w = Work();
+  comm_s_ += now_s() - t0;
+}
+
+void Fsdp::take_shard(const float* full, float* shard) const {
+  std::fill(shard, shard + shard_total_, 0.0f);
+  for (const Piece& p : pieces_)
+    if (p.own_hi > p.own_lo) std::copy(full + p.own_lo, full + p.own_hi, shard + p.off);
+}
+
+void Fsdp::gather_full(const float* shard, float* full) {
+  std::vector<float> tmp;
+  for (const Piece& p : pieces_) {
+    tmp.resize(static_cast<size_t>(p.s * D_));
+    dp_->allgather(shard + p.off, tmp.data(), static_cast<size_t>(p.s), DataType::kFloat32);
+    std::copy(tmp.begin(), tmp.begin() + (p.hi - p.lo), full + p.lo);
+  }
+}
+
+void Fsdp::for_owned(const std::function<void(const model::ParamInfo&, int64_t, int64_t, int64_t)>& fn) const {
+  // Pieces in buffer order and tensors in layout order: a fixed order for the norm's sum.
+  for (const Piece& p : pieces_)
+    for (const model::ParamInfo& t : layout_.params()) {
+      const int64_t lo = std::max(p.own_lo, t.offset), hi = std::min(p.own_hi, t.offset + t.size);
+      if (lo < hi) fn(t, lo, hi, p.off + (lo - p.own_lo));
+    }
+}
+
+double Fsdp::grad_sq_norm(const float* grads_shard) const {
+  double total = 0;
+  for_owned([&](const model::ParamInfo& t, int64_t lo, int64_t hi, int64_t off) {
+    if (t.replicated() && layout_.tp_rank() != 0) return;
+    total += model::sq_norm(grads_shard + off, static_cast<size_t>(hi - lo));
+  });
+  return total;
+}
+
+void Fsdp::adamw(int64_t step, double lr, double clip, float* params, const float* grads, float* m, float* v) const {
+  for_owned([&](const model::ParamInfo& t, int64_t lo, int64_t hi, int64_t off) {
+    model::adamw_span(cfg_.optim, step, lr, clip, t.weight_decay, params + off, grads + off, m + off, v + off,
+                      static_cast<size_t>(hi - lo));
+  });
+}
+
+void Fsdp::gather_tied(const float* params_shard) {
+  Work w[2];
+  for (int i = 0; i < 2; ++i) {
+    const Piece& p = i == 0 ? pieces_.front() : pieces_.back();
+    w[i] = dp_->iallgather(params_shard + p.off, pbuf_[0]->data() + p.lo, static_cast<size_t>(p.s), DataType::kFloat32);
+    hold(p.s * D_ * static_cast<int64_t>(sizeof(float)));
+  }
+  wait(w[0]);
+  wait(w[1]);
+}
+
+void Fsdp::release_tied() {
+  for (const Piece* p : {&pieces_.front(), &pieces_.back()}) {
+    pbuf_[0]->release(p->lo, p->lo + p->s * D_);
+    hold(-p->s * D_ * static_cast<int64_t>(sizeof(float)));
+  }
+}
+
+double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_index, const float* params_shard,
+                        float* grads_shard, model::Workspace<float>& ws, int32_t* tokens,
+                        const model::StepHooks& hooks) {
+  using model::UnitKind;
+  comm_s_ = 0;
+  const int64_t G = cfg_.global_batch, M = cfg_.microbatches;
+  const float grad_scale = 1.0f / static_cast<float>(M * cfg_.data_parallel());
+  auto span = [&](const char* name, int64_t t0, int64_t t1) {
+    if (hooks.span) hooks.span(name, t0, t1);
+  };
+  const int64_t fbytes = sizeof(float);
+  std::fill(grads_shard, grads_shard + shard_total_, 0.0f);
+  gather_tied(params_shard);
+  // The tied gradients accumulate over the micro-batches in full and are reduce-scattered once.
+  const Piece &pe = pieces_.front(), &pf = pieces_.back();
+  float* gt = gbuf_[0]->data();
+  std::fill(gt + pe.lo, gt + pe.hi, 0.0f);
+  std::fill(gt + pf.lo, gt + pf.hi, 0.0f);
+  hold((pe.s + pf.s) * D_ * fbytes);
+
+  std::vector<Work> gathers(static_cast<size_t>(L_));
+  std::vector<char> gathered(static_cast<size_t>(L_), 0);
+  auto start_gather = [&](int l) {
+    if (l < 0 || l >= L_ || gathered[l] || gathers[l].valid()) return;
+    const Piece& p = layer_piece(l);
+    gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
+                                 DataType::kFloat32);
+    hold(p.s * D_ * fbytes);
+  };
+  auto need = [&](int l) {
+    start_gather(l);
+    wait(gathers[l]);
+    gathered.at(static_cast<size_t>(l)) = 1;
+  };
+  auto drop = [&](int l) {
+    const Piece& p = layer_piece(l);
+    params_buf(l).release(p.lo, p.lo + p.s * D_);
+    hold(-p.s * D_ * fbytes);
+    gathered[l] = 0;
+  };
+  // The reduce-scatter of one layer's gradient runs during the next layer's backward.
+  Work rs;
+  int rs_layer = -1;
+  int64_t rs_micro = 0;
+  auto finish_rs = [&] {
+    if (rs_layer < 0) return;
+    wait(rs);
+    const Piece& p = layer_piece(rs_layer);
+    float* dst = grads_shard + p.off;
+    if (rs_micro == 0) {
+      std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p.s, dst);
+    } else {
+      for (int64_t i = 0; i < p.s; ++i) dst[i] += rs_tmp_[static_cast<size_t>(i)];
+    }
+    grads_buf(rs_layer).release(p.lo, p.lo + p.s * D_);
+    hold(-(p.hi - p.lo) * fbytes);
+    rs_layer = -1;
+  };
+
+  auto& act = ws.act;
+  auto& scratch = ws.scratch;
+  const float* pt = pbuf_[0]->data();
+  double loss_sum = 0;
+  int64_t t_fwd = 0, t_bwd = 0;
+  for (const model::Unit& u : plan_.units()) {
+    switch (u.kind) {
+      case UnitKind::kBatch: {
+        const model::RowRange rows = model::batch_rows(G, data_index, cfg_.data_parallel(), u.micro, M);
+        data.train_batch(cfg_.data_seed, step, G, cfg_.model.seq_len, rows.begin, rows.end, tokens);
+        start_gather(0);
+        t_fwd = now_us();
+        break;
+      }
+      case UnitKind::kEmbedForward: model::embed_forward<float>(layout_, pt, tokens, act); break;
+      case UnitKind::kBlockForward: {
+        const int l = u.layer;
+        need(l);
+        start_gather(l + 1);
+        model::block_forward<float>(layout_, params_buf(l).data(), l, act, scratch, hooks.tp_reduce);
+        if (l != L_ - 1) drop(l);  // the last layer's backward follows at once
+        break;
+      }
+      case UnitKind::kHead:
+        loss_sum += model::head_forward<float>(layout_, pt, tokens, act);
+        t_bwd = now_us();
+        span("forward", t_fwd, t_bwd);
+        if (hooks.after_forward) hooks.after_forward(u.micro);
+        model::head_backward<float>(layout_, pt, gt, tokens, grad_scale, act, scratch);
+        break;
+      case UnitKind::kBlockBackward: {
+        const int l = u.layer;
+        need(l);
+        start_gather(l - 1);
+        const Piece& p = layer_piece(l);
+        float* g = grads_buf(l).data();
+        std::fill(g + p.lo, g + p.hi, 0.0f);
+        hold((p.hi - p.lo) * fbytes);
+        model::block_backward<float>(layout_, params_buf(l).data(), g, l, act, scratch, hooks.tp_reduce);
+        finish_rs();
+        // Reads D * s floats from the layer's start: the padding is the next layer's (unused)
+        // part of this range, zeros.
+        rs = dp_->ireduce_scatter(g + p.lo, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32,
+                                  ReduceOp::kSum);
+        rs_layer = l;
+        rs_micro = u.micro;
+        if (!(l == 0 && u.micro < M - 1)) drop(l);  // layer 0 starts the next micro-batch
+        break;
+      }
+      case UnitKind::kEmbedBackward:
+        model::embed_backward<float>(layout_, gt, tokens, act);
+        finish_rs();
+        span("backward", t_bwd, now_us());
+        break;
+    }
+  }
+  for (const Piece* p : {&pe, &pf}) {
+    Work w = dp_->ireduce_scatter(gt + p->lo, rs_tmp_.data(), static_cast<size_t>(p->s), DataType::kFloat32,
+                                  ReduceOp::kSum);
+    wait(w);
+    std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p->s, grads_shard + p->off);
+    gbuf_[0]->release(p->lo, p->lo + p->s * D_);
+  }
+  hold(-(pe.s + pf.s) * D_ * fbytes);
+  release_tied();
+  if (replicas_ != nullptr && replicas_->size() > 1) {
+    Work w = replicas_->iallreduce(grads_shard, grads_shard, static_cast<size_t>(shard_total_), DataType::kFloat32,
+                                   ReduceOp::kSum);
+    wait(w);
+  }
+  return loss_sum / static_cast<double>(M);
+}
+
+double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, model::Workspace<float>& ws,
+                          const model::TpReduce<float>& tp_reduce) {
+  // model::forward_loss's calls, each layer gathered (the next one prefetched) and released.
+  const int64_t fbytes = sizeof(float);
+  std::vector<Work> gathers(static_cast<size_t>(L_));
+  auto start = [&](int l) {
+    const Piece& p = layer_piece(l);
+    gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
+                                 DataType::kFloat32);
+    hold(p.s * D_ * fbytes);
+  };
+  if (L_ > 0) start(0);
+  model::embed_forward<float>(layout_, pbuf_[0]->data(), tokens, ws.act);
+  for (int l = 0; l < L_; ++l) {
+    wait(gathers[l]);
+    if (l + 1 < L_) start(l + 1);
+    model::block_forward<float>(layout_, params_buf(l).data(), l, ws.act, ws.scratch, tp_reduce);
+    const Piece& p = layer_piece(l);
+    params_buf(l).release(p.lo, p.lo + p.s * D_);
+    hold(-p.s * D_ * fbytes);
+  }
+  return model::head_forward<float>(layout_, pbuf_[0]->data(), tokens, ws.act);
+}
+
+double Fsdp::validation_loss_sum(const model::TextDataset& data, int data_index, const float* params_shard,
+                                 model::Workspace<float>& ws, int32_t* tokens, const model::TpReduce<float>& tp_reduce) {
+  // The loop of model::validation_loss_sum, over the same rows in the same order.
+  const int64_t G = cfg_.global_batch, T = cfg_.model.seq_len, b = cfg_.micro_batch();
+  gather_tied(params_shard);
+  double sum = 0;
+  for (int64_t i = 0; i < model::validation_batches(cfg_, data); ++i)
+    for (int64_t mb = 0; mb < cfg_.microbatches; ++mb) {
+      const model::RowRange rows = model::batch_rows(G, data_index, cfg_.data_parallel(), mb, cfg_.microbatches);
+      data.val_batch(i, G, T, rows.begin, rows.end, tokens);
+      sum += forward_loss(params_shard, tokens, ws, tp_reduce) * static_cast<double>(b);
+    }
+  release_tied();
+  return sum;
+}
+
+}  // namespace pwm::spmd
