@@ -102,6 +102,23 @@ def case_pathways_replicas_two_hosts():
         assert got[2]["dcn_bytes_per_step"] > 0
 
 
+def case_spmd_replicas_two_hosts():
+    # PaLM's layout in spmd_train (issue 15): 2 replicas, one per host of 1 slot. Both replica
+    # reductions carry the gradient over TCP between the hosts; with two summands each is bitwise
+    # equal to --dp 2 on one host (a + b in either order is one rounding), and so is pathways_train's
+    # exchange in the same layout (the cross-trainer check of the issue). A replica of 2 ranks
+    # spread over the 2 hosts (--dp 2 on 2 hosts) is named by the trainer's note.
+    ref = sc.train(2, "spmd_r2_ref", ["--dp", "2"])
+    for mode in ("hierarchical", "flat"):
+        got = train_on_cluster(2, 1, 2, "spmd_r2_" + mode, ["--replicas", "2", "--replica-reduce", mode])
+        assert_bitwise(ref, got, f"spmd --replicas 2 --replica-reduce {mode} over 2 hosts vs --dp 2 on one host")
+    pw = train_on_cluster(2, 1, 3, "pw_r2_vs_spmd_hier", ["--replicas", "2", "--granularity", "chained"], exe="pathways")
+    assert_bitwise(ref, pw, "pathways chained --replicas 2 vs spmd --replicas 2 hierarchical (both over 2 hosts)")
+    path = os.path.join(sc.TMP, "spmd_dp2_spread.jsonl")
+    p = run_on_cluster(2, 1, f"$PWM_CLUSTER_MPIRUN -n 2 {sc.trainer('spmd')} {' '.join(sc.TINY + ['--dp', '2', '--metrics', path])}")
+    assert "not on one host: replica 0" in p.stdout, f"no note that replica 0 spans hosts:\n{p.stdout}"
+
+
 def case_pipeline_three_hosts():
     # One stage per host (islands = hosts, the default): 4 ranks over 3 hosts of 1 slot (the
     # controller shares host 0 with a worker). The same pipeline on one host is the reference.
