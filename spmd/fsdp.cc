@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/check.h"
@@ -16,19 +17,68 @@ using collectives::DataType;
 using collectives::ReduceOp;
 using collectives::Work;
 
-LazyBuffer::LazyBuffer(size_t floats) : bytes_(std::max<size_t>(floats, 1) * sizeof(float)) {
+namespace {
+uintptr_t page_size() { return static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE)); }
+}  // namespace
+
+LazyBuffer::LazyBuffer(size_t floats, size_t slot_bytes)
+    : bytes_(std::max<size_t>(floats, 1) * sizeof(float)), slot_bytes_(slot_bytes) {
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   PWM_CHECK(p != MAP_FAILED, "fsdp: cannot reserve {} bytes of address space", bytes_);
   data_ = static_cast<float*>(p);
+  if (slot_bytes_ > 0) {
+    fd_ = ::memfd_create("pwm-fsdp-layer", MFD_CLOEXEC);
+    PWM_CHECK(fd_ >= 0, "fsdp: memfd_create failed: {}", std::strerror(errno));
+    PWM_CHECK(::ftruncate(fd_, static_cast<off_t>(slot_bytes_)) == 0, "fsdp: cannot size a {}-byte layer slot: {}",
+              slot_bytes_, std::strerror(errno));
+  }
 }
 
 LazyBuffer::~LazyBuffer() {
   if (data_ != nullptr) ::munmap(data_, bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+size_t LazyBuffer::span_bytes(int64_t begin, int64_t end) {
+  // The reserved range starts on a page, so the offsets' page rounding is the addresses'.
+  const uintptr_t page = page_size(), a = static_cast<uintptr_t>(begin) * sizeof(float) / page * page;
+  const uintptr_t b = (static_cast<uintptr_t>(end) * sizeof(float) + page - 1) / page * page;
+  return b - a;
+}
+
+std::pair<uintptr_t, uintptr_t> LazyBuffer::outer_pages(int64_t begin, int64_t end) const {
+  const uintptr_t page = page_size();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(data_ + begin) / page * page;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(data_ + end) + page - 1) / page * page;
+  return {a, b};
+}
+
+void LazyBuffer::attach(int64_t begin, int64_t end) {
+  if (fd_ < 0) return;
+  PWM_CHECK(att_end_ == 0, "fsdp: a layer slot attached twice");
+  const auto [a, b] = outer_pages(begin, end);
+  PWM_CHECK(b - a <= slot_bytes_, "fsdp: elements [{}, {}) need {} bytes, the slot has {}", begin, end, b - a,
+            slot_bytes_);
+  // MAP_POPULATE: the slot's pages are resident already; this only fills the page table at once.
+  void* p = ::mmap(reinterpret_cast<void*>(a), b - a, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+                   fd_, 0);
+  PWM_CHECK(p == reinterpret_cast<void*>(a), "fsdp: cannot map a layer slot: {}", std::strerror(errno));
+  att_begin_ = a;
+  att_end_ = b;
 }
 
 void LazyBuffer::release(int64_t begin, int64_t end) {
+  if (fd_ >= 0) {
+    if (att_end_ == 0) return;
+    // Zero pages back over the range: the slot stays mapped only where a layer is in use.
+    void* p = ::mmap(reinterpret_cast<void*>(att_begin_), att_end_ - att_begin_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    PWM_CHECK(p == reinterpret_cast<void*>(att_begin_), "fsdp: cannot unmap a layer slot: {}", std::strerror(errno));
+    att_begin_ = att_end_ = 0;
+    return;
+  }
   // Only whole pages inside the range: a page shared with a neighbouring piece keeps its bytes.
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t page = page_size();
   const uintptr_t a = (reinterpret_cast<uintptr_t>(data_ + begin) + page - 1) / page * page;
   const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + end) / page * page;
   if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
@@ -55,9 +105,12 @@ Fsdp::Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, cons
   add(layout.final_norm_offset(), layout.total());
   // A gather writes D * s >= n floats from a piece's start: up to D - 1 past the buffer's end.
   const size_t floats = static_cast<size_t>(layout.total() + D_);
+  size_t slot = 0;  // the largest layer's span, padding included
+  for (int l = 0; l < L_; ++l)
+    slot = std::max(slot, LazyBuffer::span_bytes(layer_piece(l).lo, layer_piece(l).lo + layer_piece(l).s * D_));
   for (int i = 0; i < 3; ++i) {
-    pbuf_[i] = std::make_unique<LazyBuffer>(floats);
-    gbuf_[i] = std::make_unique<LazyBuffer>(floats);
+    pbuf_[i] = std::make_unique<LazyBuffer>(floats, i == 0 ? 0 : slot);
+    gbuf_[i] = std::make_unique<LazyBuffer>(floats, i == 0 ? 0 : slot);
   }
   rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
   hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
@@ -161,6 +214,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
   auto start_gather = [&](int l) {
     if (l < 0 || l >= L_ || gathered[l] || gathers[l].valid()) return;
     const Piece& p = layer_piece(l);
+    params_buf(l).attach(p.lo, p.lo + p.s * D_);
     gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
                                  DataType::kFloat32);
     hold(p.s * D_ * fbytes);
@@ -231,12 +285,12 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
         start_gather(l - 1);
         const Piece& p = layer_piece(l);
         float* g = grads_buf(l).data();
-        std::fill(g + p.lo, g + p.hi, 0.0f);
+        grads_buf(l).attach(p.lo, p.lo + p.s * D_);
+        std::fill(g + p.lo, g + p.lo + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
         hold((p.hi - p.lo) * fbytes);
         model::block_backward<float>(layout_, params_buf(l).data(), g, l, act, scratch, hooks.tp_reduce);
         finish_rs();
-        // Reads D * s floats from the layer's start: the padding is the next layer's (unused)
-        // part of this range, zeros.
+        // Reads D * s floats from the layer's start: the padding was zeroed above.
         rs = dp_->ireduce_scatter(g + p.lo, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32,
                                   ReduceOp::kSum);
         rs_layer = l;
@@ -275,6 +329,7 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
   std::vector<Work> gathers(static_cast<size_t>(L_));
   auto start = [&](int l) {
     const Piece& p = layer_piece(l);
+    params_buf(l).attach(p.lo, p.lo + p.s * D_);
     gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
                                  DataType::kFloat32);
     hold(p.s * D_ * fbytes);

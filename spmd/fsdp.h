@@ -21,10 +21,11 @@
 //  - with replicas, one AllReduce of the gradient shard over the replica group (the ranks holding
 //    the same shard in the other replicas).
 // Gathered weights and full-layer gradients live in address ranges laid out as the full buffer
-// (so the model's functions index them unchanged), reserved once and committed page by page:
-// releasing a layer returns its pages to the OS (LazyBuffer). Layers alternate between two such
-// ranges so that a gather's zero padding (< dp floats past a piece's end) lands in a part of the
-// range that is not in use.
+// (so the model's functions index them unchanged), reserved once; a layer's part of its range is
+// backed by one of two resident slots while the layer is in use (LazyBuffer::attach), so the
+// memory held is two layers of weights and two of gradients, whatever the depth. Layers alternate
+// between the two ranges (even, odd) so that the layer being prefetched never shares the slot of
+// the one computing.
 //
 // Which ranks must call: every rank of the dp group (and of the replica group), every method
 // that communicates, in the same order. Not thread-safe.
@@ -33,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -45,21 +47,37 @@
 
 namespace pwm::spmd {
 
-// An address range of `floats` floats reserved (mmap, no memory committed): pages become
-// resident when first written and are returned by release(). Reading an unwritten page gives 0.
+// An address range of `floats` floats reserved (mmap, no memory committed), laid out as the full
+// parameter buffer so that the model's functions index a layer in it unchanged.
+//  - Without a slot (slot_bytes 0): pages become resident when first written and release()
+//    returns them (their contents become 0). Used for the embedding and final norm.
+//  - With a slot: `slot_bytes` of memory that stay resident for the buffer's life (a memfd).
+//    attach(begin, end) maps the slot over the pages holding elements [begin, end) (contents:
+//    whatever the slot held last: the caller overwrites them); release() maps zero pages back
+//    over them. One attachment at a time. A layer's pages are thus neither faulted in nor zeroed
+//    by the kernel every time it is gathered (measured: that cost FSDP half its throughput).
 class LazyBuffer {
  public:
-  explicit LazyBuffer(size_t floats);
+  explicit LazyBuffer(size_t floats, size_t slot_bytes = 0);
   ~LazyBuffer();
   LazyBuffer(const LazyBuffer&) = delete;
   LazyBuffer& operator=(const LazyBuffer&) = delete;
   float* data() const { return data_; }
-  // Returns the pages lying wholly inside elements [begin, end) (their contents become 0).
+  // Bytes of slot needed to attach elements [begin, end) of a buffer (whole pages).
+  static size_t span_bytes(int64_t begin, int64_t end);
+  // Slot buffers only: makes elements [begin, end) addressable, backed by the slot.
+  void attach(int64_t begin, int64_t end);
+  // Without a slot: returns the pages lying wholly inside elements [begin, end). With a slot:
+  // detaches the current attachment (begin, end are not needed).
   void release(int64_t begin, int64_t end);
 
  private:
+  std::pair<uintptr_t, uintptr_t> outer_pages(int64_t begin, int64_t end) const;
   float* data_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;
+  size_t slot_bytes_ = 0;
+  uintptr_t att_begin_ = 0, att_end_ = 0;  // the attached address range, if any
 };
 
 class Fsdp {
