@@ -38,6 +38,19 @@ struct Profile {
   // parameter, and the rest of a step (batch sampling, norm, bookkeeping) as a constant.
   double fwd_us_per_gflop = 0, bwd_us_per_gflop = 0;
   double opt_us_per_param = 0, step_overhead_us = 0;
+  // Per micro-batch beyond the first: what a micro-batch costs outside its forward and backward
+  // spans (sampling its batch, the loss, the gradient accumulation's bookkeeping).
+  double microbatch_overhead_us = 0;
+  // The same rates measured at several micro-batch sizes (tokens a kernel processes): a kernel
+  // of fewer tokens works on a smaller activation set (T x d_ff floats) that stays in the core's
+  // cache, so its time is not proportional to its FLOPs. Sorted by tokens; rates between two
+  // measured sizes are interpolated linearly in log(tokens), outside they are the nearest
+  // measured one. Empty: fwd_us_per_gflop / bwd_us_per_gflop at every size.
+  struct KernelRate {
+    double tokens, fwd_us_per_gflop, bwd_us_per_gflop;
+  };
+  std::vector<KernelRate> rates;
+  KernelRate rate_at(double tokens) const;
   // Contention: compute slowdown when `ranks` processes share this machine's cores (ranks -> factor).
   std::vector<std::pair<int, double>> contention;
   double reduce_ns_per_byte = 0.2;  // local reduction in a collective (gamma)
