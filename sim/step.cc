@@ -128,12 +128,16 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
   const double call_cost = granularity == "opbyop" ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
+  // More processes than cores on the host: the controller's next call is time-shared with the
+  // running unit, not overlapped with it (as in simulate_chain, sim/dispatch.cc).
+  const bool shared = c.cores_per_host > 0 && per_host > c.cores_per_host;
   for (const Unit& u : x.plan.units()) {
     const double k = x.unit_us(u, seqs);
     r.compute_us += k;
     if (granularity == "opbyop") {
       controller += call_cost;
       t = std::max(t, controller);
+      if (shared) t += std::min(k, call_cost);
     }
     t += k + node_cost;
     r.nodes += per_node ? 1 : 0;
