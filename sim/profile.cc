@@ -80,6 +80,7 @@ json Profile::to_json() const {
           {"dispatch",
            {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
             {"spmd_exec_us", spmd_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
+            {"node_step_us", node_step_us},
             {"train_node_us", train_node_us}}}};
 }
 
@@ -114,6 +115,7 @@ Profile Profile::from_json(const json& j) {
   p.spmd_exec_us = d.at("spmd_exec_us");
   p.fetch_rtt_us = d.at("fetch_rtt_us");
   p.step_kernel_us = d.value("step_kernel_us", 0.0);
+  p.node_step_us = d.value("node_step_us", 0.0);
   p.train_node_us = d.value("train_node_us", 0.0);
   return p;
 }

@@ -62,7 +62,9 @@ struct Profile {
   double exec_us = 0;        // worker cost per kernel launch (beyond the kernel's own time)
   double spmd_exec_us = 0;   // the SPMD baseline's per-computation cost beyond T + AllReduce
   double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
-  double step_kernel_us = 0; // Pathways trainers: extra per-step cost on the workers
+  double step_kernel_us = 0; // fused Pathways step: its per-step cost beyond the SPMD step (dispatch,
+                             // fetch round trip, the fused kernel's set-up)
+  double node_step_us = 0;   // chained / opbyop / pipeline steps: the same for a program of nodes
   double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
                              // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
 

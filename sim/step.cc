@@ -180,7 +180,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   r.compute_us += x.update_us(x.layout.total());
   const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.microbatches - 1);
   double step = comm_end + upd + overhead;
-  if (pw) step += x.disp(p.step_kernel_us);
+  if (pw) step += x.disp(granularity == "fused" ? p.step_kernel_us : p.node_step_us);
   r.step_us = step;
   r.exposed_comm_us = step - r.compute_us - overhead;
   r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (step * 1e-6);
@@ -283,7 +283,7 @@ StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model
     busy += dev[s].busy;
   }
   StepPrediction r;
-  r.step_us = end + p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(M - 1) + x.disp(p.step_kernel_us);
+  r.step_us = end + p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(M - 1) + x.disp(p.node_step_us);
   r.compute_us = busy / S;
   r.bubble = 1.0 - (busy / S) / r.step_us;
   r.exposed_comm_us = r.step_us - r.compute_us;
