@@ -63,6 +63,15 @@ for r in $(seq 1 $LAUNCHES); do
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/mc2_$r.jsonl" >/dev/null
 done
 
+# Dispatch before the emulated hosts: tearing their namespaces down keeps the cores busy for a
+# while, which the microsecond costs at T = 0 would take in.
+echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN ($LAUNCHES launches each)" >&2
+DB=(--figs 5 --compute-us 0 --reps $REPS --chain $DCHAIN)
+for r in $(seq 1 $LAUNCHES); do
+  "${MPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
+  "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
+done
+
 COLL=(-b 4 -e 16M -f 4 --algo ring,auto -n $ITERS -w 3)
 echo "== links: collectives_bench, 2 ranks in one host" >&2
 "${MPI[@]}" -n 2 "$B/bench/collectives/collectives_bench" "${COLL[@]}" --json "$W/c_intra.json" >/dev/null
@@ -84,13 +93,6 @@ if [ $HOSTS = 1 ]; then
     echo "sim_calibrate.sh: emulated hosts unavailable: cross-host links = in-host ones" >&2
   fi
 fi
-
-echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN ($LAUNCHES launches each)" >&2
-DB=(--figs 5 --compute-us 0 --reps $REPS --chain $DCHAIN)
-for r in $(seq 1 $LAUNCHES); do
-  "${MPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
-  "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
-done
 
 mkdir -p "$(dirname "$OUT")"
 python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
