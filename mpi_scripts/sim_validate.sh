@@ -33,10 +33,14 @@ for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch
 done
 CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
+trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = "openmpi" ] && MPI+=(--mca mpi_yield_when_idle 1)
 STEPS=${PWM_SIM_STEPS:-10}
+# Each configuration is launched LAUNCHES times and the median launch compared: one launch's
+# median step varies from the next by more than 5% on this VM (the "spread" column).
+LAUNCHES=${PWM_SIM_LAUNCHES:-3}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
@@ -47,20 +51,24 @@ run() {
   while [ "$1" != "--" ]; do sim+=("$1"); shift; done
   shift
   echo "== $name" >&2
-  local m="$W/$name.jsonl"
-  if [ "$cluster" = "-" ]; then
-    "${MPI[@]}" -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/$name.log" >&2; return 0; }
-  else
-    local shape=()
-    [ "$cluster" = "emu2_shaped" ] && shape=(--dcn-rate "$DCN_RATE")
-    [ "$cluster" = "emu2_shaped" ] && [ -n "$DCN_DELAY" ] && shape+=(--dcn-delay "$DCN_DELAY")
-    bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts 2 --slots 1 "${shape[@]}" --timeout 600 -- \
-      bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 ||
-      { echo "   failed or skipped (emulated hosts need root)" >&2; tail -2 "$W/$name.log" >&2; return 0; }
-    sim+=(--cluster "$CL/$cluster.json")
-  fi
+  local files=() r
+  for r in $(seq 1 "$LAUNCHES"); do
+    local m="$W/${name}_$r.jsonl"
+    if [ "$cluster" = "-" ]; then
+      "${MPI[@]}" -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/$name.log" >&2; return 0; }
+    else
+      local shape=()
+      [ "$cluster" = "emu2_shaped" ] && shape=(--dcn-rate "$DCN_RATE")
+      [ "$cluster" = "emu2_shaped" ] && [ -n "$DCN_DELAY" ] && shape+=(--dcn-delay "$DCN_DELAY")
+      bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts 2 --slots 1 "${shape[@]}" --timeout 600 -- \
+        bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 ||
+        { echo "   failed or skipped (emulated hosts need root)" >&2; tail -2 "$W/$name.log" >&2; return 0; }
+    fi
+    files+=("$m")
+  done
+  [ "$cluster" = "-" ] || sim+=(--cluster "$CL/$cluster.json")
   "$B/sim/pwm_sim" --profile "$PROFILE" "${sim[@]}" >"$W/$name.pred"
-  echo "$name $m $W/$name.pred" >>"$W/list"
+  echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }
 SP="$B/spmd/spmd_train" PW="$B/pathways/train/pathways_train"
 run spmd_dp1 1 - --what step "${MOD[@]}" --microbatches 2 -- "$SP" "${MOD[@]}" --microbatches 2 --steps $STEPS
@@ -82,45 +90,58 @@ fi
 if [ $QUICK = 0 ]; then
   echo "== dispatch_bench fig 5" >&2
   TS=0,100,1000
-  "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us $TS --reps 3 --json "$W/dispatch.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
+  for r in $(seq 1 "$LAUNCHES"); do
+    "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us $TS --reps 3 --json "$W/dispatch_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
+  done
   "$B/sim/pwm_sim" --profile "$PROFILE" --what dispatch --workers 2 --compute-us $TS >"$W/dispatch.pred"
 fi
 mkdir -p "$OUTDIR"
 PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUTDIR" "$PROFILE" "$B/sim/pwm_sim" <<'PY'
 import json, os, subprocess, sys, time
 w, outdir, profile, pwm_sim = sys.argv[1:5]
+def med(v):
+    v = sorted(v); n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+def spread(v):  # the launches' range over their median
+    return (max(v) - min(v)) / med(v) if v else 0.0
 rows = []
 for line in open(os.path.join(w, 'list')):
-    name, m, pred = line.split()
-    final = [json.loads(l) for l in open(m) if l.strip() and json.loads(l).get('final')]
-    if not final: continue
-    f = final[-1]; p = json.loads(open(pred).read().strip().splitlines()[-1])
-    meas, sim = f['step_ms_p50'], p['step_ms']
-    rows.append({'config': name, 'measured': meas, 'predicted': sim, 'unit': 'ms/step',
-                 'measured_tok_s': f['tokens_per_s'], 'predicted_tok_s': p['tokens_per_s']})
-dj = os.path.join(w, 'dispatch.json')
-if os.path.exists(dj):
-    meas = json.load(open(dj))['rows']
-    preds = [json.loads(l) for l in open(os.path.join(w, 'dispatch.pred'))]
-    for r in meas:
-        if r['fig'] not in ('5', '6'): continue  # dispatch_bench labels T = 0 '5', T > 0 '6'
+    name, pred, *ms = line.split()
+    finals = []
+    for m in ms:
+        f = [json.loads(l) for l in open(m) if l.strip() and json.loads(l).get('final')]
+        if f: finals.append(f[-1])
+    if not finals: continue
+    p = json.loads(open(pred).read().strip().splitlines()[-1])
+    steps = [f['step_ms_p50'] for f in finals]
+    rows.append({'config': name, 'measured': med(steps), 'predicted': p['step_ms'], 'unit': 'ms/step', 'spread': spread(steps),
+                 'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s']})
+djs = [os.path.join(w, f) for f in sorted(os.listdir(w)) if f.startswith('dispatch_') and f.endswith('.json')]
+if djs:
+    by = {}
+    for dj in djs:
+        for r in json.load(open(dj))['rows']:
+            if r['fig'] not in ('5', '6'): continue  # dispatch_bench labels T = 0 '5', T > 0 '6'
+            by.setdefault((r['mode'], r['compute_us']), []).append(r)
+    for (mode, t), rs in by.items():
         # The kernel's duration as dispatch_bench measured it (effective_compute_us: a loaded
         # machine stretches the calibrated spin), the input the simulator takes for T.
-        eff = r.get('effective_compute_us', r['compute_us'])
+        eff = med([r.get('effective_compute_us', r['compute_us']) for r in rs])
         out = subprocess.run([pwm_sim, '--profile', profile, '--what', 'dispatch', '--workers', '2', '--compute-us', str(eff)],
                              capture_output=True, text=True, check=True).stdout
         p = json.loads(out.strip().splitlines()[-1])
-        # Time per computation (us) so that "lower is better" as for step times.
-        # The best repetition, as dispatch_bench reports and sim_calibrate.sh calibrates with.
-        rows.append({'config': f"fig5_{r['mode']}_T{r['compute_us']}", 'measured': 1e6 / r['computations_per_s'],
-                     'predicted': 1e6 / p[r['mode']], 'unit': 'us/comp'})
+        # Time per computation (us) so that "lower is better" as for step times: per launch the
+        # best repetition (as dispatch_bench reports), then the median launch.
+        per = [1e6 / r['computations_per_s'] for r in rs]
+        rows.append({'config': f"fig5_{mode}_T{t}", 'measured': med(per), 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
+                     'spread': spread(per), 'launches': per})
 for r in rows:
     r['error'] = (r['predicted'] - r['measured']) / r['measured']
     if 'measured_tok_s' in r: r['tok_error'] = (r['predicted_tok_s'] - r['measured_tok_s']) / r['measured_tok_s']
-print(f"{'configuration':32} {'measured':>12} {'predicted':>12} {'unit':8} {'error':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}")
+print(f"{'configuration':32} {'measured':>12} {'spread':>7} {'predicted':>12} {'unit':8} {'error':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}")
 for r in rows:
     tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
-    print(f"{r['config']:32} {r['measured']:12.3f} {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}")
+    print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}")
 within = sum(abs(r['error']) <= 0.10 for r in rows)
 load = os.getloadavg()
 print(f"{within}/{len(rows)} within 10% ({sum(abs(r['error']) <= 0.05 for r in rows)} within 5%); load {load[0]:.2f} {load[1]:.2f}")

@@ -66,6 +66,16 @@ double scalar_allreduce_us(const Cluster& c, const Profile& p, int w) {
   return simulate_allreduce(c, p, devs, 4).end;
 }
 
+// The controller shares its host's cores with the workers there (cores_per_host > 0 and more
+// processes than cores: the machine here, 3 processes on 2 cores). Then its CPU work is not
+// overlapped with the workers' kernels but time-shared with them: while it works, a worker
+// on its core is descheduled, and the gang's AllReduce waits for that worker.
+bool controller_shares_cores(const Cluster& c, const DispatchOptions& o) {
+  if (c.cores_per_host <= 0 || o.controller_alone) return false;
+  const int on_host0 = c.hosts_share_cores ? o.workers : std::min(o.workers, c.devices_per_host);
+  return on_host0 + 1 > c.cores_per_host;
+}
+
 int run_messages(const Cluster& c, const DispatchOptions& o, const LoweredShape& s) {
   if (!o.host_executors) return s.messages;
   return (std::min(o.workers, c.devices()) + c.devices_per_host - 1) / c.devices_per_host;
@@ -126,12 +136,16 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
     // takes the previous future), the workers run them as they arrive.
     const LoweredShape& s = pre->opbyop;
     const double per_call = (p.call_us + p.node_us * s.nodes + p.msg_us * run_messages(c, o, s)) * ds;
+    // Shared cores: the controller's next call is prepared while this kernel runs, on a core
+    // a worker needs: the kernel is stretched by the part of that call falling inside it.
+    const bool shared = controller_shares_cores(c, o);
     double ctrl = 0, dev = 0;
     for (int j = 0; j < k; ++j) {
       ctrl += per_call;
       double start = 0;
       for (int r = 0; r < w; ++r) start = std::max(start, ctrl_link_arrival(c, o, r, ctrl));
-      dev = std::max(dev, start) + p.exec_us * ds + comp + ar;
+      const double stolen = shared && j + 1 < k ? std::min(comp, per_call) : 0.0;
+      dev = std::max(dev, start) + p.exec_us * ds + comp + stolen + ar;
     }
     end = dev;
   } else if (mode == "chained" || mode == "fused") {

@@ -1,5 +1,6 @@
 // Profile and Cluster as JSON. Unknown keys are ignored; a missing required key is one error
 // line naming the file and the key.
+#include <cmath>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -50,19 +51,36 @@ double Profile::contention_factor(int ranks) const {
   return f;
 }
 
+Profile::KernelRate Profile::rate_at(double tokens) const {
+  if (rates.empty()) return {tokens, fwd_us_per_gflop, bwd_us_per_gflop};
+  if (tokens <= rates.front().tokens) return {tokens, rates.front().fwd_us_per_gflop, rates.front().bwd_us_per_gflop};
+  if (tokens >= rates.back().tokens) return {tokens, rates.back().fwd_us_per_gflop, rates.back().bwd_us_per_gflop};
+  size_t i = 1;
+  while (rates[i].tokens < tokens) ++i;
+  const KernelRate& a = rates[i - 1];
+  const KernelRate& b = rates[i];
+  const double w = std::log(tokens / a.tokens) / std::log(b.tokens / a.tokens);
+  return {tokens, a.fwd_us_per_gflop + w * (b.fwd_us_per_gflop - a.fwd_us_per_gflop),
+          a.bwd_us_per_gflop + w * (b.bwd_us_per_gflop - a.bwd_us_per_gflop)};
+}
+
 json Profile::to_json() const {
   json c = json::array();
   for (const auto& [r, x] : contention) c.push_back({r, x});
+  json rt = json::array();
+  for (const KernelRate& k : rates) rt.push_back({{"tokens", k.tokens}, {"fwd_us_per_gflop", k.fwd_us_per_gflop}, {"bwd_us_per_gflop", k.bwd_us_per_gflop}});
   return {{"machine", machine},
           {"kernels",
            {{"fwd_us_per_gflop", fwd_us_per_gflop}, {"bwd_us_per_gflop", bwd_us_per_gflop}, {"opt_us_per_param", opt_us_per_param},
-            {"step_overhead_us", step_overhead_us}, {"contention", c}}},
+            {"step_overhead_us", step_overhead_us}, {"microbatch_overhead_us", microbatch_overhead_us},
+            {"contention", c}, {"rates", rt}}},
           {"links",
            {{"reduce_ns_per_byte", reduce_ns_per_byte}, {"intra", link_json(intra)}, {"inter", link_json(inter)},
             {"inter_shaped", link_json(inter_shaped)}}},
           {"dispatch",
            {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
             {"spmd_exec_us", spmd_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
+            {"node_step_us", node_step_us},
             {"train_node_us", train_node_us}}}};
 }
 
@@ -74,7 +92,16 @@ Profile Profile::from_json(const json& j) {
   p.bwd_us_per_gflop = k.at("bwd_us_per_gflop");
   p.opt_us_per_param = k.at("opt_us_per_param");
   p.step_overhead_us = k.at("step_overhead_us");
+  p.microbatch_overhead_us = k.value("microbatch_overhead_us", 0.0);
   for (const auto& e : k.value("contention", json::array())) p.contention.push_back({e.at(0), e.at(1)});
+  for (const auto& e : k.value("rates", json::array())) {
+    const KernelRate r{e.at("tokens").get<double>(), e.at("fwd_us_per_gflop").get<double>(), e.at("bwd_us_per_gflop").get<double>()};
+    if (!(r.tokens > 0) || !(r.fwd_us_per_gflop > 0) || !(r.bwd_us_per_gflop > 0))
+      PWM_THROW("kernels.rates: tokens and both rates must be > 0 (regenerate the profile with mpi_scripts/sim_calibrate.sh)");
+    if (!p.rates.empty() && !(r.tokens > p.rates.back().tokens))
+      PWM_THROW("kernels.rates: list the sizes once each in increasing tokens");
+    p.rates.push_back(r);
+  }
   const json& l = j.at("links");
   p.reduce_ns_per_byte = l.at("reduce_ns_per_byte");
   p.intra = link_from(l.at("intra"), nullptr, "links.intra");
@@ -88,6 +115,7 @@ Profile Profile::from_json(const json& j) {
   p.spmd_exec_us = d.at("spmd_exec_us");
   p.fetch_rtt_us = d.at("fetch_rtt_us");
   p.step_kernel_us = d.value("step_kernel_us", 0.0);
+  p.node_step_us = d.value("node_step_us", 0.0);
   p.train_node_us = d.value("train_node_us", 0.0);
   return p;
 }

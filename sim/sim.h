@@ -38,6 +38,19 @@ struct Profile {
   // parameter, and the rest of a step (batch sampling, norm, bookkeeping) as a constant.
   double fwd_us_per_gflop = 0, bwd_us_per_gflop = 0;
   double opt_us_per_param = 0, step_overhead_us = 0;
+  // Per micro-batch beyond the first: what a micro-batch costs outside its forward and backward
+  // spans (sampling its batch, the loss, the gradient accumulation's bookkeeping).
+  double microbatch_overhead_us = 0;
+  // The same rates measured at several micro-batch sizes (tokens a kernel processes): a kernel
+  // of fewer tokens works on a smaller activation set (T x d_ff floats) that stays in the core's
+  // cache, so its time is not proportional to its FLOPs. Sorted by tokens; rates between two
+  // measured sizes are interpolated linearly in log(tokens), outside they are the nearest
+  // measured one. Empty: fwd_us_per_gflop / bwd_us_per_gflop at every size.
+  struct KernelRate {
+    double tokens, fwd_us_per_gflop, bwd_us_per_gflop;
+  };
+  std::vector<KernelRate> rates;
+  KernelRate rate_at(double tokens) const;
   // Contention: compute slowdown when `ranks` processes share this machine's cores (ranks -> factor).
   std::vector<std::pair<int, double>> contention;
   double reduce_ns_per_byte = 0.2;  // local reduction in a collective (gamma)
@@ -49,7 +62,9 @@ struct Profile {
   double exec_us = 0;        // worker cost per kernel launch (beyond the kernel's own time)
   double spmd_exec_us = 0;   // the SPMD baseline's per-computation cost beyond T + AllReduce
   double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
-  double step_kernel_us = 0; // Pathways trainers: extra per-step cost on the workers
+  double step_kernel_us = 0; // fused Pathways step: its per-step cost beyond the SPMD step (dispatch,
+                             // fetch round trip, the fused kernel's set-up)
+  double node_step_us = 0;   // chained / opbyop / pipeline steps: the same for a program of nodes
   double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
                              // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
 

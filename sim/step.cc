@@ -91,7 +91,9 @@ struct Ctx {
   }
   double unit_us(const Unit& u, int64_t seqs) const {
     const UnitFlops f = unit_flops(cfg.model, plan, u, seqs);
-    return slow * (f.fwd * 1e-9 * p.fwd_us_per_gflop + f.bwd * 1e-9 * p.bwd_us_per_gflop);
+    // The rate of a kernel of this many tokens (Profile::rates: the cache, not only the FLOPs).
+    const Profile::KernelRate r = p.rate_at(static_cast<double>(seqs * cfg.model.seq_len));
+    return slow * (f.fwd * 1e-9 * r.fwd_us_per_gflop + f.bwd * 1e-9 * r.bwd_us_per_gflop);
   }
   double update_us(int64_t params) const { return slow * p.opt_us_per_param * static_cast<double>(params); }
   double disp(double us) const { return us / c.dispatch_scale; }
@@ -126,12 +128,16 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
   const double call_cost = granularity == "opbyop" ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
+  // More processes than cores on the host: the controller's next call is time-shared with the
+  // running unit, not overlapped with it (as in simulate_chain, sim/dispatch.cc).
+  const bool shared = c.cores_per_host > 0 && per_host > c.cores_per_host;
   for (const Unit& u : x.plan.units()) {
     const double k = x.unit_us(u, seqs);
     r.compute_us += k;
     if (granularity == "opbyop") {
       controller += call_cost;
       t = std::max(t, controller);
+      if (shared) t += std::min(k, call_cost);
     }
     t += k + node_cost;
     r.nodes += per_node ? 1 : 0;
@@ -172,10 +178,11 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   const double upd = x.update_us(x.layout.total()) + node_cost;
   r.nodes += per_node ? 1 : 0;
   r.compute_us += x.update_us(x.layout.total());
-  double step = comm_end + upd + p.step_overhead_us;
-  if (pw) step += x.disp(p.step_kernel_us);
+  const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.microbatches - 1);
+  double step = comm_end + upd + overhead;
+  if (pw) step += x.disp(granularity == "fused" ? p.step_kernel_us : p.node_step_us);
   r.step_us = step;
-  r.exposed_comm_us = step - r.compute_us - p.step_overhead_us;
+  r.exposed_comm_us = step - r.compute_us - overhead;
   r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (step * 1e-6);
   return r;
 }
@@ -276,7 +283,7 @@ StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model
     busy += dev[s].busy;
   }
   StepPrediction r;
-  r.step_us = end + p.step_overhead_us + x.disp(p.step_kernel_us);
+  r.step_us = end + p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(M - 1) + x.disp(p.node_step_us);
   r.compute_us = busy / S;
   r.bubble = 1.0 - (busy / S) / r.step_us;
   r.exposed_comm_us = r.step_us - r.compute_us;

@@ -3,6 +3,7 @@
 // above their rounding (~1e-12 relative) and far below any modelling error worth catching.
 #include <gtest/gtest.h>
 
+#include "common/check.h"
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "model/train_config.h"
@@ -204,6 +205,99 @@ TEST(SimStep, BucketCut) {
   EXPECT_EQ(b[3].begin, 0);
   EXPECT_EQ(b[3].end, 10);
   EXPECT_EQ(b[3].last_unit, 2);
+}
+
+// The kernel rate between two measured micro-batch sizes: linear in log(tokens), so halfway in
+// log (256 between 128 and 512) is the mean of the two rates; outside, the nearest measured one.
+TEST(SimProfile, RateInterpolatesInLogTokens) {
+  Profile p = zero_profile();
+  p.fwd_us_per_gflop = 9, p.bwd_us_per_gflop = 9;
+  EXPECT_DOUBLE_EQ(p.rate_at(100).fwd_us_per_gflop, 9.0);  // no table: the scalars
+  p.rates = {{128, 2000, 4000}, {512, 4000, 8000}};
+  EXPECT_NEAR(p.rate_at(256).fwd_us_per_gflop, 3000, kTol);
+  EXPECT_NEAR(p.rate_at(256).bwd_us_per_gflop, 6000, kTol);
+  EXPECT_NEAR(p.rate_at(128).fwd_us_per_gflop, 2000, kTol);
+  EXPECT_NEAR(p.rate_at(64).fwd_us_per_gflop, 2000, kTol);
+  EXPECT_NEAR(p.rate_at(1024).bwd_us_per_gflop, 8000, kTol);
+  // Through JSON and back, as sim_calibrate.sh writes it.
+  const Profile q = Profile::from_json(p.to_json());
+  ASSERT_EQ(q.rates.size(), 2u);
+  EXPECT_NEAR(q.rate_at(256).bwd_us_per_gflop, 6000, kTol);
+  nlohmann::json j = p.to_json();
+  j["kernels"]["rates"] = nlohmann::json::array({{{"tokens", 512}, {"fwd_us_per_gflop", 1}, {"bwd_us_per_gflop", 1}},
+                                                 {{"tokens", 128}, {"fwd_us_per_gflop", 1}, {"bwd_us_per_gflop", 1}}});
+  EXPECT_THROW(Profile::from_json(j), Error);
+}
+
+// A step whose micro-batch size lies between two measured ones takes the interpolated rate:
+// 2 sequences of 32 tokens = 64 tokens, halfway in log between 32 and 128, so the rates are
+// (1000 + 3000) / 2 forward and (2000 + 6000) / 2 backward.
+TEST(SimStep, MicrobatchSizeSelectsTheRate) {
+  model::TrainConfig cfg;
+  cfg.model.d_model = 64;
+  cfg.model.n_layers = 2;
+  cfg.model.n_heads = 2;
+  cfg.model.head_dim = 32;
+  cfg.model.d_ff = 128;
+  cfg.model.seq_len = 32;
+  cfg.global_batch = 4;
+  cfg.microbatches = 2;
+  Profile p = zero_profile();
+  p.rates = {{32, 1000, 2000}, {128, 3000, 6000}};
+  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  const model::ParamLayout layout(cfg.model, 0, 1);
+  const model::StepPlan plan(layout, cfg.microbatches);
+  double want = 0;
+  for (const auto& u : plan.units()) {
+    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
+    want += f.fwd * 2000e-9 + f.bwd * 4000e-9;
+  }
+  EXPECT_NEAR(simulate_step(c, p, cfg, "spmd").step_us, want, 1e-9 * want);
+}
+
+// The controller sharing 2 cores with 2 workers (3 processes): its work on each next call
+// (40 us) is time-shared with the running kernel, min(T, 40) per kernel but the last (no call
+// follows it). Controller-bound below, device-bound above: end = max(16 c + 4 + T,
+// c + 16 (4 + T) + 15 min(T, c)) + fetch. One worker (2 processes on 2 cores): no sharing.
+TEST(SimDispatch, OpByOpControllerSharesCores) {
+  Profile p = zero_profile();
+  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  Cluster c = one_host(2, Link{0, 1e12, 0});
+  c.cores_per_host = 2;
+  DispatchOptions o;
+  o.workers = 2;
+  o.chain = 16;
+  const double call = 40;
+  for (double T : {0.0, 10.0, 100.0, 1000.0}) {
+    const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T) + 15 * std::min(T, call)) + 11;
+    EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
+  }
+  o.workers = 1;
+  const double call1 = 30 + 5 + 2.5;
+  const double end1 = std::max(16 * call1 + 4 + 100, call1 + 16 * (4 + 100.0)) + 11;
+  EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", 100), 16 / (end1 * 1e-6), 1e-6 * 16 / (end1 * 1e-6));
+}
+
+// A micro-batch's own overhead: dp = 1 at 1 and at 3 micro-batches of the same batch differ
+// in their overhead by 2 x microbatch_overhead_us plus the FLOPs' difference (none: the same
+// tokens), at a constant rate.
+TEST(SimStep, MicrobatchOverhead) {
+  model::TrainConfig cfg;
+  cfg.model.d_model = 64;
+  cfg.model.n_layers = 1;
+  cfg.model.n_heads = 2;
+  cfg.model.head_dim = 32;
+  cfg.model.d_ff = 128;
+  cfg.model.seq_len = 32;
+  cfg.global_batch = 6;
+  Profile p = zero_profile();
+  p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.step_overhead_us = 7, p.microbatch_overhead_us = 13;
+  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  cfg.microbatches = 1;
+  const double one = simulate_step(c, p, cfg, "spmd").step_us;
+  cfg.microbatches = 3;
+  const double three = simulate_step(c, p, cfg, "spmd").step_us;
+  EXPECT_NEAR(three - one, 2 * 13.0, 1e-6 * one);
 }
 
 }  // namespace
