@@ -464,6 +464,11 @@ void MpiEnvironment::abort_job(const std::string& message, int code) {
   if (!message.empty()) {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
+    // The line is in the launcher's pipe, not yet on the user's terminal: MPICH's MPI_Abort ends
+    // every process of the job at once, its proxies included, and a line they have not forwarded
+    // yet is lost (seen in CI: a worker's full-disk error ended the job with an empty stderr).
+    // The same grace as the watchdog's lets it through.
+    std::this_thread::sleep_for(std::chrono::milliseconds(kAbortGraceMs));
   }
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; be sure.
