@@ -19,10 +19,13 @@ BucketedAllreduce::BucketedAllreduce(Communicator* comm, std::vector<Range> unit
 BucketedAllreduce::Sizes BucketedAllreduce::auto_sizes(int64_t total_elements) {
   // A quarter of the buffer per bucket: the part left for after the backward is at most about a
   // quarter (the last bucket's), while the per-bucket cost (a few messages each) stays small.
-  // The 256-bucket floor matters only beyond 6 GiB of gradient.
-  const int64_t total = std::max<int64_t>(1, total_elements) * static_cast<int64_t>(sizeof(float));
+  // The 256-bucket limit binds only beyond 6 GiB of gradient: then 1/255 of it per bucket
+  // (whole floats), so that the first bucket plus the others stay within 256.
+  constexpr int64_t F = sizeof(float);
+  const int64_t total = std::max<int64_t>(1, total_elements) * F;
   constexpr int64_t kFirst = 1 << 20, kMax = 25 << 20, kMin = 1024;
-  const int64_t rest = std::max({std::min((total + 3) / 4, kMax), kMin, (total + 255) / 256});
+  int64_t rest = std::max({std::min((total + 3) / 4, kMax), kMin, (total + 254) / 255});
+  rest = (rest + F - 1) / F * F;
   return {static_cast<size_t>(std::min(kFirst, rest)), static_cast<size_t>(rest)};
 }
 

@@ -225,6 +225,10 @@ TEST(SimStep, AutoBucketsStartDuringBackward) {
   EXPECT_EQ(b.front().end, layout.total());
   EXPECT_EQ(b.back().begin, 0);
   for (size_t i = 1; i < b.size(); ++i) EXPECT_EQ(b[i].end, b[i - 1].begin);
+  // A gradient of 10 GiB (one unit): 25 MiB buckets would be 410, more than the hierarchical
+  // form's 256; the default then makes at most 256.
+  const int64_t big = int64_t{10} << 28;  // floats
+  EXPECT_LE(cut_buckets({{0, big}}, 0).size(), 256u);
   // The old default, one 25 MiB bucket: ready only after the last unit (the embedding).
   const auto one = cut_buckets(units, 25 << 20);
   ASSERT_EQ(one.size(), 1u);
