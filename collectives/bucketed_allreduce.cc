@@ -13,24 +13,50 @@ BucketedAllreduce::BucketedAllreduce(Communicator* comm, std::vector<Range> unit
   for (size_t u = 1; u < units_.size(); ++u)
     PWM_CHECK_EQ(units_[u].second, units_[u - 1].first);  // adjacent, from the end backwards
   if (comm_ == nullptr || comm_->size() == 1) return;
+  for (const Cut& c : cut(units_, bucket_bytes)) buckets_.push_back({c.begin, c.end, c.last_unit, {}});
+}
+
+BucketedAllreduce::Sizes BucketedAllreduce::auto_sizes(int64_t total_elements) {
+  // A quarter of the buffer per bucket: the part left for after the backward is at most about a
+  // quarter (the last bucket's), while the per-bucket cost (a few messages each) stays small.
+  // The 256-bucket limit binds only beyond 6 GiB of gradient: then 1/255 of it per bucket
+  // (whole floats), so that the first bucket plus the others stay within 256.
+  constexpr int64_t F = sizeof(float);
+  const int64_t total = std::max<int64_t>(1, total_elements) * F;
+  constexpr int64_t kFirst = 1 << 20, kMax = 25 << 20, kMin = 1024;
+  int64_t rest = std::max({std::min((total + 3) / 4, kMax), kMin, (total + 254) / 255});
+  rest = (rest + F - 1) / F * F;
+  return {static_cast<size_t>(std::min(kFirst, rest)), static_cast<size_t>(rest)};
+}
+
+std::vector<BucketedAllreduce::Cut> BucketedAllreduce::cut(const std::vector<Range>& units, size_t bucket_bytes) {
+  Sizes sz{bucket_bytes, bucket_bytes};
+  if (bucket_bytes == kAutoBuckets) {
+    const int64_t total = units.empty() ? 0 : units.front().second - units.back().first;
+    sz = auto_sizes(total);
+  }
+  auto cap_of = [](size_t bytes) { return std::max<int64_t>(1, static_cast<int64_t>(bytes / sizeof(float))); };
   // Walk the units from the end of the buffer towards its start, closing a bucket whenever it
-  // reaches bucket_bytes; a unit larger than a bucket is split into several.
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
+  // reaches its cap; a unit larger than a bucket is split into several.
+  std::vector<Cut> out;
+  int64_t cap = cap_of(sz.first);
   int64_t open_end = -1, open_begin = -1;
-  for (int u = 0; u < num_units(); ++u) {
-    const auto [lo, hi] = units_[u];
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const auto [lo, hi] = units[static_cast<size_t>(u)];
     for (int64_t pos = hi; pos > lo;) {
       if (open_end < 0) open_end = pos;
       const int64_t take = std::min(pos - lo, cap - (open_end - pos));
       pos -= take;
       open_begin = pos;
       if (open_end - open_begin >= cap) {
-        buckets_.push_back({open_begin, open_end, u, {}});
+        out.push_back({open_begin, open_end, u});
         open_end = -1;
+        cap = cap_of(sz.rest);
       }
     }
   }
-  if (open_end >= 0) buckets_.push_back({open_begin, open_end, num_units() - 1, {}});
+  if (open_end >= 0) out.push_back({open_begin, open_end, static_cast<int>(units.size()) - 1});
+  return out;
 }
 
 namespace {

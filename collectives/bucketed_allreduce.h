@@ -2,9 +2,10 @@
 // (Horovod's fusion buffer, DDP's gradient buckets).
 //
 // The buffer is described as "units" (element ranges, adjacent, listed in the order they are
-// finished, e.g. a model's layers in backward order). The buffer is cut into buckets of about
-// `bucket_bytes` walking the units in that order; a bucket is started as soon as the last unit
-// it covers is finished (overlap on), or all at the end (overlap off). Progress is made in
+// finished, e.g. a model's layers in backward order). The buffer is cut into buckets walking the
+// units in that order (cut() below: of about `bucket_bytes`, or, by default, sized from the
+// units); a bucket is started as soon as the last unit it covers is finished (overlap on), or
+// all at the end (overlap off). Progress is made in
 // poll(), which the caller invokes between its compute steps: there is no progress thread (on
 // a small machine it would take a core from the compute). Overlap on or off gives the same
 // bits: the same sums, in the same order, only started at other times.
@@ -34,6 +35,27 @@ class BucketedAllreduce {
   using Range = std::pair<int64_t, int64_t>;  // [begin, end) in elements
   // Called when a bucket completes: (bucket index, start us, end us, bytes) - for traces.
   using OnBucketDone = std::function<void(int, int64_t, int64_t, size_t)>;
+
+  // bucket_bytes = kAutoBuckets: sized from the units (auto_sizes).
+  static constexpr size_t kAutoBuckets = 0;
+  // Default sizing (PyTorch DDP's idea: a small first bucket, so that the first AllReduce starts
+  // early in the backward): the first bucket at most 1 MiB, the others about a quarter of the
+  // buffer, at most DDP's 25 MiB and at least 1 KiB, and never more than 256 buckets (the
+  // hierarchical form's limit). A buffer smaller than one 25 MiB bucket thus still makes several
+  // buckets, the first finished after the first unit(s) of the backward (docs/spmd.md).
+  struct Sizes {
+    size_t first, rest;  // bytes
+  };
+  static Sizes auto_sizes(int64_t total_elements);
+  // The bucket boundaries made of `units` (listed from the buffer's end backwards): walking them
+  // in that order, a bucket closes when it reaches its size (the first bucket's, then the
+  // others'), a unit larger than a bucket is split. bucket_bytes > 0: every bucket that size;
+  // kAutoBuckets: auto_sizes of the units' total. Pure; the simulator (sim/step.cc) uses it.
+  struct Cut {
+    int64_t begin, end;  // elements
+    int last_unit;       // the bucket can start once this unit is finished
+  };
+  static std::vector<Cut> cut(const std::vector<Range>& units, size_t bucket_bytes);
 
   // `comm` may be null or of size 1: then nothing is reduced. `units` must tile a contiguous
   // range and be listed from its end towards its start (the order backward finishes them).

@@ -66,7 +66,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--resume", c.resume, "resume from --ckpt when it exists")->group(U);
 
   const char* E = "Execution";
-  app.add_option("--bucket-bytes", c.bucket_bytes, "gradient AllReduce bucket (fusion buffer) size")->group(E);
+  app.add_option("--bucket-bytes", c.bucket_bytes, "gradient AllReduce bucket (fusion buffer) size in bytes (0: sized from the model)")->group(E);
   app.add_flag("--overlap,!--no-overlap", c.overlap, "overlap bucket AllReduces with backward")->group(E);
   app.add_option("--coll-timeout", c.coll_timeout, "collectives watchdog timeout, seconds")->group(E);
   app.add_option("--peak-gflops", c.peak_gflops, "per-rank GEMM peak for MFU (0: measure)")->group(E);
@@ -177,7 +177,8 @@ void TrainConfig::validate(int world_size) const {
     PWM_THROW("--eval-every/--ckpt-every must be >= 0 and --eval-batches/--log-every >= 1");
   if (ckpt_every > 0 && ckpt.empty()) PWM_THROW("--ckpt-every needs --ckpt PATH");
   if (resume && ckpt.empty()) PWM_THROW("--resume needs --ckpt PATH");
-  if (bucket_bytes < 1024) PWM_THROW("--bucket-bytes must be at least 1024 (got {})", bucket_bytes);
+  if (bucket_bytes != 0 && bucket_bytes < 1024)
+    PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", bucket_bytes);
   if (!(coll_timeout > 0)) PWM_THROW("--coll-timeout must be positive (got {})", coll_timeout);
   if (step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", step_sleep_ms);
 }

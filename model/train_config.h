@@ -57,10 +57,12 @@ struct TrainConfig {
   bool resume = false;        // start from --ckpt if it exists
 
   // Execution (not part of the workload identity).
-  // Gradient AllReduce fusion buffer: PyTorch DDP's default of 25 MiB. Smaller buckets start
-  // the AllReduce earlier in the backward; on a machine whose transfers are done by the same
-  // cores that compute (shared memory) that overlap does not pay (docs/spmd.md).
-  size_t bucket_bytes = 25 << 20;
+  // Gradient AllReduce fusion buffer (bucket) size in bytes. 0 (default): sized from the model
+  // (collectives::BucketedAllreduce::auto_sizes: a first bucket of at most 1 MiB, then about a
+  // quarter of the gradient each, at most DDP's 25 MiB), so that the first AllReduce starts
+  // while the backward still runs even when the whole gradient is smaller than 25 MiB
+  // (docs/spmd.md). A value >= 1024 cuts every bucket at that size.
+  size_t bucket_bytes = 0;
   bool overlap = true;            // overlap the bucket AllReduces with backward compute
   double coll_timeout = 300;      // collectives watchdog, seconds
   double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up

@@ -26,6 +26,7 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
   // The plan's units, one after the other; the last micro-batch tells the caller when a range
   // of the gradient is final, so that its dp reduction overlaps the rest of the backward.
   for (const Unit& u : plan.units()) {
+    const int64_t t_unit = hooks.span ? now_us() : 0;
     switch (u.kind) {
       case UnitKind::kBatch: {
         const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), u.micro, M);
@@ -49,6 +50,9 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
         embed_backward<float>(layout, grads, tokens, act);
         break;
     }
+    // Each backward unit's own span (the overlap test reads the order of these and the buckets).
+    if (hooks.span && (u.kind == UnitKind::kBlockBackward || u.kind == UnitKind::kEmbedBackward))
+      span(unit_kind_name(u.kind), t_unit, now_us());
     const int finished = plan.finishes(u);
     if (finished >= 0 && u.micro == M - 1 && hooks.unit_done) hooks.unit_done(finished);
     if (u.kind == UnitKind::kEmbedBackward) span("backward", t_bwd, now_us());

@@ -53,28 +53,6 @@ UnitFlops micro_flops(const model::Config& m, const model::StepPlan& plan, int64
   return s;
 }
 
-std::vector<BucketCut> cut_buckets(const std::vector<std::pair<int64_t, int64_t>>& units, size_t bucket_bytes) {
-  // collectives/bucketed_allreduce.cc's constructor, step for step (its buckets are private).
-  std::vector<BucketCut> out;
-  const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
-  int64_t open_end = -1, open_begin = -1;
-  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    const auto [lo, hi] = units[u];
-    for (int64_t pos = hi; pos > lo;) {
-      if (open_end < 0) open_end = pos;
-      const int64_t take = std::min(pos - lo, cap - (open_end - pos));
-      pos -= take;
-      open_begin = pos;
-      if (open_end - open_begin >= cap) {
-        out.push_back({open_begin, open_end, u});
-        open_end = -1;
-      }
-    }
-  }
-  if (open_end >= 0) out.push_back({open_begin, open_end, static_cast<int>(units.size()) - 1});
-  return out;
-}
-
 namespace {
 
 struct Ctx {

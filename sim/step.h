@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/bucketed_allreduce.h"
 #include "model/step_plan.h"
 #include "model/train_config.h"
 #include "sim/sim.h"
@@ -65,11 +66,11 @@ PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector
                              const std::string& schedule, const std::function<double(int, int, double)>& arrive);
 
 // The bucket boundaries BucketedAllreduce makes of `units` (ranges listed from the buffer's end
-// backwards) at `bucket_bytes`: (begin, end, last unit) per bucket, in start order.
-struct BucketCut {
-  int64_t begin, end;
-  int last_unit;
-};
-std::vector<BucketCut> cut_buckets(const std::vector<std::pair<int64_t, int64_t>>& units, size_t bucket_bytes);
+// backwards) at `bucket_bytes` (0: its default sizing): (begin, end, last unit) per bucket, in
+// start order. BucketedAllreduce::cut itself, so that the two cannot drift apart.
+using BucketCut = collectives::BucketedAllreduce::Cut;
+inline std::vector<BucketCut> cut_buckets(const std::vector<std::pair<int64_t, int64_t>>& units, size_t bucket_bytes) {
+  return collectives::BucketedAllreduce::cut(units, bucket_bytes);
+}
 
 }  // namespace pwm::sim

@@ -7,6 +7,8 @@
 
 #include "collectives/bucketed_allreduce.h"
 #include "common/time.h"
+#include "common/trace.h"
+#include <fmt/format.h>
 #include "model/optim.h"
 #include "model/train_step.h"
 
@@ -48,6 +50,19 @@ model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const P
                                   ctx.out<float>(kAdamV).data());
 }
 
+// The fused kernels' trace, as spmd_train's (--trace): each backward unit's span on the kernel's
+// row, each bucket's AllReduce on row 1. Empty hooks without a trace.
+collectives::BucketedAllreduce::OnBucketDone bucket_trace(TrainingDevice& dev) {
+  Trace* t = dev.trace();
+  if (t == nullptr) return {};
+  return [t](int i, int64_t t0, int64_t t1, size_t bytes) {
+    t->span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
+  };
+}
+void trace_units(TrainingDevice& dev, model::StepHooks& hooks) {
+  if (Trace* t = dev.trace()) hooks.span = [t](const char* name, int64_t t0, int64_t t1) { t->span(name, "compute", t0, t1); };
+}
+
 // What a block kernel (attrs: tp, layer) works with.
 struct BlockUnit {
   BlockUnit(TrainingDevice& dev, const KernelContext& ctx)
@@ -70,9 +85,10 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double comm_s = 0;
   model::Workspace<float>& ws = dev.step_memory(layout);
   collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
-                                         dev.cfg().overlap);
+                                         dev.cfg().overlap, bucket_trace(dev));
   reducer.begin(dev.grads());
   model::StepHooks hooks;
+  trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
   hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
   const double local = model::accumulate_gradients(dev.cfg(), layout, plan, dev.data(), step, p.dp_rank,
@@ -236,9 +252,10 @@ void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double comm_s = 0;
   model::Workspace<float>& ws = dev.step_memory(layout);
   collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
-                                         dev.cfg().overlap);
+                                         dev.cfg().overlap, bucket_trace(dev));
   reducer.begin(dev.grads());
   model::StepHooks hooks;
+  trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
   hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
   // The flat view: dp = replicas x dp, this device's data index replica x dp + dp rank.

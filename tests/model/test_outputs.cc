@@ -112,7 +112,7 @@ TEST(TrainConfigAgreement, TheDifferingRankAndFieldAreNamed) {
   EXPECT_EQ(config_hash(a.canonical_json()), config_hash(TrainConfig{}.canonical_json()));
   const std::string e = error_of([&] { check_same_config({a.canonical_json(), a.canonical_json(), b.canonical_json()}); });
   EXPECT_NE(e.find("rank 2 started with other flags than rank 0"), std::string::npos) << e;
-  EXPECT_NE(e.find("bucket_bytes=50000 vs 26214400"), std::string::npos) << e;
+  EXPECT_NE(e.find("bucket_bytes=50000 vs 0"), std::string::npos) << e;
   EXPECT_NE(e.find("model/seed=2 vs 1234"), std::string::npos) << e;
   EXPECT_EQ(error_of([&] { check_same_config({a.canonical_json(), a.canonical_json()}); }), "(no error)");
   // A trainer's own settings take part.

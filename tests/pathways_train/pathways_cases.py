@@ -111,6 +111,16 @@ def case_trace_has_controller_and_workers():
         assert any(x.startswith(n) for x in names), f"trace lacks {n}: {sorted(names)}"
 
 
+def case_fused_first_bucket_overlaps_backward():
+    # Issue 18: the fused kernel runs the same BucketedAllreduce as spmd_train (rows 1 and 2 are
+    # the workers; spmd_cases.check_overlap also runs the one-bucket control).
+    def traced(name, extra):
+        t = os.path.join(sc.TMP, f"overlap_{name}.json")
+        sc.train(3, "overlap_" + name, ["--dp", "2", "--granularity", "fused", "--trace", t] + extra, exe="pathways")
+        return t
+    sc.check_overlap(traced, (1, 2), "pathways_train fused --dp 2")
+
+
 # ---- Issue 15: replicas, one slice per island, exchanging gradients between the islands ---------
 
 # --islands 2x1 / 2x2 make one island per replica on this one host (over the emulated cluster the

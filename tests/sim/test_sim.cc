@@ -207,6 +207,34 @@ TEST(SimStep, BucketCut) {
   EXPECT_EQ(b[3].last_unit, 2);
 }
 
+// The default sizing (bucket_bytes 0, issue 18) on the default model's plan: a first bucket of
+// 1 MiB, then about a quarter of the gradient each, so that buckets become ready during the
+// backward (after layers L-1, L-2, ...), not all after it as one 25 MiB bucket did.
+TEST(SimStep, AutoBucketsStartDuringBackward) {
+  const model::Config m;  // the default model (15.5 MB of gradient)
+  const model::ParamLayout layout(m, 0, 1);
+  const model::StepPlan plan(layout, 1);
+  const auto& units = plan.finish_order();  // final_norm, layer 3, 2, 1, 0, embed
+  ASSERT_EQ(units.size(), 6u);
+  const auto b = cut_buckets(units, 0);
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ((b[0].end - b[0].begin) * 4, 1 << 20);
+  const int64_t quarter = (layout.total() * 4 + 3) / 4 / 4;  // floats
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(b[static_cast<size_t>(i)].end - b[static_cast<size_t>(i)].begin, quarter);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(b[static_cast<size_t>(i)].last_unit, i + 1) << "bucket " << i;
+  EXPECT_EQ(b.front().end, layout.total());
+  EXPECT_EQ(b.back().begin, 0);
+  for (size_t i = 1; i < b.size(); ++i) EXPECT_EQ(b[i].end, b[i - 1].begin);
+  // A gradient of 10 GiB (one unit): 25 MiB buckets would be 410, more than the hierarchical
+  // form's 256; the default then makes at most 256.
+  const int64_t big = int64_t{10} << 28;  // floats
+  EXPECT_LE(cut_buckets({{0, big}}, 0).size(), 256u);
+  // The old default, one 25 MiB bucket: ready only after the last unit (the embedding).
+  const auto one = cut_buckets(units, 25 << 20);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].last_unit, 5);
+}
+
 // The kernel rate between two measured micro-batch sizes: linear in log(tokens), so halfway in
 // log (256 between 128 and 512) is the mean of the two rates; outside, the nearest measured one.
 TEST(SimProfile, RateInterpolatesInLogTokens) {

@@ -242,6 +242,47 @@ def case_trace_and_metrics_are_complete():
     assert len(steps) == 6 and math.isfinite(final["final_loss"]) and final["final_val_loss"] > 0
 
 
+# ---- Issue 18: real overlap by default ------------------------------------------------------------
+
+
+def late_first_buckets(trace_path, pids, steps):
+    """From a --trace file, per rank (pid): the steps whose first bucket's AllReduce ("allreduce
+    bucket 0") did NOT start before the step's last backward unit ("embed_bwd", one per step with
+    one micro-batch) started. Order of events on one rank's clock, not a duration: the bucket is
+    started by the trainer between two units, so it is either before embed_bwd or after it."""
+    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
+    late = []
+    for pid in pids:
+        mine = [e for e in ev if e["pid"] == pid]
+        b0 = sorted(e["ts"] for e in mine if e["name"] == "allreduce bucket 0")
+        last = sorted(e["ts"] for e in mine if e["name"] == "embed_bwd")
+        nb = len({e["name"] for e in mine if e["name"].startswith("allreduce bucket ")})
+        assert len(b0) == steps and len(last) == steps, \
+            f"rank row {pid}: {len(b0)} first buckets and {len(last)} embed_bwd spans for {steps} steps"
+        late += [(pid, k, nb) for k in range(steps) if not b0[k] < last[k]]
+    return late
+
+
+def check_overlap(run_traced, pids, what):
+    """run_traced(name, extra args) -> trace path. By default the first bucket starts during the
+    backward on every rank and step; with one bucket as large as DDP's 25 MiB (the old default)
+    it starts after it on every one (the check can fail)."""
+    late = late_first_buckets(run_traced("default", []), pids, 6)
+    assert not late, f"{what}: first bucket started after the last backward unit began (rank row, step, buckets): {late}"
+    late = late_first_buckets(run_traced("one_bucket", ["--bucket-bytes", str(25 << 20)]), pids, 6)
+    assert len(late) == 6 * len(pids), f"{what} with one 25 MiB bucket: expected every step late, got {late}"
+    print(f"{what}: the first bucket's AllReduce starts before the last backward unit on every rank and step "
+          f"(and after it with one 25 MiB bucket)")
+
+
+def case_first_bucket_overlaps_backward():
+    def traced(name, extra):
+        t = os.path.join(TMP, f"overlap_{name}.json")
+        train(2, "overlap_" + name, ["--dp", "2", "--trace", t] + extra)
+        return t
+    check_overlap(traced, (0, 1), "spmd_train --dp 2")
+
+
 # ---- Issue 17: nothing lost, nothing thrown away at the end -------------------------------------
 
 
