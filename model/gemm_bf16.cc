@@ -71,10 +71,10 @@ bool cpu_has_amx_bf16() {
 #ifndef PWM_HAVE_ONEDNN
 
 bool bf16_gemm_available() { return false; }
-void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+bool onednn_bf16_usable() { return false; }
+bool gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                int64_t, float, float*, int64_t) {
-  PWM_THROW("--precision bf16 needs oneDNN, but pwm_model was built without it: install "
-            "libdnnl-dev (mpi_scripts/env.sh does) and reconfigure");
+  return false;
 }
 std::string onednn_info() { return "no oneDNN"; }
 std::string onednn_impl(bool, bool, int64_t, int64_t, int64_t, int64_t) { return "none"; }
@@ -130,16 +130,31 @@ Cached& primitive(ThreadState& s, const Key& k) {
   return s.prims.emplace(k, std::move(c)).first->second;
 }
 
+bool probe_usable() {
+  try {
+    Cached c;
+    make_pd(state().eng, Key{false, false, 4, 4, 4, 4, 1.0f, 0.0f}, c);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // no bf16 matmul implementation for this ISA
+  }
+}
+
 }  // namespace
 
 bool bf16_gemm_available() { return true; }
+bool onednn_bf16_usable() {
+  static const bool usable = probe_usable();
+  return usable;
+}
 
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+bool gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!onednn_bf16_usable()) return false;
   if (K == 0) {  // oneDNN rejects empty reductions; C = beta C
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
-    return;
+    return true;
   }
   // One thread per rank (as every kernel here): oneDNN's OpenMP team of this thread.
   if (omp_get_max_threads() != 1) omp_set_num_threads(1);
@@ -159,6 +174,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   dnnl::memory ma(p.a, s.eng, s.a.data()), mb(p.b, s.eng, s.b.data()), mc(p.c, s.eng, C);
   p.prim.execute(s.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
   s.strm.wait();
+  return true;
 }
 
 std::string onednn_info() {

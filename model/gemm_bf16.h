@@ -13,8 +13,10 @@ bool bf16_gemm_available();
 // but A and B are rounded to bf16 (round to nearest even) and the products are summed in fp32;
 // C stays fp32. Single-threaded (oneDNN's OpenMP team of one). Deterministic: the same inputs
 // and shape give the same bits (one primitive per shape, cached per thread; a fixed ISA).
-// Throws pwm::Error if pwm_model was built without oneDNN.
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+// Returns false (C untouched) when oneDNN has no bf16 matmul for this CPU (2.6 needs AVX-512:
+// on AVX2 it has none) or pwm_model was built without it: the caller then multiplies
+// bf16-rounded copies of the operands with the fp32 GEMM (kernels.cc), the same contract.
+bool gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
 // Rounds n floats to bf16 (round to nearest even; NaN stays NaN) and back: what gemm_bf16 does
@@ -23,6 +25,8 @@ void round_to_bf16(const float* x, float* y, int64_t n);
 // cpuid: AVX512_BF16 (leaf 7.1 EAX bit 5), AMX-BF16 (leaf 7.0 EDX bit 22).
 bool cpu_has_avx512_bf16();
 bool cpu_has_amx_bf16();
+// True when oneDNN runs bf16 matmuls on this CPU (checked once, on a small shape).
+bool onednn_bf16_usable();
 // "oneDNN 2.6.3, isa avx512_core_bf16" (the ISA oneDNN dispatches to) or "no oneDNN".
 std::string onednn_info();
 // The oneDNN implementation chosen for a product of this shape, e.g. "brg:avx512_core_bf16".

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "common/check.h"
 #include "common/env.h"
@@ -152,7 +153,10 @@ std::string bf16_info() {
           (amx ? "amx_bf16" : "") + (amx ? "" : " (no amx_bf16)");
   else
     cpu = "CPU bf16: NONE (this CPU has no bf16 instructions; oneDNN emulates bf16 products)";
-  return cpu + "; " + detail::onednn_info();
+  return cpu + "; " + detail::onednn_info() +
+         (detail::onednn_bf16_usable() ? ""
+                                       : " (no oneDNN bf16 matmul for this ISA: bf16-rounded operands "
+                                         "through the fp32 GEMM)");
 }
 
 void set_gemm_profiling(bool on) { g_profiling = on; }
@@ -182,8 +186,19 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A
   }
   if constexpr (std::is_same_v<S, float>) {
     if (g_precision.load(std::memory_order_relaxed) == Precision::kBf16) {
-      detail::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-      return;
+      if (detail::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+      // No oneDNN bf16 matmul on this CPU: bf16-rounded copies of the operands (dense, in
+      // their stored layout) through the fp32 GEMM below; same operands, fp32 sums.
+      thread_local std::vector<float> a16, b16;
+      const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+      a16.resize(static_cast<size_t>(ar * ac));
+      b16.resize(static_cast<size_t>(br * bc));
+      for (int64_t r = 0; r < ar; ++r) detail::round_to_bf16(A + r * lda, a16.data() + r * ac, ac);
+      for (int64_t r = 0; r < br; ++r) detail::round_to_bf16(B + r * ldb, b16.data() + r * bc, bc);
+      A = a16.data();
+      B = b16.data();
+      lda = ac;
+      ldb = bc;
     }
   }
   GemmBackend b = g_backend.load(std::memory_order_relaxed);
