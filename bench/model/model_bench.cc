@@ -63,10 +63,16 @@ int run(int argc, char** argv) {
   app.add_option("--json", json_path, "write the figures to this JSON file");
   bool peak_only = false;
   app.add_flag("--peak-only", peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
+  bool info_only = false;
+  app.add_flag("--bf16-info", info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
   app.add_flag("--profile", profile, "time each piece of the step (adds a little overhead)");
   CLI11_PARSE(app, argc, argv);
   set_gemm_backend(parse_gemm_backend(backend));
   set_precision(parse_precision(precision));
+  if (info_only) {
+    std::printf("%s\n", bf16_info().c_str());
+    return 0;
+  }
   if (peak_only) {
     std::printf("%.2f\n", gemm_gflops(1024, 1024, 1024, false, false, 10));
     return 0;
