@@ -91,6 +91,7 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, float, fl
 struct Cached {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c;
+  size_t scratch = 0;  // bytes of scratchpad the primitive needs
 };
 
 struct ThreadState {
@@ -98,6 +99,10 @@ struct ThreadState {
   dnnl::stream strm{eng};
   std::map<Key, Cached> prims;
   std::vector<uint16_t> a, b;  // bf16 operands, grown as needed
+  // The primitives' scratchpad (user mode): one buffer per thread, grown as needed. oneDNN's
+  // default would allocate and free it on every execution, and a large malloc is an mmap whose
+  // pages fault in again on every call.
+  std::vector<uint8_t> scratch;
 };
 
 ThreadState& state() {
@@ -113,6 +118,7 @@ dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Key& k, Cach
   out.b = dnnl::memory::desc({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
   out.c = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
     dnnl::post_ops po;
@@ -126,7 +132,9 @@ Cached& primitive(ThreadState& s, const Key& k) {
   auto it = s.prims.find(k);
   if (it != s.prims.end()) return it->second;
   Cached c;
-  c.prim = dnnl::matmul(make_pd(s.eng, k, c));
+  const auto pd = make_pd(s.eng, k, c);
+  c.scratch = pd.scratchpad_desc().get_size();
+  c.prim = dnnl::matmul(pd);
   return s.prims.emplace(k, std::move(c)).first->second;
 }
 
@@ -171,8 +179,12 @@ bool gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   else
     pack_bf16(B, K, N, ldb, s.b.data());
   Cached& p = primitive(s, Key{ta, tb, M, N, K, ldc, alpha, beta});
+  if (s.scratch.size() < p.scratch) s.scratch.resize(p.scratch);
   dnnl::memory ma(p.a, s.eng, s.a.data()), mb(p.b, s.eng, s.b.data()), mc(p.c, s.eng, C);
-  p.prim.execute(s.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  dnnl::memory ms(dnnl::memory::desc({static_cast<int64_t>(p.scratch)}, dt::u8, dnnl::memory::dims{1}),
+                  s.eng, s.scratch.data());
+  p.prim.execute(s.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
+                          {DNNL_ARG_SCRATCHPAD, ms}});
   s.strm.wait();
   return true;
 }
