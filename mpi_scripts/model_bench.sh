@@ -44,7 +44,10 @@ run_ours() {  # run_ours PRECISION ROUND [flags]: prints model_bench's output; J
 }
 run_peer() {  # prints the peer's median tokens/s on stdout, its command and output on stderr
   echo "\$ $*" >&2
-  "$@" | tee /dev/stderr | grep -o 'tokens/s median=[0-9]*' | cut -d= -f2
+  local o  # not tee /dev/stderr: reopening a redirected stderr file truncates it
+  o=$("$@") || return 1
+  echo "$o" >&2
+  grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2
 }
 declare -A PEER_TPS
 for prec in $PRECISIONS; do

@@ -37,7 +37,9 @@ for prec in ${PWM_BENCH_PRECISIONS:-fp32 bf16}; do
   cmd=(env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$DDP_PEER" --ranks 2 --batch 32
        --steps "$STEPS" --warmup 5 --dtype "$dtype")
   echo "\$ ${cmd[*]}"
-  t=$("${cmd[@]}" | tee /dev/stderr | grep -o 'tokens/s median=[0-9]*' | cut -d= -f2)
+  o=$("${cmd[@]}") || o=""
+  echo "$o"
+  t=$(grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2)
   DDP_TPS+=("$prec=$t")
 done
 python3 - "$OUT" "$peer" "${DDP_TPS[@]}" <<'PY'
