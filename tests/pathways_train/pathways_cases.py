@@ -62,6 +62,11 @@ def case_bitwise_equal_to_spmd_bf16():
         for g in ("fused", "chained"):
             got = sc.train(3, g + "_bf16" + "".join(mesh), mesh + bf16 + ["--granularity", g], exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} {' '.join(mesh)} --precision bf16")
+    # A bad value: one line, every rank exits non-zero, no output left.
+    m = os.path.join(sc.TMP, "bad_precision.jsonl")
+    for exe, n in (("spmd", 2), ("pathways", 3)):
+        sc.expect_error(n, sc.TINY + ["--precision", "fp16", "--metrics", m], "--precision: fp16 not in {fp32,bf16}",
+                        [m], exe=exe)
 
 
 def case_pipeline_matches_spmd():
