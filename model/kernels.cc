@@ -7,11 +7,13 @@
 #include <cmath>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "common/check.h"
 #include "common/env.h"
 #include "common/time.h"
 #include "model/gemm_avx512.h"
+#include "model/gemm_bf16.h"
 
 #ifdef PWM_HAVE_OPENBLAS
 #include <cblas.h>
@@ -30,6 +32,7 @@ GemmBackend default_backend() {
 #endif
 }
 std::atomic<GemmBackend> g_backend{default_backend()};
+std::atomic<Precision> g_precision{Precision::kFp32};
 std::once_flag g_threads_once;
 std::atomic<bool> g_profiling{false};
 GemmStats g_stats;  // only touched when profiling (single-threaded benchmark use)
@@ -128,6 +131,34 @@ std::string blas_info() {
 #endif
 }
 
+void set_precision(Precision p) {
+  if (p == Precision::kBf16 && !detail::bf16_gemm_available())
+    PWM_THROW("--precision bf16 needs oneDNN, but pwm_model was built without it: install "
+              "libdnnl-dev (mpi_scripts/env.sh does) and reconfigure, or use --precision fp32");
+  g_precision = p;
+}
+Precision precision() { return g_precision; }
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  PWM_THROW("unknown precision '{}': use fp32 or bf16", name);
+}
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+bool have_bf16_gemm() { return detail::bf16_gemm_available(); }
+std::string bf16_info() {
+  const bool avx = detail::cpu_has_avx512_bf16(), amx = detail::cpu_has_amx_bf16();
+  std::string cpu;
+  if (avx || amx)
+    cpu = std::string("CPU bf16: ") + (avx ? "avx512_bf16" : "") + (avx && amx ? " + " : "") +
+          (amx ? "amx_bf16" : "") + (amx ? "" : " (no amx_bf16)");
+  else
+    cpu = "CPU bf16: NONE (this CPU has no bf16 instructions; oneDNN emulates bf16 products)";
+  return cpu + "; " + detail::onednn_info() +
+         (detail::onednn_bf16_usable() ? ""
+                                       : " (no oneDNN bf16 matmul for this ISA: bf16-rounded operands "
+                                         "through the fp32 GEMM)");
+}
+
 void set_gemm_profiling(bool on) { g_profiling = on; }
 GemmStats gemm_stats() { return g_stats; }
 void reset_gemm_stats() { g_stats = GemmStats{}; }
@@ -152,6 +183,23 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const S* A
     ++g_stats.calls;
     g_profiling = true;
     return;
+  }
+  if constexpr (std::is_same_v<S, float>) {
+    if (g_precision.load(std::memory_order_relaxed) == Precision::kBf16) {
+      if (detail::gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+      // No oneDNN bf16 matmul on this CPU: bf16-rounded copies of the operands (dense, in
+      // their stored layout) through the fp32 GEMM below; same operands, fp32 sums.
+      thread_local std::vector<float> a16, b16;
+      const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+      a16.resize(static_cast<size_t>(ar * ac));
+      b16.resize(static_cast<size_t>(br * bc));
+      for (int64_t r = 0; r < ar; ++r) detail::round_to_bf16(A + r * lda, a16.data() + r * ac, ac);
+      for (int64_t r = 0; r < br; ++r) detail::round_to_bf16(B + r * ldb, b16.data() + r * bc, bc);
+      A = a16.data();
+      B = b16.data();
+      lda = ac;
+      ldb = bc;
+    }
   }
   GemmBackend b = g_backend.load(std::memory_order_relaxed);
   if (b == GemmBackend::kAvx512) {

@@ -26,6 +26,21 @@ GemmBackend parse_gemm_backend(const std::string& name);  // "avx512" | "blas" |
 const char* gemm_backend_name(GemmBackend b);
 // "OpenBLAS <config> core=<kernel set>" or "Eigen" (the kernel set follows OPENBLAS_CORETYPE).
 std::string blas_info();
+
+// Precision of gemm<float>: kFp32 (default) or kBf16 = operands rounded to bf16, products summed
+// in fp32 into the fp32 C, through oneDNN's matmul (gemm_bf16.h; oneDNN picks AMX, AVX512-BF16
+// or a fallback at run time). Everything else (norms, softmax, loss, AdamW) stays fp32. gemm<double>
+// ignores it. Process-wide, like the backend; set once from --precision before training.
+enum class Precision { kFp32, kBf16 };
+void set_precision(Precision p);  // throws if kBf16 and pwm_model was built without oneDNN
+Precision precision();
+Precision parse_precision(const std::string& name);  // "fp32" | "bf16"; throws otherwise
+const char* precision_name(Precision p);
+bool have_bf16_gemm();
+// One line for benchmark output: the CPU's bf16 instructions and what oneDNN dispatches to, e.g.
+// "CPU bf16: avx512_bf16 (no amx_bf16); oneDNN 2.6.3, isa avx512_core_bf16" or
+// "CPU bf16: NONE (oneDNN emulates bf16 products with fp32 FMAs); oneDNN 2.6.3, isa avx512_core".
+std::string bf16_info();
 // Threads used by BLAS (and Eigen). The first gemm call sets it from PWM_MODEL_THREADS
 // (default 1, one thread per MPI rank); calling this afterwards overrides it.
 void set_num_threads(int n);

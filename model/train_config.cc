@@ -1,5 +1,7 @@
 #include "model/train_config.h"
 
+#include "model/kernels.h"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -70,6 +72,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c) {
   app.add_flag("--overlap,!--no-overlap", c.overlap, "overlap bucket AllReduces with backward")->group(E);
   app.add_option("--coll-timeout", c.coll_timeout, "collectives watchdog timeout, seconds")->group(E);
   app.add_option("--peak-gflops", c.peak_gflops, "per-rank GEMM peak for MFU (0: measure)")->group(E);
+  app.add_option("--precision", c.precision, "matrix products: fp32, or bf16 with fp32 sums (oneDNN)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->group(E);
 
   const char* T = "Testing";
   app.add_option("--kill-step", c.kill_step, "SIGKILL --kill-rank in the middle of this step")->group(T);
@@ -183,6 +187,8 @@ void TrainConfig::validate(int world_size) const {
   if (step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", step_sleep_ms);
 }
 
+void apply_precision(const TrainConfig& cfg) { set_precision(parse_precision(cfg.precision)); }
+
 void TrainConfig::validate_kill_rank(int ranks) const {
   if (kill_step < 0) return;
   if (kill_step >= steps)
@@ -275,6 +281,7 @@ std::string TrainConfig::to_json() const {
   j["eval_batches"] = eval_batches;
   j["bucket_bytes"] = bucket_bytes;
   j["overlap"] = overlap;
+  j["precision"] = precision;
   return j.dump();
 }
 

@@ -66,6 +66,10 @@ struct TrainConfig {
   bool overlap = true;            // overlap the bucket AllReduces with backward compute
   double coll_timeout = 300;      // collectives watchdog, seconds
   double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up
+  // Matrix products: "fp32" or "bf16" (operands rounded to bf16, fp32 sums, through oneDNN;
+  // kernels.h Precision). Master weights, AdamW, norms, softmax and loss stay fp32, so a
+  // checkpoint resumes in either precision (not part of workload_json).
+  std::string precision = "fp32";
 
   // Testing hook: SIGKILL world rank kill_rank in the middle of step kill_step (-1: never).
   int64_t kill_step = -1;
@@ -106,6 +110,10 @@ uint64_t config_hash(const std::string& canonical);
 // The fields in which two JSON texts differ, "key=A vs B, ..." (at most `max_fields`, then
 // "(and N more)"); empty if equal. Nested keys are joined by '/': "optim/lr", "model".
 std::string config_differences(const std::string& a, const std::string& b, size_t max_fields = 4);
+
+// Applies cfg.precision to the process (model::set_precision); throws pwm::Error with one line if
+// bf16 is asked of a build without oneDNN. Every rank that runs gemm calls it after parsing.
+void apply_precision(const TrainConfig& cfg);
 
 // Registers every flag on `app`, bound to `cfg`. `--config FILE` is handled by
 // parse_train_config below.

@@ -21,6 +21,9 @@
 #                   pipeline one island per stage
 #   --dcn-rate R    with --hosts: shape every host's link to R (tc tbf, e.g. 1gbit)
 #   --out DIR       results directory (default results/)
+#   --precision P   fp32 (default) or bf16: both trainers' matrix products (bf16 operands, fp32
+#                   sums, oneDNN); the GEMM peak for MFU is then the bf16 one, and the CPU's bf16
+#                   instructions are printed (docs/model.md, "bf16")
 #   --palm          PaLM's layout instead (docs/results/palm.md): 2 replicas over an emulated
 #                   cluster of 2 hosts, against SPMD dp=2 on one host, once unshaped and once at
 #                   --dcn-rate 1gbit (or only at --dcn-rate R); rows: spmd_1host (the
@@ -30,6 +33,7 @@
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0
+PRECISION=fp32
 # value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
 # or followed by another flag); count FLAG VALUE: VALUE must be a whole number >= 1. Both run
 # before anything is installed or built.
@@ -50,11 +54,15 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$(value "$@") || exit 2; count --rounds "$ROUNDS"; shift 2 ;;
     --hostfile) HOSTFILE=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --precision) PRECISION=$(value "$@") || exit 2
+      [[ "$PRECISION" =~ ^(fp32|bf16)$ ]] ||
+        { echo "compare.sh: error: --precision must be fp32 or bf16 (got '$PRECISION')" >&2; exit 2; }
+      shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --palm) PALM=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -99,9 +107,12 @@ measure_peak() {
   (for _ in $(seq "$(nproc)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only & done; wait) |
     awk '{s += $1; n++} END {printf "%.2f", s / n}'
 }
+export PWM_COMPARE_PRECISION="$PRECISION"
+echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
 PEAK=$(measure_peak)
-echo "GEMM peak per core, all cores busy: $PEAK GFLOP/s"
-WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK" "${EXTRA[@]}")
+echo "GEMM peak per core ($PRECISION), all cores busy: $PEAK GFLOP/s"
+WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
+          --precision "$PRECISION" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
   local tag="$name"; [ "$ROUNDS" -gt 1 ] && tag="$name.r$ROUND"
@@ -180,6 +191,7 @@ import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16, "cluster": sys.argv[6],
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
            "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
+           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"],
            "gemm_peak_gflops_per_core": {"before": float(sys.argv[4]), "after": float(sys.argv[5]),
                                          "used_for_mfu": float(sys.argv[4])}}, open(sys.argv[1], "w"))
 PY
@@ -220,6 +232,7 @@ json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_
            "cluster": sys.argv[6] or "one host",
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
            "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
+           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"],
            "gemm_peak_gflops_per_core": {"before": start, "after": end, "used_for_mfu": max(start, end)}},
           open(sys.argv[1], "w"))
 PY

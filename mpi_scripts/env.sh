@@ -16,7 +16,7 @@ export OMPI_MCA_btl_base_warn_component_unused=0
 
 # Debian packages the project needs (names checked on Debian 12 / Ubuntu 22.04+).
 PWM_PACKAGES=(cmake ninja-build g++ make libeigen3-dev libfmt-dev
-              libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev gnuplot-nox python3 ccache)
+              libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev gnuplot-nox python3 ccache)
 case "$PWM_MPI" in
   openmpi)
     BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build}"

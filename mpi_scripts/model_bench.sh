@@ -2,6 +2,10 @@
 # Model throughput, side by side with the PyTorch peer (../shared/peers/torch_palm_bench.py beside the repository, or
 # $PWM_TORCH_PEER), both on ONE thread, same reference config, same machine, one after the other.
 # Prints model_bench's figures, the peer's, and the ratio (issue 3 accepts >= 1.2x and MFU >= 50%).
+# Both precisions (issue 18; PWM_BENCH_PRECISIONS="fp32 bf16" by default):
+#   fp32: model_bench --precision fp32 vs torch_palm_bench.py 1 (fp32, the BLAS rule below)
+#   bf16: model_bench --precision bf16 vs torch_ddp_bench.py --ranks 1 --batch 16 --dtype bfloat16
+#         (the same model under CPU autocast: bf16 matmuls through PyTorch's oneDNN)
 #
 # The peer's BLAS: Debian's python3-torch calls sgemm_ from libblas.so.3. With the default
 # pthread OpenBLAS, torch.set_num_threads(1) does not reach OpenBLAS, which then runs 2 threads;
@@ -27,38 +31,66 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset: autodetect>}"
 # The machine may be shared: each side runs $ROUNDS times, alternating, and each side's best
 # median counts (the same rule for both).
 ROUNDS="${PWM_BENCH_ROUNDS:-2}"
+PRECISIONS="${PWM_BENCH_PRECISIONS:-fp32 bf16}"
+DDP_PEER="${PWM_TORCH_DDP_PEER:-$(dirname "$PEER")/torch_ddp_bench.py}"
 pwm_install_packages python3-torch libopenblas0-openmp
-run_ours() {  # prints model_bench's output; leaves the JSON in $OUT.<round>
-  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PWM_MODEL_THREADS=1 \
-    "$BUILD_DIR/bench/model/model_bench" --steps "$STEPS" --warmup "$WARMUP" --json "$OUT.$1" "${@:2}"
+echo "$("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
+run_ours() {  # run_ours PRECISION ROUND [flags]: prints model_bench's output; JSON in $OUT.<precision>.<round>
+  local cmd=(env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PWM_MODEL_THREADS=1
+             "$BUILD_DIR/bench/model/model_bench" --steps "$STEPS" --warmup "$WARMUP" --precision "$1"
+             --json "$OUT.$1.$2" "${@:3}")
+  echo "\$ ${cmd[*]}"
+  "${cmd[@]}"
 }
-run_peer() {  # prints the peer's median tokens/s on stdout, its output on stderr
-  "$@" /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP" | tee /dev/stderr |
-    grep -o 'tokens/s median=[0-9]*' | cut -d= -f2
+run_peer() {  # prints the peer's median tokens/s on stdout, its command and output on stderr
+  echo "\$ $*" >&2
+  local o  # not tee /dev/stderr: reopening a redirected stderr file truncates it
+  o=$("$@") || return 1
+  echo "$o" >&2
+  grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2
 }
-peer=0
-for r in $(seq 1 "$ROUNDS"); do
-  echo "== round $r: model_bench (C++, 1 thread)"
-  run_ours "$r" "$@"
-  echo "== round $r: torch peer, pthread OpenBLAS, OPENBLAS_NUM_THREADS=1"
-  t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1) && [ "$t" -gt "$peer" ] && peer=$t
-  echo "== round $r: torch peer, OpenMP OpenBLAS (libopenblas0-openmp), OMP_NUM_THREADS=1"
-  t=$(run_peer env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OMP_NUM_THREADS=1) &&
-    [ "$t" -gt "$peer" ] && peer=$t
+declare -A PEER_TPS
+for prec in $PRECISIONS; do
+  peer=0
+  for r in $(seq 1 "$ROUNDS"); do
+    echo "== $prec round $r: model_bench (C++, 1 thread)"
+    run_ours "$prec" "$r" "$@"
+    if [ "$prec" = fp32 ]; then
+      echo "== fp32 round $r: torch peer, pthread OpenBLAS, OPENBLAS_NUM_THREADS=1"
+      t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") &&
+        [ "$t" -gt "$peer" ] && peer=$t
+      echo "== fp32 round $r: torch peer, OpenMP OpenBLAS (libopenblas0-openmp), OMP_NUM_THREADS=1"
+      t=$(run_peer env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OMP_NUM_THREADS=1 \
+            /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") && [ "$t" -gt "$peer" ] && peer=$t
+    else
+      echo "== bf16 round $r: torch peer, CPU autocast bf16, one rank of one thread"
+      t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$DDP_PEER" --ranks 1 --batch 16 \
+            --steps "$STEPS" --warmup "$WARMUP" --dtype bfloat16) && [ "$t" -gt "$peer" ] && peer=$t
+    fi
+  done
+  PEER_TPS[$prec]=$peer
 done
 
-python3 - "$OUT" "$ROUNDS" "$peer" <<'EOF2'
-import json, shutil, sys
-out, rounds, peer = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-runs = [json.load(open(f"{out}.{r}")) for r in range(1, rounds + 1)]
-best = max(runs, key=lambda j: j["tokens_per_s"])
-best["peer_tokens_per_s"] = peer
-best["ratio_vs_peer"] = best["tokens_per_s"] / peer
-json.dump(best, open(out, "w"), indent=2)
-ratio, mfu = best["ratio_vs_peer"], 100 * best["mfu"]
-print(f"== summary: model_bench {best['tokens_per_s']:.0f} tokens/s (MFU {mfu:.1f}% of a measured "
-      f"{best['peak_gflops']:.1f} GFLOP/s sgemm peak), torch peer {peer:.0f} tokens/s (best single-thread "
-      f"BLAS); best medians of {rounds} alternating rounds each")
-print(f"== ratio {ratio:.2f}x (bar 1.2x: {'PASS' if ratio >= 1.2 else 'FAIL'}), "
-      f"MFU {mfu:.1f}% (bar 50%: {'PASS' if mfu >= 50 else 'FAIL'}); written to {out}")
+python3 - "$OUT" "$ROUNDS" "$PRECISIONS" "${PEER_TPS[fp32]:-0}" "${PEER_TPS[bf16]:-0}" <<'EOF2'
+import json, sys
+out, rounds, precisions = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+peers = {"fp32": float(sys.argv[4]), "bf16": float(sys.argv[5])}
+summary = {}
+for prec in precisions:
+    runs = [json.load(open(f"{out}.{prec}.{r}")) for r in range(1, rounds + 1)]
+    best = max(runs, key=lambda j: j["tokens_per_s"])
+    peer = peers[prec]
+    best["peer_tokens_per_s"] = peer
+    best["ratio_vs_peer"] = best["tokens_per_s"] / peer if peer else 0.0
+    summary[prec] = best
+    ratio, mfu = best["ratio_vs_peer"], 100 * best["mfu"]
+    what = "torch_palm_bench.py fp32, best single-thread BLAS" if prec == "fp32" else \
+           "torch_ddp_bench.py --ranks 1 --dtype bfloat16 (autocast)"
+    print(f"== {prec}: model_bench {best['tokens_per_s']:.0f} tokens/s (MFU {mfu:.1f}% of a measured "
+          f"{best['peak_gflops']:.1f} GFLOP/s {prec} GEMM peak), torch {peer:.0f} tokens/s ({what}); "
+          f"best medians of {rounds} alternating rounds each")
+    print(f"== {prec}: ratio ours/theirs {ratio:.2f}x (bar 1.2x: {'PASS' if ratio >= 1.2 else 'FAIL'})")
+print(f"== {summary[precisions[0]]['bf16_info']}")
+json.dump(summary, open(out, "w"), indent=2)
+print(f"== written to {out}")
 EOF2

@@ -2,8 +2,10 @@
 # spmd_train throughput on the reference config (issue 4's benchmark), all in one run:
 # dp=1 (batch 16), dp=2 (batch 32: weak scaling, 16 sequences per rank; default 25 MiB bucket),
 # dp=2 with 4 MiB buckets and overlap on and off,
-# and the PyTorch peer at two threads for reference. Writes results/spmd_bench.json.
-# Usage: mpi_scripts/spmd_bench.sh [STEPS]
+# and the PyTorch peer at two threads for reference; then (issue 18) dp=2 in both precisions
+# against PyTorch DDP (torch_ddp_bench.py, gloo, one thread per rank, batch 32) in float32 and
+# bfloat16 autocast. Writes results/spmd_bench.json.
+# Usage: mpi_scripts/spmd_bench.sh [STEPS]   (PWM_BENCH_PRECISIONS="fp32 bf16" by default)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 STEPS="${1:-20}"
 pwm_install_deps
@@ -24,9 +26,26 @@ run dp2_b4m_overlap 2 --dp 2 --batch 32 --bucket-bytes 4194304
 run dp2_b4m_nooverlap 2 --dp 2 --batch 32 --bucket-bytes 4194304 --no-overlap
 echo "== PyTorch peer, 2 threads"
 peer=$(pwm_torch_peer 2 "$STEPS" 5)
-python3 - "$OUT" "$peer" <<'PY'
+# dp = 2 against DDP, per precision (the DDP peer beside torch_palm_bench.py).
+DDP_PEER="${PWM_TORCH_DDP_PEER:-${PWM_TORCH_PEER:-$PWM_ROOT/../shared/peers/torch_palm_bench.py}}"
+[ -n "${PWM_TORCH_DDP_PEER:-}" ] || DDP_PEER="$(dirname "$DDP_PEER")/torch_ddp_bench.py"
+echo "$("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
+DDP_TPS=()
+for prec in ${PWM_BENCH_PRECISIONS:-fp32 bf16}; do
+  run "dp2_$prec" 2 --dp 2 --batch 32 --precision "$prec"
+  dtype=float32; [ "$prec" = bf16 ] && dtype=bfloat16
+  cmd=(env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$DDP_PEER" --ranks 2 --batch 32
+       --steps "$STEPS" --warmup 5 --dtype "$dtype")
+  echo "\$ ${cmd[*]}"
+  o=$("${cmd[@]}") || o=""
+  echo "$o"
+  t=$(grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2)
+  DDP_TPS+=("$prec=$t")
+done
+python3 - "$OUT" "$peer" "${DDP_TPS[@]}" <<'PY'
 import json, sys
 out, peer = sys.argv[1], float(sys.argv[2])
+ddp = {a.split("=")[0]: float(a.split("=")[1] or 0) for a in sys.argv[3:]}
 def final(name):
     for line in open(f"{out}/spmd_{name}.jsonl"):
         j = json.loads(line)
@@ -42,6 +61,13 @@ ratio = r["dp2"]["tokens_per_s"] / peer
 print(f"\nweak-scaling efficiency dp=2 vs dp=1: {100*eff:.1f}% (bar 90%)")
 print(f"dp=2 vs PyTorch peer at 2 threads: {ratio:.2f}x (bar 1.2x)")
 print(f"overlap on vs off (dp=2, 4 MiB buckets): {r['dp2_b4m_overlap']['tokens_per_s']/r['dp2_b4m_nooverlap']['tokens_per_s']:.3f}x")
+vs_ddp = {}
+for prec, t in ddp.items():
+    ours = final(f"dp2_{prec}")["tokens_per_s"]
+    r[f"dp2_{prec}"] = final(f"dp2_{prec}")
+    vs_ddp[prec] = {"ours_tokens_per_s": ours, "ddp_tokens_per_s": t, "ratio": ours / t if t else 0.0}
+    print(f"dp=2 {prec}: spmd_train {ours:.0f} tokens/s vs PyTorch DDP {'bfloat16 autocast' if prec == 'bf16' else 'float32'} "
+          f"{t:.0f}: {vs_ddp[prec]['ratio']:.2f}x (bar 1.2x)")
 json.dump({"runs": r, "torch_peer_2threads_tokens_per_s": peer, "weak_scaling_efficiency": eff,
-           "dp2_vs_peer": ratio}, open(f"{out}/spmd_bench.json", "w"), indent=1)
+           "dp2_vs_peer": ratio, "dp2_vs_ddp": vs_ddp}, open(f"{out}/spmd_bench.json", "w"), indent=1)
 PY

@@ -14,6 +14,7 @@
 #include "common/trace.h"
 #include "model/data.h"
 #include "model/full_state.h"
+#include "model/kernels.h"
 #include "model/train_config.h"
 #include "spmd/trainer.h"
 
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());
         cfg.validate_kill_rank(env.size());
+        model::apply_precision(cfg);
         model::check_memory(cfg, host_ranks);
         if (env.rank() == 0) model::check_output_paths(cfg);
         data = model::open_training_data(cfg);
@@ -98,6 +100,8 @@ int main(int argc, char** argv) {
                  env.size(), cfg.replicas, cfg.dp, cfg.fsdp ? " (fsdp)" : "", cfg.tp,
                  cfg.replicas > 1 ? fmt::format(" ({} replica reduce)", cfg.replica_reduce) : "", cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len,
                  cfg.microbatches, cfg.data, data->size(), peak);
+    if (env.rank() == 0 && cfg.precision != "fp32")
+      fmt::print("[spmd] precision {}: {}\n", cfg.precision, model::bf16_info());
     if (env.rank() == 0) {
       const std::string spans = replicas_spanning_hosts(cfg, hosts);
       if (!spans.empty()) fmt::print("{}\n", spans);

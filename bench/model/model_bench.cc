@@ -57,12 +57,22 @@ int run(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
   app.add_option("--gemm", backend, "avx512 | blas | eigen")->capture_default_str();
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "fp32, or bf16 (bf16 products with fp32 sums, oneDNN)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--json", json_path, "write the figures to this JSON file");
   bool peak_only = false;
   app.add_flag("--peak-only", peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
+  bool info_only = false;
+  app.add_flag("--bf16-info", info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
   app.add_flag("--profile", profile, "time each piece of the step (adds a little overhead)");
   CLI11_PARSE(app, argc, argv);
   set_gemm_backend(parse_gemm_backend(backend));
+  set_precision(parse_precision(precision));
+  if (info_only) {
+    std::printf("%s\n", bf16_info().c_str());
+    return 0;
+  }
   if (peak_only) {
     std::printf("%.2f\n", gemm_gflops(1024, 1024, 1024, false, false, 10));
     return 0;
@@ -135,20 +145,22 @@ int run(int argc, char** argv) {
   peak = std::max(peak, gemm_gflops(1024, 1024, 1024, false, false, peak_reps));
   const double mfu = gflops / peak;
 
-  std::printf("model_bench: %s batch=%lld params=%lld gemm=%s threads=1\n", cfg.to_string().c_str(),
-              static_cast<long long>(batch), static_cast<long long>(cfg.num_params()),
-              backend.c_str());
-  const std::string gemm_lib = backend == "blas"     ? blas_info()
+  std::printf("model_bench: %s batch=%lld params=%lld gemm=%s precision=%s threads=1\n",
+              cfg.to_string().c_str(), static_cast<long long>(batch),
+              static_cast<long long>(cfg.num_params()), backend.c_str(), precision.c_str());
+  const std::string gemm_lib = precision == "bf16"   ? "oneDNN matmul, bf16 operands, fp32 sums"
+                               : backend == "blas"   ? blas_info()
                                : backend == "avx512" ? "pwm AVX-512 sgemm (model/gemm_avx512.cc)"
                                                      : "Eigen";
+  std::printf("%s\n", bf16_info().c_str());
   std::printf("gemm library: %s\n", gemm_lib.c_str());
   std::printf("step_ms median=%.1f min=%.1f max=%.1f  loss=%.4f\n", step_s * 1e3,
               *std::min_element(times.begin(), times.end()) * 1e3,
               *std::max_element(times.begin(), times.end()) * 1e3, loss);
   std::printf("tokens/s=%.0f  achieved GFLOP/s=%.2f  (flops/token=%.3fM)\n", tokens_per_s, gflops,
               cfg.flops_per_token() / 1e6);
-  std::printf("gemm peak GFLOP/s=%.2f (sgemm 1024^3, best of 2x%d)  MFU=%.1f%%\n", peak, peak_reps,
-              100.0 * mfu);
+  std::printf("gemm peak GFLOP/s=%.2f (%s 1024^3, best of 2x%d)  MFU=%.1f%%\n", peak,
+              precision == "bf16" ? "bf16 gemm" : "sgemm", peak_reps, 100.0 * mfu);
   if (profile) {
     const double n = steps;
     std::printf(
@@ -175,7 +187,8 @@ int run(int argc, char** argv) {
                         {"params", cfg.num_params()},   {"step_ms", step_s * 1e3},
                         {"gemm", backend},              {"config", cfg.to_string()},
                         {"batch", batch},
-                        {"gemm_library", gemm_lib}};
+                        {"gemm_library", gemm_lib},     {"precision", precision},
+                        {"bf16_info", bf16_info()}};
     std::ofstream f(json_path);
     if (!f) PWM_THROW("cannot write --json file {}", json_path);
     f << j.dump(2) << "\n";

@@ -19,6 +19,7 @@
 #include "common/trace.h"
 #include "model/data.h"
 #include "model/full_state.h"
+#include "model/kernels.h"
 #include "pathways/runtime.h"
 #include "pathways/train/kernels.h"
 #include "pathways/train/trainer.h"
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
           cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
         }
         cfg.validate_kill_rank(env.size());  // world ranks: 0 is the controller
+        model::apply_precision(cfg);
         if (env.rank() != 0) model::check_memory(cfg, workers_here);
         if (env.rank() == 0) {
           model::check_output_paths(cfg);
@@ -150,6 +152,7 @@ int main(int argc, char** argv) {
                po.stages > 1 ? fmt::format("pipeline S={} {}", po.stages, po.schedule)
                              : fmt::format("{} replicas={} dp={} tp={}", po.granularity, cfg.replicas, cfg.dp, cfg.tp),
                cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len, cfg.microbatches, peak);
+    if (cfg.precision != "fp32") fmt::print("[pathways] precision {}: {}\n", cfg.precision, model::bf16_info());
     pathways::Client client = rt.client("trainer");
     pathways::train::run_training(cfg, po, client, rt.num_islands(), peak, resume);
     rt.shutdown();

@@ -46,6 +46,29 @@ def case_bitwise_equal_to_spmd():
                                  exe="pathways"), "pathways chained --sequential")
 
 
+def case_bitwise_equal_to_spmd_bf16():
+    # --precision bf16: the same bits as spmd_train on the same sharding (oneDNN's matmul is
+    # deterministic for a fixed shape and ISA, and both trainers run the same shapes), and the
+    # same bits from a second spmd_train run. The fp32 run must differ: the flag reached the
+    # ranks that multiply.
+    bf16 = ["--precision", "bf16"]
+    fp32 = sc.train(2, "spmd_dp2_fp32", ["--dp", "2"])
+    for mesh in (["--dp", "2"], ["--tp", "2"]):
+        ref = sc.train(2, "spmd_bf16" + "".join(mesh), mesh + bf16)
+        if mesh == ["--dp", "2"]:
+            assert_bitwise(ref, sc.train(2, "spmd_bf16_again", mesh + bf16), "spmd_train bf16, second run")
+            s0 = min(ref[0])
+            assert ref[0][s0]["loss"] != fp32[0][s0]["loss"], "bf16 gave the fp32 bits: the flag did not reach the GEMMs"
+        for g in ("fused", "chained"):
+            got = sc.train(3, g + "_bf16" + "".join(mesh), mesh + bf16 + ["--granularity", g], exe="pathways")
+            assert_bitwise(ref, got, f"pathways {g} {' '.join(mesh)} --precision bf16")
+    # A bad value: one line, every rank exits non-zero, no output left.
+    m = os.path.join(sc.TMP, "bad_precision.jsonl")
+    for exe, n in (("spmd", 2), ("pathways", 3)):
+        sc.expect_error(n, sc.TINY + ["--precision", "fp16", "--metrics", m], "--precision: fp16 not in {fp32,bf16}",
+                        [m], exe=exe)
+
+
 def case_pipeline_matches_spmd():
     # Tolerance: the pipeline sums the tied embedding's gradient as (head parts) + (lookup parts)
     # instead of interleaved per micro-batch; the difference is float rounding (~1e-7 relative)

@@ -1,0 +1,215 @@
+// bf16 matrix products through oneDNN (docs/model.md, "bf16").
+//
+// Why this shape: oneDNN's matmul picks the best kernel for the CPU at run time (AMX, AVX512-BF16
+// vdpbf16ps, or an AVX-512/AVX2 fallback that upconverts), so one code path serves every x86
+// CPU. The model's tensors stay fp32; each call rounds its two operands to bf16 into per-thread
+// buffers (the stored layout is kept: oneDNN's brgemm takes transposed operands directly) and
+// oneDNN accumulates in fp32 into the fp32 C. alpha is an output scale, beta a sum post-op.
+//
+// Determinism: a primitive is created once per (shape, transposes, ldc, alpha, beta) and cached
+// per thread; with one thread and a fixed ISA a primitive sums in a fixed order, so the same
+// inputs give the same bits. Every rank of a job runs the same shapes on the same ISA, which is
+// why spmd_train and pathways_train stay bitwise equal in bf16 as in fp32.
+#include "model/gemm_bf16.h"
+
+#include <cpuid.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/check.h"
+
+#ifdef PWM_HAVE_ONEDNN
+#include <omp.h>
+
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#endif
+
+namespace pwm::model::detail {
+
+namespace {
+
+// Round to nearest even on the bit pattern (what vcvtneps2bf16 does); a NaN keeps a quiet NaN
+// (adding the rounding bias could carry it into infinity). Branch-free so it vectorizes.
+inline uint16_t to_bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// Rows x cols of a row-major matrix with leading dimension ld, packed densely as bf16.
+void pack_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ld;
+    uint16_t* o = out + r * cols;
+    for (int64_t c = 0; c < cols; ++c) o[c] = to_bf16_bits(xr[c]);
+  }
+}
+
+}  // namespace
+
+void round_to_bf16(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(to_bf16_bits(x[i])) << 16;
+    std::memcpy(&y[i], &u, 4);
+  }
+}
+
+bool cpu_has_avx512_bf16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u);
+}
+bool cpu_has_amx_bf16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u);
+}
+
+#ifndef PWM_HAVE_ONEDNN
+
+bool bf16_gemm_available() { return false; }
+bool onednn_bf16_usable() { return false; }
+bool gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+               int64_t, float, float*, int64_t) {
+  return false;
+}
+std::string onednn_info() { return "no oneDNN"; }
+std::string onednn_impl(bool, bool, int64_t, int64_t, int64_t, int64_t) { return "none"; }
+
+#else
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+// (ta, tb, M, N, K, ldc, alpha, beta): everything a primitive is specialized on.
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+struct Cached {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c;
+  size_t scratch = 0;  // bytes of scratchpad the primitive needs
+};
+
+struct ThreadState {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  std::map<Key, Cached> prims;
+  std::vector<uint16_t> a, b;  // bf16 operands, grown as needed
+  // The primitives' scratchpad (user mode): one buffer per thread, grown as needed. oneDNN's
+  // default would allocate and free it on every execution, and a large malloc is an mmap whose
+  // pages fault in again on every call.
+  std::vector<uint8_t> scratch;
+};
+
+ThreadState& state() {
+  thread_local ThreadState s;
+  return s;
+}
+
+dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Key& k, Cached& out) {
+  const auto [ta, tb, M, N, K, ldc, alpha, beta] = k;
+  // Operands are packed densely in their stored layout: A is [M,K] or (ta) [K,M]; B is [K,N]
+  // or (tb) [N,K]. oneDNN describes op(A) [M,K] and op(B) [K,N] by strides.
+  out.a = dnnl::memory::desc({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
+  out.b = dnnl::memory::desc({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+  out.c = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(out.a, out.b, out.c), attr, eng);
+}
+
+Cached& primitive(ThreadState& s, const Key& k) {
+  auto it = s.prims.find(k);
+  if (it != s.prims.end()) return it->second;
+  Cached c;
+  const auto pd = make_pd(s.eng, k, c);
+  c.scratch = pd.scratchpad_desc().get_size();
+  c.prim = dnnl::matmul(pd);
+  return s.prims.emplace(k, std::move(c)).first->second;
+}
+
+bool probe_usable() {
+  try {
+    Cached c;
+    make_pd(state().eng, Key{false, false, 4, 4, 4, 4, 1.0f, 0.0f}, c);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // no bf16 matmul implementation for this ISA
+  }
+}
+
+}  // namespace
+
+bool bf16_gemm_available() { return true; }
+bool onednn_bf16_usable() {
+  static const bool usable = probe_usable();
+  return usable;
+}
+
+bool gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (!onednn_bf16_usable()) return false;
+  if (K == 0) {  // oneDNN rejects empty reductions; C = beta C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return true;
+  }
+  // One thread per rank (as every kernel here): oneDNN's OpenMP team of this thread.
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
+  ThreadState& s = state();
+  const size_t na = static_cast<size_t>(M * K), nb = static_cast<size_t>(K * N);
+  if (s.a.size() < na) s.a.resize(na);
+  if (s.b.size() < nb) s.b.resize(nb);
+  if (ta)
+    pack_bf16(A, K, M, lda, s.a.data());
+  else
+    pack_bf16(A, M, K, lda, s.a.data());
+  if (tb)
+    pack_bf16(B, N, K, ldb, s.b.data());
+  else
+    pack_bf16(B, K, N, ldb, s.b.data());
+  Cached& p = primitive(s, Key{ta, tb, M, N, K, ldc, alpha, beta});
+  if (s.scratch.size() < p.scratch) s.scratch.resize(p.scratch);
+  dnnl::memory ma(p.a, s.eng, s.a.data()), mb(p.b, s.eng, s.b.data()), mc(p.c, s.eng, C);
+  dnnl::memory ms(dnnl::memory::desc({static_cast<int64_t>(p.scratch)}, dt::u8, dnnl::memory::dims{1}),
+                  s.eng, s.scratch.data());
+  p.prim.execute(s.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
+                          {DNNL_ARG_SCRATCHPAD, ms}});
+  s.strm.wait();
+  return true;
+}
+
+std::string onednn_info() {
+  const dnnl_version_t* v = dnnl_version();
+  std::string isa;
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    default: isa = "isa#" + std::to_string(static_cast<int>(dnnl_get_effective_cpu_isa()));
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + ", isa " + isa;
+}
+
+std::string onednn_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t ldc) {
+  Cached c;
+  return make_pd(state().eng, Key{ta, tb, M, N, K, ldc, 1.0f, 0.0f}, c).impl_info_str();
+}
+
+#endif
+
+}  // namespace pwm::model::detail
