@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 
 #include "common/check.h"
 #include "common/stats.h"
@@ -55,6 +56,9 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   }
   RunOptions ro;
   ro.sequential = o.sequential;
+  // The pipeline's schedule is the order of each stage's nodes: run in that order, a stage holds
+  // the activations its schedule keeps (1F1B: at most S - s micro-batches), not all M.
+  ro.in_order = pipe;
   auto run = [&](const Program& p, const std::vector<Array>& in, const std::string& what) {
     const int64_t t0 = now_us();
     auto out = client.run(p, in, ro);
@@ -250,6 +254,25 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   for (auto& sl : slices)
     for (int64_t b : run(single(names("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>()) peak_rss = std::max(peak_rss, b);
   report.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  {
+    // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water
+    // marks and of their intermediates (activations, gradients in flight) alive at once.
+    std::map<int, WorkerStats> by_rank;
+    for (const WorkerStats& w : client.stats()) by_rank[w.rank] = w;
+    std::vector<double> store, inter;
+    for (auto& sl : slices) {
+      uint64_t hw = 0, in = 0;
+      for (int d : sl.devices()) {
+        const WorkerStats& w = by_rank[d + 1];  // device d is world rank d + 1
+        hw = std::max(hw, w.high_water_bytes);
+        in = std::max(in, w.peak_intermediate_bytes);
+      }
+      store.push_back(static_cast<double>(hw));
+      inter.push_back(static_cast<double>(in));
+    }
+    report.set_extra_list("peak_store_bytes", store);
+    report.set_extra_list("peak_intermediate_bytes", inter);
+  }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
   if (R > 1) {
