@@ -43,11 +43,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
                          double peak_gflops, bool resume, const KernelNames& names) {
   const bool pipe = o.stages > 1;
   const int R = pipe ? 1 : cfg.replicas;  // > 1: one dp x tp slice per island, exchanging gradients
-  const int tp = pipe ? 1 : cfg.tp;
-  const int devices = pipe ? o.stages : cfg.dp * cfg.tp;
+  const int tp = cfg.tp;
+  const int devices = cfg.dp * cfg.tp;  // per slice (a pipeline: per stage)
   const Shapes sh(cfg, PipelineShape{o.stages});
   const std::string name = pipe ? fmt::format("pathways-pipeline-{}", o.schedule) : "pathways-" + o.granularity;
-  model::TrainReport report(cfg, name, devices * R, peak_gflops, true);
+  model::TrainReport report(cfg, name, devices * R * o.stages, peak_gflops, true);
   Trace trace(!cfg.trace.empty(), 0, 0);
   {
     char host[256] = {};
@@ -74,7 +74,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
 
   std::vector<Slice> slices;
   if (pipe)
-    for (int s = 0; s < o.stages; ++s) slices.push_back(client.allocate(1, {}, s % num_islands));
+    for (int s = 0; s < o.stages; ++s) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, s % num_islands));
   else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
     for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
   else
@@ -119,7 +119,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     if (!pipe) return states[0].*which;
     std::vector<Array> in;
     for (auto& s : states) in.push_back(s.*which);
-    return run(single(names("merge"), slices[0], in, {1}), in, "merge")[0];
+    return run(single(names("merge"), slices[0], in, {tp}), in, "merge")[0];
   };
   auto evaluate = [&]() {
     if (R > 1) {  // every island evaluates its rows of its own (identical) parameters; island 0 adds
