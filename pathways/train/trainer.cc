@@ -74,7 +74,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
 
   std::vector<Slice> slices;
   if (pipe)
-    for (int s = 0; s < o.stages; ++s) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, s % num_islands));
+    // Stage s on island s while there are islands enough (one island per stage); the stages
+    // beyond on the least loaded devices of any island (island s mod K could be a one-device
+    // island already holding a stage while another island's devices idle).
+    for (int s = 0; s < o.stages; ++s)
+      slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, s < num_islands ? s : -1));
   else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
     for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
   else
@@ -272,6 +276,14 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     }
     report.set_extra_list("peak_store_bytes", store);
     report.set_extra_list("peak_intermediate_bytes", inter);
+  }
+  if (pipe) {  // the stage layout: S slices of dp x tp devices, and the island of each stage
+    report.set_extra("stages", o.stages);
+    report.set_extra("stage_dp", cfg.dp);
+    report.set_extra("stage_tp", cfg.tp);
+    std::vector<double> isl;
+    for (auto& sl : slices) isl.push_back(sl.island());
+    report.set_extra_list("stage_islands", isl);
   }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
