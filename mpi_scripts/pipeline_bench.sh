@@ -55,16 +55,16 @@ pwm_build >/dev/null
 pwm_warn_if_busy
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-echo "pipeline_bench: $(nproc) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
 WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops 50 "${EXTRA[@]}")
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = openmpi ] && LOCAL+=(--mca mpi_yield_when_idle 1)
 RUNS=()
-run() {  # run WHERE NAME LAUNCHER... -- N BIN FLAGS...
+run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")
   local where=$1 name=$2; shift 2
-  local launch=(); while [ "$1" != "--" ]; do launch+=("$1"); shift; done; shift
+  local launch=(); while [ "$1" != "::" ]; do launch+=("$1"); shift; done; shift
   local n=$1 bin=$2; shift 2
   local m="$OUT/pipe_${where}_$name.jsonl"
   local cmd=("${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" --metrics "$m")
@@ -79,10 +79,10 @@ sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
   local where=$1 mode=$2; shift 2
   for S in $STAGES; do
     local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x1")
-    run "$where" "spmd_dp$S" "$@" -- "$S" "$SPMD" --dp "$S"
+    run "$where" "spmd_dp$S" "$@" :: "$S" "$SPMD" --dp "$S"
     for M in $MICRO; do
       for K in $SCHEDS; do
-        run "$where" "S${S}_M${M}_$K" "$@" -- $((S + 1)) "$PT" --stages "$S" "${isl[@]}" --microbatches "$M" --schedule "$K"
+        run "$where" "S${S}_M${M}_$K" "$@" :: $((S + 1)) "$PT" --stages "$S" "${isl[@]}" --microbatches "$M" --schedule "$K"
       done
     done
   done
