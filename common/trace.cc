@@ -30,6 +30,12 @@ void Trace::span(const std::string& name, const char* category, int64_t start_us
                                 pid_, tid, args_json.empty() ? "" : ",\"args\":" + args_json));
 }
 
+void Trace::counter(const std::string& name, const std::string& series, int64_t ts_us, double value) {
+  if (!enabled_) return;
+  events_.push_back(fmt::format(R"({{"name":"{}","ph":"C","ts":{},"pid":{},"args":{{"{}":{}}}}})", escape(name),
+                                ts_us - origin_, pid_, escape(series), value));
+}
+
 void Trace::process_name(const std::string& name) {
   if (!enabled_) return;
   events_.push_back(fmt::format(R"({{"name":"process_name","ph":"M","pid":{},"args":{{"name":"{}"}}}})", pid_, escape(name)));

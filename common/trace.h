@@ -21,6 +21,8 @@ class Trace {
   // A complete event [start_us, end_us) in now_us() time on thread row `tid`.
   void span(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
             int tid = 0, const std::string& args_json = "");
+  // A counter track `name` (one series, `series`) taking `value` at ts_us.
+  void counter(const std::string& name, const std::string& series, int64_t ts_us, double value);
   void process_name(const std::string& name);
   void thread_name(int tid, const std::string& name);
 

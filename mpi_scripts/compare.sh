@@ -4,7 +4,9 @@
 #   spmd        spmd_train, dp = NP                         (mpirun -n NP)
 #   fused       pathways_train --granularity fused, dp = NP (mpirun -n NP+1: controller + NP workers)
 #   chained     pathways_train --granularity chained
-#   pipeline    pathways_train --stages NP, one stage per island, GPipe, 8 micro-batches
+#   pipeline    pathways_train --stages NP (stages of dp=1 x tp=1 device), one stage per island,
+#               GPipe, 8 micro-batches (the report prints the stage layout; more layouts and
+#               1F1B: mpi_scripts/pipeline_bench.sh)
 # then writes results/: compare.json, loss.png, throughput.png, timeline.png, the metrics and
 # the merged Perfetto traces of every run.
 #

@@ -168,7 +168,8 @@ def main():
                    max_abs_loss_diff_vs_spmd=max(diffs) if diffs else None,
                    weights_hash=f["weights_hash"],
                    weights_identical=f["weights_hash"] == ref["final"]["weights_hash"])
-        for k in ("bubble", "bubble_bound", "dcn_bytes_per_step", "xchg_exposed_ms", "xchg_tail_ms", "peak_rss_bytes", "state_bytes"):
+        for k in ("bubble", "bubble_bound", "dcn_bytes_per_step", "xchg_exposed_ms", "xchg_tail_ms", "peak_rss_bytes", "state_bytes",
+                  "stages", "stage_dp", "stage_tp", "stage_islands", "peak_intermediate_bytes", "peak_store_bytes"):
             if k in f:
                 row[k] = f[k]
         table.append(row)
@@ -184,8 +185,15 @@ def main():
             f"{t['step_ms_p50']:.1f}", f"{t['step_ms_p90']:.1f}", f"{100 * t['mfu']:.1f}%",
             f"{100 * t['comm_or_dispatch_share']:.1f}%", f"{t['final_loss']:.4f}", f"{t['val_loss']:.4f}",
             "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else "no"]))
+        if "stages" in t:
+            print(f"{'':>12}  pipeline layout: {t['stages']:.0f} stages of dp={t['stage_dp']:.0f} x tp={t['stage_tp']:.0f} "
+                  f"devices on islands {[int(i) for i in t['stage_islands']]}")
         if "bubble" in t:
             print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
+        if "peak_intermediate_bytes" in t and "stages" in t:
+            print(f"{'':>12}  peak intermediates per stage (MiB): "
+                  + " ".join(f"{b / 2**20:.1f}" for b in t["peak_intermediate_bytes"])
+                  + "; object-store high-water per stage (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in t["peak_store_bytes"]))
     exchange_lines(table)
     if ref["rounds"] > 1:
         print(f"{'':>12}  vs spmd: the median of the {ref['rounds']} rounds' ratios (each round ran every trainer back "

@@ -257,6 +257,10 @@ struct RunOptions {
   bool sequential = false;  // node after node through the controller (the paper's baseline)
   double deadline_s = 0;    // > 0: fail the run's futures if it is not done within this time,
                             // naming the device and node it is stuck on
+  // Each worker runs the program's kernels strictly in program order (its instruction list),
+  // not as their inputs arrive: the order is the schedule (a pipeline's 1F1B); transfers still
+  // progress meanwhile. The program order must be a valid execution order (a traced program's is).
+  bool in_order = false;
 };
 
 class Client {

@@ -333,7 +333,7 @@ void Dispatcher::dispatch(RunRec& r) {
   next_xfer_base_ = (next_xfer_base_ + std::max<uint32_t>(r.lp->transfers, 1)) % tags::kDataTags;
   h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
             (opts_.island_ordering ? 0 : kRunUnordered) | (trace_.enabled() ? kRunRecord : 0) |
-            (r.awaited() ? kRunAwaited : 0);
+            (r.awaited() ? kRunAwaited : 0) | (r.opts.in_order ? kRunInOrder : 0);
   for (auto& a : r.in) h.inputs.push_back(a->id);
   auto body = encode(h);
   for (int rank : r.waiting) {

@@ -97,8 +97,11 @@ struct EvictProgram {
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
 // nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
 // the Perfetto trace; kRunAwaited: a client was waiting for the run's outputs when it was sent
-// (the worker sends its run_done before starting another kernel).
-enum RunFlags : uint8_t { kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8, kRunAwaited = 16 };
+// (the worker sends its run_done before starting another kernel); kRunInOrder: each worker runs
+// the run's kernels strictly in its instruction order (a pipeline schedule; worker.h).
+enum RunFlags : uint8_t {
+  kRunSequential = 1, kRunTrace = 2, kRunUnordered = 4, kRunRecord = 8, kRunAwaited = 16, kRunInOrder = 32
+};
 
 // kRun. The outputs are output_object_id(run_id, k) (object_id.h): the message need not carry them.
 struct RunHeader {

@@ -12,7 +12,7 @@
 namespace pwm::pathways {
 
 namespace {
-std::atomic<int64_t> g_live{0}, g_live_bytes{0};
+std::atomic<int64_t> g_live{0}, g_live_bytes{0}, g_peak_bytes{0};
 
 // Freed buffers of kPoolMinBytes or more are kept for the next buffer of the same size, as a
 // device allocator keeps device memory instead of returning it. Why: a training step's outputs
@@ -66,12 +66,21 @@ Pool& pool() {
 size_t alloc_size(size_t bytes) { return (bytes + 63) / 64 * 64 + 64; }
 }  // namespace
 
-Buffer::Buffer(size_t bytes) : p_(pool().get(alloc_size(bytes))), n_(bytes) {
+Buffer::Buffer(size_t bytes, bool lazy) : n_(bytes) {
+  if (!lazy) allocate();
+}
+
+void* Buffer::allocate() {
+  p_ = pool().get(alloc_size(n_));
   g_live++;
-  g_live_bytes += static_cast<int64_t>(bytes);
+  const int64_t now = g_live_bytes += static_cast<int64_t>(n_);
+  for (int64_t peak = g_peak_bytes.load(); now > peak && !g_peak_bytes.compare_exchange_weak(peak, now);) {
+  }
+  return p_;
 }
 
 Buffer::~Buffer() {
+  if (!p_) return;
   pool().put(p_, alloc_size(n_));
   g_live--;
   g_live_bytes -= static_cast<int64_t>(n_);
@@ -79,9 +88,10 @@ Buffer::~Buffer() {
 
 int64_t Buffer::live() { return g_live.load(); }
 int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
+int64_t Buffer::peak_live_bytes() { return g_peak_bytes.load(); }
 
-Object::Object(TensorSpec s, uint32_t writers)
-    : spec(std::move(s)), buf(spec.bytes()), state(writers ? State::kPending : State::kReady),
+Object::Object(TensorSpec s, uint32_t writers, bool lazy)
+    : spec(std::move(s)), buf(spec.bytes(), lazy), state(writers ? State::kPending : State::kReady),
       pending_writes(writers) {}
 
 void Object::write_done() {

@@ -9,7 +9,9 @@
 // worker's one thread only; the buffer cache is process-wide and locked (the in-process
 // runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to
 // 1 GiB per process, PWM_PW_BUFFER_CACHE_MB) for the next Buffer of the same size, so a new
-// Buffer's contents are undefined: its writers must write all of it.
+// Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
+// memory at its first data() (a run's intermediates: when their first writer starts), so a
+// program's buffers are not all allocated when its run arrives.
 #pragma once
 
 #include <atomic>
@@ -24,24 +26,28 @@ namespace pwm::pathways {
 
 class Buffer {
  public:
-  explicit Buffer(size_t bytes);
+  explicit Buffer(size_t bytes, bool lazy = false);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  void* data() { return p_; }
+  void* data() { return p_ ? p_ : allocate(); }
+  bool allocated() const { return p_ != nullptr; }
   size_t size() const { return n_; }
-  // Live buffers and bytes in this process (in use; not the freed ones kept for reuse).
+  // Live (allocated) buffers and bytes in this process (in use; not the freed ones kept for
+  // reuse), and the most bytes ever live at once (one worker per MPI process: that worker's).
   static int64_t live();
   static int64_t live_bytes();
+  static int64_t peak_live_bytes();
 
  private:
-  void* p_;
+  void* allocate();
+  void* p_ = nullptr;
   size_t n_;
 };
 
 struct Object {
   enum class State : uint8_t { kPending, kReady, kFailed };
-  explicit Object(TensorSpec s, uint32_t writers = 0);
+  explicit Object(TensorSpec s, uint32_t writers = 0, bool lazy = false);
   TensorSpec spec;
   Buffer buf;
   State state;

@@ -150,6 +150,7 @@ class Worker {
         lp->p = decode<WorkerProgram>(m.body);
         for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
         lp->last_s.assign(lp->p.execs.size(), 0.0);
+        count_reads(*lp);
         programs_[lp->p.id] = std::move(lp);
         break;
       }
@@ -233,6 +234,8 @@ class Worker {
         s.waiting_runs = queued_.size();
         s.memory_cap = opts_.memory_cap_bytes;
         s.peak_bytes = peak_bytes_;
+        s.high_water_bytes = static_cast<uint64_t>(Buffer::peak_live_bytes());
+        s.peak_intermediate_bytes = inter_peak_;
         chan_.send(0, StatsReply{req, s});
         break;
       }
@@ -240,6 +243,50 @@ class Worker {
       case MsgType::kHeartbeat: break;  // (heard: see loop())
       default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
     }
+  }
+
+  // Per slot, the instructions reading it (a run drops the slot after the last) and whether it
+  // is an intermediate; per instruction, the kernels before it (kRunInOrder's receive window).
+  static void count_reads(LoadedProgram& lp) {
+    const WorkerProgram& p = lp.p;
+    lp.readers.assign(p.slots.size(), 0);
+    lp.intermediate.assign(p.slots.size(), 1);
+    for (auto& b : p.params) lp.intermediate[b.slot] = 0;
+    for (auto& b : p.outputs) lp.intermediate[b.slot] = 0;
+    uint32_t execs = 0;
+    for (const Instr& in : p.instrs) {
+      lp.execs_before.push_back(execs);
+      if (in.op == Op::kExec) {
+        for (int32_t s : p.execs[in.exec].ins) lp.readers[s]++;
+        execs++;
+      } else if (in.op == Op::kSend || in.op == Op::kCopy) {
+        lp.readers[in.slot]++;
+      }
+    }
+  }
+
+  // The slot's buffer, allocated now if it is not yet (a writer is about to write it); an
+  // intermediate's bytes are counted from here until the run drops it.
+  void* write_ptr(Run& run, int32_t s) {
+    Object& o = *run.slots[s];
+    if (!o.buf.allocated() && run.prog->intermediate[s]) {
+      run.counted[s] = 1;
+      inter_live_ += o.buf.size();
+      inter_peak_ = std::max(inter_peak_, inter_live_);
+    }
+    return o.buf.data();
+  }
+  void uncount(Run& run, size_t s) {
+    if (!run.counted[s]) return;
+    run.counted[s] = 0;
+    inter_live_ -= run.slots[s]->buf.size();
+  }
+  // One reader of slot `s` is done; after the last the run lets go of the buffer (freed unless
+  // the store or another run holds it): a value lives as long as the schedule needs it.
+  void read_done(Run& run, int32_t s) {
+    if (--run.readers_left[s] > 0) return;
+    uncount(run, static_cast<size_t>(s));
+    run.slots[s].reset();
   }
 
   void start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
@@ -287,8 +334,13 @@ class Worker {
       }
       run.slots[b.slot] = obj;
     }
+    // Intermediates take memory when first written, except under a memory cap, whose admission
+    // reserves a run's buffers up front (every admitted run fits, whatever order they run in).
+    const bool lazy = opts_.memory_cap_bytes == 0;
     for (size_t s = 0; s < p.slots.size(); ++s)
-      if (!run.slots[s]) run.slots[s] = std::make_shared<Object>(p.slots[s], p.slot_writers[s]);
+      if (!run.slots[s]) run.slots[s] = std::make_shared<Object>(p.slots[s], p.slot_writers[s], lazy);
+    run.readers_left = run.prog->readers;
+    run.counted.assign(p.slots.size(), 0);
     for (auto& b : p.outputs) {
       const uint64_t oid = output_object_id(run.h.run_id, b.index);
       // Freed by the client (or its client gone) while the run waited for memory: not stored.
@@ -308,6 +360,7 @@ class Worker {
       }
     }
     run.left = n;
+    while (run.next_exec < n && p.instrs[run.next_exec].op != Op::kExec) run.next_exec++;
     if (!(run.h.flags & kRunSequential)) run.released = p.num_stages;
     runs_.push_back(std::move(run));
     peak_bytes_ = std::max(peak_bytes_, static_cast<uint64_t>(Buffer::live_bytes()));
@@ -369,7 +422,17 @@ class Worker {
   void done(Run& run, size_t i) {
     run.state[i] = kDone;
     run.left--;
-    const Instr& in = run.prog->p.instrs[i];
+    const WorkerProgram& p = run.prog->p;
+    const Instr& in = p.instrs[i];
+    if (in.op == Op::kExec) {
+      for (int32_t s : p.execs[in.exec].ins) read_done(run, s);
+      run.execs_done++;
+      while (run.next_exec < p.instrs.size() &&
+             (p.instrs[run.next_exec].op != Op::kExec || run.state[run.next_exec] == kDone))
+        run.next_exec++;
+    } else if (in.op == Op::kSend || in.op == Op::kCopy) {
+      read_done(run, in.slot);
+    }
     if (--run.stage_left[in.stage] == 0 && (run.h.flags & kRunSequential)) {
       chan_.send(0, StageDone{run.h.run_id, in.stage});
     }
@@ -396,8 +459,10 @@ class Worker {
         case Op::kRecv: {
           Object& dst = *run.slots[in.slot];
           if (run.state[i] == kWaiting) {
+            // In order: the buffer is taken only shortly before the kernels that read it.
+            if ((run.h.flags & kRunInOrder) && run.prog->execs_before[i] > run.execs_done + kInOrderRecvAhead) break;
             note_posted(run, i);
-            run.reqs[i] = t_->irecv(static_cast<char*>(dst.buf.data()) + in.offset, in.bytes, in.peer,
+            run.reqs[i] = t_->irecv(static_cast<char*>(write_ptr(run, in.slot)) + in.offset, in.bytes, in.peer,
                                     tags::data_tag(run.h.xfer_base, in.xfer));
             run.state[i] = kPosted;
             any = true;
@@ -432,8 +497,8 @@ class Worker {
           Object& src = *run.slots[in.slot];
           Object& dst = *run.slots[in.slot2];
           if (!src.resolved()) break;
-          std::memcpy(static_cast<char*>(dst.buf.data()) + in.offset2, static_cast<char*>(src.buf.data()) + in.offset,
-                      in.bytes);
+          std::memcpy(static_cast<char*>(write_ptr(run, in.slot2)) + in.offset2,
+                      static_cast<char*>(src.buf.data()) + in.offset, in.bytes);
           if (src.state == Object::State::kFailed) dst.fail(src.error);
           dst.write_done();
           done(run, i);
@@ -453,6 +518,7 @@ class Worker {
     const WorkerProgram& p = run.prog->p;
     const ExecInfo& e = p.execs[p.instrs[i].exec];
     const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+    if ((run.h.flags & kRunInOrder) && run.next_exec != i) return false;  // an earlier kernel first
     std::string failed;
     for (int32_t s : e.ins) {
       const Object& o = *run.slots[s];
@@ -473,7 +539,7 @@ class Worker {
     if (!skip) {
       std::vector<KernelContext::Buffer> ins, outs;
       for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
-      for (int32_t s : e.outs) outs.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
+      for (int32_t s : e.outs) outs.push_back({write_ptr(run, s), &run.slots[s]->spec});
       const bool trace = run.h.flags & kRunTrace;
       if (trace) node_event(run, e.node, true);
       // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
@@ -536,6 +602,7 @@ class Worker {
   }
 
   void finish_run(Run& run) {
+    for (size_t s = 0; s < run.counted.size(); ++s) uncount(run, s);
     chan_.send(0, RunDone{run.h.run_id, std::move(run.error), run.kernel_s});  // (the run ends here)
     if (run.h.flags & kRunAwaited) awaited_done_ = true;
   }
@@ -610,6 +677,9 @@ class Worker {
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
   WorkerTrace trace_;
   uint64_t peak_bytes_ = 0;
+  uint64_t inter_live_ = 0, inter_peak_ = 0;  // bytes of runs' intermediates (write_ptr)
+  // kRunInOrder: a receive is posted when at most this many kernels before it are left.
+  static constexpr uint32_t kInOrderRecvAhead = 8;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed
   bool long_kernel_ran_ = false;  // in this pass of loop()
   const double long_kernel_s_;  // LatencyPolicy::long_kernel_us, in seconds

@@ -8,8 +8,14 @@
 // other workers.
 //
 // Execution rules (why they are deadlock-free is in docs/pathways.md, "Gang scheduling"):
-//  - a run's buffers are allocated and its receives posted as soon as its stage is released
-//    (at once under parallel dispatch), before its inputs exist;
+//  - a run's receives are posted as soon as its stage is released (at once under parallel
+//    dispatch), before its inputs exist; its intermediate buffers are allocated when first
+//    written (a node's outputs when it starts, a receive's when it is posted; with a memory
+//    cap, all at admission, so that admitted runs always fit), and every buffer of a run is
+//    dropped by the run after its last reader is done (freed unless the store holds it);
+//  - a run sent with kRunInOrder runs its kernels strictly in instruction order, and posts a
+//    receive only when at most kInOrderRecvAhead kernels before it are left: the order is the
+//    schedule (a pipeline's 1F1B), so the buffers alive at once are the schedule's;
 //  - a node runs as soon as its inputs are ready, except that a node with collectives (gang
 //    scheduled) waits until every node that arrived before it on this worker is done: the
 //    controller sends runs to all workers of an island in one order, so every worker of a
@@ -22,7 +28,10 @@
 //  - a run sent with the island order off (kRunUnordered, the deadlock demonstration) starts
 //    its gang nodes as soon as their inputs are ready;
 //  - every kernel is timed: the sum per run goes back in run_done (per-client usage), and with
-//    tracing on each execution is recorded and sent to the controller before bye.
+//    tracing on each execution is recorded and sent to the controller before bye;
+//  - memory: WorkerStats' high_water_bytes (the process's live buffers at their most) and
+//    peak_intermediate_bytes (the most bytes of runs' intermediates, neither input nor output,
+//    alive at once on this worker: activations and gradients in flight).
 #pragma once
 
 #include <memory>

@@ -20,6 +20,9 @@ struct LoadedProgram {
   std::vector<const KernelDef*> kernels;  // per exec; nullptr: not registered here
   mutable std::vector<std::shared_ptr<collectives::Communicator>> comms;  // per exec, on first use
   mutable std::vector<double> last_s;  // per exec: how long it last ran here (s; 0: not yet)
+  std::vector<uint32_t> readers;       // per slot: instructions reading it (exec inputs, sends, copies)
+  std::vector<uint8_t> intermediate;   // per slot: bound to no parameter and no output
+  std::vector<uint32_t> execs_before;  // per instruction: kExec instructions before it
 };
 
 enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
@@ -42,6 +45,10 @@ struct Run {
   std::string error;                         // first error on this worker
   double kernel_s = 0;                       // summed kernel durations
   const Object* blocked_on = nullptr;        // see progress_run's fast path
+  std::vector<uint32_t> readers_left;        // per slot: readers not done (the slot is dropped at 0)
+  std::vector<uint8_t> counted;              // per slot: its bytes are in the worker's intermediate count
+  uint32_t execs_done = 0;                   // kExec instructions done
+  size_t next_exec = 0;                      // kRunInOrder: the first kExec instruction not done
 };
 
 struct Move {

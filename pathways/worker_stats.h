@@ -17,6 +17,8 @@ struct WorkerStats {
   uint64_t waiting_runs = 0;  // runs held back because their buffers do not fit the memory cap
   uint64_t memory_cap = 0;    // bytes, 0 = none
   uint64_t peak_bytes = 0;    // the most bytes of live buffers seen at a run's admission
+  uint64_t high_water_bytes = 0;  // the most bytes of live buffers ever, in this worker's process
+  uint64_t peak_intermediate_bytes = 0;  // the most bytes of runs' intermediates alive at once here
   bool operator==(const WorkerStats&) const = default;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/time.h"
+#include "pathways/object_store.h"
 
 namespace pwm::pathways::train {
 
@@ -131,7 +132,13 @@ TrainingDevice::KernelScope::KernelScope(TrainingDevice& dev, const std::string&
 TrainingDevice::KernelScope::~KernelScope() {
   const int64_t end = now_us();
   if (step_work_) dev_.busy_s_ += (end - counted_from_us_) * 1e-6;
-  if (dev_.trace_) dev_.trace_->span(name_, "kernel", start_us_, end);
+  if (dev_.trace_) {
+    dev_.trace_->span(name_, "kernel", start_us_, end);
+    // This worker's object store (one worker per process under MPI): its live buffers after the
+    // kernel (its outputs included) and their high-water mark so far.
+    dev_.trace_->counter("object store bytes", "live", end, static_cast<double>(Buffer::live_bytes()));
+    dev_.trace_->counter("object store high-water", "bytes", end, static_cast<double>(Buffer::peak_live_bytes()));
+  }
 }
 
 double TrainingDevice::KernelScope::elapsed_s() const { return (now_us() - start_us_) * 1e-6; }

@@ -285,26 +285,28 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
     for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(tp, static_cast<int>(i)));
     return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(a));
   }, replica_update);
-  // The pipeline's (tp = 1; attrs[1] = the stage, or a size or count).
-  auto stage_pieces = [S, piece](int stage) {
+  // The pipeline's (attrs[0] = tp; [1] = the stage, or a size or count). pipe_sqnorm sums its
+  // share over the stage's tp group (gang-scheduled).
+  auto stage_pieces = [S, piece](int tp, int stage) {
     const StageLayers sl = stage_layers(*S, stage);
-    std::vector<ArgSpec> in{piece(1, model::StepPlan::kTiedPiece)};
-    for (int l = sl.begin; l < sl.end; ++l) in.push_back(piece(1, model::StepPlan::layer_piece(l)));
+    std::vector<ArgSpec> in{piece(tp, model::StepPlan::kTiedPiece)};
+    for (int l = sl.begin; l < sl.end; ++l) in.push_back(piece(tp, model::StepPlan::layer_piece(l)));
     return in;
   };
-  add("pipe_sqnorm", false, [stage_pieces](Attrs a) { return sig(stage_pieces(static_cast<int>(a[1])), {split_f64(1)}); },
-      pipe_sqnorm);
-  add("pipe_update", false, [S, stage_pieces, state_out](Attrs a) {
-    const int stage = static_cast<int>(a[1]);
+  add("pipe_sqnorm", true, [stage_pieces, tp_of](Attrs a) {
+    return sig(stage_pieces(tp_of(a), static_cast<int>(a[1])), {split_f64(1)});
+  }, pipe_sqnorm);
+  add("pipe_update", false, [S, tp_of, stage_pieces, state_out](Attrs a) {
+    const int tp = tp_of(a), stage = static_cast<int>(a[1]);
     const UpdateArgs args = pipe_update_args(*S, stage);
     const ArgSpec total = split_f64(1);
     std::vector<ArgSpec> losses(args.losses, split_f64(1));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(1)), &total, stage_pieces(stage), losses),
+    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), &total, stage_pieces(tp, stage), losses),
                state_out(a));
   }, pipe_update);
-  add("merge", false, [S](Attrs) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(S->pipe().stages), split_f32(S->total(1))),
-               {split_f32(S->total(1))});
+  add("merge", false, [S, tp_of](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(S->pipe().stages), split_f32(S->total(tp_of(a)))),
+               {split_f32(S->total(tp_of(a)))});
   }, merge);
   add("zeros", false, [](Attrs a) { return sig({}, {split_f32(a[1])}); }, zeros);
   add("add", false, [](Attrs a) { return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])}); }, add_arrays);

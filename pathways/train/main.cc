@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
               const char* P = "Pathways";
               app.add_option("--granularity", po.granularity, "fused | chained | opbyop")
                   ->check(CLI::IsMember({"fused", "chained", "opbyop"}))->group(P);
-              app.add_option("--stages", po.stages, "pipeline stages (> 1: MPMD pipeline, one device per stage)")->group(P);
+              app.add_option("--stages", po.stages, "pipeline stages (> 1: MPMD pipeline, each stage a --dp x --tp slice)")->group(P);
               app.add_option("--schedule", po.schedule, "pipeline schedule: gpipe | 1f1b")
                   ->check(CLI::IsMember({"gpipe", "1f1b"}))->group(P);
               app.add_option("--islands", po.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
@@ -98,14 +98,13 @@ int main(int argc, char** argv) {
         if (cfg.replicas > 1 && po.granularity == "opbyop")
           PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.replicas);
         if (po.stages > 1) {
-          if (cfg.dp != 1 || cfg.tp != 1)
-            PWM_THROW("--stages {} runs one device per stage: leave --dp and --tp at 1", po.stages);
           if (po.stages > cfg.model.n_layers)
             PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", po.stages, cfg.model.n_layers);
-          if (workers != po.stages)
-            PWM_THROW("--stages {} needs {} workers, but the job has {} (mpirun -n {})", po.stages, po.stages, workers,
-                      po.stages + 1);
-          cfg.validate(1);
+          const int per_stage = cfg.dp * cfg.tp;
+          if (workers != po.stages * per_stage)
+            PWM_THROW("--stages {} needs {} workers ({} stages of --dp {} x --tp {} devices), but the job has {} (mpirun -n {})",
+                      po.stages, po.stages * per_stage, po.stages, cfg.dp, cfg.tp, workers, po.stages * per_stage + 1);
+          cfg.validate(per_stage);
         } else {
           cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
         }
@@ -149,7 +148,7 @@ int main(int argc, char** argv) {
     fmt::print("[pathways] controller + {} workers ({} islands) | {} | {} | batch {} x {} tokens, {} micro-batches | "
                "GEMM peak {:.1f} GFLOP/s per worker\n",
                env.size() - 1, rt.num_islands(),
-               po.stages > 1 ? fmt::format("pipeline S={} {}", po.stages, po.schedule)
+               po.stages > 1 ? fmt::format("pipeline S={} {} of dp={} x tp={}", po.stages, po.schedule, cfg.dp, cfg.tp)
                              : fmt::format("{} replicas={} dp={} tp={}", po.granularity, cfg.replicas, cfg.dp, cfg.tp),
                cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len, cfg.microbatches, peak);
     if (cfg.precision != "fp32") fmt::print("[pathways] precision {}: {}\n", cfg.precision, model::bf16_info());

@@ -1,9 +1,11 @@
-// The MPMD pipeline's own kernels (one device per stage, tp = dp = 1): its share of the squared
-// gradient norm, the stage's update, and the full state merged from the stages' buffers. The
-// stages' forward and backward units are the per-unit kernels (step_kernels.cc).
+// The MPMD pipeline's own kernels (each stage a dp x tp slice; attrs: tp, stage): its share of
+// the squared gradient norm, the stage's update, and the full state merged from the stages'
+// buffers. The stages' forward and backward units are the per-unit kernels (step_kernels.cc);
+// their dp reductions the dp_allreduce kernel, inside the stage's slice.
 #include <cmath>
 #include <cstring>
 
+#include "common/time.h"
 #include "model/optim.h"
 #include "pathways/train/kernels.h"
 
@@ -11,14 +13,44 @@ namespace pwm::pathways::train::kernels {
 
 using model::ParamLayout;
 
-// inputs: the stage's gradient pieces (the tied piece, then its layers); output: this stage's
-// share of the squared gradient norm (the tied piece counted on stage 0 only).
-void pipe_sqnorm(TrainingDevice&, KernelContext& ctx, Scope&) {
+namespace {
+Pos pipe_pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
+}  // namespace
+
+// inputs: the stage's gradient pieces (the tied piece, then its layers), already summed over the
+// stage's dp group; output: this stage's share of the squared gradient norm (the tied piece
+// counted on stage 0 only). With tp, each rank's shard of the sharded tensors plus tp rank 0's
+// replicated ones, summed over the tp group (as spmd_train's norm: model::grad_sq_norm_tp).
+void pipe_sqnorm(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pipe_pos(ctx);
   const int stage = static_cast<int>(ctx.attr(1));
   double s = 0;
-  for (size_t i = stage == 0 ? 0 : 1; i < ctx.num_inputs(); ++i) {
-    auto a = ctx.in<float>(i);
-    s += model::sq_norm(a.data(), a.size());
+  if (p.tp == 1) {
+    for (size_t i = stage == 0 ? 0 : 1; i < ctx.num_inputs(); ++i) {
+      auto a = ctx.in<float>(i);
+      s += model::sq_norm(a.data(), a.size());
+    }
+  } else {
+    const ParamLayout& layout = dev.layout(p);
+    const model::StepPlan& plan = dev.shapes().plan(p.tp);
+    const StageLayers sl = stage_layers(dev.shapes(), stage);
+    const int L = static_cast<int>(dev.cfg().model.n_layers);
+    model::GradView grads;
+    grads.add(plan.piece_ranges(model::StepPlan::kTiedPiece), ctx.in<float>(0).data());
+    for (int l = sl.begin; l < sl.end; ++l)
+      grads.add(plan.piece_ranges(model::StepPlan::layer_piece(l)), ctx.in<float>(static_cast<size_t>(1 + l - sl.begin)).data());
+    for (const model::ParamInfo& q : layout.params()) {
+      const bool tied = q.layer < 0 || q.layer >= L;
+      if (tied ? stage != 0 : (q.layer < sl.begin || q.layer >= sl.end)) continue;
+      if (q.replicated() && layout.tp_rank() != 0) continue;
+      s += model::sq_norm(grads.at(q.offset, q.size), static_cast<size_t>(q.size));
+    }
+    if (collectives::Communicator* c = dev.tp_comm(ctx, p)) {
+      const double t0 = now_s();
+      c->allreduce(&s, &s, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum,
+                   collectives::Algorithm::kRecursiveDoubling);
+      dev.add_comm(now_s() - t0);
+    }
   }
   ctx.out<double>(0)[0] = s;
 }
@@ -28,9 +60,10 @@ void pipe_sqnorm(TrainingDevice&, KernelContext& ctx, Scope&) {
 // embedding and the final norm (every stage holds them and receives the same gradient, so they
 // stay identical); the other stages' layers pass through.
 void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos pp = pipe_pos(ctx);
   const int stage = static_cast<int>(ctx.attr(1));
-  const ParamLayout& layout = dev.layout(Pos{1, 1, 0, 0});
-  const model::StepPlan& plan = dev.shapes().plan(1);
+  const ParamLayout& layout = dev.layout(pp);
+  const model::StepPlan& plan = dev.shapes().plan(pp.tp);
   const UpdateArgs args = pipe_update_args(dev.shapes(), stage);
   PWM_CHECK_EQ(ctx.num_inputs(), args.count());
   const StageLayers sl = stage_layers(dev.shapes(), stage);
@@ -61,9 +94,8 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
       std::memcpy(vout, vin, sizeof(float) * n);
     }
   }
-  double loss = 0;
-  for (size_t m = 0; m < args.losses; ++m) loss += ctx.in<double>(args.loss(m))[0];
-  if (args.losses > 0) loss /= static_cast<double>(args.losses);
+  // The last stage's loss: island_loss's dp sum of the devices' means, made the mean here.
+  const double loss = args.losses > 0 ? ctx.in<double>(args.loss(0))[0] / pp.dp : 0.0;
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, model::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
 }
@@ -71,7 +103,7 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
 // Full state of a pipeline from its stages' buffers: stage s's layers from input s, the
 // embedding and the final norm (identical on every stage) from input 0.
 void merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const ParamLayout& layout = dev.layout(Pos{1, 1, 0, 0});
+  const ParamLayout& layout = dev.layout(pipe_pos(ctx));  // (each device merges its own tp shard)
   float* out = ctx.out<float>(0).data();
   std::memcpy(out, ctx.in<float>(0).data(), sizeof(float) * layout.total());
   for (int s = 1; s < dev.shapes().pipe().stages; ++s) {

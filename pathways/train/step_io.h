@@ -142,7 +142,9 @@ struct UpdateArgs {
   }
 };
 
-// The pipeline stage s's layers and update arguments.
+// The pipeline stage s's layers and update arguments (pipe_update: the state, the total squared
+// norm, the stage's pieces (the tied piece, then its layers), and on the last stage one loss:
+// island_loss's dp sum of the devices' micro-batch means).
 struct StageLayers {
   int begin, end;
 };

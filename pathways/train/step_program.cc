@@ -94,7 +94,9 @@ template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const 
 Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
   const int S = static_cast<int>(slices.size());
-  const StepPlan& plan = sh.plan(1);
+  const int tp = sh.cfg().tp;           // every stage is a dp x tp slice (mesh {dp, tp})
+  const bool reduce = sh.cfg().dp > 1;  // the stage's gradient pieces are summed over its dp group
+  const StepPlan& plan = sh.plan(tp);
   const int64_t M = plan.microbatches();
   ProgramBuilder b(fmt::format("pipeline-{}-S{}-M{}", schedule, S, M));
   std::vector<State<Value>> st;
@@ -115,16 +117,16 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
     const StageLayers sl = stage_layers(sh, s);
     Value x = s == 0 ? Value{} : xout[s - 1][m], tokens;
     for (const Unit& u : plan.forward_units(m, sl.begin, sl.end)) {
-      const std::string k = names.unit(u, 1);
+      const std::string k = names.unit(u, tp);
       switch (u.kind) {
         case UnitKind::kBatch:
-          tokens = call(s, k, {st[s].step}, {1, m})[0];
+          tokens = call(s, k, {st[s].step}, {tp, m})[0];
           if (s == 0) tok0[m] = tokens;
           break;
-        case UnitKind::kEmbedForward: x = call(s, k, {st[s].params, tokens}, {1})[0]; break;
+        case UnitKind::kEmbedForward: x = call(s, k, {st[s].params, tokens}, {tp})[0]; break;
         case UnitKind::kBlockForward: {
           xs[s][m].push_back(x);
-          auto r = call(s, k, {st[s].params, x}, {1, u.layer});
+          auto r = call(s, k, {st[s].params, x}, {tp, u.layer});
           x = r[0];
           saved[s][m].push_back(r[1]);
           break;
@@ -135,7 +137,7 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
           in[kHeadX] = x;
           in[kHeadTokens] = tokens;
           if (m > 0) in[kHeadTiedPrev] = gEh;
-          auto h = call(s, k, in, {1});
+          auto h = call(s, k, in, {tp});
           loss[m] = h[kHeadLoss];
           dhead[m] = h[kHeadDx];  // the gradient entering the last stage's backward
           gEh = h[kHeadTied];
@@ -150,7 +152,7 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
     const StageLayers sl = stage_layers(sh, s);
     Value dx = s == S - 1 ? dhead[m] : dxout[s + 1][m];
     for (const Unit& u : plan.backward_units(m, sl.begin, sl.end)) {
-      const std::string k = names.unit(u, 1);
+      const std::string k = names.unit(u, tp);
       if (u.kind == UnitKind::kBlockBackward) {
         const size_t i = static_cast<size_t>(u.layer - sl.begin);
         std::vector<Value> in(m > 0 ? kBwdGradPrev + 1 : kBwdGradPrev);
@@ -159,15 +161,19 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
         in[kBwdX] = xs[s][m][i];
         in[kBwdDx] = dx;
         if (m > 0) in[kBwdGradPrev] = gl[u.layer];
-        auto r = call(s, k, in, {1, u.layer});
+        auto r = call(s, k, in, {tp, u.layer});
         dx = r[kBwdDxOut];
         gl[u.layer] = r[kBwdGrad];
+        // The layer's gradient is final after the last micro-batch: its dp sum runs inside the
+        // stage's slice right after, between the stage's next backward units (in program order).
+        if (reduce && m == M - 1)
+          gl[u.layer] = call(s, names("dp_allreduce"), {gl[u.layer]}, {tp, sh.piece(tp, StepPlan::layer_piece(u.layer))})[0];
       } else {  // embed_bwd, on stage 0
         std::vector<Value> in(kEBwdTied + 1);
         in[kEBwdTokens] = tok0[m];
         in[kEBwdDx] = dx;
-        in[kEBwdTied] = m > 0 ? gL : call(0, names("zeros"), {}, {1, sh.piece(1, StepPlan::kTiedPiece)})[0];
-        gL = call(0, k, in, {1})[0];
+        in[kEBwdTied] = m > 0 ? gL : call(0, names("zeros"), {}, {tp, sh.piece(tp, StepPlan::kTiedPiece)})[0];
+        gL = call(0, k, in, {tp})[0];
       }
     }
     dxout[s][m] = dx;  // what stage s-1's backward starts from
@@ -196,7 +202,8 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
   for (bool progress = true; progress;) {
     progress = false;
     // One op per stage per round, so that a consumer follows its producer closely in program
-    // order (the producer's worker then sends as soon as the value exists).
+    // order (the producer's worker then sends as soon as the value exists). The workers run
+    // their nodes in this order (RunOptions::in_order): it is the schedule.
     for (int s = 0; s < S; ++s) {
       if (next[s] < order[s].size()) {
         const Op op = order[s][next[s]];
@@ -215,22 +222,25 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
     }
   }
   for (int s = 0; s < S; ++s) PWM_CHECK_EQ(next[s], order[s].size());
-  // Tied embedding: the head's part (last stage) plus the lookup's part (stage 0); every stage
-  // applies the same update to its copy. The clipping norm sums every stage's share.
-  const int64_t tied_n = sh.piece(1, StepPlan::kTiedPiece);
-  const Value gE = call(0, names("add"), {gEh, gL}, {1, tied_n})[0];
+  // Tied embedding: the head's part (last stage) plus the lookup's part (stage 0), summed over
+  // stage 0's dp group; every stage applies the same update to its copy. The clipping norm sums
+  // every stage's share. The loss: the last stage's dp sum of its devices' micro-batch means.
+  const int64_t tied_n = sh.piece(tp, StepPlan::kTiedPiece);
+  Value gE = call(0, names("add"), {gEh, gL}, {tp, tied_n})[0];
+  if (reduce) gE = call(0, names("dp_allreduce"), {gE}, {tp, tied_n})[0];
+  const Value island_loss = call(S - 1, names("island_loss"), loss, {tp, M})[0];
   std::vector<std::vector<Value>> pieces(S);
   std::vector<Value> sq;
   for (int s = 0; s < S; ++s) {
     const StageLayers sl = stage_layers(sh, s);
     pieces[s].push_back(gE);
     for (int l = sl.begin; l < sl.end; ++l) pieces[s].push_back(gl[l]);
-    sq.push_back(call(s, names("pipe_sqnorm"), pieces[s], {1, s})[0]);
+    sq.push_back(call(s, names("pipe_sqnorm"), pieces[s], {tp, s})[0]);
   }
-  const Value total = call(0, names("sum"), sq, {1, S})[0];
+  const Value total = call(0, names("sum"), sq, {tp, S})[0];
   for (int s = 0; s < S; ++s) {
-    const std::vector<Value> losses = s == S - 1 ? loss : std::vector<Value>{};
-    for (auto& v : call(s, names("pipe_update"), pipe_update_args(sh, s).pack<Value>(st[s], &total, pieces[s], losses), {1, s}))
+    const std::vector<Value> losses = s == S - 1 ? std::vector<Value>{island_loss} : std::vector<Value>{};
+    for (auto& v : call(s, names("pipe_update"), pipe_update_args(sh, s).pack<Value>(st[s], &total, pieces[s], losses), {tp, s}))
       b.output(v);
   }
   return b.build();

@@ -3,7 +3,7 @@
 //   chained   trace_step over a ProgramBuilder: one program per step (built once, lowered once,
 //             each run sends only ids and handles), dispatched at once;
 //   opbyop    trace_step over Client::call: the same nodes, each its own program;
-//   pipeline  pipeline_program: the plan partitioned by layer range over S single-device slices,
+//   pipeline  pipeline_program: the plan partitioned by layer range over S dp x tp slices,
 //             the stages' units in GPipe or 1F1B order.
 // (fused is one node, names("fused_step"), which executes the plan inside the kernel.)
 // Only the controller calls these; nothing here blocks except what `call` does.
@@ -47,7 +47,7 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
 Program replica_program(const Shapes& sh, const KernelNames& names, const std::string& granularity,
                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 
-// The pipeline's step over `slices` (stage s on slices[s], holding stage_layers(sh, s)); the
+// The pipeline's step over `slices` (stage s on slices[s], a dp x tp slice, holding stage_layers(sh, s)); the
 // program's outputs are each stage's StepOutputs in stage order. schedule: "gpipe" | "1f1b".
 Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states);

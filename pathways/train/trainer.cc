@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 
 #include "common/check.h"
 #include "common/stats.h"
@@ -42,11 +43,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
                          double peak_gflops, bool resume, const KernelNames& names) {
   const bool pipe = o.stages > 1;
   const int R = pipe ? 1 : cfg.replicas;  // > 1: one dp x tp slice per island, exchanging gradients
-  const int tp = pipe ? 1 : cfg.tp;
-  const int devices = pipe ? o.stages : cfg.dp * cfg.tp;
+  const int tp = cfg.tp;
+  const int devices = cfg.dp * cfg.tp;  // per slice (a pipeline: per stage)
   const Shapes sh(cfg, PipelineShape{o.stages});
   const std::string name = pipe ? fmt::format("pathways-pipeline-{}", o.schedule) : "pathways-" + o.granularity;
-  model::TrainReport report(cfg, name, devices * R, peak_gflops, true);
+  model::TrainReport report(cfg, name, devices * R * o.stages, peak_gflops, true);
   Trace trace(!cfg.trace.empty(), 0, 0);
   {
     char host[256] = {};
@@ -55,6 +56,9 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   }
   RunOptions ro;
   ro.sequential = o.sequential;
+  // The pipeline's schedule is the order of each stage's nodes: run in that order, a stage holds
+  // the activations its schedule keeps (1F1B: at most S - s micro-batches), not all M.
+  ro.in_order = pipe;
   auto run = [&](const Program& p, const std::vector<Array>& in, const std::string& what) {
     const int64_t t0 = now_us();
     auto out = client.run(p, in, ro);
@@ -70,7 +74,11 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
 
   std::vector<Slice> slices;
   if (pipe)
-    for (int s = 0; s < o.stages; ++s) slices.push_back(client.allocate(1, {}, s % num_islands));
+    // Stage s on island s while there are islands enough (one island per stage); the stages
+    // beyond on the least loaded devices of any island (island s mod K could be a one-device
+    // island already holding a stage while another island's devices idle).
+    for (int s = 0; s < o.stages; ++s)
+      slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, s < num_islands ? s : -1));
   else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
     for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
   else
@@ -115,7 +123,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     if (!pipe) return states[0].*which;
     std::vector<Array> in;
     for (auto& s : states) in.push_back(s.*which);
-    return run(single(names("merge"), slices[0], in, {1}), in, "merge")[0];
+    return run(single(names("merge"), slices[0], in, {tp}), in, "merge")[0];
   };
   auto evaluate = [&]() {
     if (R > 1) {  // every island evaluates its rows of its own (identical) parameters; island 0 adds
@@ -250,6 +258,33 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   for (auto& sl : slices)
     for (int64_t b : run(single(names("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>()) peak_rss = std::max(peak_rss, b);
   report.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  {
+    // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water
+    // marks and of their intermediates (activations, gradients in flight) alive at once.
+    std::map<int, WorkerStats> by_rank;
+    for (const WorkerStats& w : client.stats()) by_rank[w.rank] = w;
+    std::vector<double> store, inter;
+    for (auto& sl : slices) {
+      uint64_t hw = 0, in = 0;
+      for (int d : sl.devices()) {
+        const WorkerStats& w = by_rank[d + 1];  // device d is world rank d + 1
+        hw = std::max(hw, w.high_water_bytes);
+        in = std::max(in, w.peak_intermediate_bytes);
+      }
+      store.push_back(static_cast<double>(hw));
+      inter.push_back(static_cast<double>(in));
+    }
+    report.set_extra_list("peak_store_bytes", store);
+    report.set_extra_list("peak_intermediate_bytes", inter);
+  }
+  if (pipe) {  // the stage layout: S slices of dp x tp devices, and the island of each stage
+    report.set_extra("stages", o.stages);
+    report.set_extra("stage_dp", cfg.dp);
+    report.set_extra("stage_tp", cfg.tp);
+    std::vector<double> isl;
+    for (auto& sl : slices) isl.push_back(sl.island());
+    report.set_extra_list("stage_islands", isl);
+  }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
   if (R > 1) {

@@ -25,7 +25,7 @@ namespace pwm::pathways::train {
 
 struct PathwaysOptions {
   std::string granularity = "fused";  // fused | chained | opbyop
-  int stages = 1;                     // > 1: pipeline (one device per stage)
+  int stages = 1;                     // > 1: pipeline (each stage a dp x tp slice)
   std::string schedule = "gpipe";     // gpipe | 1f1b
   std::string islands;                // resource manager islands ("" = by host; "KxM")
   bool sequential = false;            // sequential dispatch (the paper's baseline)

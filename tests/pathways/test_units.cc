@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -235,6 +236,64 @@ TEST(InProcRuntime, ChainedProgramOverThreads) {
     for (int i = 0; i < 5; ++i) v = b.call("allreduce_add", s, {v}, {1})[0];
     b.output(v);
     EXPECT_EQ(c.run(b.build(), {x})[0].get<float>(), std::vector<float>{63});  // x <- 2x + 1, 5 times
+    rt.shutdown();
+  });
+}
+
+// A run holds an intermediate from its first write to its last reader: a chain of 8 nodes on one
+// device has at most 2 of its 7 intermediates alive at once (the running node's input and
+// output), not all 7 (which allocating every slot when the run arrives would hold).
+TEST(InProcRuntime, IntermediatesLiveFromFirstWriteToLastReader) {
+  testing::register_test_kernels();
+  collectives::run_inproc(2, [](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    Runtime rt(t);
+    Client c = rt.client();
+    Slice s = c.allocate(1);
+    const int64_t rows = 256, cols = 256, bytes = rows * cols * 4;
+    Array x = c.put(s, Sharding::kSplit, {rows, cols}, std::vector<float>(rows * cols, 1.0f));
+    ProgramBuilder b("chain8");
+    Value v = b.param_like(x);
+    for (int i = 0; i < 8; ++i) v = b.call("scale", s, {v}, {2, rows, cols, 0})[0];
+    b.output(v);
+    EXPECT_EQ(c.run(b.build(), {x})[0].get<float>(), std::vector<float>(rows * cols, 256.0f));
+    const auto st = c.stats();
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0].peak_intermediate_bytes, static_cast<uint64_t>(2 * bytes));
+    EXPECT_GE(st[0].high_water_bytes, static_cast<uint64_t>(3 * bytes));  // x, an input, an output at least
+    rt.shutdown();
+  });
+}
+
+// RunOptions::in_order: a worker runs its kernels in program order even when a later node is
+// ready first. Device 0's first node waits for device 1's (which sleeps 50 ms); its second node
+// is ready at once. In order, the first still runs first (the stamps count kernel starts).
+TEST(InProcRuntime, InOrderRunsKernelsInProgramOrder) {
+  testing::register_test_kernels();
+  static std::atomic<int> stamps{0};
+  stamps = 0;
+  if (!KernelRegistry::global().find("stamp_test"))
+    KernelRegistry::global().add("stamp_test", {{ArgSpec{TensorSpec{DataType::kFloat32, {1}}, Sharding::kReplicated}},
+                                                {ArgSpec{TensorSpec{DataType::kFloat32, {1}}, Sharding::kReplicated}}},
+                                 [](KernelContext& ctx) { ctx.out<float>(0)[0] = static_cast<float>(stamps++); });
+  collectives::run_inproc(3, [](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    Runtime rt(t);
+    Client c = rt.client();
+    Slice d0 = c.allocate(1), d1 = c.allocate(1);
+    ASSERT_NE(d0.devices(), d1.devices());
+    Array x0 = c.put(d0, Sharding::kReplicated, {1}, std::vector<float>{0});
+    Array x1 = c.put(d1, Sharding::kReplicated, {1}, std::vector<float>{0});
+    ProgramBuilder b("in-order");
+    Value late = b.call("sleep_ms", d1, {b.param_like(x1)}, {50})[0];
+    Value first = b.call("stamp_test", d0, {late}, {})[0];           // waits for device 1
+    Value second = b.call("stamp_test", d0, {b.param_like(x0)}, {})[0];  // ready at once
+    b.output(first);
+    b.output(second);
+    RunOptions o;
+    o.in_order = true;
+    auto out = c.run(b.build(), {x1, x0}, o);
+    EXPECT_LT(out[0].get<float>()[0], out[1].get<float>()[0]) << "device 0 ran its second node first";
     rt.shutdown();
   });
 }

@@ -85,6 +85,74 @@ def case_pipeline_matches_spmd():
     sc.assert_close_curves(ref4, got4, sc.RTOL, "pipeline S=4 M=4 1f1b vs spmd")
 
 
+def case_pipeline_stages_of_dp_tp_match_spmd():
+    # Each stage a slice of 2 devices: data parallel (its gradient pieces summed over the stage's
+    # dp group by dp_allreduce nodes inside the slice) or tensor parallel (the blocks' tp
+    # collectives inside the slice; the stage's norm share summed over its tp group), activations
+    # and their gradients moving between corresponding devices of the two stages. Against
+    # spmd_train with the same sharding on the same global batch, with the tolerance
+    # pipeline_matches_spmd derives (the tied embedding's two parts are summed in another order).
+    for mesh in (["--dp", "2"], ["--tp", "2"]):
+        m4 = mesh + ["--microbatches", "4"]
+        ref = sc.train(2, "spmd" + "".join(m4), m4)
+        got = sc.train(5, "pipe2x2" + "".join(m4), m4 + ["--stages", "2", "--schedule", "1f1b"], exe="pathways")
+        sc.assert_close_curves(ref, got, sc.RTOL, f"pipeline S=2 of {' '.join(mesh)} 1f1b vs spmd {' '.join(mesh)}")
+        for s in ref[0]:
+            a, b = ref[0][s]["grad_norm"], got[0][s]["grad_norm"]
+            assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
+
+
+def stage0_forwards_before_first_backward(trace_path):
+    """Per step, from stage 0's own kernel spans (its worker's execution order): how many
+    micro-batch forwards (embed_fwd) started before its first backward (block_bwd)."""
+    import json
+    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    pids = {e["pid"] for e in ev if e["name"] == "embed_fwd"}
+    assert len(pids) == 1, f"embed_fwd (stage 0's) on rows {pids}"
+    mine = sorted((e for e in ev if e["pid"] in pids), key=lambda e: e["ts"])
+    counts, fwd, seen_bwd = [], 0, False
+    for e in mine:
+        if e["name"] == "embed_fwd" and not seen_bwd:
+            fwd += 1
+        elif e["name"] == "block_bwd" and not seen_bwd:
+            counts.append(fwd)
+            seen_bwd = True
+        elif e["name"] == "pipe_update":  # the step's end on this stage
+            fwd, seen_bwd = 0, False
+    return counts, pids.pop()
+
+
+def case_pipeline_1f1b_order_and_memory():
+    # The schedule is checked from what stage 0's worker ran (its kernel spans in --trace), not
+    # from the program's node order: 1F1B starts micro-batch 0's backward after S forwards (before
+    # forward number S), GPipe after all M. The memory: stage 0's intermediates (activations and
+    # gradients in flight, the most alive at once on its worker) are lower under 1F1B (it holds at
+    # most S micro-batches' activations) than under GPipe (all M). Both compute the same sums in the
+    # same order, so their weights are bitwise equal.
+    S, M = 2, 8
+    flags = ["--stages", str(S), "--microbatches", str(M), "--seq-len", "64", "--batch", "16", "--steps", "3"]
+    got = {}
+    for sched in ("gpipe", "1f1b"):
+        t = os.path.join(sc.TMP, f"order_{sched}.json")
+        got[sched] = sc.train(S + 1, "order_" + sched, flags + ["--schedule", sched, "--trace", t], exe="pathways")
+        counts, pid = stage0_forwards_before_first_backward(t)
+        want = S if sched == "1f1b" else M
+        assert len(counts) == 3 and all(c == want for c in counts), \
+            f"{sched}: stage 0 ran {counts} forwards before its first backward per step (want {want})"
+        import json
+        ctr = [e for e in json.load(open(t))["traceEvents"] if e.get("ph") == "C" and e["pid"] == pid]
+        assert any(e["name"] == "object store high-water" for e in ctr), "no object-store counter in the trace"
+        print(f"{sched}: stage 0 ran {counts[0]} forwards before its first backward (S={S}, M={M})")
+    peak = {k: v[2]["peak_intermediate_bytes"] for k, v in got.items()}
+    store = {k: v[2]["peak_store_bytes"] for k, v in got.items()}
+    assert len(peak["gpipe"]) == S and all(b > 0 for b in peak["gpipe"] + peak["1f1b"]), peak
+    ratio = peak["1f1b"][0] / peak["gpipe"][0]
+    print(f"stage 0 peak intermediate bytes: 1f1b {peak['1f1b'][0]:.0f} / gpipe {peak['gpipe'][0]:.0f} = {ratio:.3f}; "
+          f"object-store high-water per stage: gpipe {store['gpipe']} 1f1b {store['1f1b']}")
+    assert peak["1f1b"][0] < peak["gpipe"][0], f"1F1B holds no less than GPipe on stage 0: {peak}"
+    assert got["gpipe"][2]["weights_hash"] == got["1f1b"][2]["weights_hash"], "gpipe and 1f1b weights differ"
+
+
 def case_checkpoints_cross_trainers():
     ref = sc.train(2, "ref", ["--dp", "2"])
     # spmd_train is killed after its step-4 checkpoint; pathways_train resumes from it.
@@ -116,7 +184,7 @@ def case_bad_inputs_fail_cleanly():
     sc.expect_error(3, sc.TINY + ["--layers", "4", "--stages", "3", "--metrics", m], "--stages 3 needs 3 workers", [m],
                     exe="pathways")
     sc.expect_error(3, sc.TINY + ["--stages", "3", "--metrics", m], "each stage needs a layer", [m], exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--stages", "2", "--dp", "2", "--metrics", m], "leave --dp and --tp at 1", [m],
+    sc.expect_error(3, sc.TINY + ["--stages", "2", "--dp", "2", "--metrics", m], "needs 4 workers", [m],
                     exe="pathways")
     sc.expect_error(3, sc.TINY + ["--granularity", "bogus"], "granularity", exe="pathways")
     sc.expect_error(3, sc.TINY + ["--dp", "2", "--data", "/nonexistent/x.txt"], "/nonexistent/x.txt", exe="pathways")

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The MPMD pipeline's benchmark (issue 16): pathways_train --stages S over S islands of one
+# device, GPipe against 1F1B, for S in {2, 4} and M in {4, 8, 16} micro-batches, on the reference
+# model (d_model 256, 4 layers, seq 128) with the same global batch everywhere (32 sequences).
+# Per run: tokens/s, the measured bubble (1 - mean device busy time / step time, median over the
+# steps) against the bound (S-1)/(M+S-1), and per stage the peak bytes of intermediates
+# (activations and gradients in flight) and the object store's high-water mark; per (S, M) the
+# ratio 1F1B / GPipe of stage 0's peak intermediates. A spmd_train --dp S row per S is the
+# reference measured in the same run (the same global batch on the same number of devices).
+#
+# Usage: mpi_scripts/pipeline_bench.sh [--steps N] [--stages "2 4"] [--micro "4 8 16"]
+#                                     [--schedules "gpipe 1f1b"] [--hosts K [--dcn-rate R]]
+#                                     [--out DIR] [-- TRAINER FLAGS...]
+#   --hosts K       also run every configuration over an emulated cluster of K hosts
+#                   (mpi_scripts/cluster.sh; ranks round-robin over the hosts, each host an
+#                   island, so consecutive stages sit on different hosts) and report its
+#                   tokens/s against the same configuration on this one host
+#   --dcn-rate R    with --hosts: shape every host's link (tc tbf), e.g. 1gbit
+# Results: DIR/pipeline_bench.json (default results/), the metrics of every run.
+# S = 4 needs 5 ranks: on a machine with fewer cores than 5 the stages share cores and the
+# measured bubble includes that sharing (the script prints the core count).
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+STEPS=12; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=()
+value() {
+  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
+    echo "pipeline_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
+  fi
+  printf '%s' "$2"
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
+    --stages) STAGES=$(value "$@") || exit 2; shift 2 ;;
+    --micro) MICRO=$(value "$@") || exit 2; shift 2 ;;
+    --schedules) SCHEDS=$(value "$@") || exit 2; shift 2 ;;
+    --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
+    --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "pipeline_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "pipeline_bench.sh: error: --steps must be 4 or more (got '$STEPS')" >&2; exit 2; }
+for s in $STAGES; do [[ "$s" =~ ^[0-9]+$ ]] && [ "$s" -ge 2 ] || { echo "pipeline_bench.sh: error: --stages takes numbers >= 2 (got '$s')" >&2; exit 2; }; done
+for m in $MICRO; do [[ "$m" =~ ^[0-9]+$ ]] && [ "$m" -ge 1 ] && [ $((32 % m)) -eq 0 ] || { echo "pipeline_bench.sh: error: --micro takes divisors of the batch 32 (got '$m')" >&2; exit 2; }; done
+for k in $SCHEDS; do [[ "$k" == gpipe || "$k" == 1f1b ]] || { echo "pipeline_bench.sh: error: --schedules takes gpipe and/or 1f1b (got '$k')" >&2; exit 2; }; done
+if [ "$HOSTS" != 0 ]; then
+  [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "pipeline_bench.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
+elif [ -n "$DCN_RATE" ]; then
+  echo "pipeline_bench.sh: error: --dcn-rate needs --hosts K" >&2; exit 2
+fi
+pwm_install_deps
+pwm_build >/dev/null
+pwm_warn_if_busy
+mkdir -p "$OUT"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
+WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops 50 "${EXTRA[@]}")
+PT="$BUILD_DIR/pathways/train/pathways_train"
+SPMD="$BUILD_DIR/spmd/spmd_train"
+LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
+[ "$PWM_MPI" = openmpi ] && LOCAL+=(--mca mpi_yield_when_idle 1)
+RUNS=()
+run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")
+  local where=$1 name=$2; shift 2
+  local launch=(); while [ "$1" != "::" ]; do launch+=("$1"); shift; done; shift
+  local n=$1 bin=$2; shift 2
+  local m="$OUT/pipe_${where}_$name.jsonl"
+  local cmd=("${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" --metrics "$m")
+  echo "\$ ${cmd[*]}"
+  if ! "${cmd[@]}" > "$OUT/pipe_${where}_$name.log" 2>&1; then
+    echo "pipeline_bench.sh: error: run $where/$name failed (log: $OUT/pipe_${where}_$name.log)" >&2; exit 1
+  fi
+  grep "done:" "$OUT/pipe_${where}_$name.log"
+  RUNS+=("$where/$name=$m")
+}
+sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
+  local where=$1 mode=$2; shift 2
+  for S in $STAGES; do
+    local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x1")
+    run "$where" "spmd_dp$S" "$@" :: "$S" "$SPMD" --dp "$S"
+    for M in $MICRO; do
+      for K in $SCHEDS; do
+        run "$where" "S${S}_M${M}_$K" "$@" :: $((S + 1)) "$PT" --stages "$S" "${isl[@]}" --microbatches "$M" --schedule "$K"
+      done
+    done
+  done
+}
+SECONDS=0
+sweep local local "${LOCAL[@]}"
+if [ "$HOSTS" != 0 ]; then
+  CLUSTER=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts "$HOSTS" --slots 1 ${DCN_RATE:+--dcn-rate "$DCN_RATE"}) || exit 1
+  trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "$CLUSTER" >/dev/null' EXIT
+  echo "cluster: $HOSTS emulated hosts ($CLUSTER), ranks round-robin, one island per host, DCN ${DCN_RATE:-unshaped}"
+  sweep "hosts$HOSTS" cluster bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$CLUSTER" --timeout 3600 -- \
+    bash -c '$PWM_CLUSTER_MPIRUN "$@"' _
+fi
+python3 - "$OUT/pipeline_bench.json" "$HOSTS" "${DCN_RATE:-unshaped}" "${RUNS[@]}" <<'PY'
+import json, sys
+out, hosts, dcn, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+res = {}
+for r in runs:
+    key, path = r.split("=", 1)
+    for line in open(path):
+        j = json.loads(line)
+        if j.get("final"):
+            res[key] = j
+MiB = 1 << 20
+def table(where):
+    rows = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(where + "/")}
+    print(f"\n== {where}")
+    print(f"{'run':<16}{'tokens/s':>10}{'vs spmd':>9}{'bubble':>9}{'bound':>8}{'diff pp':>9}   peak intermediates per stage (MiB) | store high-water (MiB)")
+    for name, j in rows.items():
+        if name.startswith("spmd"):
+            print(f"{name:<16}{j['tokens_per_s']:>10.0f}")
+            continue
+        S = int(name.split("_")[0][1:])
+        ref = rows.get(f"spmd_dp{S}")
+        vs = j["tokens_per_s"] / ref["tokens_per_s"] if ref else float("nan")
+        b, bb = 100 * j["bubble"], 100 * j["bubble_bound"]
+        act = " ".join(f"{x / MiB:.1f}" for x in j["peak_intermediate_bytes"])
+        st = " ".join(f"{x / MiB:.1f}" for x in j["peak_store_bytes"])
+        isl = ",".join(str(int(i)) for i in j.get("stage_islands", []))
+        print(f"{name:<16}{j['tokens_per_s']:>10.0f}{vs:>9.3f}{b:>8.1f}%{bb:>7.1f}%{b - bb:>+9.1f}   {act} | {st}   (islands {isl})")
+    print("stage 0 peak intermediates, 1F1B / GPipe:")
+    for name, j in rows.items():
+        if name.endswith("_1f1b") and name[:-5] + "_gpipe" in rows:
+            g = rows[name[:-5] + "_gpipe"]
+            print(f"  {name[:-5]}: {j['peak_intermediate_bytes'][0] / g['peak_intermediate_bytes'][0]:.3f} "
+                  f"({j['peak_intermediate_bytes'][0] / MiB:.2f} / {g['peak_intermediate_bytes'][0] / MiB:.2f} MiB)")
+    return rows
+local = table("local")
+summary = {"runs": res, "hosts": hosts, "dcn": dcn}
+if hosts:
+    where = f"hosts{hosts}"
+    far = table(where)
+    print(f"\n{where} (DCN {dcn}) against one host, tokens/s:")
+    for name, j in far.items():
+        if name in local:
+            print(f"  {name:<16}{j['tokens_per_s'] / local[name]['tokens_per_s']:.3f}")
+json.dump(summary, open(out, "w"), indent=1)
+print(f"\nwritten: {out}")
+PY
+echo "pipeline_bench.sh: finished in ${SECONDS} s"
