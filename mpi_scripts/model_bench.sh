@@ -11,9 +11,13 @@
 # pthread OpenBLAS, torch.set_num_threads(1) does not reach OpenBLAS, which then runs 2 threads;
 # so the peer is run (a) on the pthread OpenBLAS with OPENBLAS_NUM_THREADS=1 and (b) on the OpenMP
 # OpenBLAS (libopenblas0-openmp, which honours torch's thread count), and the FASTER of the two is
-# the reference. Both sides inherit the same OPENBLAS_* environment (e.g. OPENBLAS_CORETYPE).
+# the reference. Both sides inherit the same OPENBLAS_* environment.
 # Usage: mpi_scripts/model_bench.sh [extra model_bench flags]
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# OPENBLAS_CORETYPE pins OpenBLAS to one CPU's kernels (a machine may set it, e.g. Haswell: AVX2
+# on an AVX-512 CPU). Our GEMM ignores it and the PyTorch peer's fp32 runs on OpenBLAS, so it would
+# only slow the reference: unset unless PWM_BENCH_KEEP_CORETYPE=1.
+[ "${PWM_BENCH_KEEP_CORETYPE:-0}" = "1" ] || unset OPENBLAS_CORETYPE
 pwm_install_deps
 pwm_build >/dev/null
 

@@ -7,6 +7,10 @@
 # bfloat16 autocast. Writes results/spmd_bench.json.
 # Usage: mpi_scripts/spmd_bench.sh [STEPS]   (PWM_BENCH_PRECISIONS="fp32 bf16" by default)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# OPENBLAS_CORETYPE pins OpenBLAS to one CPU's kernels (a machine may set it, e.g. Haswell: AVX2
+# on an AVX-512 CPU). Our GEMM ignores it and the PyTorch peer's fp32 runs on OpenBLAS, so it would
+# only slow the reference: unset unless PWM_BENCH_KEEP_CORETYPE=1.
+[ "${PWM_BENCH_KEEP_CORETYPE:-0}" = "1" ] || unset OPENBLAS_CORETYPE
 STEPS="${1:-20}"
 pwm_install_deps
 pwm_build >/dev/null
