@@ -451,6 +451,19 @@ class Worker {
     run.blocked_on = nullptr;
     const WorkerProgram& p = run.prog->p;
     bool any = false;
+    // In order, a send can sit behind kernels that are ready one after another (a 1F1B stage's
+    // next backward before the activation it just made): each long kernel ends the pass, so the
+    // walk below would reach the send only after them. Post every send whose buffer is ready
+    // first: isend only hands the buffer over, and the receiver's tag is the transfer's.
+    if (run.h.flags & kRunInOrder)
+      for (size_t i = run.first; i < p.instrs.size(); ++i) {
+        const Instr& in = p.instrs[i];
+        if (in.stage >= run.released) break;
+        if (in.op == Op::kSend && run.state[i] == kWaiting && run.slots[in.slot]->resolved()) {
+          post_send(run, i);
+          any = true;
+        }
+      }
     for (size_t i = run.first; i < p.instrs.size(); ++i) {
       if (run.state[i] == kDone) continue;
       const Instr& in = p.instrs[i];
@@ -480,10 +493,7 @@ class Worker {
           Object& src = *run.slots[in.slot];
           if (run.state[i] == kWaiting) {
             if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
-            note_posted(run, i);
-            run.reqs[i] = t_->isend(static_cast<char*>(src.buf.data()) + in.offset, in.bytes, in.peer,
-                                    tags::data_tag(run.h.xfer_base, in.xfer));
-            run.state[i] = kPosted;
+            post_send(run, i);
             any = true;
           }
           if (t_->test(run.reqs[i], nullptr)) {
@@ -512,6 +522,14 @@ class Worker {
       }
     }
     return any;
+  }
+
+  void post_send(Run& run, size_t i) {
+    const Instr& in = run.prog->p.instrs[i];
+    note_posted(run, i);
+    run.reqs[i] = t_->isend(static_cast<char*>(run.slots[in.slot]->buf.data()) + in.offset, in.bytes, in.peer,
+                            tags::data_tag(run.h.xfer_base, in.xfer));
+    run.state[i] = kPosted;
   }
 
   bool try_exec(Run& run, size_t i) {
