@@ -1,6 +1,7 @@
 #include "collectives/strings.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -21,6 +22,16 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   for (int r = 0; r < n; ++r)
     out[r].assign(reinterpret_cast<const char*>(recv.data() + r * words), static_cast<size_t>(lens[r]));
   return out;
+}
+
+std::vector<std::string> gather_if_different(Communicator& comm, const std::string& mine) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64: the same bits on every rank
+  for (unsigned char c : mine) h = (h ^ c) * 1099511628211ull;
+  int64_t word = static_cast<int64_t>(h);
+  std::vector<int64_t> all(static_cast<size_t>(comm.size()));
+  comm.allgather(&word, all.data(), 1, DataType::kInt64);
+  if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return {};
+  return allgather_strings(comm, mine);
 }
 
 bool agree_on_errors(Communicator& comm, const std::string& program, const std::function<void()>& fn) {

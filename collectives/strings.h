@@ -13,6 +13,11 @@ namespace pwm::collectives {
 // every member must call. Two collectives: an AllGather of the lengths, then of the padded bytes.
 std::vector<std::string> allgather_strings(Communicator& comm, const std::string& mine);
 
+// Every member's string, gathered only when they differ: compares a 64-bit hash of each (one
+// AllGather of one int64) and returns {} when all are equal, else allgather_strings(). For
+// checking that every rank parsed the same configuration. Blocking; every member must call.
+std::vector<std::string> gather_if_different(Communicator& comm, const std::string& mine);
+
 // Runs `fn` on every member and agrees on the outcome: if it threw on any member, the message of
 // the lowest such member is printed once, by group rank 0, as "<program>: error: <message>", and
 // every member returns false. For checking input before a job starts, so that a mistake gives one

@@ -26,14 +26,6 @@ namespace {
 // --seed 1 : -n 1 spmd_train --seed 2`) would otherwise train apart silently or, with another
 // --bucket-bytes, post collectives of other sizes. One 8-byte AllGather of a hash; the texts are
 // exchanged only to name the difference. Throws on every rank with the same message.
-void agree_on_config(collectives::Communicator& world, const std::string& canonical) {
-  int64_t mine = static_cast<int64_t>(model::config_hash(canonical));
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  world.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
-  if (std::all_of(all.begin(), all.end(), [&](int64_t h) { return h == all[0]; })) return;
-  model::check_same_config(collectives::allgather_strings(world, canonical));
-}
-
 // Every rank's processor name, index = world rank.
 std::vector<std::string> all_hosts(collectives::Communicator& world, const std::string& host) {
   return collectives::allgather_strings(world, host);
@@ -75,7 +67,9 @@ int main(int argc, char** argv) {
   std::optional<model::Checkpoint> resume_from;
   const std::vector<std::string> hosts = all_hosts(world, env.processor_name());
   const int host_ranks = static_cast<int>(std::count(hosts.begin(), hosts.end(), env.processor_name()));
-  if (!collectives::agree_on_errors(world, "spmd_train", [&] { agree_on_config(world, cfg.canonical_json()); }))
+  if (!collectives::agree_on_errors(world, "spmd_train", [&] {
+        model::check_same_config(collectives::gather_if_different(world, cfg.canonical_json()));
+      }))
     return 1;
   if (!collectives::agree_on_errors(world, "spmd_train", [&] {
         cfg.validate(env.size());

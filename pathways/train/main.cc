@@ -32,14 +32,6 @@ namespace {
 // Every rank must run the same configuration (the controller and each worker parse it): an MPMD
 // launch with other flags on some rank would otherwise dispatch programs the workers shape
 // differently. One 8-byte AllGather of a hash; the texts only to name the difference.
-void agree_on_config(collectives::Communicator& world, const std::string& canonical) {
-  int64_t mine = static_cast<int64_t>(model::config_hash(canonical));
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  world.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
-  if (std::all_of(all.begin(), all.end(), [&](int64_t h) { return h == all[0]; })) return;
-  model::check_same_config(collectives::allgather_strings(world, canonical));
-}
-
 }  // namespace
 
 
@@ -84,7 +76,10 @@ int main(int argc, char** argv) {
       {"granularity", po.granularity}, {"stages", std::to_string(po.stages)}, {"schedule", po.schedule},
       {"islands", po.islands}, {"sequential", po.sequential ? "true" : "false"}};
   if (!collectives::agree_on_errors(world, "pathways_train",
-                                    [&] { agree_on_config(world, cfg.canonical_json(pathways_flags)); }))
+                                    [&] {
+                                      model::check_same_config(
+                                          collectives::gather_if_different(world, cfg.canonical_json(pathways_flags)));
+                                    }))
     return 1;
   if (!collectives::agree_on_errors(world, "pathways_train", [&] {
         const int workers = env.size() - 1;
