@@ -25,6 +25,20 @@ Profile zero_profile() {
   return p;
 }
 
+// A small model for the step tests (2 heads of 32, d_ff 128, 32 tokens per sequence).
+model::TrainConfig small_config(int layers, int64_t batch, int microbatches) {
+  model::TrainConfig cfg;
+  cfg.model.d_model = 64;
+  cfg.model.n_layers = layers;
+  cfg.model.n_heads = 2;
+  cfg.model.head_dim = 32;
+  cfg.model.d_ff = 128;
+  cfg.model.seq_len = 32;
+  cfg.global_batch = batch;
+  cfg.microbatches = microbatches;
+  return cfg;
+}
+
 Cluster one_host(int devices, Link l) {
   Cluster c;
   c.hosts = 1;
@@ -166,15 +180,7 @@ TEST(SimDispatch, OpByOpChain) {
 // A dp = 1 SPMD step is the plan's units back to back, the update and the overhead: the sum
 // computed here from the FLOP counts directly.
 TEST(SimStep, SingleRankIsSumOfUnits) {
-  model::TrainConfig cfg;
-  cfg.model.d_model = 64;
-  cfg.model.n_layers = 2;
-  cfg.model.n_heads = 2;
-  cfg.model.head_dim = 32;
-  cfg.model.d_ff = 128;
-  cfg.model.seq_len = 32;
-  cfg.global_batch = 4;
-  cfg.microbatches = 2;
+  model::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01, p.step_overhead_us = 7;
   const Cluster c = one_host(1, Link{0, 1e12, 0});
@@ -261,15 +267,7 @@ TEST(SimProfile, RateInterpolatesInLogTokens) {
 // 2 sequences of 32 tokens = 64 tokens, halfway in log between 32 and 128, so the rates are
 // (1000 + 3000) / 2 forward and (2000 + 6000) / 2 backward.
 TEST(SimStep, MicrobatchSizeSelectsTheRate) {
-  model::TrainConfig cfg;
-  cfg.model.d_model = 64;
-  cfg.model.n_layers = 2;
-  cfg.model.n_heads = 2;
-  cfg.model.head_dim = 32;
-  cfg.model.d_ff = 128;
-  cfg.model.seq_len = 32;
-  cfg.global_batch = 4;
-  cfg.microbatches = 2;
+  model::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.rates = {{32, 1000, 2000}, {128, 3000, 6000}};
   const Cluster c = one_host(1, Link{0, 1e12, 0});
@@ -310,14 +308,7 @@ TEST(SimDispatch, OpByOpControllerSharesCores) {
 // in their overhead by 2 x microbatch_overhead_us plus the FLOPs' difference (none: the same
 // tokens), at a constant rate.
 TEST(SimStep, MicrobatchOverhead) {
-  model::TrainConfig cfg;
-  cfg.model.d_model = 64;
-  cfg.model.n_layers = 1;
-  cfg.model.n_heads = 2;
-  cfg.model.head_dim = 32;
-  cfg.model.d_ff = 128;
-  cfg.model.seq_len = 32;
-  cfg.global_batch = 6;
+  model::TrainConfig cfg = small_config(1, 6, 1);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.step_overhead_us = 7, p.microbatch_overhead_us = 13;
   const Cluster c = one_host(1, Link{0, 1e12, 0});
