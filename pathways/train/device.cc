@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/time.h"
 #include "pathways/object_store.h"
@@ -86,6 +87,48 @@ model::TpReduce<float> TrainingDevice::tp_reducer(Communicator* c, double* comm_
     c->allreduce(d, d, n, collectives::DataType::kFloat32, collectives::ReduceOp::kSum);
     *comm_s += now_s() - t0;
   };
+}
+
+void TrainingDevice::start_reduce(KernelContext& ctx, const Pos& p, std::span<const float> in, std::span<float> out,
+                                   int layer) {
+  PWM_CHECK_EQ(in.size(), out.size());
+  Communicator* c = dp_comm(ctx, p);
+  const int64_t t0 = now_us();
+  PendingReduce r{{}, out.data(), layer, t0};
+  if (c) {
+    r.work = c->iallreduce(in.data(), out.data(), in.size(), collectives::DataType::kFloat32, collectives::ReduceOp::kSum);
+  } else {
+    std::memcpy(out.data(), in.data(), sizeof(float) * in.size());
+  }
+  reduces_.push_back(std::move(r));
+  add_comm((now_us() - t0) * 1e-6);
+  poll_reduces();
+}
+
+void TrainingDevice::reduce_done(PendingReduce& r) {
+  r.done = true;
+  if (trace_) trace_->span(fmt::format("dp_reduce layer {}", r.layer), "reduce", r.start_us, now_us());
+}
+
+void TrainingDevice::poll_reduces() {
+  if (reduces_.empty()) return;
+  const int64_t t0 = now_us();
+  for (PendingReduce& r : reduces_)
+    if (!r.done && (!r.work.valid() || r.work.test())) reduce_done(r);
+  add_comm((now_us() - t0) * 1e-6);
+}
+
+void TrainingDevice::finish_reduce(const float* out) {
+  PWM_CHECK(!reduces_.empty() && reduces_.front().out == out,
+            "dp_reduce_finish: not the oldest started reduction (starts and finishes must pair in order)");
+  const int64_t t0 = now_us();
+  PendingReduce& r = reduces_.front();
+  if (!r.done) {
+    if (r.work.valid()) r.work.wait();
+    reduce_done(r);
+  }
+  reduces_.pop_front();
+  add_comm((now_us() - t0) * 1e-6);
 }
 
 void TrainingDevice::report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s,

@@ -13,7 +13,9 @@
 // run one at a time), so it needs no lock; the DeviceSet's map is locked.
 #pragma once
 
+#include <deque>
 #include <map>
+#include <span>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,9 +86,32 @@ class TrainingDevice {
   void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
               const StepStats* exchange = nullptr);
 
+  // Non-blocking dp reductions (the pipeline's stage gradients, XLA's all-reduce-start/-done):
+  // start_reduce starts the AllReduce of `in` over the dp group into `out` and returns at once;
+  // poll_reduces() progresses every started one without blocking (the kernel wrapper calls it
+  // before and after every kernel, so the sums advance between the backward kernels, as
+  // spmd_train's buckets advance between its layers; there is no progress thread); finish_reduce
+  // waits for the oldest one, which must be the one into `out`. `in` and `out` are the caller's
+  // (object-store buffers the program keeps alive until finish_reduce: its node reads both).
+  // Which devices call: every member of the dp group, the same starts and finishes in the same
+  // order. The span from start to the completion seen by a poll or the finish goes to the trace
+  // ("dp_reduce layer L", category "reduce"); the time inside them is the step's communication.
+  void start_reduce(KernelContext& ctx, const Pos& p, std::span<const float> in, std::span<float> out, int layer);
+  void poll_reduces();
+  void finish_reduce(const float* out);
+
   Trace* trace() { return trace_.get(); }
 
  private:
+  struct PendingReduce {
+    collectives::Work work;
+    const float* out;
+    int layer;
+    int64_t start_us;
+    bool done = false;
+  };
+  void reduce_done(PendingReduce& r);
+  std::deque<PendingReduce> reduces_;  // started, in start order
   friend class KernelScope;
   collectives::Communicator& comm(uint32_t context, std::vector<int> group);
 

@@ -188,7 +188,10 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
     KernelFn fn = [devices, k, body, step_work](KernelContext& ctx) {
       TrainingDevice& dev = devices->at(ctx.world_rank());
       Scope scope(dev, k, step_work);
+      // Started dp reductions advance between kernels (device.h, start_reduce).
+      dev.poll_reduces();
       body(dev, ctx, scope);
+      dev.poll_reduces();
     };
     KernelRegistry::global().add(
         KernelDef{names(k), collectives, [devices, sigfn](Attrs a, int) { return sigfn(a); }, std::move(fn)});
@@ -253,6 +256,11 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
     return sig({split_i32(S->tokens()), split_f32(S->act()), tied(tp_of(a))}, {tied(tp_of(a))});
   }, embed_bwd);
   add("dp_allreduce", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_allreduce);
+  // Its non-blocking form (attrs: tp, size, layer): start, then finish (device.h, start_reduce).
+  add("dp_reduce_start", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_reduce_start);
+  add("dp_reduce_finish", true, [](Attrs a) {
+    return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])});
+  }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
   add("update", true, [S, tp_of, piece, state_out](Attrs a) {
     const int tp = tp_of(a);

@@ -82,6 +82,8 @@ void head(TrainingDevice&, KernelContext&, Scope&);
 void block_bwd(TrainingDevice&, KernelContext&, Scope&);
 void embed_bwd(TrainingDevice&, KernelContext&, Scope&);
 void dp_allreduce(TrainingDevice&, KernelContext&, Scope&);
+void dp_reduce_start(TrainingDevice&, KernelContext&, Scope&);
+void dp_reduce_finish(TrainingDevice&, KernelContext&, Scope&);
 void update(TrainingDevice&, KernelContext&, Scope&);
 void fused_grads(TrainingDevice&, KernelContext&, Scope&);
 void island_loss(TrainingDevice&, KernelContext&, Scope&);

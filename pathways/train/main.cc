@@ -2,6 +2,7 @@
 // single controller (world rank 0) over N worker ranks:
 //   mpirun -n 3 pathways_train --dp 2 --granularity fused --steps 50 --metrics m.jsonl
 //   mpirun -n 3 pathways_train --stages 2 --islands 2x1 --microbatches 8 --schedule 1f1b
+//   mpirun -n 5 pathways_train --replicas 2 --stages 2 --islands 2x2 --microbatches 4
 // Flags: pathways_train --help (the workload flags are spmd_train's, from one definition).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -87,19 +88,18 @@ int main(int argc, char** argv) {
         if (po.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", po.stages);
         if (cfg.fsdp)
           PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
-        if (cfg.replicas > 1 && po.stages > 1)
-          PWM_THROW("--replicas {} with --stages {}: the pipeline runs one replica; leave one of them out", cfg.replicas,
-                    po.stages);
         if (cfg.replicas > 1 && po.granularity == "opbyop")
           PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.replicas);
         if (po.stages > 1) {
           if (po.stages > cfg.model.n_layers)
             PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", po.stages, cfg.model.n_layers);
-          const int per_stage = cfg.dp * cfg.tp;
-          if (workers != po.stages * per_stage)
-            PWM_THROW("--stages {} needs {} workers ({} stages of --dp {} x --tp {} devices), but the job has {} (mpirun -n {})",
-                      po.stages, po.stages * per_stage, po.stages, cfg.dp, cfg.tp, workers, po.stages * per_stage + 1);
-          cfg.validate(per_stage);
+          // Every replica is a pipeline of S stages, each a --dp x --tp slice.
+          const int per_stage = cfg.dp * cfg.tp, need = cfg.replicas * po.stages * per_stage;
+          if (workers != need)
+            PWM_THROW("--stages {} needs {} workers ({}{} stages of --dp {} x --tp {} devices), but the job has {} (mpirun -n {})",
+                      po.stages, need, cfg.replicas > 1 ? fmt::format("--replicas {} x ", cfg.replicas) : "", po.stages,
+                      cfg.dp, cfg.tp, workers, need + 1);
+          cfg.validate(cfg.replicas * per_stage);
         } else {
           cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
         }
@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
     fmt::print("[pathways] controller + {} workers ({} islands) | {} | {} | batch {} x {} tokens, {} micro-batches | "
                "GEMM peak {:.1f} GFLOP/s per worker\n",
                env.size() - 1, rt.num_islands(),
-               po.stages > 1 ? fmt::format("pipeline S={} {} of dp={} x tp={}", po.stages, po.schedule, cfg.dp, cfg.tp)
+               po.stages > 1 ? fmt::format("pipeline S={} {} of dp={} x tp={}{}", po.stages, po.schedule, cfg.dp, cfg.tp,
+                                           cfg.replicas > 1 ? fmt::format(", replicas={}", cfg.replicas) : "")
                              : fmt::format("{} replicas={} dp={} tp={}", po.granularity, cfg.replicas, cfg.dp, cfg.tp),
                cfg.model.to_string(), cfg.global_batch, cfg.model.seq_len, cfg.microbatches, peak);
     if (cfg.precision != "fp32") fmt::print("[pathways] precision {}: {}\n", cfg.precision, model::bf16_info());

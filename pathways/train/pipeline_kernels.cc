@@ -94,8 +94,11 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
       std::memcpy(vout, vin, sizeof(float) * n);
     }
   }
-  // The last stage's loss: island_loss's dp sum of the devices' means, made the mean here.
-  const double loss = args.losses > 0 ? ctx.in<double>(args.loss(0))[0] / pp.dp : 0.0;
+  // The last stage's loss: each replica's island_loss (the dp sum of its devices' means), summed
+  // in replica order and made the mean here.
+  double loss = 0;
+  for (size_t r = 0; r < args.losses; ++r) loss += ctx.in<double>(args.loss(r))[0];
+  if (args.losses > 0) loss /= static_cast<double>(pp.dp) * static_cast<double>(args.losses);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, model::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
 }

@@ -78,7 +78,7 @@ UpdateArgs update_args(const Shapes& sh, int tp) {
 UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
   const StageLayers s = stage_layers(sh, stage);
   const bool last = stage == sh.pipe().stages - 1;
-  return {static_cast<size_t>(1 + s.end - s.begin), last ? size_t{1} : 0, true};
+  return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().replicas) : 0, true};
 }
 
 }  // namespace pwm::pathways::train

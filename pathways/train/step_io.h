@@ -149,6 +149,8 @@ struct StageLayers {
   int begin, end;
 };
 StageLayers stage_layers(const Shapes& sh, int stage);
+// The pipeline's update on `stage`: the state, the squared norm, the stage's pieces (the tied one,
+// then its layers'), and on the last stage every replica's loss in replica order.
 UpdateArgs pipe_update_args(const Shapes& sh, int stage);
 UpdateArgs update_args(const Shapes& sh, int tp);
 // The replicas' update (replica_update): the state, the pieces summed over the islands, and one

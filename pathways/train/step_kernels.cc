@@ -214,6 +214,22 @@ void dp_allreduce(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   }
 }
 
+// The same sum, started here and finished by dp_reduce_finish (attrs: tp, size, layer): inputs
+// the piece; output the buffer the sum lands in, complete only when dp_reduce_finish has run
+// (only that node reads it). The same AllReduce as dp_allreduce (the same algorithm for the same
+// size), so the same bits.
+void dp_reduce_start(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  dev.start_reduce(ctx, pos(ctx), ctx.in<float>(0), ctx.out<float>(0), static_cast<int>(ctx.attr(2)));
+}
+
+// inputs: the piece and dp_reduce_start's output (the piece is an input only to keep it alive
+// while the AllReduce reads it); output: the sum.
+void dp_reduce_finish(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  auto sum = ctx.in<float>(1);
+  dev.finish_reduce(sum.data());
+  std::memcpy(ctx.out<float>(0).data(), sum.data(), sizeof(float) * sum.size());
+}
+
 // inputs: update_args(); the pieces are read where they are (model::GradView), not assembled.
 void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);

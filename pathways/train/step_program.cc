@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 
 #include "common/check.h"
 
@@ -91,28 +92,39 @@ template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, c
 template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&);
 template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int);
 
-Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
-                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
+namespace {
+
+// One pipeline's step up to its gradients: stage s on slices[s] with state st[s], the units of
+// every micro-batch in the schedule's order, each layer's piece reduced over its stage's dp group.
+struct PipelineGrads {
+  std::vector<std::vector<Value>> layers;  // per stage: its layers' pieces, in layer order
+  Value tied, loss;                        // the tied piece (on stage 0), the loss (on the last stage)
+};
+PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, const std::string& schedule,
+                             std::span<const Slice> slices, std::span<const State<Value>> st, int replica) {
   const int S = static_cast<int>(slices.size());
   const int tp = sh.cfg().tp;           // every stage is a dp x tp slice (mesh {dp, tp})
   const bool reduce = sh.cfg().dp > 1;  // the stage's gradient pieces are summed over its dp group
   const StepPlan& plan = sh.plan(tp);
   const int64_t M = plan.microbatches();
-  ProgramBuilder b(fmt::format("pipeline-{}-S{}-M{}", schedule, S, M));
-  std::vector<State<Value>> st;
-  for (const auto& a : states) {
-    std::vector<Value> v;
-    for (const Array& x : a.list()) v.push_back(b.param_like(x));
-    st.push_back(State<Value>::from(v));
-  }
   auto call = [&](int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
     return b.call(k, slices[static_cast<size_t>(s)], in, std::move(attrs));
+  };
+  // Replicas: replica r's batch nodes read its rows (ReplicaAttrs::kBatchReplica).
+  auto batch_attrs = [&](int64_t m) {
+    return replica >= 0 ? std::vector<int64_t>{tp, m, replica} : std::vector<int64_t>{tp, m};
   };
   std::vector<Value> loss(M), dhead(M), tok0(M);
   std::vector<std::vector<Value>> xout(S, std::vector<Value>(M)), dxout = xout;
   std::vector<std::vector<std::vector<Value>>> xs(S, std::vector<std::vector<Value>>(M)), saved = xs;
   std::vector<Value> gl(static_cast<size_t>(plan.layers()));  // per layer: the running sum over micro-batches
   Value gEh, gL;  // the tied piece's head part (last stage) and lookup part (stage 0)
+  const bool overlap = sh.cfg().overlap;
+  struct Started {
+    int layer;
+    Value piece, sum;
+  };
+  std::vector<std::vector<Started>> started(S);  // per stage, the dp reductions in start order
   auto F = [&](int s, int64_t m) {
     const StageLayers sl = stage_layers(sh, s);
     Value x = s == 0 ? Value{} : xout[s - 1][m], tokens;
@@ -120,7 +132,7 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
       const std::string k = names.unit(u, tp);
       switch (u.kind) {
         case UnitKind::kBatch:
-          tokens = call(s, k, {st[s].step}, {tp, m})[0];
+          tokens = call(s, k, {st[s].step}, batch_attrs(m))[0];
           if (s == 0) tok0[m] = tokens;
           break;
         case UnitKind::kEmbedForward: x = call(s, k, {st[s].params, tokens}, {tp})[0]; break;
@@ -164,10 +176,18 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
         auto r = call(s, k, in, {tp, u.layer});
         dx = r[kBwdDxOut];
         gl[u.layer] = r[kBwdGrad];
-        // The layer's gradient is final after the last micro-batch: its dp sum runs inside the
-        // stage's slice right after, between the stage's next backward units (in program order).
-        if (reduce && m == M - 1)
-          gl[u.layer] = call(s, names("dp_allreduce"), {gl[u.layer]}, {tp, sh.piece(tp, StepPlan::layer_piece(u.layer))})[0];
+        // The layer's gradient is final after the last micro-batch: its dp sum inside the stage's
+        // slice starts right after (overlap: dp_reduce_start, finished after the stage's backward,
+        // so the sum advances while the stage computes the backward of its earlier layers;
+        // --no-overlap: the blocking dp_allreduce, the next backward unit waiting for it).
+        if (reduce && m == M - 1) {
+          const int64_t n = sh.piece(tp, StepPlan::layer_piece(u.layer));
+          if (overlap) {
+            started[s].push_back({u.layer, gl[u.layer], call(s, names("dp_reduce_start"), {gl[u.layer]}, {tp, n, u.layer})[0]});
+          } else {
+            gl[u.layer] = call(s, names("dp_allreduce"), {gl[u.layer]}, {tp, n})[0];
+          }
+        }
       } else {  // embed_bwd, on stage 0
         std::vector<Value> in(kEBwdTied + 1);
         in[kEBwdTokens] = tok0[m];
@@ -222,26 +242,84 @@ Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::
     }
   }
   for (int s = 0; s < S; ++s) PWM_CHECK_EQ(next[s], order[s].size());
+  // Each stage's dp sums are finished after its whole backward, in the order they started.
+  for (int s = 0; s < S; ++s)
+    for (const Started& r : started[s])
+      gl[r.layer] = call(s, names("dp_reduce_finish"), {r.piece, r.sum},
+                         {tp, sh.piece(tp, StepPlan::layer_piece(r.layer)), r.layer})[0];
   // Tied embedding: the head's part (last stage) plus the lookup's part (stage 0), summed over
-  // stage 0's dp group; every stage applies the same update to its copy. The clipping norm sums
-  // every stage's share. The loss: the last stage's dp sum of its devices' micro-batch means.
+  // stage 0's dp group. The loss: the last stage's dp sum of its devices' micro-batch means.
   const int64_t tied_n = sh.piece(tp, StepPlan::kTiedPiece);
-  Value gE = call(0, names("add"), {gEh, gL}, {tp, tied_n})[0];
-  if (reduce) gE = call(0, names("dp_allreduce"), {gE}, {tp, tied_n})[0];
-  const Value island_loss = call(S - 1, names("island_loss"), loss, {tp, M})[0];
-  std::vector<std::vector<Value>> pieces(S);
-  std::vector<Value> sq;
+  PipelineGrads out;
+  out.tied = call(0, names("add"), {gEh, gL}, {tp, tied_n})[0];
+  if (reduce) out.tied = call(0, names("dp_allreduce"), {out.tied}, {tp, tied_n})[0];
+  out.loss = call(S - 1, names("island_loss"), loss, {tp, M})[0];
   for (int s = 0; s < S; ++s) {
     const StageLayers sl = stage_layers(sh, s);
-    pieces[s].push_back(gE);
-    for (int l = sl.begin; l < sl.end; ++l) pieces[s].push_back(gl[l]);
-    sq.push_back(call(s, names("pipe_sqnorm"), pieces[s], {tp, s})[0]);
+    out.layers.emplace_back(gl.begin() + sl.begin, gl.begin() + sl.end);
   }
-  const Value total = call(0, names("sum"), sq, {tp, S})[0];
-  for (int s = 0; s < S; ++s) {
-    const std::vector<Value> losses = s == S - 1 ? std::vector<Value>{island_loss} : std::vector<Value>{};
-    for (auto& v : call(s, names("pipe_update"), pipe_update_args(sh, s).pack<Value>(st[s], &total, pieces[s], losses), {tp, s}))
-      b.output(v);
+  return out;
+}
+
+}  // namespace
+
+Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
+                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
+  const int S = sh.pipe().stages;
+  const int R = sh.cfg().replicas;  // > 1: R pipelines, one per replica, exchanging gradients
+  PWM_CHECK(static_cast<int>(slices.size()) == R * S && states.size() == slices.size(),
+            "pipeline_program: {} slices for {} replicas of {} stages", slices.size(), R, S);
+  const int tp = sh.cfg().tp;           // every stage is a dp x tp slice (mesh {dp, tp})
+  const int64_t M = sh.plan(tp).microbatches();
+  ProgramBuilder b(R > 1 ? fmt::format("pipeline-{}-R{}-S{}-M{}", schedule, R, S, M)
+                         : fmt::format("pipeline-{}-S{}-M{}", schedule, S, M));
+  std::vector<State<Value>> all;
+  for (const auto& a : states) {
+    std::vector<Value> v;
+    for (const Array& x : a.list()) v.push_back(b.param_like(x));
+    all.push_back(State<Value>::from(v));
+  }
+  std::vector<PipelineGrads> rep;
+  for (int r = 0; r < R; ++r)
+    rep.push_back(trace_pipeline(b, sh, names, schedule, std::span(slices).subspan(static_cast<size_t>(r * S), S),
+                                 std::span<const State<Value>>(all).subspan(static_cast<size_t>(r * S), S), R > 1 ? r : -1));
+  // Replicas: on every replica's stage s, each of the stage's pieces summed over the replicas in
+  // replica order (replica_add: the same inputs in the same order everywhere, so the same bits on
+  // every replica; the transfers between the replicas' corresponding devices are posted as soon
+  // as each piece exists), the tied piece on stage 0.
+  auto sum_replicas = [&](int r, int s, int piece, auto pick) {
+    if (R == 1) return pick(0);
+    std::vector<Value> in;
+    for (int q = 0; q < R; ++q) in.push_back(pick(q));
+    return b.call(names("replica_add"), slices[static_cast<size_t>(r * S + s)], in, {tp, sh.piece(tp, piece), R})[0];
+  };
+  for (int r = 0; r < R; ++r) {
+    auto call = [&](int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
+      return b.call(k, slices[static_cast<size_t>(r * S + s)], in, std::move(attrs));
+    };
+    // Every stage applies the same update to its copy of the tied embedding. The clipping norm
+    // sums every stage's share (the replicas' summed pieces: the same on every replica).
+    const Value tied = sum_replicas(r, 0, StepPlan::kTiedPiece, [&](int q) { return rep[q].tied; });
+    std::vector<std::vector<Value>> pieces(S);
+    std::vector<Value> sq;
+    for (int s = 0; s < S; ++s) {
+      const StageLayers sl = stage_layers(sh, s);
+      pieces[s].push_back(tied);
+      for (int l = sl.begin; l < sl.end; ++l)
+        pieces[s].push_back(sum_replicas(r, s, StepPlan::layer_piece(l),
+                                         [&](int q) { return rep[q].layers[s][static_cast<size_t>(l - sl.begin)]; }));
+      sq.push_back(call(s, names("pipe_sqnorm"), pieces[s], {tp, s})[0]);
+    }
+    const Value total = call(0, names("sum"), sq, {tp, S})[0];
+    // The last stage's update takes every replica's loss, in replica order.
+    std::vector<Value> losses;
+    for (int q = 0; q < R; ++q) losses.push_back(rep[q].loss);
+    for (int s = 0; s < S; ++s) {
+      const std::vector<Value> l = s == S - 1 ? losses : std::vector<Value>{};
+      const State<Value>& state = all[static_cast<size_t>(r * S + s)];
+      for (auto& v : call(s, names("pipe_update"), pipe_update_args(sh, s).pack<Value>(state, &total, pieces[s], l), {tp, s}))
+        b.output(v);
+    }
   }
   return b.build();
 }

@@ -4,7 +4,7 @@
 //             each run sends only ids and handles), dispatched at once;
 //   opbyop    trace_step over Client::call: the same nodes, each its own program;
 //   pipeline  pipeline_program: the plan partitioned by layer range over S dp x tp slices,
-//             the stages' units in GPipe or 1F1B order.
+//             the stages' units in GPipe or 1F1B order (and R such pipelines with --replicas).
 // (fused is one node, names("fused_step"), which executes the plan inside the kernel.)
 // Only the controller calls these; nothing here blocks except what `call` does.
 #pragma once
@@ -47,8 +47,12 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
 Program replica_program(const Shapes& sh, const KernelNames& names, const std::string& granularity,
                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 
-// The pipeline's step over `slices` (stage s on slices[s], a dp x tp slice, holding stage_layers(sh, s)); the
-// program's outputs are each stage's StepOutputs in stage order. schedule: "gpipe" | "1f1b".
+// The pipeline's step over `slices`: cfg.replicas pipelines of S = sh.pipe().stages stages, replica
+// r's stage s on slices[r S + s] (a dp x tp slice holding stage_layers(sh, s)). Each stage's layer
+// pieces are summed over its dp group as soon as they are final (dp_reduce_start/_finish, or the
+// blocking dp_allreduce with cfg.overlap off), then over the replicas (replica_add, replica
+// order). The program's outputs are each slice's StepOutputs in slice order. schedule: "gpipe" |
+// "1f1b".
 Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 

@@ -42,7 +42,8 @@ Program single(const std::string& kernel, const Slice& s, const std::vector<Arra
 std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o, Client& client, int num_islands,
                          double peak_gflops, bool resume, const KernelNames& names) {
   const bool pipe = o.stages > 1;
-  const int R = pipe ? 1 : cfg.replicas;  // > 1: one dp x tp slice per island, exchanging gradients
+  const int R = cfg.replicas;  // > 1: replicas exchanging gradients (a slice each, or a pipeline each)
+  const int S = o.stages;      // slices per replica
   const int tp = cfg.tp;
   const int devices = cfg.dp * cfg.tp;  // per slice (a pipeline: per stage)
   const Shapes sh(cfg, PipelineShape{o.stages});
@@ -72,13 +73,20 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     return v;
   };
 
+  // Slices in replica-major order: slice r x S + s is replica r's stage s.
   std::vector<Slice> slices;
   if (pipe)
-    // Stage s on island s while there are islands enough (one island per stage); the stages
-    // beyond on the least loaded devices of any island (island s mod K could be a one-device
-    // island already holding a stage while another island's devices idle).
-    for (int s = 0; s < o.stages; ++s)
-      slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, s < num_islands ? s : -1));
+    // One island per stage (of every replica) when there are islands enough; else, with
+    // replicas, replica r's stages on island r (mod the islands, as the replicas' slices below);
+    // else stage s on island s while there are islands, the stages beyond on the least loaded
+    // devices of any island (island s mod K could be a one-device island already holding a
+    // stage while another island's devices idle).
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < S; ++s) {
+        const int i = r * S + s;
+        const int island = R * S <= num_islands ? i : R > 1 ? r % num_islands : (s < num_islands ? s : -1);
+        slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, island));
+      }
   else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
     for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
   else
@@ -119,22 +127,23 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   };
 
   // A full-model view for evaluation, hashing and checkpoints (the pipeline merges its stages).
-  auto merged = [&](Array ArrayState::*which) -> Array {
-    if (!pipe) return states[0].*which;
+  // (Replica r's; every replica holds the same bits, checked at the end.)
+  auto merged = [&](Array ArrayState::*which, int r = 0) -> Array {
+    if (!pipe) return states[static_cast<size_t>(r)].*which;
     std::vector<Array> in;
-    for (auto& s : states) in.push_back(s.*which);
-    return run(single(names("merge"), slices[0], in, {tp}), in, "merge")[0];
+    for (int s = 0; s < S; ++s) in.push_back(states[static_cast<size_t>(r * S + s)].*which);
+    return run(single(names("merge"), slices[static_cast<size_t>(r * S)], in, {tp}), in, "merge")[0];
   };
   auto evaluate = [&]() {
-    if (R > 1) {  // every island evaluates its rows of its own (identical) parameters; island 0 adds
+    if (R > 1) {  // every replica evaluates its rows of its own (identical) parameters; replica 0 adds
+      std::vector<Array> params;
+      for (int r = 0; r < R; ++r) params.push_back(merged(&ArrayState::params, r));
       ProgramBuilder b("eval-replicas");
       std::vector<Value> sums;
       for (int r = 0; r < R; ++r)
-        sums.push_back(b.call(names("eval"), slices[static_cast<size_t>(r)], {b.param_like(states[static_cast<size_t>(r)].params)}, {tp, r})[0]);
+        sums.push_back(b.call(names("eval"), slices[static_cast<size_t>(r * S)], {b.param_like(params[static_cast<size_t>(r)])}, {tp, r})[0]);
       b.output(b.call(names("val_total"), slices[0], sums, {tp, R})[0]);
-      std::vector<Array> in;
-      for (auto& s : states) in.push_back(s.params);
-      return fetch(run(b.build(), in, "eval")[0], "val loss")[0];
+      return fetch(run(b.build(), params, "eval")[0], "val loss")[0];
     }
     const Array params = merged(&ArrayState::params);
     return fetch(run(single(names("eval"), slices[0], {params}, {tp}), {params}, "eval")[0], "val loss")[0];
@@ -186,7 +195,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
       busy_sum += busy;
     }
     if (pipe) bubbles.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
-    if (R > 1) {
+    if (R > 1 && !pipe) {  // (the pipeline's update does not time the exchange)
       double e = 0;
       for (const StepStats& d : devices) e += d.xchg_exposed_ms;
       exposed.push_back(e / static_cast<double>(devices.size()));
@@ -242,8 +251,8 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
   // Replicas: no parameter was ever sent between the islands; every island must still hold the
   // same bits (the same summed gradients, the same update). Checked once, at the end of the run.
   for (int r = 1; r < R; ++r) {
-    const Array pr = states[static_cast<size_t>(r)].params;
-    auto h = run(single(names("hash"), slices[static_cast<size_t>(r)], {pr}, {tp}), {pr}, "hash")[0].get<int64_t>();
+    const Array pr = merged(&ArrayState::params, r);
+    auto h = run(single(names("hash"), slices[static_cast<size_t>(r * S)], {pr}, {tp}), {pr}, "hash")[0].get<int64_t>();
     if (h[0] != hv[0])
       throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the islands' updates "
                               "diverged): a bug in the exchange", r, cfg.steps));
@@ -277,7 +286,7 @@ std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o
     report.set_extra_list("peak_store_bytes", store);
     report.set_extra_list("peak_intermediate_bytes", inter);
   }
-  if (pipe) {  // the stage layout: S slices of dp x tp devices, and the island of each stage
+  if (pipe) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
     report.set_extra("stages", o.stages);
     report.set_extra("stage_dp", cfg.dp);
     report.set_extra("stage_tp", cfg.tp);

@@ -102,6 +102,81 @@ def case_pipeline_stages_of_dp_tp_match_spmd():
             assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
 
 
+def backward_during_reductions(trace_path):
+    """From a --trace file, per worker row: (its gradient reductions, how many of its block_bwd
+    kernels started inside one, how many sums the device saw complete only after such a
+    block_bwd had started). A reduction's window: from its dp_reduce_start kernel to its
+    dp_reduce_finish kernel (paired in order: every device finishes them in the order it started
+    them), or a blocking dp_allreduce kernel's own span. Order of events on one worker's clock."""
+    import json
+    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
+    rows = {}
+    for pid in {e["pid"] for e in ev if e["name"].startswith("block_bwd")}:
+        mine = sorted((e for e in ev if e["pid"] == pid), key=lambda e: e["ts"])
+        starts = [e["ts"] for e in mine if e["name"] == "dp_reduce_start"]
+        ends = [e["ts"] for e in mine if e["name"] == "dp_reduce_finish"]
+        assert len(starts) == len(ends), f"row {pid}: {len(starts)} dp_reduce_start, {len(ends)} dp_reduce_finish"
+        win = list(zip(starts, ends)) + [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["name"] == "dp_allreduce"]
+        seen = [e["ts"] + e["dur"] for e in mine if e.get("cat") == "reduce"]  # the sums' completions
+        bwd = [e["ts"] for e in mine if e["name"].startswith("block_bwd")]
+        during = [t for t in bwd if any(a < t < b for a, b in win)]
+        late = sum(1 for a, b in zip(starts, seen) if any(a < t < b for t in during))
+        rows[pid] = (len(win), len(during), late)
+    return rows
+
+
+def case_pipeline_stage_dp_reduce_overlaps_backward():
+    # Issue 16: a stage's gradient AllReduce (inside its dp slice) overlaps the rest of its
+    # backward: a layer's sum starts after the layer's last backward unit and the stage's next
+    # backward unit does not wait for it (dp_reduce_start ... dp_reduce_finish after the stage's
+    # backward; the sum advances between kernels). Checked from each stage worker's own trace: with
+    # overlap (the default) a block_bwd starts inside a reduction's window on every worker and
+    # step (each stage: layer L-1's sum while layer L-2's backward runs); with --no-overlap (the
+    # control, the blocking dp_allreduce node, so the check can fail) none does. Both give the
+    # same bits: the same AllReduce of the same pieces, only finished at another time.
+    S, dp, steps = 2, 2, 3
+    # Layers of the reference width (a layer's gradient ~3.8 MB) over TINY's short sequences.
+    flags = ["--stages", str(S), "--dp", str(dp), "--microbatches", "4", "--layers", "4", "--steps", str(steps),
+             "--d-model", "256", "--d-ff", "1024", "--head-dim", "64", "--schedule", "1f1b"]
+    got = {}
+    for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
+        t = os.path.join(sc.TMP, f"stage_reduce_{name}.json")
+        got[name] = sc.train(S * dp + 1, "stage_reduce_" + name, flags + extra + ["--trace", t], exe="pathways")
+        rows = backward_during_reductions(t)
+        assert len(rows) == S * dp, f"{name}: block_bwd on rows {sorted(rows)}, want {S * dp} workers"
+        print(f"{name}: per worker row (reductions, block_bwd started inside one, sums seen complete after it): {rows}")
+        for pid, (nred, during, _) in rows.items():
+            # Each stage reduces its 2 layers once per step (stage 0 also the tied embedding's piece).
+            assert nred in (2 * steps, 3 * steps), f"{name}: worker row {pid} has {nred} reductions for {steps} steps"
+            want = steps if name == "overlap" else 0
+            assert during == want, f"{name}: worker row {pid}: {during} block_bwd started inside a reduction, want {want}"
+    assert got["overlap"][2]["weights_hash"] == got["no_overlap"][2]["weights_hash"], "overlap changed the bits"
+
+
+def case_pipeline_replicas_match_spmd():
+    # Issue 16: --stages with --replicas: two replicas, each a pipeline of 2 stages (one island
+    # per replica, --islands 2x2), exchanging every stage's gradient pieces with the other
+    # replica's corresponding stage (replica_add in replica order on both), against spmd_train
+    # --dp 2 on the same global batch. Tolerance: the pipeline's (pipeline_matches_spmd: the tied
+    # embedding's two parts are summed in another order). That both replicas end with the same
+    # bits is checked by pathways_train itself (it fails the run otherwise).
+    m4 = ["--microbatches", "4"]
+    ref = sc.train(2, "spmd_dp2_m4", ["--dp", "2"] + m4)
+    for sched in ("1f1b", "gpipe"):
+        got = sc.train(5, "pipe_r2_" + sched, ["--replicas", "2", "--stages", "2", "--islands", "2x2", "--schedule", sched] + m4,
+                       exe="pathways")
+        sc.assert_close_curves(ref, got, sc.RTOL, f"2 replicas of a 2-stage {sched} pipeline vs spmd --dp 2")
+        for s in ref[0]:
+            a, b = ref[0][s]["grad_norm"], got[0][s]["grad_norm"]
+            assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
+        f = got[2]
+        assert f["stage_islands"] == [0, 0, 1, 1], f"replica r's stages on island r: {f['stage_islands']}"
+        # Between the replicas per step: every device sends each of its stage's pieces (the
+        # stages' pieces tile the whole gradient; the tied one once, on stage 0) and the last
+        # stage its loss: 2 x 1 x (the whole gradient + 8 bytes) as for replicas of one slice.
+        assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 12 + 8), f
+
+
 def stage0_forwards_before_first_backward(trace_path):
     """Per step, from stage 0's own kernel spans (its worker's execution order): how many
     micro-batch forwards (embed_fwd) started before its first backward (block_bwd)."""
@@ -293,8 +368,8 @@ def case_replicas_bad_inputs_fail_cleanly():
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--dp", "2", "--metrics", m], "ranks", [m], exe="pathways")
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--granularity", "opbyop", "--metrics", m], "not opbyop", [m],
                     exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m], "pipeline runs one replica",
-                    [m], exe="pathways")
+    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m],
+                    "--stages 2 needs 4 workers (--replicas 2 x 2 stages", [m], exe="pathways")
     sc.expect_error(3, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m], "--fsdp", [m], exe="pathways")
 
 
