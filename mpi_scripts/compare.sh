@@ -105,11 +105,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # One GEMM peak for every run's MFU, measured with every core busy (as the runs use them).
 # It is measured again after the runs and the report uses the higher of the two (a slow moment
 # on a shared machine then lowers a run's throughput, not the peak: MFU stays conservative).
-# getconf, not nproc: nproc honours the OMP_NUM_THREADS=1 exported above.
-measure_peak() {
-  (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only --precision "$PRECISION" & done; wait) |
-    awk '{s += $1; n++} END {printf "%.2f", s / n}'
-}
+measure_peak() { pwm_gemm_peak "$PRECISION"; }
 export PWM_COMPARE_PRECISION="$PRECISION"
 echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
 PEAK=$(measure_peak)

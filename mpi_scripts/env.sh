@@ -108,6 +108,12 @@ pwm_torch_peer() {
 }
 
 # Warn when a compiler runs beside a benchmark (it halves the figures).
+# The GEMM peak per core in GFLOP/s for MFU (precision $1: fp32 | bf16), measured with every core
+# busy as a run uses them (getconf, not nproc: nproc honours an exported OMP_NUM_THREADS=1).
+pwm_gemm_peak() {
+  (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only --precision "$1" & done; wait) |
+    awk '{s += $1; n++} END {printf "%.2f", s / n}'
+}
 pwm_warn_if_busy() {
   if pgrep -x cc1plus >/dev/null; then
     echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2

@@ -9,8 +9,10 @@
 # reference measured in the same run (the same global batch on the same number of devices).
 #
 # Usage: mpi_scripts/pipeline_bench.sh [--steps N] [--stages "2 4"] [--micro "4 8 16"]
-#                                     [--schedules "gpipe 1f1b"] [--hosts K [--dcn-rate R]]
-#                                     [--out DIR] [-- TRAINER FLAGS...]
+#                                     [--schedules "gpipe 1f1b"] [--stage-dp D]
+#                                     [--hosts K [--dcn-rate R]] [--out DIR] [-- TRAINER FLAGS...]
+#   --stage-dp D    every stage a slice of D data-parallel devices (S D + 1 ranks, --islands SxD;
+#                   the stage's dp AllReduce overlapping its backward), against spmd_train --dp S D
 #   --hosts K       also run every configuration over an emulated cluster of K hosts
 #                   (mpi_scripts/cluster.sh; ranks round-robin over the hosts, each host an
 #                   island, so consecutive stages sit on different hosts) and report its
@@ -20,7 +22,7 @@
 # S = 4 needs 5 ranks: on a machine with fewer cores than 5 the stages share cores and the
 # measured bubble includes that sharing (the script prints the core count).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-STEPS=12; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=()
+STEPS=12; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=(); SDP=1
 value() {
   if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
     echo "pipeline_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --micro) MICRO=$(value "$@") || exit 2; shift 2 ;;
     --schedules) SCHEDS=$(value "$@") || exit 2; shift 2 ;;
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
+    --stage-dp) SDP=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -56,7 +59,12 @@ pwm_warn_if_busy
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
-WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops 50 "${EXTRA[@]}")
+# The MFU the runs print is against the GEMM peak measured here, every core busy (compare.sh's).
+PREC=fp32
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do [ "${EXTRA[$i]}" = --precision ] && PREC="${EXTRA[$((i + 1))]:-fp32}"; done
+PEAK=$(pwm_gemm_peak "$PREC")
+echo "GEMM peak per core ($PREC), all cores busy: $PEAK GFLOP/s"
+WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops "$PEAK" "${EXTRA[@]}")
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
@@ -78,11 +86,12 @@ run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may conta
 sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
   local where=$1 mode=$2; shift 2
   for S in $STAGES; do
-    local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x1")
-    run "$where" "spmd_dp$S" "$@" :: "$S" "$SPMD" --dp "$S"
+    local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x$SDP")
+    local sdp=(); [ "$SDP" != 1 ] && sdp=(--dp "$SDP")
+    run "$where" "spmd_dp$((S * SDP))" "$@" :: $((S * SDP)) "$SPMD" --dp $((S * SDP))
     for M in $MICRO; do
       for K in $SCHEDS; do
-        run "$where" "S${S}_M${M}_$K" "$@" :: $((S + 1)) "$PT" --stages "$S" "${isl[@]}" --microbatches "$M" --schedule "$K"
+        run "$where" "S${S}_M${M}_$K" "$@" :: $((S * SDP + 1)) "$PT" --stages "$S" "${sdp[@]}" "${isl[@]}" --microbatches "$M" --schedule "$K"
       done
     done
   done
@@ -116,7 +125,7 @@ def table(where):
             print(f"{name:<16}{j['tokens_per_s']:>10.0f}")
             continue
         S = int(name.split("_")[0][1:])
-        ref = rows.get(f"spmd_dp{S}")
+        ref = rows.get(f"spmd_dp{S * int(j.get('stage_dp', 1))}")
         vs = j["tokens_per_s"] / ref["tokens_per_s"] if ref else float("nan")
         b, bb = 100 * j["bubble"], 100 * j["bubble_bound"]
         act = " ".join(f"{x / MiB:.1f}" for x in j["peak_intermediate_bytes"])
