@@ -1,0 +1,279 @@
+// A worker's runs: admission (in arrival order, under the memory cap), the walk over a run's
+// instructions in its program's order, and the kernels. The state: worker_impl.h.
+#include <cstdlib>
+#include <cstring>
+
+#include "common/env.h"
+#include "common/time.h"
+#include "pathways/lowering.h"
+#include "pathways/object_id.h"
+#include "pathways/tags.h"
+#include "pathways/worker_impl.h"
+
+namespace pwm::pathways::worker_detail {
+
+void* Worker::write_ptr(Run& run, int32_t s) {
+  Object& o = *run.slots[s];
+  if (!o.buf.allocated() && run.prog->intermediate[s]) {
+    run.counted[s] = 1;
+    inter_live_ += o.buf.size();
+    inter_peak_ = std::max(inter_peak_, inter_live_);
+  }
+  return o.buf.data();
+}
+
+void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
+  Run run;
+  run.h = std::move(h);
+  if (!prog) {
+    run.error = fmt::format("{}: program {} is not loaded", where(), run.h.program_id);
+    runs_.push_back(std::move(run));  // left == 0: reported at once
+    return;
+  }
+  run.prog = std::move(prog);
+  const WorkerProgram& p = run.prog->p;
+  if (opts_.memory_cap_bytes > 0 && p.buffer_bytes() > opts_.memory_cap_bytes) {
+    run.error = fmt::format("{}: program '{}' needs {} bytes of buffers, more than the memory cap of {} bytes", where(),
+                            p.name, p.buffer_bytes(), opts_.memory_cap_bytes);
+    run.prog = nullptr;
+    runs_.push_back(std::move(run));
+    return;
+  }
+  if (auto er = early_release_.find(run.h.run_id); er != early_release_.end()) {
+    run.released = er->second;
+    early_release_.erase(er);
+  }
+  run.slots.resize(p.slots.size());
+  for (auto& b : p.params) {
+    PWM_CHECK_LT(b.index, run.h.inputs.size());
+    const uint64_t id = run.h.inputs[b.index];
+    uint64_t owner = 0;
+    ObjectPtr obj = store_.find(id, &owner);
+    if (obj && owner != run.h.owner) {  // isolation (the controller checked it too)
+      std::string e = fmt::format("{}: input {} (object {}) belongs to another client", where(), b.index, id);
+      obj = std::make_shared<Object>(p.slots[b.slot]);
+      obj->fail(e);
+      if (run.error.empty()) run.error = e;
+    } else if (!obj) {
+      obj = std::make_shared<Object>(p.slots[b.slot]);
+      obj->fail(fmt::format("{}: input {} (object {}) does not exist here (freed?)", where(), b.index, id));
+      if (run.error.empty()) run.error = obj->error;
+    } else if (!(obj->spec == p.slots[b.slot])) {
+      std::string e = fmt::format("{}: input {} (object {}) is {}, the program expects {}", where(), b.index, id,
+                                  obj->spec.str(), p.slots[b.slot].str());
+      obj = std::make_shared<Object>(p.slots[b.slot]);
+      obj->fail(e);
+      if (run.error.empty()) run.error = e;
+    }
+    run.slots[b.slot] = obj;
+  }
+  // Intermediates take memory when first written, except under a memory cap, whose admission
+  // reserves a run's buffers up front (every admitted run fits, whatever order they run in).
+  const bool lazy = opts_.memory_cap_bytes == 0;
+  for (size_t s = 0; s < p.slots.size(); ++s)
+    if (!run.slots[s]) run.slots[s] = std::make_shared<Object>(p.slots[s], p.slot_writers[s], lazy);
+  run.readers_left = run.prog->readers;
+  run.counted.assign(p.slots.size(), 0);
+  for (auto& b : p.outputs) {
+    const uint64_t oid = output_object_id(run.h.run_id, b.index);
+    // Freed by the client (or its client gone) while the run waited for memory: not stored.
+    if (early_freed_.erase(oid) || (run.h.flags & kRunOwnerGone)) continue;
+    store_.put(oid, run.slots[b.slot], run.h.owner);
+  }
+  const size_t n = p.instrs.size();
+  run.state.assign(n, kWaiting);
+  run.reqs.resize(n);
+  run.order.assign(n, 0);
+  run.stage_left.assign(p.num_stages, 0);
+  for (size_t i = 0; i < n; ++i) {
+    run.stage_left[p.instrs[i].stage]++;
+    if (p.instrs[i].op == Op::kExec) {
+      run.order[i] = next_order_++;
+      pending_execs_.insert(run.order[i]);
+    }
+  }
+  run.left = n;
+  while (run.next_exec < n && p.instrs[run.next_exec].op != Op::kExec) run.next_exec++;
+  if (!(run.h.flags & kRunSequential)) run.released = p.num_stages;
+  runs_.push_back(std::move(run));
+  peak_bytes_ = std::max(peak_bytes_, static_cast<uint64_t>(Buffer::live_bytes()));
+}
+
+bool Worker::admit() {
+  bool any = false;
+  while (!queued_.empty()) {
+    auto& [h, prog] = queued_.front();
+    if (opts_.memory_cap_bytes > 0) {
+      const uint64_t need = prog ? prog->p.buffer_bytes() : 0;
+      const uint64_t live = static_cast<uint64_t>(std::max<int64_t>(0, Buffer::live_bytes()));
+      if (need <= opts_.memory_cap_bytes && live + need > opts_.memory_cap_bytes) break;  // wait for frees
+    }
+    start_run(std::move(h), std::move(prog));
+    queued_.pop_front();
+    any = true;
+  }
+  return any;
+}
+
+bool Worker::progress_run(Run& run) {
+  if (!run.prog) return false;
+  // Fast path: a run whose last instruction waits for an input still being computed (a queue
+  // of OpByOp runs, each waiting for the previous one's output) is skipped in O(1).
+  if (run.blocked_on && run.left == 1 && !run.blocked_on->resolved()) return false;
+  run.blocked_on = nullptr;
+  const WorkerProgram& p = run.prog->p;
+  bool any = false;
+  // In order, a send can sit behind kernels that are ready one after another (a 1F1B stage's
+  // next backward before the activation it just made): each long kernel ends the pass, so the
+  // walk below would reach the send only after them. Post every send whose buffer is ready
+  // first: isend only hands the buffer over, and the receiver's tag is the transfer's.
+  if (run.h.flags & kRunInOrder)
+    for (size_t i = run.first; i < p.instrs.size(); ++i) {
+      const Instr& in = p.instrs[i];
+      if (in.stage >= run.released) break;
+      if (in.op == Op::kSend && run.state[i] == kWaiting && run.slots[in.slot]->resolved()) {
+        post_send(run, i);
+        any = true;
+      }
+    }
+  for (size_t i = run.first; i < p.instrs.size(); ++i) {
+    if (run.state[i] == kDone) continue;
+    const Instr& in = p.instrs[i];
+    if (in.stage >= run.released) break;  // stages are non-decreasing in program order
+    switch (in.op) {
+      case Op::kRecv: {
+        Object& dst = *run.slots[in.slot];
+        if (run.state[i] == kWaiting) {
+          // In order: the buffer is taken only shortly before the kernels that read it.
+          if ((run.h.flags & kRunInOrder) && run.prog->execs_before[i] > run.execs_done + kInOrderRecvAhead) break;
+          note_posted(run, i);
+          run.reqs[i] = t_->irecv(static_cast<char*>(write_ptr(run, in.slot)) + in.offset, in.bytes, in.peer,
+                                  tags::data_tag(run.h.xfer_base, in.xfer));
+          run.state[i] = kPosted;
+          any = true;
+        }
+        size_t got = 0;
+        if (test_recv(run, i, &got)) {
+          dst.write_done();
+          record_transfer(run, i, kTraceRecv);
+          done(run, i);
+          any = true;
+        }
+        break;
+      }
+      case Op::kSend: {
+        Object& src = *run.slots[in.slot];
+        if (run.state[i] == kWaiting) {
+          if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
+          post_send(run, i);
+          any = true;
+        }
+        if (t_->test(run.reqs[i], nullptr)) {
+          record_transfer(run, i, kTraceSend);
+          done(run, i);
+          any = true;
+        }
+        break;
+      }
+      case Op::kCopy: {
+        Object& src = *run.slots[in.slot];
+        Object& dst = *run.slots[in.slot2];
+        if (!src.resolved()) break;
+        std::memcpy(static_cast<char*>(write_ptr(run, in.slot2)) + in.offset2,
+                    static_cast<char*>(src.buf.data()) + in.offset, in.bytes);
+        if (src.state == Object::State::kFailed) dst.fail(src.error);
+        dst.write_done();
+        done(run, i);
+        any = true;
+        break;
+      }
+      case Op::kExec:
+        if (try_exec(run, i)) any = true;
+        if (long_kernel_ran_) return true;  // back to the loop (see loop())
+        break;
+    }
+  }
+  return any;
+}
+
+bool Worker::try_exec(Run& run, size_t i) {
+  const WorkerProgram& p = run.prog->p;
+  const ExecInfo& e = p.execs[p.instrs[i].exec];
+  const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+  if ((run.h.flags & kRunInOrder) && run.next_exec != i) return false;  // an earlier kernel first
+  std::string failed;
+  for (int32_t s : e.ins) {
+    const Object& o = *run.slots[s];
+    if (!o.resolved()) {
+      run.blocked_on = &o;
+      return false;
+    }
+    if (o.state == Object::State::kFailed && failed.empty()) failed = o.error;
+  }
+  // A gang node runs even on failed inputs (its result is failed anyway): its peers on other
+  // devices may have good inputs and will enter the kernel's collectives.
+  const bool gang = def ? def->collectives : e.collectives;
+  // The island order: a gang node starts only as the lowest-numbered unfinished node here
+  // (unless the run was sent with the order turned off, the deadlock demonstration).
+  if (gang && !(run.h.flags & kRunUnordered) && *pending_execs_.begin() != run.order[i]) return false;
+  if (!def) failed = fmt::format("unknown kernel '{}' on {} (not registered on this rank)", e.kernel, where());
+  const bool skip = !def || (!gang && !failed.empty());
+  if (!skip) {
+    std::vector<KernelContext::Buffer> ins, outs;
+    for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
+    for (int32_t s : e.outs) outs.push_back({write_ptr(run, s), &run.slots[s]->spec});
+    const bool trace = run.h.flags & kRunTrace;
+    if (trace) node_event(run, e.node, true);
+    // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
+    // the core for long (it last ran here for >= long_kernel_s_, or has not run yet): otherwise
+    // they would reach the controller a whole kernel late (a fused training step's statistics
+    // would be answered only when the worker's queue of steps is empty; long_kernel_s_ is
+    // LatencyPolicy::long_kernel_us). Before short kernels they stay bundled until the end of
+    // the pass, except a run_done a client waits for.
+    double& last_s = run.prog->last_s[p.instrs[i].exec];
+    const bool long_kernel = last_s == 0 || last_s >= long_kernel_s_;
+    if (long_kernel) progress_fetches();
+    if (long_kernel || awaited_done_) {
+      chan_.flush();
+      awaited_done_ = false;
+    }
+    const double t0 = now_s();
+    try {
+      KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
+                        gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
+      def->fn(ctx);
+      kernels_run_++;
+      const double t1 = now_s();
+      last_s = t1 - t0;
+      long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
+      run.kernel_s += t1 - t0;
+      if (WorkerTrace::recording(run.h)) trace_.kernel(run.h, e.node, e.shard, t0, t1);
+    } catch (const std::exception& ex) {
+      if (failed.empty())
+        failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
+                           fmt::format("node {}", e.node), p.name, e.shard, e.num_shards, where(), ex.what());
+    }
+    if (trace) node_event(run, e.node, false);
+  }
+  for (int32_t s : e.outs) {
+    if (!failed.empty()) run.slots[s]->fail(failed);
+    run.slots[s]->write_done();
+  }
+  if (!failed.empty()) note_error(run, failed);
+  pending_execs_.erase(run.order[i]);
+  done(run, i);
+  return true;
+}
+
+collectives::Communicator& Worker::comm(const LoadedProgram& lp, int32_t x) {
+  if (lp.comms.empty()) lp.comms.resize(lp.p.execs.size());
+  if (auto& c = lp.comms[x]) return *c;
+  const ExecInfo& e = lp.p.execs[x];
+  std::vector<int> group(e.group.begin(), e.group.end());
+  auto it = comms_.find(e.context);
+  if (it == comms_.end() || it->second->group() != group)
+    it = comms_.insert_or_assign(e.context, std::make_shared<collectives::Communicator>(t_, group, e.context)).first;
+  return *(lp.comms[x] = it->second);
+}
+
+}  // namespace pwm::pathways::worker_detail
