@@ -73,6 +73,28 @@ struct BlockUnit {
   model::Workspace<float>& ws;
 };
 
+// The plan executed directly (model::accumulate_gradients, under `cfg`, reading data index
+// `data_index`) into the device's layout-shaped gradient buffer, with the bucketed, overlapped dp
+// AllReduce inside; returns the device's mean loss and adds the collectives' time to *comm_s.
+double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const model::TrainConfig& cfg,
+                       int data_index, double* comm_s) {
+  const ParamLayout& layout = dev.layout(p);
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  model::Workspace<float>& ws = dev.step_memory(layout);
+  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
+                                         dev.cfg().overlap, bucket_trace(dev));
+  reducer.begin(dev.grads());
+  model::StepHooks hooks;
+  trace_units(dev, hooks);
+  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
+  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
+  const double local = model::accumulate_gradients(cfg, layout, plan, dev.data(), ctx.in<int64_t>(kStep)[0], data_index,
+                                                   ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
+  reducer.finish();
+  *comm_s += reducer.comm_seconds();
+  return local;
+}
+
 }  // namespace
 
 // The whole step: the plan executed directly (model::accumulate_gradients) into the device's
@@ -80,21 +102,9 @@ struct BlockUnit {
 void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
   const ParamLayout& layout = dev.layout(p);
-  const model::StepPlan& plan = dev.shapes().plan(p.tp);
   const int64_t step = ctx.in<int64_t>(kStep)[0];
   double comm_s = 0;
-  model::Workspace<float>& ws = dev.step_memory(layout);
-  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
-                                         dev.cfg().overlap, bucket_trace(dev));
-  reducer.begin(dev.grads());
-  model::StepHooks hooks;
-  trace_units(dev, hooks);
-  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
-  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
-  const double local = model::accumulate_gradients(dev.cfg(), layout, plan, dev.data(), step, p.dp_rank,
-                                                   ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
-  reducer.finish();
-  comm_s += reducer.comm_seconds();
+  const double local = fused_gradients(dev, ctx, p, dev.cfg(), p.dp_rank, &comm_s);
   double loss = 0;
   const model::UpdateResult u =
       finish_step(dev, ctx, p, layout, step, local, model::GradView(layout, dev.grads()), &comm_s, &loss);
@@ -261,24 +271,11 @@ void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
 // of the buffer, for the exchange) and the island's loss (the dp sum of the local means).
 void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
-  const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
-  const int64_t step = ctx.in<int64_t>(kStep)[0];
   const int replica = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedReplica));
   double comm_s = 0;
-  model::Workspace<float>& ws = dev.step_memory(layout);
-  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
-                                         dev.cfg().overlap, bucket_trace(dev));
-  reducer.begin(dev.grads());
-  model::StepHooks hooks;
-  trace_units(dev, hooks);
-  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s);
-  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
   // The flat view: dp = replicas x dp, this device's data index replica x dp + dp rank.
-  double loss = model::accumulate_gradients(dev.flat_cfg(), layout, plan, dev.data(), step, replica * p.dp + p.dp_rank,
-                                            ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
-  reducer.finish();
-  comm_s += reducer.comm_seconds();
+  double loss = fused_gradients(dev, ctx, p, dev.flat_cfg(), replica * p.dp + p.dp_rank, &comm_s);
   if (Communicator* c = dev.dp_comm(ctx, p)) {
     const double t0 = now_s();
     c->allreduce(&loss, &loss, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
