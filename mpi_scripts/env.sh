@@ -15,8 +15,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_base_warn_component_unused=0
 
 # Debian packages the project needs (names checked on Debian 12 / Ubuntu 22.04+).
+# ocl-icd-opencl-dev: Debian's oneDNN CMake package requires OpenCL (find_package(OpenCL REQUIRED)
+# in dnnl-config.cmake, a hard configure error without it), and --no-install-recommends skips it.
 PWM_PACKAGES=(cmake ninja-build g++ make libeigen3-dev libfmt-dev
-              libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev gnuplot-nox python3 ccache)
+              libgtest-dev libcli11-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev ocl-icd-opencl-dev gnuplot-nox
+              python3 ccache)
 case "$PWM_MPI" in
   openmpi)
     BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build}"
