@@ -48,26 +48,73 @@ float* buffer(std::vector<float>& v, size_t n) {
   return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
 }
 
+// In-register transpose of a 16 x 16 block: r[i] holds row i on entry, column i on exit.
+// Three shuffle stages (32-bit, 64-bit, then 128-bit lanes twice), 64 shuffles per 256 floats.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]),
+                  t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  // Now r[4g + j], 128-bit lane L = rows 4g..4g+3 of column j + 4L.
+  __m512 o[16];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+    const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    o[j] = _mm512_shuffle_f32x4(a, c, 0x88);
+    o[j + 8] = _mm512_shuffle_f32x4(a, c, 0xdd);
+    o[j + 4] = _mm512_shuffle_f32x4(b, d, 0x88);
+    o[j + 12] = _mm512_shuffle_f32x4(b, d, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = o[i];
+}
+
+inline __mmask16 low_mask(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Transposing pack, 16 x 16 blocks in registers: source rows src + i * ld (i < rows <= 16),
+// columns [0, kc) -> out[k * stride + i], rows >= `rows` as zeros; store_mask picks the lanes i
+// written (the first 12 for A's panels, all 16 for B's half panels).
+inline void pack_transposed(const float* src, int64_t ld, int64_t rows, int64_t kc, float* out,
+                            int64_t stride, __mmask16 store_mask) {
+  for (int64_t k = 0; k < kc; k += 16) {
+    const int64_t w = std::min<int64_t>(16, kc - k);
+    const __mmask16 lm = low_mask(w);
+    __m512 r[16];
+    for (int64_t i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_maskz_loadu_ps(lm, src + i * ld + k) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int64_t j = 0; j < w; ++j) _mm512_mask_storeu_ps(out + (k + j) * stride, store_mask, r[j]);
+  }
+}
+
 // op(B)[k0:k0+kc, 0:N] -> panels of kNR columns: panel j holds, for each k, kNR floats.
 void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t N, float* out) {
   for (int64_t j0 = 0; j0 < N; j0 += kNR) {
     const int64_t nr = std::min(kNR, N - j0);
     float* o = out + j0 * kc;  // panel size kc * kNR
     if (!tb) {
+      const __mmask16 m0 = low_mask(nr), m1 = low_mask(nr - 16);
       for (int64_t k = 0; k < kc; ++k) {
         const float* src = B + (k0 + k) * ldb + j0;
-        float* dst = o + k * kNR;
-        int64_t j = 0;
-        for (; j < nr; ++j) dst[j] = src[j];
-        for (; j < kNR; ++j) dst[j] = 0.0f;
+        _mm512_store_ps(o + k * kNR, _mm512_maskz_loadu_ps(m0, src));
+        _mm512_store_ps(o + k * kNR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
       }
-    } else {
-      for (int64_t k = 0; k < kc; ++k)
-        for (int64_t j = nr; j < kNR; ++j) o[k * kNR + j] = 0.0f;
-      for (int64_t j = 0; j < nr; ++j) {
-        const float* src = B + (j0 + j) * ldb + k0;  // B stored [N, K]
-        for (int64_t k = 0; k < kc; ++k) o[k * kNR + j] = src[k];
-      }
+    } else {  // B stored [N, K]: rows j of B become columns of the panel
+      const float* src = B + j0 * ldb + k0;
+      pack_transposed(src, ldb, std::min<int64_t>(nr, 16), kc, o, kNR, 0xFFFF);
+      pack_transposed(src + 16 * ldb, ldb, nr - 16, kc, o + 16, kNR, 0xFFFF);
     }
   }
 }
@@ -75,25 +122,18 @@ void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_
 // op(A)[i0:i0+mc, k0:k0+kc] -> panels of kMR rows: panel i holds, for each k, kMR floats.
 void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
             float* out) {
+  static_assert(kMR <= 16);
+  constexpr __mmask16 kStore = (1u << kMR) - 1;
   for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
     const int64_t mr = std::min(kMR, mc - r0);
     float* o = out + r0 * kc;
     if (!ta) {
-      for (int64_t r = 0; r < kMR; ++r) {
-        if (r < mr) {
-          const float* src = A + (i0 + r0 + r) * lda + k0;
-          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = src[k];
-        } else {
-          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = 0.0f;
-        }
-      }
+      pack_transposed(A + (i0 + r0) * lda + k0, lda, mr, kc, o, kMR, kStore);
     } else {
+      const __mmask16 m = low_mask(mr);
       for (int64_t k = 0; k < kc; ++k) {
         const float* src = A + (k0 + k) * lda + i0 + r0;  // A stored [K, M]
-        float* dst = o + k * kMR;
-        int64_t r = 0;
-        for (; r < mr; ++r) dst[r] = src[r];
-        for (; r < kMR; ++r) dst[r] = 0.0f;
+        _mm512_mask_storeu_ps(o + k * kMR, kStore, _mm512_maskz_loadu_ps(m, src));
       }
     }
   }

@@ -154,10 +154,14 @@ TEST(Kernels, ExpApproxIsAccurate) {
 }
 
 // Every backend against a double-precision reference, all transpose cases, with shapes that
-// leave partial register tiles (M % 12, N % 32), several K blocks (K > 384) and M blocks (M > 96).
+// leave partial register tiles (M % 12, N % 32, N % 32 < 16 and > 16), partial 16 x 16 packing
+// blocks (K % 16, M or N < 16), several K blocks (K > 384) and M blocks (M > 96), and the
+// attention's shapes (32-row causal blocks: K or N a multiple of 32 up to 128).
 TEST(Kernels, GemmBackendsAgreeWithReference) {
   struct Shape { int64_t M, N, K; };
-  const Shape shapes[] = {{37, 29, 41}, {130, 70, 800}, {1, 1, 1}, {12, 32, 384}, {97, 33, 5}};
+  const Shape shapes[] = {{37, 29, 41},  {130, 70, 800}, {1, 1, 1},     {12, 32, 384},
+                          {97, 33, 5},   {25, 50, 17},   {16, 16, 16},  {7, 3, 1000},
+                          {128, 96, 64}, {64, 64, 128},  {200, 260, 31}};
   std::vector<GemmBackend> backends = {GemmBackend::kEigen};
   if (have_blas()) backends.push_back(GemmBackend::kBlas);
   if (have_avx512_gemm()) backends.push_back(GemmBackend::kAvx512);
@@ -171,7 +175,7 @@ TEST(Kernels, GemmBackendsAgreeWithReference) {
         for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
         for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
         for (size_t i = 0; i < C0.size(); ++i) C0[i] = std::sin(0.3f * i);
-        for (float beta : {0.0f, 2.0f}) {
+        for (float beta : {0.0f, 1.0f, 2.0f}) {
           std::vector<double> ref(M * N);
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = 0; j < N; ++j) {
