@@ -101,21 +101,25 @@ inline void pack_transposed(const float* src, int64_t ld, int64_t rows, int64_t 
 
 // op(B)[k0:k0+kc, 0:N] -> panels of kNR columns: panel j holds, for each k, kNR floats.
 void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t N, float* out) {
-  for (int64_t j0 = 0; j0 < N; j0 += kNR) {
-    const int64_t nr = std::min(kNR, N - j0);
-    float* o = out + j0 * kc;  // panel size kc * kNR
-    if (!tb) {
-      const __mmask16 m0 = low_mask(nr), m1 = low_mask(nr - 16);
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = B + (k0 + k) * ldb + j0;
-        _mm512_store_ps(o + k * kNR, _mm512_maskz_loadu_ps(m0, src));
-        _mm512_store_ps(o + k * kNR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+  if (!tb) {  // row by row: each source row is read once, contiguously (prefetch friendly)
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = B + (k0 + k) * ldb;
+      for (int64_t j0 = 0; j0 < N; j0 += kNR) {
+        const int64_t nr = std::min(kNR, N - j0);
+        float* o = out + j0 * kc + k * kNR;  // panel j0 / kNR, size kc * kNR
+        _mm512_store_ps(o, _mm512_maskz_loadu_ps(low_mask(nr), src + j0));
+        _mm512_store_ps(o + 16, _mm512_maskz_loadu_ps(low_mask(nr - 16), src + j0 + 16));
       }
-    } else {  // B stored [N, K]: rows j of B become columns of the panel
-      const float* src = B + j0 * ldb + k0;
-      pack_transposed(src, ldb, std::min<int64_t>(nr, 16), kc, o, kNR, 0xFFFF);
-      pack_transposed(src + 16 * ldb, ldb, nr - 16, kc, o + 16, kNR, 0xFFFF);
     }
+    return;
+  }
+  for (int64_t j0 = 0; j0 < N; j0 += kNR) {  // B stored [N, K]: its rows become panel columns
+    const int64_t nr = std::min(kNR, N - j0);
+    const float* src = B + j0 * ldb + k0;
+    float* o = out + j0 * kc;  // panel size kc * kNR
+    pack_transposed(src, ldb, std::min<int64_t>(nr, 16), kc, o, kNR, 0xFFFF);
+    if (nr > 16) pack_transposed(src + 16 * ldb, ldb, nr - 16, kc, o + 16, kNR, 0xFFFF);
+    else for (int64_t k = 0; k < kc; ++k) _mm512_store_ps(o + k * kNR + 16, _mm512_setzero_ps());
   }
 }
 
@@ -124,19 +128,18 @@ void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_
             float* out) {
   static_assert(kMR <= 16);
   constexpr __mmask16 kStore = (1u << kMR) - 1;
-  for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
-    const int64_t mr = std::min(kMR, mc - r0);
-    float* o = out + r0 * kc;
-    if (!ta) {
-      pack_transposed(A + (i0 + r0) * lda + k0, lda, mr, kc, o, kMR, kStore);
-    } else {
-      const __mmask16 m = low_mask(mr);
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = A + (k0 + k) * lda + i0 + r0;  // A stored [K, M]
-        _mm512_mask_storeu_ps(o + k * kMR, kStore, _mm512_maskz_loadu_ps(m, src));
-      }
+  if (ta) {  // A stored [K, M]: row by row, each source row segment read once, contiguously
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = A + (k0 + k) * lda + i0;
+      for (int64_t r0 = 0; r0 < mc; r0 += kMR)
+        _mm512_mask_storeu_ps(out + r0 * kc + k * kMR, kStore,
+                              _mm512_maskz_loadu_ps(low_mask(mc - r0), src + r0));
     }
+    return;
   }
+  for (int64_t r0 = 0; r0 < mc; r0 += kMR)
+    pack_transposed(A + (i0 + r0) * lda + k0, lda, std::min(kMR, mc - r0), kc, out + r0 * kc,
+                    kMR, kStore);
 }
 
 // C tile [mr, nr] (= or +=) alpha * Ap . Bp over kc. `first`: this is the first K block, so C is
