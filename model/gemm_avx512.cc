@@ -13,6 +13,10 @@
 //       for each B micro-panel (48 KB at KC = 384, the L1 size), for each A micro-panel:
 // (KC, MC) = (384, 96) measured best among 192..512 x 48..192 on the model's shapes.
 //         12 x 32 register tile: per k, two 16-wide loads of B, 12 broadcasts of A, 24 FMAs.
+// Packing never gathers element by element: a row-major A keeps its rows (row copies; the
+// kernel broadcasts along 12 rows at compile-time offsets), a transposed A is copied k-row by
+// k-row into k-major panels, B [K, N] likewise; only B stored [N, K] is transposed, 16 x 16 in
+// registers. (Transposing a row-major A into k-major panels cost ~7% of the fp32 step.)
 // Every element of C is the sum over k in increasing order within a KC block, blocks added in
 // order: results depend only on the shapes, never on addresses or timing (deterministic).
 #include <algorithm>
@@ -137,13 +141,24 @@ void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_
     }
     return;
   }
-  for (int64_t r0 = 0; r0 < mc; r0 += kMR)
-    pack_transposed(A + (i0 + r0) * lda + k0, lda, std::min(kMR, mc - r0), kc, out + r0 * kc,
-                    kMR, kStore);
+  // A stored [M, K]: rows stay rows (micro_kernel<true> broadcasts along them), each copied to a
+  // fixed stride of kKC floats; the rows that pad the last panel to kMR are zeros.
+  for (int64_t r = 0; r < mc; ++r) {
+    const float* src = A + (i0 + r) * lda + k0;
+    float* dst = out + r * kKC;
+    for (int64_t k = 0; k < kc; k += 16)
+      _mm512_storeu_ps(dst + k, _mm512_maskz_loadu_ps(low_mask(kc - k), src + k));
+  }
+  for (int64_t r = mc; r < (mc + kMR - 1) / kMR * kMR; ++r)
+    for (int64_t k = 0; k < kc; k += 16) _mm512_storeu_ps(out + r * kKC + k, _mm512_setzero_ps());
 }
 
 // C tile [mr, nr] (= or +=) alpha * Ap . Bp over kc. `first`: this is the first K block, so C is
-// combined with beta (beta == 0: overwritten); otherwise accumulated.
+// combined with beta (beta == 0: overwritten); otherwise accumulated. kRowA: the A panel holds
+// kMR rows at a stride of kKC floats (from a row-major A: packing is a row copy); otherwise kMR
+// floats per k (from a transposed A: packing is a row copy the other way). The displacements
+// r * kKC are compile-time constants, so both forms broadcast from one moving pointer.
+template <bool kRowA>
 void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
                   int64_t mr, int64_t nr, float alpha, float beta, bool first) {
   __m512 c[kMR][2];
@@ -151,10 +166,10 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * kNR);
     const __m512 b1 = _mm512_load_ps(Bp + k * kNR + 16);
-    const float* a = Ap + k * kMR;
+    const float* a = kRowA ? Ap + k : Ap + k * kMR;
 #pragma GCC unroll 12
     for (int r = 0; r < kMR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r]);
+      const __m512 av = _mm512_set1_ps(a[kRowA ? r * kKC : r]);
       c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
       c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
     }
@@ -209,8 +224,12 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
         const float* bpanel = bp + j0 * kc;
         for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
           const int64_t mr = std::min(kMR, mc - r0);
-          micro_kernel(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr, alpha,
-                       beta, first);
+          if (ta)
+            micro_kernel<false>(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
+                                alpha, beta, first);
+          else
+            micro_kernel<true>(kc, ap + r0 * kKC, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
+                               alpha, beta, first);
         }
       }
     }
