@@ -202,11 +202,13 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
 bool sgemm_avx512_available() { return true; }
 
 void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                  const std::function<void(int64_t, int64_t)>* rows) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // C = beta * C
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    if (rows) (*rows)(0, M);
     return;
   }
   const int64_t n_pad = (N + kNR - 1) / kNR * kNR;
@@ -232,6 +234,7 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
                                alpha, beta, first);
         }
       }
+      if (rows && k0 + kc == K) (*rows)(i0, i0 + mc);  // the last K block: these rows are final
     }
   }
 }
@@ -240,7 +243,8 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 
 bool sgemm_avx512_available() { return false; }
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                  const float*, int64_t, float, float*, int64_t) {}
+                  const float*, int64_t, float, float*, int64_t,
+                  const std::function<void(int64_t, int64_t)>*) {}
 
 #endif
 

@@ -208,5 +208,45 @@ TEST(Kernels, GemmBackendsAgreeWithReference) {
   set_gemm_backend(saved);
 }
 
+// gemm_rows: the callback sees increasing, disjoint row ranges covering [0, M), and when it sees
+// rows [i0, i1) they already hold their final values; C is the same bits as plain gemm. Shapes
+// with several row blocks (M > 96) and K blocks (K > 384), on every backend.
+TEST(Kernels, GemmRowsSeesFinalRowsInOrder) {
+  std::vector<GemmBackend> backends = {GemmBackend::kEigen};
+  if (have_blas()) backends.push_back(GemmBackend::kBlas);
+  if (have_avx512_gemm()) backends.push_back(GemmBackend::kAvx512);
+  const GemmBackend saved = gemm_backend();
+  struct Shape { int64_t M, N, K; };
+  for (const Shape sh : {Shape{250, 70, 800}, Shape{97, 33, 5}, Shape{1, 1, 1}})
+    for (bool ta : {false, true})
+      for (GemmBackend be : backends) {
+        set_gemm_backend(be);
+        const int64_t M = sh.M, N = sh.N, K = sh.K, lda = ta ? M : K, ldc = N + 1;
+        std::vector<float> A(M * K), Bm(K * N), C0(M * ldc);
+        for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
+        for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
+        for (size_t i = 0; i < C0.size(); ++i) C0[i] = std::sin(0.3f * i);
+        std::vector<float> plain = C0, fused = C0, seen(M * ldc, std::nanf(""));
+        gemm<float>(ta, false, M, N, K, 0.5f, A.data(), lda, Bm.data(), N, 1.0f, plain.data(), ldc);
+        int64_t next = 0;
+        gemm_rows<float>(ta, false, M, N, K, 0.5f, A.data(), lda, Bm.data(), N, 1.0f, fused.data(),
+                         ldc, [&](int64_t i0, int64_t i1) {
+                           EXPECT_EQ(i0, next);
+                           EXPECT_LT(i0, i1);
+                           next = i1;
+                           std::memcpy(&seen[i0 * ldc], &fused[i0 * ldc],
+                                       sizeof(float) * ((i1 - i0 - 1) * ldc + N));
+                         });
+        EXPECT_EQ(next, M) << gemm_backend_name(be);
+        for (int64_t i = 0; i < M; ++i) {
+          EXPECT_EQ(std::memcmp(&fused[i * ldc], &plain[i * ldc], sizeof(float) * N), 0)
+              << gemm_backend_name(be) << " row " << i;
+          EXPECT_EQ(std::memcmp(&seen[i * ldc], &plain[i * ldc], sizeof(float) * N), 0)
+              << gemm_backend_name(be) << " row " << i << " was not final when passed to rows";
+        }
+      }
+  set_gemm_backend(saved);
+}
+
 }  // namespace
 }  // namespace pwm::model
