@@ -105,9 +105,19 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
   }
 
   // Partial block output: attention + MLP of this shard's heads and columns, one GEMM.
-  gemm<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C);
-  if (tp_allreduce) tp_allreduce(y, static_cast<size_t>(d.N * d.C));
-  for (int64_t i = 0; i < d.N * d.C; ++i) y[i] += x[i];
+  // Without tensor parallelism the residual add runs on each block of rows as the GEMM finishes
+  // it; with it, after the reduction (the sum must be complete first).
+  const auto residual = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0 * d.C; i < i1 * d.C; ++i) y[i] += x[i];
+  };
+  if (tp_allreduce) {
+    gemm<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C);
+    tp_allreduce(y, static_cast<size_t>(d.N * d.C));
+    residual(0, d.N);
+  } else {
+    gemm_rows<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C,
+                 residual);
+  }
 }
 
 template <typename S>
@@ -185,16 +195,27 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   // partial over the local heads/columns, summed in ONE tp_allreduce.
   S* red = sc.reduce.data();
   S* red_kv = red + d.N * d.C;
-  gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+  // dx (= dy, the residual path) += Norm'(d(h)); d(norm scale) += ... Row by row, in row order
+  // (the scale's gradient is summed over rows in that order either way).
+  const auto norm_rows = [&](int64_t i0, int64_t i1) {
+    norm_backward(c.norm, i1 - i0, d.C, red + i0 * d.C, act.x(l) + i0 * d.C, params + lo.norm,
+                  ly.mean.data() + i0, ly.rstd.data() + i0, dx + i0 * d.C, grads + lo.norm);
+  };
+  // Without tensor parallelism d(h) is complete when its GEMM finishes a block of rows: the norm's
+  // backward runs there, while the rows are in cache (the GEMMs below neither read nor write dx
+  // or the norm's gradient). With it, after the reduction.
+  if (tp_allreduce)
+    gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+  else
+    gemm_rows<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C,
+                 norm_rows);
   gemm<S>(true, false, d.R_in - d.q(), d.C, d.N, S(1), dyin + d.q(), d.R_in, ly.h.data(), d.C,
           S(1), g_in + d.q() * d.C, d.C);
   gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
           d.C);
   if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
   for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];
-  // dx (= dy, the residual path) += Norm'(d(h)); d(norm scale) += ...
-  norm_backward(c.norm, d.N, d.C, red, act.x(l), params + lo.norm, ly.mean.data(),
-                ly.rstd.data(), dx, grads + lo.norm);
+  if (tp_allreduce) norm_rows(0, d.N);
 }
 
 #define PWM_INSTANTIATE_BLOCK(S)                                                          \
