@@ -13,6 +13,10 @@
 //       for each B micro-panel (48 KB at KC = 384, the L1 size), for each A micro-panel:
 // (KC, MC) = (384, 96) measured best among 192..512 x 48..192 on the model's shapes.
 //         12 x 32 register tile: per k, two 16-wide loads of B, 12 broadcasts of A, 24 FMAs.
+// Packing never gathers element by element: a row-major A keeps its rows (row copies; the
+// kernel broadcasts along 12 rows at compile-time offsets), a transposed A is copied k-row by
+// k-row into k-major panels, B [K, N] likewise; only B stored [N, K] is transposed, 16 x 16 in
+// registers. (Transposing a row-major A into k-major panels cost ~7% of the fp32 step.)
 // Every element of C is the sum over k in increasing order within a KC block, blocks added in
 // order: results depend only on the shapes, never on addresses or timing (deterministic).
 #include <algorithm>
@@ -48,59 +52,113 @@ float* buffer(std::vector<float>& v, size_t n) {
   return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
 }
 
+// In-register transpose of a 16 x 16 block: r[i] holds row i on entry, column i on exit.
+// Three shuffle stages (32-bit, 64-bit, then 128-bit lanes twice), 64 shuffles per 256 floats.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * i]), t1 = _mm512_castps_pd(t[4 * i + 1]),
+                  t2 = _mm512_castps_pd(t[4 * i + 2]), t3 = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+  }
+  // Now r[4g + j], 128-bit lane L = rows 4g..4g+3 of column j + 4L.
+  __m512 o[16];
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    const __m512 b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+    const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    o[j] = _mm512_shuffle_f32x4(a, c, 0x88);
+    o[j + 8] = _mm512_shuffle_f32x4(a, c, 0xdd);
+    o[j + 4] = _mm512_shuffle_f32x4(b, d, 0x88);
+    o[j + 12] = _mm512_shuffle_f32x4(b, d, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = o[i];
+}
+
+inline __mmask16 low_mask(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Transposing pack, 16 x 16 blocks in registers: source rows src + i * ld (i < rows <= 16),
+// columns [0, kc) -> out[k * stride + i], rows >= `rows` as zeros; store_mask picks the lanes i
+// written (the first 12 for A's panels, all 16 for B's half panels).
+inline void pack_transposed(const float* src, int64_t ld, int64_t rows, int64_t kc, float* out,
+                            int64_t stride, __mmask16 store_mask) {
+  for (int64_t k = 0; k < kc; k += 16) {
+    const int64_t w = std::min<int64_t>(16, kc - k);
+    const __mmask16 lm = low_mask(w);
+    __m512 r[16];
+    for (int64_t i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_maskz_loadu_ps(lm, src + i * ld + k) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int64_t j = 0; j < w; ++j) _mm512_mask_storeu_ps(out + (k + j) * stride, store_mask, r[j]);
+  }
+}
+
 // op(B)[k0:k0+kc, 0:N] -> panels of kNR columns: panel j holds, for each k, kNR floats.
 void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_t N, float* out) {
-  for (int64_t j0 = 0; j0 < N; j0 += kNR) {
-    const int64_t nr = std::min(kNR, N - j0);
-    float* o = out + j0 * kc;  // panel size kc * kNR
-    if (!tb) {
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = B + (k0 + k) * ldb + j0;
-        float* dst = o + k * kNR;
-        int64_t j = 0;
-        for (; j < nr; ++j) dst[j] = src[j];
-        for (; j < kNR; ++j) dst[j] = 0.0f;
-      }
-    } else {
-      for (int64_t k = 0; k < kc; ++k)
-        for (int64_t j = nr; j < kNR; ++j) o[k * kNR + j] = 0.0f;
-      for (int64_t j = 0; j < nr; ++j) {
-        const float* src = B + (j0 + j) * ldb + k0;  // B stored [N, K]
-        for (int64_t k = 0; k < kc; ++k) o[k * kNR + j] = src[k];
+  if (!tb) {  // row by row: each source row is read once, contiguously (prefetch friendly)
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = B + (k0 + k) * ldb;
+      for (int64_t j0 = 0; j0 < N; j0 += kNR) {
+        const int64_t nr = std::min(kNR, N - j0);
+        float* o = out + j0 * kc + k * kNR;  // panel j0 / kNR, size kc * kNR
+        _mm512_store_ps(o, _mm512_maskz_loadu_ps(low_mask(nr), src + j0));
+        _mm512_store_ps(o + 16, _mm512_maskz_loadu_ps(low_mask(nr - 16), src + j0 + 16));
       }
     }
+    return;
+  }
+  for (int64_t j0 = 0; j0 < N; j0 += kNR) {  // B stored [N, K]: its rows become panel columns
+    const int64_t nr = std::min(kNR, N - j0);
+    const float* src = B + j0 * ldb + k0;
+    float* o = out + j0 * kc;  // panel size kc * kNR
+    pack_transposed(src, ldb, std::min<int64_t>(nr, 16), kc, o, kNR, 0xFFFF);
+    if (nr > 16) pack_transposed(src + 16 * ldb, ldb, nr - 16, kc, o + 16, kNR, 0xFFFF);
+    else for (int64_t k = 0; k < kc; ++k) _mm512_store_ps(o + k * kNR + 16, _mm512_setzero_ps());
   }
 }
 
 // op(A)[i0:i0+mc, k0:k0+kc] -> panels of kMR rows: panel i holds, for each k, kMR floats.
 void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
             float* out) {
-  for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
-    const int64_t mr = std::min(kMR, mc - r0);
-    float* o = out + r0 * kc;
-    if (!ta) {
-      for (int64_t r = 0; r < kMR; ++r) {
-        if (r < mr) {
-          const float* src = A + (i0 + r0 + r) * lda + k0;
-          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = src[k];
-        } else {
-          for (int64_t k = 0; k < kc; ++k) o[k * kMR + r] = 0.0f;
-        }
-      }
-    } else {
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = A + (k0 + k) * lda + i0 + r0;  // A stored [K, M]
-        float* dst = o + k * kMR;
-        int64_t r = 0;
-        for (; r < mr; ++r) dst[r] = src[r];
-        for (; r < kMR; ++r) dst[r] = 0.0f;
-      }
+  static_assert(kMR <= 16);
+  constexpr __mmask16 kStore = (1u << kMR) - 1;
+  if (ta) {  // A stored [K, M]: row by row, each source row segment read once, contiguously
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = A + (k0 + k) * lda + i0;
+      for (int64_t r0 = 0; r0 < mc; r0 += kMR)
+        _mm512_mask_storeu_ps(out + r0 * kc + k * kMR, kStore,
+                              _mm512_maskz_loadu_ps(low_mask(mc - r0), src + r0));
     }
+    return;
   }
+  // A stored [M, K]: rows stay rows (micro_kernel<true> broadcasts along them), each copied to a
+  // fixed stride of kKC floats; the rows that pad the last panel to kMR are zeros.
+  for (int64_t r = 0; r < mc; ++r) {
+    const float* src = A + (i0 + r) * lda + k0;
+    float* dst = out + r * kKC;
+    for (int64_t k = 0; k < kc; k += 16)
+      _mm512_storeu_ps(dst + k, _mm512_maskz_loadu_ps(low_mask(kc - k), src + k));
+  }
+  for (int64_t r = mc; r < (mc + kMR - 1) / kMR * kMR; ++r)
+    for (int64_t k = 0; k < kc; k += 16) _mm512_storeu_ps(out + r * kKC + k, _mm512_setzero_ps());
 }
 
 // C tile [mr, nr] (= or +=) alpha * Ap . Bp over kc. `first`: this is the first K block, so C is
-// combined with beta (beta == 0: overwritten); otherwise accumulated.
+// combined with beta (beta == 0: overwritten); otherwise accumulated. kRowA: the A panel holds
+// kMR rows at a stride of kKC floats (from a row-major A: packing is a row copy); otherwise kMR
+// floats per k (from a transposed A: packing is a row copy the other way). The displacements
+// r * kKC are compile-time constants, so both forms broadcast from one moving pointer.
+template <bool kRowA>
 void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
                   int64_t mr, int64_t nr, float alpha, float beta, bool first) {
   __m512 c[kMR][2];
@@ -108,10 +166,10 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * kNR);
     const __m512 b1 = _mm512_load_ps(Bp + k * kNR + 16);
-    const float* a = Ap + k * kMR;
+    const float* a = kRowA ? Ap + k : Ap + k * kMR;
 #pragma GCC unroll 12
     for (int r = 0; r < kMR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r]);
+      const __m512 av = _mm512_set1_ps(a[kRowA ? r * kKC : r]);
       c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
       c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
     }
@@ -144,11 +202,13 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
 bool sgemm_avx512_available() { return true; }
 
 void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                  const std::function<void(int64_t, int64_t)>* rows) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // C = beta * C
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    if (rows) (*rows)(0, M);
     return;
   }
   const int64_t n_pad = (N + kNR - 1) / kNR * kNR;
@@ -166,10 +226,15 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
         const float* bpanel = bp + j0 * kc;
         for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
           const int64_t mr = std::min(kMR, mc - r0);
-          micro_kernel(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr, alpha,
-                       beta, first);
+          if (ta)
+            micro_kernel<false>(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
+                                alpha, beta, first);
+          else
+            micro_kernel<true>(kc, ap + r0 * kKC, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
+                               alpha, beta, first);
         }
       }
+      if (rows && k0 + kc == K) (*rows)(i0, i0 + mc);  // the last K block: these rows are final
     }
   }
 }
@@ -178,7 +243,8 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 
 bool sgemm_avx512_available() { return false; }
 void sgemm_avx512(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                  const float*, int64_t, float, float*, int64_t) {}
+                  const float*, int64_t, float, float*, int64_t,
+                  const std::function<void(int64_t, int64_t)>*) {}
 
 #endif
 

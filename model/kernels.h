@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -61,6 +62,15 @@ void reset_gemm_stats();
 template <typename S>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, S alpha, const S* A,
           int64_t lda, const S* B, int64_t ldb, S beta, S* C, int64_t ldc);
+// gemm, then rows(i0, i1) over row ranges of C that are increasing, disjoint and cover [0, M),
+// each called once those rows of C are final. The AVX-512 backend calls it after each block of
+// rows, while they are still in cache (an elementwise pass fused behind the product); the other
+// backends once, with [0, M), after the product. rows must only depend on rows [i0, i1) of C
+// (and on data the product does not write): then the results are the same bits either way.
+template <typename S>
+void gemm_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, S alpha, const S* A,
+               int64_t lda, const S* B, int64_t ldb, S beta, S* C, int64_t ldc,
+               const std::function<void(int64_t, int64_t)>& rows);
 
 // ---- Normalization (shared pre-norm and final norm) -------------------------------------------
 

@@ -69,7 +69,14 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
 
   norm_forward(c.norm, d.N, d.C, x, params + lo.norm, ly.h.data(), ly.mean.data(),
                ly.rstd.data());
-  gemm<S>(false, true, d.N, d.R_in, d.C, S(1), ly.h.data(), d.C, w_in, d.C, S(0), yin, d.R_in);
+  // SwiGLU runs on each block of rows of yin as soon as the GEMM has finished it (gemm_rows),
+  // while the rows are in cache, instead of a pass over the whole [N, R_in] afterwards.
+  gemm_rows<S>(false, true, d.N, d.R_in, d.C, S(1), ly.h.data(), d.C, w_in, d.C, S(0), yin, d.R_in,
+               [&](int64_t i0, int64_t i1) {
+                 const S* y = yin + i0 * d.R_in;
+                 swiglu_forward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
+                                ag + i0 * d.R_out + d.g(), d.R_out);
+               });
   rope_forward(d.N, d.T, d.Hs, d.D, act.rope.data(), qscale, yin + d.q(), d.R_in, ly.q.data());
   rope_forward(d.N, d.T, int64_t{1}, d.D, act.rope.data(), S(1), yin + d.k(), d.R_in,
                ly.k.data());
@@ -96,12 +103,21 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
       std::memcpy(ag + (b * d.T + t) * d.R_out, sc.o.data() + t * d.Hs * d.D,
                   sizeof(S) * d.Hs * d.D);
   }
-  swiglu_forward(d.N, d.Fs, yin + d.gate(), yin + d.up(), d.R_in, ag + d.g(), d.R_out);
 
   // Partial block output: attention + MLP of this shard's heads and columns, one GEMM.
-  gemm<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C);
-  if (tp_allreduce) tp_allreduce(y, static_cast<size_t>(d.N * d.C));
-  for (int64_t i = 0; i < d.N * d.C; ++i) y[i] += x[i];
+  // Without tensor parallelism the residual add runs on each block of rows as the GEMM finishes
+  // it; with it, after the reduction (the sum must be complete first).
+  const auto residual = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0 * d.C; i < i1 * d.C; ++i) y[i] += x[i];
+  };
+  if (tp_allreduce) {
+    gemm<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C);
+    tp_allreduce(y, static_cast<size_t>(d.N * d.C));
+    residual(0, d.N);
+  } else {
+    gemm_rows<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C,
+                 residual);
+  }
 }
 
 template <typename S>
@@ -122,8 +138,17 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   S* dag = sc.dag.data();              // [N, R_out]
   const S qscale = S(1) / std::sqrt(static_cast<S>(d.D));
 
-  // Output projection: d(ag) = dy . w_out^T;  d(w_out) += ag^T . dy.
-  gemm<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out);
+  // Output projection: d(ag) = dy . w_out^T;  d(w_out) += ag^T . dy. SwiGLU's backward runs on
+  // each block of rows of d(ag) as the GEMM finishes it (it reads only the MLP columns of d(ag)
+  // and yin, and writes only the gate/up columns of d(yin): nothing below touches them before).
+  gemm_rows<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out,
+               [&](int64_t i0, int64_t i1) {
+                 const S* y = yin + i0 * d.R_in;
+                 S* dy = dyin + i0 * d.R_in;
+                 swiglu_backward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
+                                 dag + i0 * d.R_out + d.g(), d.R_out, dy + d.gate(), dy + d.up(),
+                                 d.R_in);
+               });
   gemm<S>(true, false, d.R_out, d.C, d.N, S(1), ly.ag.data(), d.R_out, dx, d.C, S(1), g_out,
           d.C);
 
@@ -165,23 +190,32 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
     rope_backward(d.T, d.T, int64_t{1}, d.D, act.rope.data(), S(1), sc.dk.data(), dyb + d.k(),
                   d.R_in);
   }
-  swiglu_backward(d.N, d.Fs, yin + d.gate(), yin + d.up(), d.R_in, dag + d.g(), d.R_out,
-                  dyin + d.gate(), dyin + d.up(), d.R_in);
 
   // Input projection. The tp reduction buffer holds d(h) [N, C] then d(wk), d(wv) [2D, C]: both
   // partial over the local heads/columns, summed in ONE tp_allreduce.
   S* red = sc.reduce.data();
   S* red_kv = red + d.N * d.C;
-  gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+  // dx (= dy, the residual path) += Norm'(d(h)); d(norm scale) += ... Row by row, in row order
+  // (the scale's gradient is summed over rows in that order either way).
+  const auto norm_rows = [&](int64_t i0, int64_t i1) {
+    norm_backward(c.norm, i1 - i0, d.C, red + i0 * d.C, act.x(l) + i0 * d.C, params + lo.norm,
+                  ly.mean.data() + i0, ly.rstd.data() + i0, dx + i0 * d.C, grads + lo.norm);
+  };
+  // Without tensor parallelism d(h) is complete when its GEMM finishes a block of rows: the norm's
+  // backward runs there, while the rows are in cache (the GEMMs below neither read nor write dx
+  // or the norm's gradient). With it, after the reduction.
+  if (tp_allreduce)
+    gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+  else
+    gemm_rows<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C,
+                 norm_rows);
   gemm<S>(true, false, d.R_in - d.q(), d.C, d.N, S(1), dyin + d.q(), d.R_in, ly.h.data(), d.C,
           S(1), g_in + d.q() * d.C, d.C);
   gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
           d.C);
   if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
   for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];
-  // dx (= dy, the residual path) += Norm'(d(h)); d(norm scale) += ...
-  norm_backward(c.norm, d.N, d.C, red, act.x(l), params + lo.norm, ly.mean.data(),
-                ly.rstd.data(), dx, grads + lo.norm);
+  if (tp_allreduce) norm_rows(0, d.N);
 }
 
 #define PWM_INSTANTIATE_BLOCK(S)                                                          \

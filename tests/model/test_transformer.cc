@@ -154,10 +154,14 @@ TEST(Kernels, ExpApproxIsAccurate) {
 }
 
 // Every backend against a double-precision reference, all transpose cases, with shapes that
-// leave partial register tiles (M % 12, N % 32), several K blocks (K > 384) and M blocks (M > 96).
+// leave partial register tiles (M % 12, N % 32, N % 32 < 16 and > 16), partial 16 x 16 packing
+// blocks (K % 16, M or N < 16), several K blocks (K > 384) and M blocks (M > 96), and the
+// attention's shapes (32-row causal blocks: K or N a multiple of 32 up to 128).
 TEST(Kernels, GemmBackendsAgreeWithReference) {
   struct Shape { int64_t M, N, K; };
-  const Shape shapes[] = {{37, 29, 41}, {130, 70, 800}, {1, 1, 1}, {12, 32, 384}, {97, 33, 5}};
+  const Shape shapes[] = {{37, 29, 41},  {130, 70, 800}, {1, 1, 1},     {12, 32, 384},
+                          {97, 33, 5},   {25, 50, 17},   {16, 16, 16},  {7, 3, 1000},
+                          {128, 96, 64}, {64, 64, 128},  {200, 260, 31}};
   std::vector<GemmBackend> backends = {GemmBackend::kEigen};
   if (have_blas()) backends.push_back(GemmBackend::kBlas);
   if (have_avx512_gemm()) backends.push_back(GemmBackend::kAvx512);
@@ -171,7 +175,7 @@ TEST(Kernels, GemmBackendsAgreeWithReference) {
         for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
         for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
         for (size_t i = 0; i < C0.size(); ++i) C0[i] = std::sin(0.3f * i);
-        for (float beta : {0.0f, 2.0f}) {
+        for (float beta : {0.0f, 1.0f, 2.0f}) {
           std::vector<double> ref(M * N);
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = 0; j < N; ++j) {
@@ -199,6 +203,46 @@ TEST(Kernels, GemmBackendsAgreeWithReference) {
             for (int64_t i = 0; i < M; ++i)
               EXPECT_EQ(std::memcmp(&C[i * ldc + N], &C0[i * ldc + N], 2 * sizeof(float)), 0);
           }
+        }
+      }
+  set_gemm_backend(saved);
+}
+
+// gemm_rows: the callback sees increasing, disjoint row ranges covering [0, M), and when it sees
+// rows [i0, i1) they already hold their final values; C is the same bits as plain gemm. Shapes
+// with several row blocks (M > 96) and K blocks (K > 384), on every backend.
+TEST(Kernels, GemmRowsSeesFinalRowsInOrder) {
+  std::vector<GemmBackend> backends = {GemmBackend::kEigen};
+  if (have_blas()) backends.push_back(GemmBackend::kBlas);
+  if (have_avx512_gemm()) backends.push_back(GemmBackend::kAvx512);
+  const GemmBackend saved = gemm_backend();
+  struct Shape { int64_t M, N, K; };
+  for (const Shape sh : {Shape{250, 70, 800}, Shape{97, 33, 5}, Shape{1, 1, 1}})
+    for (bool ta : {false, true})
+      for (GemmBackend be : backends) {
+        set_gemm_backend(be);
+        const int64_t M = sh.M, N = sh.N, K = sh.K, lda = ta ? M : K, ldc = N + 1;
+        std::vector<float> A(M * K), Bm(K * N), C0(M * ldc);
+        for (size_t i = 0; i < A.size(); ++i) A[i] = std::sin(0.1f * i);
+        for (size_t i = 0; i < Bm.size(); ++i) Bm[i] = std::cos(0.07f * i);
+        for (size_t i = 0; i < C0.size(); ++i) C0[i] = std::sin(0.3f * i);
+        std::vector<float> plain = C0, fused = C0, seen(M * ldc, std::nanf(""));
+        gemm<float>(ta, false, M, N, K, 0.5f, A.data(), lda, Bm.data(), N, 1.0f, plain.data(), ldc);
+        int64_t next = 0;
+        gemm_rows<float>(ta, false, M, N, K, 0.5f, A.data(), lda, Bm.data(), N, 1.0f, fused.data(),
+                         ldc, [&](int64_t i0, int64_t i1) {
+                           EXPECT_EQ(i0, next);
+                           EXPECT_LT(i0, i1);
+                           next = i1;
+                           std::memcpy(&seen[i0 * ldc], &fused[i0 * ldc],
+                                       sizeof(float) * ((i1 - i0 - 1) * ldc + N));
+                         });
+        EXPECT_EQ(next, M) << gemm_backend_name(be);
+        for (int64_t i = 0; i < M; ++i) {
+          EXPECT_EQ(std::memcmp(&fused[i * ldc], &plain[i * ldc], sizeof(float) * N), 0)
+              << gemm_backend_name(be) << " row " << i;
+          EXPECT_EQ(std::memcmp(&seen[i * ldc], &plain[i * ldc], sizeof(float) * N), 0)
+              << gemm_backend_name(be) << " row " << i << " was not final when passed to rows";
         }
       }
   set_gemm_backend(saved);
