@@ -190,7 +190,8 @@ def main():
                   f"devices on islands {[int(i) for i in t['stage_islands']]}")
         if "stages" in t and not t["weights_identical"]:
             print(f"{'':>12}  *by design: the pipeline sums the tied embedding's gradient as (head parts) + (lookup "
-                  f"parts), not per micro-batch; within 1e-5 relative of spmd (ctest pipeline_matches_spmd)")
+                  f"parts), not per micro-batch (fp32: within 1e-5 relative of spmd, ctest pipeline_matches_spmd; "
+                  f"bf16 rounds the products' operands, so the difference grows)")
         if "bubble" in t:
             print(f"{'':>12}  pipeline bubble {100 * t['bubble']:.1f}% (bound (S-1)/(M+S-1) = {100 * t['bubble_bound']:.1f}%)")
         if "peak_intermediate_bytes" in t and "stages" in t:
