@@ -179,6 +179,28 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
   const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF)
                        : nr <= 16 ? __mmask16(0)
                                   : __mmask16((1u << (nr - 16)) - 1);
+  if (mr == kMR && nr == kNR) {
+    // A full tile (the common case): unrolled, so the accumulators stay in registers (the loop
+    // below indexes c[r] at run time, which makes the compiler spill all 24 to the stack first).
+#pragma GCC unroll 12
+    for (int r = 0; r < kMR; ++r) {
+      float* row = C + r * ldc;
+      __m512 v0 = _mm512_mul_ps(c[r][0], va), v1 = _mm512_mul_ps(c[r][1], va);
+      if (!first || beta != 0.0f) {
+        const __m512 o0 = _mm512_loadu_ps(row), o1 = _mm512_loadu_ps(row + 16);
+        if (first) {
+          v0 = _mm512_add_ps(v0, _mm512_mul_ps(o0, vb));
+          v1 = _mm512_add_ps(v1, _mm512_mul_ps(o1, vb));
+        } else {
+          v0 = _mm512_add_ps(o0, v0);
+          v1 = _mm512_add_ps(o1, v1);
+        }
+      }
+      _mm512_storeu_ps(row, v0);
+      _mm512_storeu_ps(row + 16, v1);
+    }
+    return;
+  }
   for (int r = 0; r < mr; ++r) {
     float* row = C + r * ldc;
     __m512 v0 = _mm512_mul_ps(c[r][0], va), v1 = _mm512_mul_ps(c[r][1], va);
