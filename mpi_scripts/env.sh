@@ -117,6 +117,15 @@ pwm_gemm_peak() {
   (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only --precision "$1" & done; wait) |
     awk '{s += $1; n++} END {printf "%.2f", s / n}'
 }
+# pwm_speed_probe [MODEL_BENCH]: "g1 g2", this machine's fp32 GEMM rate now (GFLOP/s, 1024^3 sgemm):
+# one process alone, and per process with one on every core. The VM's speed moves by 20-40% over
+# minutes (the host places its vCPUs); sim_validate.sh scales the profile's kernels by it.
+pwm_speed_probe() {
+  local mb=${1:-$BUILD_DIR/bench/model/model_bench} g1
+  g1=$(OMP_NUM_THREADS=1 "$mb" --peak-only)
+  echo "$g1 $( (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do OMP_NUM_THREADS=1 "$mb" --peak-only & done; wait) |
+    awk '{s += $1; n++} END {printf "%.2f", s / n}')"
+}
 pwm_warn_if_busy() {
   if pgrep -x cc1plus >/dev/null; then
     echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2

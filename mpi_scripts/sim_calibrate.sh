@@ -11,7 +11,8 @@
 #                                [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)]
 # Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train collectives_bench
 # dispatch_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
-# left at the in-host ones and the profile says so. Takes ~3 minutes (--quick: ~1).
+# left at the in-host ones and the profile says so. Takes ~5 minutes (--quick: ~1); PWM_SIM_LAUNCHES
+# (default 5) launches of each configuration.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 OUT="$PWM_ROOT/results/sim/profile.json"
@@ -28,15 +29,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 B=${PWM_SIM_BUILD:-$BUILD_DIR}
-for exe in spmd/spmd_train pathways/train/pathways_train bench/collectives/collectives_bench bench/pathways/dispatch_bench sim/pwm_sim; do
-  [ -x "$B/$exe" ] || { echo "sim_calibrate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train collectives_bench dispatch_bench pwm_sim_cli" >&2; exit 1; }
+for exe in spmd/spmd_train pathways/train/pathways_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
+  [ -x "$B/$exe" ] || { echo "sim_calibrate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train collectives_bench dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
 done
 W=$(mktemp -d)
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = "openmpi" ] 2>/dev/null && MPI+=(--mca mpi_yield_when_idle 1) || true
-STEPS=10; ITERS=30; REPS=3; LAUNCHES=3
+STEPS=10; ITERS=30; REPS=3; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 [ $QUICK = 1 ] && { STEPS=6; ITERS=10; REPS=2; LAUNCHES=1; }
 # dispatch_bench calibrates on chains of DCHAIN computations; the validation runs its default 128.
 DCHAIN=64
@@ -47,7 +48,10 @@ CAL=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --
 # step_ms_p50 varies by 5-20% from the next on this VM (page placement, the scheduler), more
 # than the steps of one launch do.
 echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*]}; $LAUNCHES launches each)" >&2
+# The machine's speed at each launch (pwm_speed_probe, env.sh): the profile keeps its median, so
+# sim_validate.sh can scale the kernels to the speed at its own launches.
 for r in $(seq 1 $LAUNCHES); do
+  pwm_speed_probe "$B/bench/model/model_bench" >>"$W/probes"
   for mb in 1 2 4; do
     "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "${CAL[@]}" --microbatches $mb --steps $STEPS --trace "$W/t1_$mb.json" --metrics "$W/m1_${mb}_$r.jsonl" >/dev/null
     "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
@@ -57,6 +61,7 @@ done
 
 echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
 for r in $(seq 1 $LAUNCHES); do
+  pwm_speed_probe "$B/bench/model/model_bench" >>"$W/probes"
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity fused --steps $STEPS --metrics "$W/mf_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
@@ -126,7 +131,12 @@ def fit_link(rows):
     # interference only slows, so the minimum of these measurements of one thing is the one kept.
     lat = max(icpt / 2, 0.0)
     lat = min(lat, small_allreduce(rows)) if lat > 0 else small_allreduce(rows)
-    return {'latency_us': lat, 'gbytes_per_s': 1.0 / max(slope, 1e-9) / 1e3, 'overhead_us': 0.0}
+    # The rate per message size: each ring AllReduce of 2 ranks is two messages of S/2, each
+    # t/2 = L + (S/2) / B(S/2). Kept where the wire time is at least twice the latency (below
+    # that the rate is latency's noise); the simulator interpolates in log(bytes) (sim/sim.h).
+    curve = [(s / 2, (s / 2) / (t / 2 - lat) / 1e3) for s, t in sorted(pts) if t / 2 - lat >= 2 * lat]
+    return {'latency_us': lat, 'gbytes_per_s': 1.0 / max(slope, 1e-9) / 1e3, 'overhead_us': 0.0,
+            'gbytes_per_s_by_bytes': curve}
 
 # Kernels at 1, 2 and 4 micro-batches of the calibration batch: the rates per micro-batch size.
 kmb = {mb: med_json([json.load(open(os.path.join(w, f'k1_{mb}_{r}.json'))) for r in range(1, launches + 1)]) for mb in (1, 2, 4)}
@@ -251,6 +261,9 @@ if node_c < 0 or step_c < 0:  # outside the physical range: the bound, the other
         step_c, node_c = 0.0, max(0.0, 0.5 * (ec[0] / nc[0] + ec[1] / nc[1]))
 prof['dispatch']['train_node_us'] = node_c
 prof['dispatch']['node_step_us'] = step_c
+probes = [tuple(map(float, l.split())) for l in open(os.path.join(w, 'probes')) if l.strip()]
+prof['measured']['speed_probe'] = {'gflops_1': med([p[0] for p in probes]), 'gflops_all': med([p[1] for p in probes]),
+                                   'probes': probes}
 prof['measured']['steps_ms'] = {'spmd_dp1': final('m1_1')['step_ms_p50'], 'spmd_dp2': final('m2')['step_ms_p50'],
                                 'fused_dp2': final('mf')['step_ms_p50'], 'fused_dp2_batch4': final('mfs')['step_ms_p50'],
                                 'chained_dp2': final('mc')['step_ms_p50'], 'chained_dp2_m2': final('mc2')['step_ms_p50']}

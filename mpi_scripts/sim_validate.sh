@@ -28,8 +28,8 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$PROFILE" ] || { echo "sim_validate.sh: error: no profile $PROFILE: run mpi_scripts/sim_calibrate.sh first" >&2; exit 1; }
 B=${PWM_SIM_BUILD:-$BUILD_DIR}
-for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench sim/pwm_sim; do
-  [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench pwm_sim_cli" >&2; exit 1; }
+for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
+  [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
 done
 CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
@@ -40,10 +40,40 @@ MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 STEPS=${PWM_SIM_STEPS:-10}
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
 # median step varies from the next by more than 5% on this VM (the "spread" column).
-LAUNCHES=${PWM_SIM_LAUNCHES:-3}
+LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
+# scaled_profile PROBES OUT: the profile with its CPU costs scaled to the machine's speed at this
+# configuration's launches. The VM's speed moves by 20-40% over minutes (one launch after another
+# of the same run can fall into a slower phase, see docs/simulator.md); pwm_speed_probe (env.sh)
+# measures it before every launch, as the calibration did: kernels, the optimizer and the
+# controller's costs scale by the single-process GEMM rate (calibration / now), the contention of
+# ranks sharing the cores by how much slower every core is when all run at once (now against the
+# calibration's).
+scaled_profile() {
+  python3 - "$PROFILE" "$1" "$2" <<'PY'
+import json, sys
+prof, probes, out = json.load(open(sys.argv[1])), [tuple(map(float, l.split())) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
+def med(v):
+    v = sorted(v); n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+cal = prof.get('measured', {}).get('speed_probe')
+if cal and probes:
+    g1, ga = med([p[0] for p in probes]), med([p[1] for p in probes])
+    s = cal['gflops_1'] / g1
+    c = (g1 / ga) / (cal['gflops_1'] / cal['gflops_all'])
+    k = prof['kernels']
+    for f in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param'): k[f] *= s
+    for r in k.get('rates', []):
+        r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
+    k['contention'] = [[n, x * c if n > 1 else x] for n, x in k['contention']]
+    d = prof['dispatch']
+    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
+    prof['scaled'] = {'probe_now': [g1, ga], 'kernel_factor': s, 'contention_factor': c}
+json.dump(prof, open(out, 'w'), indent=1)
+PY
+}
 # run NAME NP CLUSTER(-|name) SIMFLAGS -- COMMAND...: one measured configuration.
 run() {
   local name=$1 np=$2 cluster=$3; shift 3
@@ -54,6 +84,7 @@ run() {
   local files=() r
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
+    pwm_speed_probe "$B/bench/model/model_bench" >>"$W/$name.probes"
     if [ "$cluster" = "-" ]; then
       "${MPI[@]}" -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/$name.log" >&2; return 0; }
     else
@@ -67,7 +98,8 @@ run() {
     files+=("$m")
   done
   [ "$cluster" = "-" ] || sim+=(--cluster "$CL/$cluster.json")
-  "$B/sim/pwm_sim" --profile "$PROFILE" "${sim[@]}" >"$W/$name.pred"
+  scaled_profile "$W/$name.probes" "$W/$name.profile.json"
+  "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }
 SP="$B/spmd/spmd_train" PW="$B/pathways/train/pathways_train"
@@ -91,9 +123,10 @@ if [ $QUICK = 0 ]; then
   echo "== dispatch_bench fig 5" >&2
   TS=0,100,1000
   for r in $(seq 1 "$LAUNCHES"); do
+    pwm_speed_probe "$B/bench/model/model_bench" >>"$W/dispatch.probes"
     "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us $TS --reps 3 --json "$W/dispatch_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
   done
-  "$B/sim/pwm_sim" --profile "$PROFILE" --what dispatch --workers 2 --compute-us $TS >"$W/dispatch.pred"
+  scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
 fi
 mkdir -p "$OUTDIR"
 PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUTDIR" "$PROFILE" "$B/sim/pwm_sim" <<'PY'
@@ -115,7 +148,8 @@ for line in open(os.path.join(w, 'list')):
     p = json.loads(open(pred).read().strip().splitlines()[-1])
     steps = [f['step_ms_p50'] for f in finals]
     rows.append({'config': name, 'measured': med(steps), 'predicted': p['step_ms'], 'unit': 'ms/step', 'spread': spread(steps),
-                 'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s']})
+                 'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s'],
+                 'speed': json.load(open(os.path.join(w, name + '.profile.json'))).get('scaled')})
 djs = [os.path.join(w, f) for f in sorted(os.listdir(w)) if f.startswith('dispatch_') and f.endswith('.json')]
 if djs:
     by = {}
@@ -127,7 +161,8 @@ if djs:
         # The kernel's duration as dispatch_bench measured it (effective_compute_us: a loaded
         # machine stretches the calibrated spin), the input the simulator takes for T.
         eff = med([r.get('effective_compute_us', r['compute_us']) for r in rs])
-        out = subprocess.run([pwm_sim, '--profile', profile, '--what', 'dispatch', '--workers', '2', '--compute-us', str(eff)],
+        dprof = os.path.join(w, 'dispatch.profile.json')
+        out = subprocess.run([pwm_sim, '--profile', dprof if os.path.exists(dprof) else profile, '--what', 'dispatch', '--workers', '2', '--compute-us', str(eff)],
                              capture_output=True, text=True, check=True).stdout
         p = json.loads(out.strip().splitlines()[-1])
         # Time per computation (us) so that "lower is better" as for step times: per launch the
@@ -141,7 +176,9 @@ for r in rows:
 print(f"{'configuration':32} {'measured':>12} {'spread':>7} {'predicted':>12} {'unit':8} {'error':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}")
 for r in rows:
     tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
-    print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}")
+    sp = r.get('speed') or {}
+    spd = f"   speed x{sp['kernel_factor']:.2f} contention x{sp['contention_factor']:.2f}" if sp else ''
+    print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
 within = sum(abs(r['error']) <= 0.10 for r in rows)
 load = os.getloadavg()
 print(f"{within}/{len(rows)} within 10% ({sum(abs(r['error']) <= 0.05 for r in rows)} within 5%); load {load[0]:.2f} {load[1]:.2f}")

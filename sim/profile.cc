@@ -15,7 +15,9 @@ using nlohmann::json;
 namespace {
 
 json link_json(const Link& l) {
-  return {{"latency_us", l.latency_us}, {"gbytes_per_s", l.gbytes_per_s}, {"overhead_us", l.overhead_us}};
+  json j = {{"latency_us", l.latency_us}, {"gbytes_per_s", l.gbytes_per_s}, {"overhead_us", l.overhead_us}};
+  if (!l.gbytes_per_s_by_bytes.empty()) j["gbytes_per_s_by_bytes"] = l.gbytes_per_s_by_bytes;
+  return j;
 }
 Link link_from(const json& j, const Profile* p, const char* what) {
   if (j.is_string()) {
@@ -30,6 +32,13 @@ Link link_from(const json& j, const Profile* p, const char* what) {
   l.gbytes_per_s = j.at("gbytes_per_s").get<double>();
   l.overhead_us = j.value("overhead_us", 0.0);
   if (!(l.gbytes_per_s > 0) || l.latency_us < 0) PWM_THROW("link {}: gbytes_per_s must be > 0, latency_us >= 0", what);
+  for (const auto& e : j.value("gbytes_per_s_by_bytes", json::array())) {
+    const double bytes = e.at(0), gbps = e.at(1);
+    if (!(bytes > 0) || !(gbps > 0) ||
+        (!l.gbytes_per_s_by_bytes.empty() && bytes <= l.gbytes_per_s_by_bytes.back().first))
+      PWM_THROW("link {}: gbytes_per_s_by_bytes must be [bytes, GB/s] pairs, both > 0, bytes increasing", what);
+    l.gbytes_per_s_by_bytes.emplace_back(bytes, gbps);
+  }
   return l;
 }
 json read_json(const std::string& path, const char* what) {
@@ -43,6 +52,24 @@ json read_json(const std::string& path, const char* what) {
 }
 
 }  // namespace
+
+double Link::wire_us(double bytes) const {
+  const auto& c = gbytes_per_s_by_bytes;
+  double gbps = gbytes_per_s;
+  if (!c.empty()) {
+    if (bytes <= c.front().first) {
+      gbps = c.front().second;
+    } else if (bytes >= c.back().first) {
+      gbps = c.back().second;
+    } else {
+      size_t i = 1;
+      while (c[i].first < bytes) ++i;
+      const double x = std::log(bytes / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+      gbps = c[i - 1].second + x * (c[i].second - c[i - 1].second);
+    }
+  }
+  return bytes / (gbps * 1e3);
+}
 
 double Profile::contention_factor(int ranks) const {
   double f = 1.0;

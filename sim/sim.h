@@ -27,7 +27,14 @@ struct Link {
   double latency_us = 1.0;
   double gbytes_per_s = 1.0;  // GB/s = 1e3 bytes per us
   double overhead_us = 0.0;
-  double wire_us(double bytes) const { return bytes / (gbytes_per_s * 1e3); }
+  // The bandwidth measured at several message sizes (bytes, GB/s), sorted by bytes. A TCP link
+  // through a rate shaper delivers less the longer a transfer lasts (tbf's bucket covers the
+  // start of a burst, then TCP backs off at its queue): at 200 Mbit/s here, 24 MB/s for 32 KiB
+  // messages, 19 MB/s at 512 KiB, 16 MB/s at 8 MiB, which no single latency + bandwidth fits.
+  // Between two sizes the rate is interpolated linearly in log(bytes); outside, the nearest one.
+  // Empty: gbytes_per_s at every size.
+  std::vector<std::pair<double, double>> gbytes_per_s_by_bytes;
+  double wire_us(double bytes) const;
 };
 
 // What one machine was measured to do (sim_calibrate.sh writes it; JSON as in docs/simulator.md).

@@ -110,6 +110,27 @@ TEST(SimCollective, CrossHostUsesTheInterLink) {
   EXPECT_NEAR(q.end, 2 * (static_cast<double>(S) / 2 / 100e3 + 1), kTol);
 }
 
+// A link with a measured rate per message size: at a measured size exactly that rate, between
+// two sizes the rate interpolated in log(bytes) (halfway in log: the mean rate), outside the
+// nearest; a 2-rank ring AllReduce of S bytes sends two messages of S/2 at the rate of S/2.
+TEST(SimLink, RateBySizeInterpolatesInLogBytes) {
+  Link l{10, 1.0, 0};
+  l.gbytes_per_s_by_bytes = {{1000, 0.02}, {100000, 0.01}};
+  EXPECT_NEAR(l.wire_us(1000), 1000 / 20.0, kTol);
+  EXPECT_NEAR(l.wire_us(100000), 100000 / 10.0, kTol);
+  EXPECT_NEAR(l.wire_us(10000), 10000 / 15.0, kTol);    // log-midpoint: (20 + 10) / 2 bytes/us
+  EXPECT_NEAR(l.wire_us(10), 10 / 20.0, kTol);          // below the first size: its rate
+  EXPECT_NEAR(l.wire_us(1e7), 1e7 / 10.0, kTol);        // above the last: its rate
+  const Profile p = zero_profile();
+  Cluster c;
+  c.devices_per_host = 1;
+  c.hosts = 2;
+  c.inter = l;
+  const size_t S = 20000;  // messages of 10000 bytes: 15 bytes/us
+  const auto r = simulate_allreduce(c, p, range(2), S, Algorithm::kRing, {}, S);
+  EXPECT_NEAR(r.end, 2 * (10000 / 15.0 + 10), kTol);
+}
+
 // GPipe and 1F1B with S equal stages of forward f and backward b: the makespan is
 // (M + S - 1)(f + b), so the bubble is (S - 1) / (M + S - 1).
 TEST(SimPipeline, BubbleMatchesFormula) {
