@@ -177,47 +177,35 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
-  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF)
-                       : nr <= 16 ? __mmask16(0)
-                                  : __mmask16((1u << (nr - 16)) - 1);
+  // C's old values count on a later K block (accumulate) or with beta != 0 (alpha AB + beta C).
+  const bool load = !first || beta != 0.0f;
+  const auto out = [&](__m512 acc, __m512 old) {
+    const __m512 v = _mm512_mul_ps(acc, va);
+    return !load ? v : first ? _mm512_add_ps(v, _mm512_mul_ps(old, vb)) : _mm512_add_ps(old, v);
+  };
   if (mr == kMR && nr == kNR) {
     // A full tile (the common case): unrolled, so the accumulators stay in registers (the loop
     // below indexes c[r] at run time, which makes the compiler spill all 28 to the stack first).
 #pragma GCC unroll 14
     for (int r = 0; r < kMR; ++r) {
       float* row = C + r * ldc;
-      __m512 v0 = _mm512_mul_ps(c[r][0], va), v1 = _mm512_mul_ps(c[r][1], va);
-      if (!first || beta != 0.0f) {
-        const __m512 o0 = _mm512_loadu_ps(row), o1 = _mm512_loadu_ps(row + 16);
-        if (first) {
-          v0 = _mm512_add_ps(v0, _mm512_mul_ps(o0, vb));
-          v1 = _mm512_add_ps(v1, _mm512_mul_ps(o1, vb));
-        } else {
-          v0 = _mm512_add_ps(o0, v0);
-          v1 = _mm512_add_ps(o1, v1);
-        }
-      }
-      _mm512_storeu_ps(row, v0);
-      _mm512_storeu_ps(row + 16, v1);
+      const __m512 o0 = load ? _mm512_loadu_ps(row) : _mm512_setzero_ps();
+      const __m512 o1 = load ? _mm512_loadu_ps(row + 16) : _mm512_setzero_ps();
+      _mm512_storeu_ps(row, out(c[r][0], o0));
+      _mm512_storeu_ps(row + 16, out(c[r][1], o1));
     }
     return;
   }
+  const __mmask16 m0 = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? __mmask16(0xFFFF)
+                       : nr <= 16 ? __mmask16(0)
+                                  : __mmask16((1u << (nr - 16)) - 1);
   for (int r = 0; r < mr; ++r) {
     float* row = C + r * ldc;
-    __m512 v0 = _mm512_mul_ps(c[r][0], va), v1 = _mm512_mul_ps(c[r][1], va);
-    if (!first || beta != 0.0f) {
-      const __m512 o0 = _mm512_maskz_loadu_ps(m0, row), o1 = _mm512_maskz_loadu_ps(m1, row + 16);
-      if (first) {
-        v0 = _mm512_add_ps(v0, _mm512_mul_ps(o0, vb));
-        v1 = _mm512_add_ps(v1, _mm512_mul_ps(o1, vb));
-      } else {
-        v0 = _mm512_add_ps(o0, v0);
-        v1 = _mm512_add_ps(o1, v1);
-      }
-    }
-    _mm512_mask_storeu_ps(row, m0, v0);
-    _mm512_mask_storeu_ps(row + 16, m1, v1);
+    const __m512 o0 = load ? _mm512_maskz_loadu_ps(m0, row) : _mm512_setzero_ps();
+    const __m512 o1 = load ? _mm512_maskz_loadu_ps(m1, row + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(row, m0, out(c[r][0], o0));
+    _mm512_mask_storeu_ps(row + 16, m1, out(c[r][1], o1));
   }
 }
 
