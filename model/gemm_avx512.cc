@@ -184,8 +184,11 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
     return !load ? v : first ? _mm512_add_ps(v, _mm512_mul_ps(old, vb)) : _mm512_add_ps(old, v);
   };
   if (mr == kMR && nr == kNR) {
-    // A full tile (the common case): unrolled, so the accumulators stay in registers (the loop
-    // below indexes c[r] at run time, which makes the compiler spill all 28 to the stack first).
+    // A full tile (the common case): unrolled, unmasked loads and stores. Measured ~2% faster
+    // steps than the masked loop below alone, and than one unrolled masked loop for both. (GCC
+    // stores the 28 accumulators to the stack after the K loop and reloads them here in every
+    // form tried: 28 + 5 live vectors exceed the 32 registers. ~56 memory operations per tile
+    // against kc x 28 FMAs: under 1% at kc = 384.)
 #pragma GCC unroll 14
     for (int r = 0; r < kMR; ++r) {
       float* row = C + r * ldc;
