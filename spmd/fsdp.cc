@@ -4,8 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <cstdint>
 
 #include "common/check.h"
 #include "common/time.h"
@@ -17,68 +16,19 @@ using collectives::DataType;
 using collectives::ReduceOp;
 using collectives::Work;
 
-namespace {
-uintptr_t page_size() { return static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE)); }
-}  // namespace
-
-LazyBuffer::LazyBuffer(size_t floats, size_t slot_bytes)
-    : bytes_(std::max<size_t>(floats, 1) * sizeof(float)), slot_bytes_(slot_bytes) {
+LazyBuffer::LazyBuffer(size_t floats) : bytes_(std::max<size_t>(floats, 1) * sizeof(float)) {
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   PWM_CHECK(p != MAP_FAILED, "fsdp: cannot reserve {} bytes of address space", bytes_);
   data_ = static_cast<float*>(p);
-  if (slot_bytes_ > 0) {
-    fd_ = ::memfd_create("pwm-fsdp-layer", MFD_CLOEXEC);
-    PWM_CHECK(fd_ >= 0, "fsdp: memfd_create failed: {}", std::strerror(errno));
-    PWM_CHECK(::ftruncate(fd_, static_cast<off_t>(slot_bytes_)) == 0, "fsdp: cannot size a {}-byte layer slot: {}",
-              slot_bytes_, std::strerror(errno));
-  }
 }
 
 LazyBuffer::~LazyBuffer() {
   if (data_ != nullptr) ::munmap(data_, bytes_);
-  if (fd_ >= 0) ::close(fd_);
-}
-
-size_t LazyBuffer::span_bytes(int64_t begin, int64_t end) {
-  // The reserved range starts on a page, so the offsets' page rounding is the addresses'.
-  const uintptr_t page = page_size(), a = static_cast<uintptr_t>(begin) * sizeof(float) / page * page;
-  const uintptr_t b = (static_cast<uintptr_t>(end) * sizeof(float) + page - 1) / page * page;
-  return b - a;
-}
-
-std::pair<uintptr_t, uintptr_t> LazyBuffer::outer_pages(int64_t begin, int64_t end) const {
-  const uintptr_t page = page_size();
-  const uintptr_t a = reinterpret_cast<uintptr_t>(data_ + begin) / page * page;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(data_ + end) + page - 1) / page * page;
-  return {a, b};
-}
-
-void LazyBuffer::attach(int64_t begin, int64_t end) {
-  if (fd_ < 0) return;
-  PWM_CHECK(att_end_ == 0, "fsdp: a layer slot attached twice");
-  const auto [a, b] = outer_pages(begin, end);
-  PWM_CHECK(b - a <= slot_bytes_, "fsdp: elements [{}, {}) need {} bytes, the slot has {}", begin, end, b - a,
-            slot_bytes_);
-  // MAP_POPULATE: the slot's pages are resident already; this only fills the page table at once.
-  void* p = ::mmap(reinterpret_cast<void*>(a), b - a, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
-                   fd_, 0);
-  PWM_CHECK(p == reinterpret_cast<void*>(a), "fsdp: cannot map a layer slot: {}", std::strerror(errno));
-  att_begin_ = a;
-  att_end_ = b;
 }
 
 void LazyBuffer::release(int64_t begin, int64_t end) {
-  if (fd_ >= 0) {
-    if (att_end_ == 0) return;
-    // Zero pages back over the range: the slot stays mapped only where a layer is in use.
-    void* p = ::mmap(reinterpret_cast<void*>(att_begin_), att_end_ - att_begin_, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    PWM_CHECK(p == reinterpret_cast<void*>(att_begin_), "fsdp: cannot unmap a layer slot: {}", std::strerror(errno));
-    att_begin_ = att_end_ = 0;
-    return;
-  }
   // Only whole pages inside the range: a page shared with a neighbouring piece keeps its bytes.
-  const uintptr_t page = page_size();
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t a = (reinterpret_cast<uintptr_t>(data_ + begin) + page - 1) / page * page;
   const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + end) / page * page;
   if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
@@ -105,13 +55,10 @@ Fsdp::Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, cons
   add(layout.final_norm_offset(), layout.total());
   // A gather writes D * s >= n floats from a piece's start: up to D - 1 past the buffer's end.
   const size_t floats = static_cast<size_t>(layout.total() + D_);
-  size_t slot = 0;  // the largest layer's span, padding included
-  for (int l = 0; l < L_; ++l)
-    slot = std::max(slot, LazyBuffer::span_bytes(layer_piece(l).lo, layer_piece(l).lo + layer_piece(l).s * D_));
-  for (int i = 0; i < 3; ++i) {
-    pbuf_[i] = std::make_unique<LazyBuffer>(floats, i == 0 ? 0 : slot);
-    gbuf_[i] = std::make_unique<LazyBuffer>(floats, i == 0 ? 0 : slot);
-  }
+  tied_params_ = std::make_unique<LazyBuffer>(floats);
+  tied_grads_ = std::make_unique<LazyBuffer>(floats);
+  for (auto& by_parity : slot_)
+    for (auto& slot : by_parity) slot.assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
   rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
   hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
 }
@@ -121,6 +68,27 @@ Fsdp::~Fsdp() = default;
 void Fsdp::hold(int64_t bytes) {
   held_ += bytes;
   peak_held_ = std::max(peak_held_, held_);
+}
+
+float* Fsdp::take_slot(int l, bool grads) {
+  int& holder = slot_layer_[grads][l & 1];
+  PWM_CHECK(holder < 0, "fsdp: layer {} needs the {} slot that layer {} still holds", l, grads ? "gradient" : "weight",
+            holder);
+  holder = l;
+  return slot_[grads][l & 1].data();
+}
+
+void Fsdp::put_slot(int l, bool grads) {
+  int& holder = slot_layer_[grads][l & 1];
+  PWM_CHECK(holder == l, "fsdp: layer {} returns a {} slot held by layer {}", l, grads ? "gradient" : "weight", holder);
+  holder = -1;
+}
+
+float* Fsdp::layer_base(int l, bool grads) {
+  PWM_CHECK(slot_layer_[grads][l & 1] == l, "fsdp: layer {} is not in its {} slot", l, grads ? "gradient" : "weight");
+  // Points before the slot by the layer's offset; the model only dereferences it at offsets
+  // inside the layer, i.e. inside the slot.
+  return slot_[grads][l & 1].data() - layer_piece(l).lo;
 }
 
 void Fsdp::wait(Work& w) {
@@ -175,7 +143,8 @@ void Fsdp::gather_tied(const float* params_shard) {
   Work w[2];
   for (int i = 0; i < 2; ++i) {
     const Piece& p = i == 0 ? pieces_.front() : pieces_.back();
-    w[i] = dp_->iallgather(params_shard + p.off, pbuf_[0]->data() + p.lo, static_cast<size_t>(p.s), DataType::kFloat32);
+    w[i] = dp_->iallgather(params_shard + p.off, tied_params_->data() + p.lo, static_cast<size_t>(p.s),
+                           DataType::kFloat32);
     hold(p.s * D_ * static_cast<int64_t>(sizeof(float)));
   }
   wait(w[0]);
@@ -184,7 +153,7 @@ void Fsdp::gather_tied(const float* params_shard) {
 
 void Fsdp::release_tied() {
   for (const Piece* p : {&pieces_.front(), &pieces_.back()}) {
-    pbuf_[0]->release(p->lo, p->lo + p->s * D_);
+    tied_params_->release(p->lo, p->lo + p->s * D_);
     hold(-p->s * D_ * static_cast<int64_t>(sizeof(float)));
   }
 }
@@ -204,7 +173,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
   gather_tied(params_shard);
   // The tied gradients accumulate over the micro-batches in full and are reduce-scattered once.
   const Piece &pe = pieces_.front(), &pf = pieces_.back();
-  float* gt = gbuf_[0]->data();
+  float* gt = tied_grads_->data();
   std::fill(gt + pe.lo, gt + pe.hi, 0.0f);
   std::fill(gt + pf.lo, gt + pf.hi, 0.0f);
   hold((pe.s + pf.s) * D_ * fbytes);
@@ -214,9 +183,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
   auto start_gather = [&](int l) {
     if (l < 0 || l >= L_ || gathered[l] || gathers[l].valid()) return;
     const Piece& p = layer_piece(l);
-    params_buf(l).attach(p.lo, p.lo + p.s * D_);
-    gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
-                                 DataType::kFloat32);
+    gathers[l] = dp_->iallgather(params_shard + p.off, take_slot(l, false), static_cast<size_t>(p.s), DataType::kFloat32);
     hold(p.s * D_ * fbytes);
   };
   auto need = [&](int l) {
@@ -225,9 +192,8 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
     gathered.at(static_cast<size_t>(l)) = 1;
   };
   auto drop = [&](int l) {
-    const Piece& p = layer_piece(l);
-    params_buf(l).release(p.lo, p.lo + p.s * D_);
-    hold(-p.s * D_ * fbytes);
+    put_slot(l, false);
+    hold(-layer_piece(l).s * D_ * fbytes);
     gathered[l] = 0;
   };
   // The reduce-scatter of one layer's gradient runs during the next layer's backward.
@@ -244,14 +210,14 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
     } else {
       for (int64_t i = 0; i < p.s; ++i) dst[i] += rs_tmp_[static_cast<size_t>(i)];
     }
-    grads_buf(rs_layer).release(p.lo, p.lo + p.s * D_);
+    put_slot(rs_layer, true);
     hold(-(p.hi - p.lo) * fbytes);
     rs_layer = -1;
   };
 
   auto& act = ws.act;
   auto& scratch = ws.scratch;
-  const float* pt = pbuf_[0]->data();
+  const float* pt = tied_params_->data();
   double loss_sum = 0;
   int64_t t_fwd = 0, t_bwd = 0;
   for (const model::Unit& u : plan_.units()) {
@@ -268,7 +234,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
         const int l = u.layer;
         need(l);
         start_gather(l + 1);
-        model::block_forward<float>(layout_, params_buf(l).data(), l, act, scratch, hooks.tp_reduce);
+        model::block_forward<float>(layout_, layer_base(l, false), l, act, scratch, hooks.tp_reduce);
         if (l != L_ - 1) drop(l);  // the last layer's backward follows at once
         break;
       }
@@ -284,15 +250,14 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
         need(l);
         start_gather(l - 1);
         const Piece& p = layer_piece(l);
-        float* g = grads_buf(l).data();
-        grads_buf(l).attach(p.lo, p.lo + p.s * D_);
-        std::fill(g + p.lo, g + p.lo + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
+        float* g = take_slot(l, true);
+        std::fill(g, g + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
         hold((p.hi - p.lo) * fbytes);
-        model::block_backward<float>(layout_, params_buf(l).data(), g, l, act, scratch, hooks.tp_reduce);
+        model::block_backward<float>(layout_, layer_base(l, false), layer_base(l, true), l, act, scratch,
+                                     hooks.tp_reduce);
         finish_rs();
         // Reads D * s floats from the layer's start: the padding was zeroed above.
-        rs = dp_->ireduce_scatter(g + p.lo, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32,
-                                  ReduceOp::kSum);
+        rs = dp_->ireduce_scatter(g, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
         rs_layer = l;
         rs_micro = u.micro;
         if (!(l == 0 && u.micro < M - 1)) drop(l);  // layer 0 starts the next micro-batch
@@ -310,7 +275,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
                                   ReduceOp::kSum);
     wait(w);
     std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p->s, grads_shard + p->off);
-    gbuf_[0]->release(p->lo, p->lo + p->s * D_);
+    tied_grads_->release(p->lo, p->lo + p->s * D_);
   }
   hold(-(pe.s + pf.s) * D_ * fbytes);
   release_tied();
@@ -329,22 +294,19 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
   std::vector<Work> gathers(static_cast<size_t>(L_));
   auto start = [&](int l) {
     const Piece& p = layer_piece(l);
-    params_buf(l).attach(p.lo, p.lo + p.s * D_);
-    gathers[l] = dp_->iallgather(params_shard + p.off, params_buf(l).data() + p.lo, static_cast<size_t>(p.s),
-                                 DataType::kFloat32);
+    gathers[l] = dp_->iallgather(params_shard + p.off, take_slot(l, false), static_cast<size_t>(p.s), DataType::kFloat32);
     hold(p.s * D_ * fbytes);
   };
   if (L_ > 0) start(0);
-  model::embed_forward<float>(layout_, pbuf_[0]->data(), tokens, ws.act);
+  model::embed_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
   for (int l = 0; l < L_; ++l) {
     wait(gathers[l]);
     if (l + 1 < L_) start(l + 1);
-    model::block_forward<float>(layout_, params_buf(l).data(), l, ws.act, ws.scratch, tp_reduce);
-    const Piece& p = layer_piece(l);
-    params_buf(l).release(p.lo, p.lo + p.s * D_);
-    hold(-p.s * D_ * fbytes);
+    model::block_forward<float>(layout_, layer_base(l, false), l, ws.act, ws.scratch, tp_reduce);
+    put_slot(l, false);
+    hold(-layer_piece(l).s * D_ * fbytes);
   }
-  return model::head_forward<float>(layout_, pbuf_[0]->data(), tokens, ws.act);
+  return model::head_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
 }
 
 double Fsdp::validation_loss_sum(const model::TextDataset& data, int data_index, const float* params_shard,

@@ -20,12 +20,14 @@
 //  - the embedding / final norm gradients reduce-scattered once after the last micro-batch;
 //  - with replicas, one AllReduce of the gradient shard over the replica group (the ranks holding
 //    the same shard in the other replicas).
-// Gathered weights and full-layer gradients live in address ranges laid out as the full buffer
-// (so the model's functions index them unchanged), reserved once; a layer's part of its range is
-// backed by one of two resident slots while the layer is in use (LazyBuffer::attach), so the
-// memory held is two layers of weights and two of gradients, whatever the depth. Layers alternate
-// between the two ranges (even, odd) so that the layer being prefetched never shares the slot of
-// the one computing.
+// Gathered weights and full-layer gradients live in resident slots of the largest layer's size:
+// two for weights and two for gradients, even layers in one and odd in the other, so that the
+// layer being prefetched never shares the slot of the one computing. The model's functions index
+// a layer by its offset in the full buffer, so they get the slot's address minus that offset (as
+// pathways/train/step_kernels.cc does for its layer pieces). The memory held is two layers of
+// weights and two of gradients, whatever the depth, and no page is mapped, faulted in or zeroed by
+// the kernel during a step. The embedding and final norm (gathered once a step) live in a
+// reserved range laid out as the full buffer (LazyBuffer).
 //
 // Which ranks must call: every rank of the dp group (and of the replica group), every method
 // that communicates, in the same order. Not thread-safe.
@@ -48,36 +50,22 @@
 namespace pwm::spmd {
 
 // An address range of `floats` floats reserved (mmap, no memory committed), laid out as the full
-// parameter buffer so that the model's functions index a layer in it unchanged.
-//  - Without a slot (slot_bytes 0): pages become resident when first written and release()
-//    returns them (their contents become 0). Used for the embedding and final norm.
-//  - With a slot: `slot_bytes` of memory that stay resident for the buffer's life (a memfd).
-//    attach(begin, end) maps the slot over the pages holding elements [begin, end) (contents:
-//    whatever the slot held last: the caller overwrites them); release() maps zero pages back
-//    over them. One attachment at a time. A layer's pages are thus neither faulted in nor zeroed
-//    by the kernel every time it is gathered (measured: that cost FSDP half its throughput).
+// parameter buffer: pages become resident when first written, and release() returns them (their
+// contents become 0). Used for the embedding and final norm, which sit at the two ends of the
+// buffer.
 class LazyBuffer {
  public:
-  explicit LazyBuffer(size_t floats, size_t slot_bytes = 0);
+  explicit LazyBuffer(size_t floats);
   ~LazyBuffer();
   LazyBuffer(const LazyBuffer&) = delete;
   LazyBuffer& operator=(const LazyBuffer&) = delete;
   float* data() const { return data_; }
-  // Bytes of slot needed to attach elements [begin, end) of a buffer (whole pages).
-  static size_t span_bytes(int64_t begin, int64_t end);
-  // Slot buffers only: makes elements [begin, end) addressable, backed by the slot.
-  void attach(int64_t begin, int64_t end);
-  // Without a slot: returns the pages lying wholly inside elements [begin, end). With a slot:
-  // detaches the current attachment (begin, end are not needed).
+  // Returns the pages lying wholly inside elements [begin, end).
   void release(int64_t begin, int64_t end);
 
  private:
-  std::pair<uintptr_t, uintptr_t> outer_pages(int64_t begin, int64_t end) const;
   float* data_ = nullptr;
   size_t bytes_ = 0;
-  int fd_ = -1;
-  size_t slot_bytes_ = 0;
-  uintptr_t att_begin_ = 0, att_end_ = 0;  // the attached address range, if any
 };
 
 class Fsdp {
@@ -124,8 +112,12 @@ class Fsdp {
     int64_t own_lo, own_hi;  // layout range this rank owns (clipped to [lo, hi))
   };
   const Piece& layer_piece(int l) const { return pieces_[static_cast<size_t>(1 + l)]; }
-  LazyBuffer& params_buf(int l) { return *pbuf_[static_cast<size_t>(1 + (l & 1))]; }
-  LazyBuffer& grads_buf(int l) { return *gbuf_[static_cast<size_t>(1 + (l & 1))]; }
+  // Layer l's slot of gathered weights / gradients (D * s floats), taken for l until put back.
+  // Checks that the slot is free: the even/odd alternation guarantees it in the plan's order.
+  float* take_slot(int l, bool grads);
+  void put_slot(int l, bool grads);
+  // The address the model indexes layer l by (the slot minus the layer's offset in the buffer).
+  float* layer_base(int l, bool grads);
   void hold(int64_t bytes);
   // Visits (tensor, layout begin, layout end, shard offset) for every owned piece of a tensor.
   void for_owned(const std::function<void(const model::ParamInfo&, int64_t, int64_t, int64_t)>& fn) const;
@@ -144,8 +136,10 @@ class Fsdp {
   int D_, r_, L_;
   std::vector<Piece> pieces_;  // embed, layers 0..L-1, final_norm
   int64_t shard_total_ = 0, max_layer_s_ = 0;
-  // [0]: embedding and final norm; [1], [2]: even and odd layers.
-  std::unique_ptr<LazyBuffer> pbuf_[3], gbuf_[3];
+  std::unique_ptr<LazyBuffer> tied_params_, tied_grads_;  // embedding and final norm
+  // [grads][layer parity]: the layer slots and the layer holding each (-1: free).
+  std::vector<float> slot_[2][2];
+  int slot_layer_[2][2] = {{-1, -1}, {-1, -1}};
   std::vector<float> rs_tmp_;  // one layer's reduce-scattered shard
   int64_t held_ = 0, peak_held_ = 0;
   double comm_s_ = 0;
