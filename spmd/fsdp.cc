@@ -57,8 +57,7 @@ Fsdp::Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, cons
   const size_t floats = static_cast<size_t>(layout.total() + D_);
   tied_params_ = std::make_unique<LazyBuffer>(floats);
   tied_grads_ = std::make_unique<LazyBuffer>(floats);
-  for (auto& by_parity : slot_)
-    for (auto& slot : by_parity) slot.assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
+  for (auto& slot : slot_) slot.assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
   rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
   hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
 }
@@ -71,24 +70,24 @@ void Fsdp::hold(int64_t bytes) {
 }
 
 float* Fsdp::take_slot(int l, bool grads) {
-  int& holder = slot_layer_[grads][l & 1];
+  int& holder = slot_layer_[grads];
   PWM_CHECK(holder < 0, "fsdp: layer {} needs the {} slot that layer {} still holds", l, grads ? "gradient" : "weight",
             holder);
   holder = l;
-  return slot_[grads][l & 1].data();
+  return slot_[grads].data();
 }
 
 void Fsdp::put_slot(int l, bool grads) {
-  int& holder = slot_layer_[grads][l & 1];
+  int& holder = slot_layer_[grads];
   PWM_CHECK(holder == l, "fsdp: layer {} returns a {} slot held by layer {}", l, grads ? "gradient" : "weight", holder);
   holder = -1;
 }
 
 float* Fsdp::layer_base(int l, bool grads) {
-  PWM_CHECK(slot_layer_[grads][l & 1] == l, "fsdp: layer {} is not in its {} slot", l, grads ? "gradient" : "weight");
+  PWM_CHECK(slot_layer_[grads] == l, "fsdp: layer {} is not in the {} slot", l, grads ? "gradient" : "weight");
   // Points before the slot by the layer's offset; the model only dereferences it at offsets
   // inside the layer, i.e. inside the slot.
-  return slot_[grads][l & 1].data() - layer_piece(l).lo;
+  return slot_[grads].data() - layer_piece(l).lo;
 }
 
 void Fsdp::wait(Work& w) {
@@ -233,7 +232,6 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
       case UnitKind::kBlockForward: {
         const int l = u.layer;
         need(l);
-        start_gather(l + 1);
         model::block_forward<float>(layout_, layer_base(l, false), l, act, scratch, hooks.tp_reduce);
         if (l != L_ - 1) drop(l);  // the last layer's backward follows at once
         break;
@@ -248,19 +246,19 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
       case UnitKind::kBlockBackward: {
         const int l = u.layer;
         need(l);
-        start_gather(l - 1);
+        finish_rs();  // the gradient slot
         const Piece& p = layer_piece(l);
         float* g = take_slot(l, true);
         std::fill(g, g + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
         hold((p.hi - p.lo) * fbytes);
         model::block_backward<float>(layout_, layer_base(l, false), layer_base(l, true), l, act, scratch,
                                      hooks.tp_reduce);
-        finish_rs();
         // Reads D * s floats from the layer's start: the padding was zeroed above.
         rs = dp_->ireduce_scatter(g, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
         rs_layer = l;
         rs_micro = u.micro;
         if (!(l == 0 && u.micro < M - 1)) drop(l);  // layer 0 starts the next micro-batch
+        start_gather(l - 1);
         break;
       }
       case UnitKind::kEmbedBackward:
@@ -289,7 +287,7 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
 
 double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, model::Workspace<float>& ws,
                           const model::TpReduce<float>& tp_reduce) {
-  // model::forward_loss's calls, each layer gathered (the next one prefetched) and released.
+  // model::forward_loss's calls, each layer gathered into the weight slot and released.
   const int64_t fbytes = sizeof(float);
   std::vector<Work> gathers(static_cast<size_t>(L_));
   auto start = [&](int l) {
@@ -301,10 +299,10 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
   model::embed_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
   for (int l = 0; l < L_; ++l) {
     wait(gathers[l]);
-    if (l + 1 < L_) start(l + 1);
     model::block_forward<float>(layout_, layer_base(l, false), l, ws.act, ws.scratch, tp_reduce);
     put_slot(l, false);
     hold(-layer_piece(l).s * D_ * fbytes);
+    if (l + 1 < L_) start(l + 1);
   }
   return model::head_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
 }

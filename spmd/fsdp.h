@@ -10,24 +10,25 @@
 //
 // One step (accumulate()): the plan's units (model/step_plan.h) in order, with
 //  - the embedding and final norm gathered once for the step (used by the first and last units);
-//  - layer l's weights all-gathered before block_fwd(l) and again before block_bwd(l), the
-//    gather of the next layer in the order (l+1 forward, l-1 backward) started before layer l's
-//    compute and waited for after it (prefetch); a layer is released after its forward (except
-//    the last, whose backward follows at once) and after its backward (except layer 0 when another
-//    micro-batch follows, whose forward starts with it);
-//  - layer l's gradient computed into a zeroed full-layer buffer, then reduce-scattered over dp
-//    (non-blocking: it runs during block_bwd(l-1)) and added to the gradient shard;
+//  - layer l's weights all-gathered into the weight slot before block_fwd(l) and again before
+//    block_bwd(l), and released after its forward (except the last layer, whose backward follows
+//    at once) and after its backward (except layer 0 when another micro-batch follows, whose
+//    forward starts with it);
+//  - layer l's gradient computed into the zeroed gradient slot (the full layer), then
+//    reduce-scattered over dp and added to the gradient shard; the gather of layer l-1 is started
+//    beside that reduce-scatter, and both complete before block_bwd(l-1);
 //  - the embedding / final norm gradients reduce-scattered once after the last micro-batch;
 //  - with replicas, one AllReduce of the gradient shard over the replica group (the ranks holding
 //    the same shard in the other replicas).
-// Gathered weights and full-layer gradients live in resident slots of the largest layer's size:
-// two for weights and two for gradients, even layers in one and odd in the other, so that the
-// layer being prefetched never shares the slot of the one computing. The model's functions index
-// a layer by its offset in the full buffer, so they get the slot's address minus that offset (as
-// pathways/train/step_kernels.cc does for its layer pieces). The memory held is two layers of
-// weights and two of gradients, whatever the depth, and no page is mapped, faulted in or zeroed by
-// the kernel during a step. The embedding and final norm (gathered once a step) live in a
-// reserved range laid out as the full buffer (LazyBuffer).
+// One slot for weights and one for gradients, of the largest layer's size: the memory held is one
+// gathered layer and one layer's gradient, whatever the depth, and no page is mapped, faulted in
+// or zeroed by the kernel during a step. There is no prefetch of the next layer during a layer's
+// compute: the collectives progress only inside their waits (collectives/communicator.h), so a
+// prefetch could not hide a transfer, and it would hold a second layer (measured: the same
+// tokens/s with two slots of each kind and prefetch; docs/spmd.md). The model's functions index a
+// layer by its offset in the full buffer, so they get the slot's address minus that offset (as
+// pathways/train/step_kernels.cc does for its layer pieces). The embedding and final norm live in
+// a reserved range laid out as the full buffer (LazyBuffer).
 //
 // Which ranks must call: every rank of the dp group (and of the replica group), every method
 // that communicates, in the same order. Not thread-safe.
@@ -137,9 +138,9 @@ class Fsdp {
   std::vector<Piece> pieces_;  // embed, layers 0..L-1, final_norm
   int64_t shard_total_ = 0, max_layer_s_ = 0;
   std::unique_ptr<LazyBuffer> tied_params_, tied_grads_;  // embedding and final norm
-  // [grads][layer parity]: the layer slots and the layer holding each (-1: free).
-  std::vector<float> slot_[2][2];
-  int slot_layer_[2][2] = {{-1, -1}, {-1, -1}};
+  // [grads]: the layer slots and the layer holding each (-1: free).
+  std::vector<float> slot_[2];
+  int slot_layer_[2] = {-1, -1};
   std::vector<float> rs_tmp_;  // one layer's reduce-scattered shard
   int64_t held_ = 0, peak_held_ = 0;
   double comm_s_ = 0;

@@ -439,12 +439,31 @@ def case_compare_script_flags():
 
 # ---- issue 15: the mesh replicas x dp x tp, sharded data parallelism ------------------------------
 
-def tiny_params():
-    """Parameters of the TINY model, counted from its shapes (model/params.h)."""
+def tiny_pieces():
+    """The TINY model's FSDP pieces (spmd/fsdp.h), counted from its shapes (model/params.h):
+    elements of the embedding, of one layer, of the final norm, and the number of layers."""
     a = dict(zip(TINY[::2], TINY[1::2]))
     C, L, H, D, F = (int(a[k]) for k in ("--d-model", "--layers", "--heads", "--head-dim", "--d-ff"))
     V = 256
-    return V * C + L * (C + C * H * D + 2 * C * D + H * D * C + 3 * C * F) + C
+    return V * C, C + C * H * D + 2 * C * D + H * D * C + 3 * C * F, C, L
+
+
+def tiny_params():
+    """Parameters of the TINY model."""
+    e, n, f, L = tiny_pieces()
+    return e + L * n + f
+
+
+def fsdp_state_bytes(D):
+    """What an FSDP rank holds at D, from the shapes: the four shards (parameters, gradients, two
+    moments) of every piece cut in D slices of ceil(n / D), plus the most held at once during the
+    step: the gathered embedding and final norm with their full gradients, ONE gathered layer, ONE
+    layer's full gradient (the slot of each) and the reduce-scatter scratch of one slice."""
+    e, n, f, L = tiny_pieces()
+    s = lambda x: -(-x // D)
+    shard = s(e) + L * s(n) + s(f)
+    held = max(s(e), s(n), s(f)) + 2 * D * (s(e) + s(f)) + D * s(n) + n
+    return 4 * (4 * shard + held)
 
 
 def same_bits(a, b, what, fields=DETERMINISTIC_FIELDS):
@@ -477,12 +496,12 @@ def case_fsdp_matches_dp():
                         RTOL, "fsdp D=2 vs dp=2 (clipping)")
     assert_close_curves(ref, train(2, "fsdp_dp2m2", ["--dp", "2", "--fsdp", "--microbatches", "2"] + off),
                         RTOL, "fsdp D=2 x 2 micro-batches vs dp=2")
-    # Memory: plain dp holds 4 full buffers (params, grads, m, v): 16 bytes a parameter; FSDP
-    # less, and at least its shards (16 bytes x P / 2).
+    # Memory: plain dp holds 4 full buffers (params, grads, m, v): 16 bytes a parameter; FSDP its
+    # shards plus one gathered layer and one layer's gradient at most (counted from the shapes).
     P = tiny_params()
     assert ref[2]["state_bytes_per_rank"] == [16 * P] * 2, f"plain state {ref[2]['state_bytes_per_rank']} vs 16 x {P}"
-    for b in fs[2]["state_bytes_per_rank"]:
-        assert 8 * P <= b < 16 * P, f"fsdp state {b} bytes is not between 8 P and 16 P (P = {P})"
+    want = fsdp_state_bytes(2)
+    assert fs[2]["state_bytes_per_rank"] == [want] * 2, f"fsdp state {fs[2]['state_bytes_per_rank']} vs {want} (P = {P})"
     assert fs[2]["state_bytes"] == max(fs[2]["state_bytes_per_rank"])
     assert all(x > 0 for x in fs[2]["peak_resident_bytes_per_rank"])
     assert fs[2]["peak_rss_bytes"] == max(fs[2]["peak_resident_bytes_per_rank"])
