@@ -7,8 +7,9 @@
 // one per entry (dropped by a client's free, or by the end of its owner), a running program
 // holds one per slot it uses; the buffer is freed when the last goes. A store is used by its
 // worker's one thread only; the buffer cache is process-wide and locked (the in-process
-// runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to
-// 1 GiB per process, PWM_PW_BUFFER_CACHE_MB) for the next Buffer of the same size, so a new
+// runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to the
+// process's peak of live bytes plus 1 GiB; PWM_PW_BUFFER_CACHE_MB sets a fixed bound) for the
+// next Buffer of the same size, so a new
 // Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
 // memory at its first data() (a run's intermediates: when their first writer starts), so a
 // program's buffers are not all allocated when its run arrives.
@@ -38,6 +39,8 @@ class Buffer {
   static int64_t live();
   static int64_t live_bytes();
   static int64_t peak_live_bytes();
+  // Bytes of freed buffers kept for reuse (process-wide).
+  static int64_t cached_bytes();
 
  private:
   void* allocate();

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "collectives/inproc_transport.h"
 #include "pathways/lowering.h"
@@ -221,6 +223,28 @@ TEST(Buffer, LargeFreedBuffersAreReusedBySameSize) {
   Buffer d(n + 4096);  // another size never takes it
   EXPECT_NE(d.data(), first);
   EXPECT_NE(d.data(), c.data());
+}
+
+// The cache keeps freed buffers up to the most bytes ever live at once plus 1 GiB: a step whose
+// buffers add up to more than 1 GiB then reuses every one of them. Three 400 MiB buffers (never
+// written: no memory committed) live at once: all three are kept (a fixed 1 GiB keeps two).
+TEST(Buffer, CacheKeepsUpToThePeakOfLiveBytes) {
+  if (std::getenv("PWM_PW_BUFFER_CACHE_MB") != nullptr) GTEST_SKIP() << "PWM_PW_BUFFER_CACHE_MB sets a fixed bound";
+  const size_t n = size_t{400} << 20;
+  const int64_t cached0 = Buffer::cached_bytes();
+  std::vector<void*> first;
+  {
+    Buffer a(n), b(n), c(n);
+    first = {a.data(), b.data(), c.data()};
+    EXPECT_GE(Buffer::peak_live_bytes(), static_cast<int64_t>(3 * n));
+  }
+  EXPECT_GE(Buffer::cached_bytes(), cached0 + static_cast<int64_t>(3 * n));  // 1.2 GiB > 1 GiB
+  Buffer a(n), b(n), c(n);
+  std::vector<void*> again = {a.data(), b.data(), c.data()};
+  std::sort(first.begin(), first.end());
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(Buffer::cached_bytes(), cached0);
 }
 
 TEST(InProcRuntime, ChainedProgramOverThreads) {
