@@ -77,31 +77,25 @@ void adamw_span_into(const AdamWConfig& c, int64_t step, double lr, double clip,
   const float eps = static_cast<float>(c.eps);
   const float shrink = decay ? static_cast<float>(1.0 - lr * c.weight_decay) : 1.0f;
   const float cf = static_cast<float>(clip);
-  // One pass over the seven arrays, in chunks through local arrays: the inputs may be the
-  // outputs (in place: p_in == p ...), which kept the compiler from vectorizing the plain loop
-  // (too many possible overlaps to check at run time); local arrays cannot alias, so each
-  // chunk's arithmetic is vectorized (issue 18: 3-4x faster AdamW). Element i still depends only
-  // on element i's inputs, computed by the same operations in the same order: the same bits as
-  // the plain loop, whatever the chunking.
-  constexpr size_t kChunk = 256;
-  alignas(64) float gc[kChunk], mc[kChunk], vc[kChunk], pc[kChunk];
-  for (size_t i0 = 0; i0 < n; i0 += kChunk) {
-    const size_t len = std::min(kChunk, n - i0);
-    std::copy(g + i0, g + i0 + len, gc);
-    std::copy(m_in + i0, m_in + i0 + len, mc);
-    std::copy(v_in + i0, v_in + i0 + len, vc);
-    std::copy(p_in + i0, p_in + i0 + len, pc);
-    for (size_t i = 0; i < len; ++i) {
-      const float gi = gc[i] * cf;
-      const float mi = b1 * mc[i] + one_b1 * gi;
-      const float vi = b2 * vc[i] + one_b2 * gi * gi;
-      mc[i] = mi;
-      vc[i] = vi;
-      pc[i] = pc[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-    }
-    std::copy(mc, mc + len, m + i0);
-    std::copy(vc, vc + len, v + i0);
-    std::copy(pc, pc + len, p + i0);
+  // One pass over the seven arrays. The inputs may be the outputs (in place: p_in == p ...),
+  // which kept the compiler from vectorizing the plain loop (too many possible overlaps to check
+  // at run time). `ivdep` tells it that no iteration reads what another writes: true, since
+  // element i is read (all four inputs) before element i is written, and no other element is
+  // touched. (A first fix copied chunks into local arrays, which cannot alias: 3-4x faster than
+  // scalar, but seven copies of every element. Without them, measured at the reference model:
+  // pathways_train's update, whose outputs are new buffers, 8.7 -> 3.7 ms; model_bench's
+  // optimizer with the clipping norm, in place, 4.5 -> 2.7 ms.) Element i still depends only on
+  // element i's inputs, computed by the same operations in the same order: the same bits
+  // (spmd_train's weights hash unchanged).
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] * cf;
+    const float mi = b1 * m_in[i] + one_b1 * gi;
+    const float vi = b2 * v_in[i] + one_b2 * gi * gi;
+    const float pi = p_in[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
   }
 }
 
