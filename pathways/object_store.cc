@@ -29,7 +29,7 @@ std::atomic<int64_t> g_live{0}, g_live_bytes{0}, g_peak_bytes{0};
 // fixed bound instead (0: no cache). The cache is not counted in live_bytes(), which a
 // memory cap limits.
 constexpr size_t kPoolMinBytes = size_t{1} << 20;
-constexpr double kPoolDefaultMb = 1024;
+constexpr size_t kPoolHeadroomBytes = size_t{1} << 30;  // above the peak of live bytes
 
 class Pool {
  public:
@@ -51,7 +51,7 @@ class Pool {
     if (alloc >= kPoolMinBytes) {
       std::lock_guard lock(mu_);
       const size_t bound = fixed_ >= 0 ? static_cast<size_t>(fixed_)
-                                       : kDefault + static_cast<size_t>(g_peak_bytes.load());
+                                       : static_cast<size_t>(g_peak_bytes.load()) + kPoolHeadroomBytes;
       if (cached_ + alloc <= bound) {
         free_.emplace(alloc, p);
         cached_ += alloc;
@@ -66,9 +66,8 @@ class Pool {
   }
 
  private:
-  // The bound in bytes when PWM_PW_BUFFER_CACHE_MB is set, else -1 (the default bound).
+  // The bound in bytes when PWM_PW_BUFFER_CACHE_MB is set, else negative (the default bound).
   const double fixed_ = env_double("PWM_PW_BUFFER_CACHE_MB", -1.0) * (1 << 20);
-  static constexpr size_t kDefault = static_cast<size_t>(kPoolDefaultMb) << 20;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;  // by allocation size
   size_t cached_ = 0;

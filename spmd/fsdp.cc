@@ -195,7 +195,8 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
     hold(-layer_piece(l).s * D_ * fbytes);
     gathered[l] = 0;
   };
-  // The reduce-scatter of one layer's gradient runs during the next layer's backward.
+  // A layer's reduce-scatter starts after its backward (beside the next layer's gather) and
+  // completes before the next layer's backward, which needs the gradient slot.
   Work rs;
   int rs_layer = -1;
   int64_t rs_micro = 0;

@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -114,7 +113,8 @@ class Fsdp {
   };
   const Piece& layer_piece(int l) const { return pieces_[static_cast<size_t>(1 + l)]; }
   // Layer l's slot of gathered weights / gradients (D * s floats), taken for l until put back.
-  // Checks that the slot is free: the even/odd alternation guarantees it in the plan's order.
+  // Checks that the slot is free: in the plan's order a layer is released (its reduce-scatter
+  // complete) before the next one takes the slot.
   float* take_slot(int l, bool grads);
   void put_slot(int l, bool grads);
   // The address the model indexes layer l by (the slot minus the layer's offset in the buffer).
