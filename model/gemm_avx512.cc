@@ -1,4 +1,4 @@
-// Single-threaded AVX-512 SGEMM for row-major matrices (Goto/BLIS blocking).
+// Single-threaded AVX-512 SGEMM for row-major matrices (Goto/BLIS blocking, A read in place).
 //
 // Why it exists: on this machine OpenBLAS's sgemm runs its AVX2 (Haswell) kernels whenever
 // OPENBLAS_CORETYPE says so (it is set in our environment), ~65 GFLOP/s, while the core can do
@@ -6,19 +6,25 @@
 // float products; doubles (tests) stay on BLAS.
 //
 // Scheme: C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C.
-//   for each KC-block of K (kKC = 384):
+//   for each KC-block of K (kKC = 512):
 //     pack op(B)[k-block, :] into NR-column micro-panels (NR = 32, zero padded)   ~ L2/L3
-//     for each MC-block of M (kMC = 84 rows):
-//       pack op(A)[m-block, k-block] into MR-row micro-panels (MR = 14, zero padded)   ~ L2
-//       for each B micro-panel (48 KB at KC = 384, the L1 size), for each A micro-panel:
-// (KC, MC) = (384, 96) measured best among 192..512 x 48..192 on the model's shapes (MR = 12).
+//     for each MC-block of M (kMC = 84 rows; its A rows stay in L2 across the B panels):
+//       for each B micro-panel (64 KB at KC = 512, about the L1), for each MR-row slice of A:
 //         14 x 32 register tile: per k, two 16-wide loads of B, 14 broadcasts of A, 28 FMAs
 //         (28 accumulators + 2 B + 1 A = 31 of the 32 zmm registers; 2% faster steps than 12 x 32
 //         on Zen 5, MC = 84 to stay a multiple; MR and MC change no sum's order, so no bits).
-// Packing never gathers element by element: a row-major A keeps its rows (row copies; the
-// kernel broadcasts along 14 rows at compile-time offsets), a transposed A is copied k-row by
-// k-row into k-major panels, B [K, N] likewise; only B stored [N, K] is transposed, 16 x 16 in
-// registers. (Transposing a row-major A into k-major panels cost ~7% of the fp32 step.)
+// (KC, MC) = (384, 96) measured best among 192..512 x 48..192 on the model's shapes (MR = 12,
+// A packed). With A read in place, KC = 512..768 gave 2-2.5% faster steps than 384 and the same
+// as each other (256: 1% slower): fewer passes over C and fewer tile epilogues per FMA. KC sets
+// where a sum over k is split, so it changes bits (the trainers still agree with each other).
+// A is not packed: the kernel broadcasts its 14 elements per k straight from A, along 14 rows
+// (A stored [M, K]) or from one row (A stored [K, M]), at a run-time stride. Only a last slice of
+// fewer than 14 rows is copied into a zero-padded panel (the kernel always reads 14). The model's
+// N = 256 products have A 10x the size of B; copying it cost ~8% of the fp32 step, mostly waiting
+// on A's cache misses, which the kernel's FMAs now overlap. (Measured with model_bench, the two
+// ways alternating step by step in one process: 3-5% faster steps, same bits.)
+// B is packed (it is reused by every row of A): row by row with software prefetch a few rows
+// ahead (~1.5% of the step), or, stored [N, K], transposed 16 x 16 in registers.
 // Every element of C is the sum over k in increasing order within a KC block, blocks added in
 // order: results depend only on the shapes, never on addresses or timing (deterministic).
 #include <algorithm>
@@ -39,8 +45,9 @@ namespace {
 
 constexpr int64_t kMR = 14;
 constexpr int64_t kNR = 32;
-constexpr int64_t kKC = 384;
+constexpr int64_t kKC = 512;
 constexpr int64_t kMC = 84;  // multiple of kMR
+constexpr int64_t kPrefetchRows = 4;  // pack_b: rows of B ahead (1, 2, 4, 8, 16 tried; 4 best)
 
 struct PackBuffers {
   std::vector<float> a, b;
@@ -110,8 +117,13 @@ void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_
   if (!tb) {  // row by row: each source row is read once, contiguously (prefetch friendly)
     for (int64_t k = 0; k < kc; ++k) {
       const float* src = B + (k0 + k) * ldb;
+      const float* ahead = k + kPrefetchRows < kc ? src + kPrefetchRows * ldb : nullptr;
       for (int64_t j0 = 0; j0 < N; j0 += kNR) {
         const int64_t nr = std::min(kNR, N - j0);
+        if (ahead) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + j0), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + j0 + 16), _MM_HINT_T0);
+        }
         float* o = out + j0 * kc + k * kNR;  // panel j0 / kNR, size kc * kNR
         _mm512_store_ps(o, _mm512_maskz_loadu_ps(low_mask(nr), src + j0));
         _mm512_store_ps(o + 16, _mm512_maskz_loadu_ps(low_mask(nr - 16), src + j0 + 16));
@@ -129,49 +141,42 @@ void pack_b(bool tb, const float* B, int64_t ldb, int64_t k0, int64_t kc, int64_
   }
 }
 
-// op(A)[i0:i0+mc, k0:k0+kc] -> panels of kMR rows: panel i holds, for each k, kMR floats.
-void pack_a(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
-            float* out) {
+// A slice of fewer than kMR rows, op(A)[i0:i0+mr, k0:k0+kc], copied in the layout the kernel
+// reads A in place, padded with zero rows to kMR: out[r * kKC + k] (A stored [M, K]: rows stay
+// rows, at a stride of kKC) or out[k * kMR + r] (A stored [K, M]).
+void pack_a_slice(bool ta, const float* A, int64_t lda, int64_t i0, int64_t mr, int64_t k0,
+                  int64_t kc, float* out) {
   static_assert(kMR <= 16);
-  constexpr __mmask16 kStore = (1u << kMR) - 1;
-  if (ta) {  // A stored [K, M]: row by row, each source row segment read once, contiguously
-    for (int64_t k = 0; k < kc; ++k) {
-      const float* src = A + (k0 + k) * lda + i0;
-      for (int64_t r0 = 0; r0 < mc; r0 += kMR)
-        _mm512_mask_storeu_ps(out + r0 * kc + k * kMR, kStore,
-                              _mm512_maskz_loadu_ps(low_mask(mc - r0), src + r0));
-    }
+  if (ta) {
+    constexpr __mmask16 kStore = (1u << kMR) - 1;
+    for (int64_t k = 0; k < kc; ++k)
+      _mm512_mask_storeu_ps(out + k * kMR, kStore,
+                            _mm512_maskz_loadu_ps(low_mask(mr), A + (k0 + k) * lda + i0));
     return;
   }
-  // A stored [M, K]: rows stay rows (micro_kernel<true> broadcasts along them), each copied to a
-  // fixed stride of kKC floats; the rows that pad the last panel to kMR are zeros.
-  for (int64_t r = 0; r < mc; ++r) {
-    const float* src = A + (i0 + r) * lda + k0;
-    float* dst = out + r * kKC;
+  for (int64_t r = 0; r < kMR; ++r)
     for (int64_t k = 0; k < kc; k += 16)
-      _mm512_storeu_ps(dst + k, _mm512_maskz_loadu_ps(low_mask(kc - k), src + k));
-  }
-  for (int64_t r = mc; r < (mc + kMR - 1) / kMR * kMR; ++r)
-    for (int64_t k = 0; k < kc; k += 16) _mm512_storeu_ps(out + r * kKC + k, _mm512_setzero_ps());
+      _mm512_storeu_ps(out + r * kKC + k,
+                       r < mr ? _mm512_maskz_loadu_ps(low_mask(kc - k), A + (i0 + r) * lda + k0 + k)
+                              : _mm512_setzero_ps());
 }
 
-// C tile [mr, nr] (= or +=) alpha * Ap . Bp over kc. `first`: this is the first K block, so C is
-// combined with beta (beta == 0: overwritten); otherwise accumulated. kRowA: the A panel holds
-// kMR rows at a stride of kKC floats (from a row-major A: packing is a row copy); otherwise kMR
-// floats per k (from a transposed A: packing is a row copy the other way). The displacements
-// r * kKC are compile-time constants, so both forms broadcast from one moving pointer.
+// C tile [mr, nr] (= or +=) alpha * A . Bp over kc. `first`: this is the first K block, so C is
+// combined with beta (beta == 0: overwritten); otherwise accumulated. A holds kMR rows (always
+// read, mr <= kMR of them stored): element (r, k) at Ap[r * sa + k] when kRowA (A stored [M, K]),
+// else at Ap[k * sa + r] (A stored [K, M]).
 template <bool kRowA>
-void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
+void micro_kernel(int64_t kc, const float* Ap, int64_t sa, const float* Bp, float* C, int64_t ldc,
                   int64_t mr, int64_t nr, float alpha, float beta, bool first) {
   __m512 c[kMR][2];
   for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * kNR);
     const __m512 b1 = _mm512_load_ps(Bp + k * kNR + 16);
-    const float* a = kRowA ? Ap + k : Ap + k * kMR;
+    const float* a = kRowA ? Ap + k : Ap + k * sa;
 #pragma GCC unroll 14
     for (int r = 0; r < kMR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[kRowA ? r * kKC : r]);
+      const __m512 av = _mm512_set1_ps(a[kRowA ? r * sa : r]);
       c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
       c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
     }
@@ -188,7 +193,7 @@ void micro_kernel(int64_t kc, const float* Ap, const float* Bp, float* C, int64_
     // steps than the masked loop below alone, and than one unrolled masked loop for both. (GCC
     // stores the 28 accumulators to the stack after the K loop and reloads them here in every
     // form tried: 28 + 5 live vectors exceed the 32 registers. ~56 memory operations per tile
-    // against kc x 28 FMAs: under 1% at kc = 384.)
+    // against kc x 28 FMAs: under 1% at kc = 512.)
 #pragma GCC unroll 14
     for (int r = 0; r < kMR; ++r) {
       float* row = C + r * ldc;
@@ -228,25 +233,28 @@ void sgemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
   }
   const int64_t n_pad = (N + kNR - 1) / kNR * kNR;
   float* bp = buffer(t_pack.b, static_cast<size_t>(kKC * n_pad));
-  float* ap = buffer(t_pack.a, static_cast<size_t>(kKC * kMC));
+  float* ap = buffer(t_pack.a, static_cast<size_t>(kKC * kMR));  // a partial slice of A
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kc = std::min(kKC, K - k0);
     const bool first = k0 == 0;
     pack_b(tb, B, ldb, k0, kc, N, bp);
     for (int64_t i0 = 0; i0 < M; i0 += kMC) {
       const int64_t mc = std::min(kMC, M - i0);
-      pack_a(ta, A, lda, i0, mc, k0, kc, ap);
+      const int64_t tail = mc % kMR;  // rows of a last, partial slice (only in the last block)
+      if (tail) pack_a_slice(ta, A, lda, i0 + mc - tail, tail, k0, kc, ap);
       for (int64_t j0 = 0; j0 < N; j0 += kNR) {
         const int64_t nr = std::min(kNR, N - j0);
         const float* bpanel = bp + j0 * kc;
         for (int64_t r0 = 0; r0 < mc; r0 += kMR) {
           const int64_t mr = std::min(kMR, mc - r0);
+          float* c = C + (i0 + r0) * ldc + j0;
+          const bool in_place = mr == kMR;
           if (ta)
-            micro_kernel<false>(kc, ap + r0 * kc, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
-                                alpha, beta, first);
+            micro_kernel<false>(kc, in_place ? A + k0 * lda + i0 + r0 : ap, in_place ? lda : kMR,
+                                bpanel, c, ldc, mr, nr, alpha, beta, first);
           else
-            micro_kernel<true>(kc, ap + r0 * kKC, bpanel, C + (i0 + r0) * ldc + j0, ldc, mr, nr,
-                               alpha, beta, first);
+            micro_kernel<true>(kc, in_place ? A + (i0 + r0) * lda + k0 : ap, in_place ? lda : kKC,
+                               bpanel, c, ldc, mr, nr, alpha, beta, first);
         }
       }
       if (rows && k0 + kc == K) (*rows)(i0, i0 + mc);  // the last K block: these rows are final

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -36,6 +37,7 @@ std::atomic<Precision> g_precision{Precision::kFp32};
 std::once_flag g_threads_once;
 std::atomic<bool> g_profiling{false};
 GemmStats g_stats;  // only touched when profiling (single-threaded benchmark use)
+std::map<std::string, GemmStats> g_shape_stats;  // likewise
 
 void apply_threads(int n) {
 #ifdef PWM_HAVE_OPENBLAS
@@ -161,7 +163,17 @@ std::string bf16_info() {
 
 void set_gemm_profiling(bool on) { g_profiling = on; }
 GemmStats gemm_stats() { return g_stats; }
-void reset_gemm_stats() { g_stats = GemmStats{}; }
+void reset_gemm_stats() {
+  g_stats = GemmStats{};
+  g_shape_stats.clear();
+}
+std::vector<GemmShapeStats> gemm_stats_by_shape() {
+  std::vector<GemmShapeStats> v;
+  for (const auto& [shape, st] : g_shape_stats) v.push_back({shape, st});
+  std::sort(v.begin(), v.end(),
+            [](const auto& a, const auto& b) { return a.stats.seconds > b.stats.seconds; });
+  return v;
+}
 
 void set_num_threads(int n) {
   PWM_CHECK_GE(n, 1);
@@ -190,9 +202,16 @@ void gemm_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, S alpha, const
     g_profiling = false;
     const double t0 = now_s();
     gemm_impl(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, static_cast<const RowsFn*>(nullptr));
-    g_stats.seconds += now_s() - t0;
-    g_stats.flops += 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-    ++g_stats.calls;
+    const double dt = now_s() - t0;
+    const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+    GemmStats& sh = g_shape_stats[std::string(ta ? "T" : "N") + (tb ? "T " : "N ") +
+                                  std::to_string(M) + "x" + std::to_string(N) + "x" +
+                                  std::to_string(K)];
+    for (GemmStats* st : {&g_stats, &sh}) {
+      st->seconds += dt;
+      st->flops += flops;
+      ++st->calls;
+    }
     g_profiling = true;
     return all_rows();
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 
@@ -56,6 +57,13 @@ struct GemmStats {
 void set_gemm_profiling(bool on);
 GemmStats gemm_stats();  // totals since the last reset
 void reset_gemm_stats();
+// The same totals split by call shape, e.g. "NT 2048x768x256" (op letters: T = transposed),
+// most time first.
+struct GemmShapeStats {
+  std::string shape;
+  GemmStats stats;
+};
+std::vector<GemmShapeStats> gemm_stats_by_shape();
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C. op(A) is [M,K] (A stored [K,M] when trans_a),
 // op(B) is [K,N] (B stored [N,K] when trans_b). beta == 0 ignores C's previous contents.

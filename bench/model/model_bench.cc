@@ -184,6 +184,10 @@ int run(int argc, char** argv) {
                 "%.1f ms/step outside\n",
                 gs.calls / n, gs.flops / n / 1e9, 1e3 * gs.seconds / n, gs.flops / gs.seconds / 1e9,
                 1e3 * (median(times) - gs.seconds / n));
+    std::printf("gemm by shape (op(A) op(B) MxNxK): calls/step, ms/step, GFLOP/s\n");
+    for (const auto& s : gemm_stats_by_shape())
+      std::printf("  %-22s %7.1f %7.2f %6.1f\n", s.shape.c_str(), s.stats.calls / n,
+                  1e3 * s.stats.seconds / n, s.stats.flops / s.stats.seconds / 1e9);
     const int64_t N = batch * cfg.seq_len, C = cfg.d_model;
     std::printf("gemm GFLOP/s at model shapes: w_in fwd %.1f | w_out fwd %.1f | dW_in %.1f | "
                 "d(h) %.1f\n",

@@ -154,12 +154,12 @@ TEST(Kernels, ExpApproxIsAccurate) {
 }
 
 // Every backend against a double-precision reference, all transpose cases, with shapes that
-// leave partial register tiles (M % 12, N % 32, N % 32 < 16 and > 16), partial 16 x 16 packing
-// blocks (K % 16, M or N < 16), several K blocks (K > 384) and M blocks (M > 96), and the
+// leave partial register tiles (M % 14, N % 32, N % 32 < 16 and > 16), partial 16 x 16 packing
+// blocks (K % 16, M or N < 16), several K blocks (K > 512) and M blocks (M > 84), and the
 // attention's shapes (32-row causal blocks: K or N a multiple of 32 up to 128).
 TEST(Kernels, GemmBackendsAgreeWithReference) {
   struct Shape { int64_t M, N, K; };
-  const Shape shapes[] = {{37, 29, 41},  {130, 70, 800}, {1, 1, 1},     {12, 32, 384},
+  const Shape shapes[] = {{37, 29, 41},  {130, 70, 800}, {1, 1, 1},     {14, 32, 512},
                           {97, 33, 5},   {25, 50, 17},   {16, 16, 16},  {7, 3, 1000},
                           {128, 96, 64}, {64, 64, 128},  {200, 260, 31}};
   std::vector<GemmBackend> backends = {GemmBackend::kEigen};
@@ -210,7 +210,7 @@ TEST(Kernels, GemmBackendsAgreeWithReference) {
 
 // gemm_rows: the callback sees increasing, disjoint row ranges covering [0, M), and when it sees
 // rows [i0, i1) they already hold their final values; C is the same bits as plain gemm. Shapes
-// with several row blocks (M > 96) and K blocks (K > 384), on every backend.
+// with several row blocks (M > 84) and K blocks (K > 512), on every backend.
 TEST(Kernels, GemmRowsSeesFinalRowsInOrder) {
   std::vector<GemmBackend> backends = {GemmBackend::kEigen};
   if (have_blas()) backends.push_back(GemmBackend::kBlas);
