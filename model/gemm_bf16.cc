@@ -6,6 +6,12 @@
 // buffers (the stored layout is kept: oneDNN's brgemm takes transposed operands directly) and
 // oneDNN accumulates in fp32 into the fp32 C. alpha is an output scale, beta a sum post-op.
 //
+// Rounding is memory-bound (read 4 bytes, write 2, on cold activations): it was ~15% of a bf16
+// step. A block's backward reads d(yin) in three products and h and dy in two each; Bf16Hold
+// (kernels.h) lets it round each once into a bf16 copy that the products then read through a
+// strided memory descriptor (5% faster steps in model_bench, alternating step by step; oneDNN
+// sums the same way for a strided and a dense operand: the Bf16 tests compare bits).
+//
 // Determinism: a primitive is created once per (shape, transposes, ldc, alpha, beta) and cached
 // per thread; with one thread and a fixed ISA a primitive sums in a fixed order, so the same
 // inputs give the same bits. Every rank of a job runs the same shapes on the same ISA, which is
@@ -72,6 +78,8 @@ bool cpu_has_amx_bf16() {
 
 bool bf16_gemm_available() { return false; }
 bool onednn_bf16_usable() { return false; }
+void hold_bf16(const float*, int64_t, int64_t, int64_t) {}
+void release_bf16(const float*) {}
 bool gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                int64_t, float, float*, int64_t) {
   return false;
@@ -85,8 +93,18 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-// (ta, tb, M, N, K, ldc, alpha, beta): everything a primitive is specialized on.
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, float, float>;
+// (ta, tb, M, N, K, ldc, alpha, beta, lda, ldb): everything a primitive is specialized on
+// (lda, ldb: of the bf16 operands, dense unless taken from a held matrix).
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, float, float, int64_t,
+                       int64_t>;
+
+// A matrix held in bf16 (hold_bf16): its fp32 place and its bf16 copy (dense, ld = cols).
+struct Held {
+  const float* x = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  bool rounded = false;
+  std::vector<uint16_t> bf16;  // kept across holds: no allocation once warmed up
+};
 
 struct Cached {
   dnnl::matmul prim;
@@ -99,6 +117,8 @@ struct ThreadState {
   dnnl::stream strm{eng};
   std::map<Key, Cached> prims;
   std::vector<uint16_t> a, b;  // bf16 operands, grown as needed
+  std::vector<Held> held;      // a stack: [0, n_held) are live
+  size_t n_held = 0;
   // The primitives' scratchpad (user mode): one buffer per thread, grown as needed. oneDNN's
   // default would allocate and free it on every execution, and a large malloc is an mmap whose
   // pages fault in again on every call.
@@ -111,11 +131,12 @@ ThreadState& state() {
 }
 
 dnnl::matmul::primitive_desc make_pd(const dnnl::engine& eng, const Key& k, Cached& out) {
-  const auto [ta, tb, M, N, K, ldc, alpha, beta] = k;
-  // Operands are packed densely in their stored layout: A is [M,K] or (ta) [K,M]; B is [K,N]
-  // or (tb) [N,K]. oneDNN describes op(A) [M,K] and op(B) [K,N] by strides.
-  out.a = dnnl::memory::desc({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
-  out.b = dnnl::memory::desc({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+  const auto [ta, tb, M, N, K, ldc, alpha, beta, lda, ldb] = k;
+  // Operands are in bf16 in their stored layout: A is [M,K] or (ta) [K,M] with leading
+  // dimension lda; B is [K,N] or (tb) [N,K] with ldb. oneDNN describes op(A) [M,K] and op(B)
+  // [K,N] by strides.
+  out.a = dnnl::memory::desc({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  out.b = dnnl::memory::desc({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
   out.c = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -141,14 +162,52 @@ Cached& primitive(ThreadState& s, const Key& k) {
 bool probe_usable() {
   try {
     Cached c;
-    make_pd(state().eng, Key{false, false, 4, 4, 4, 4, 1.0f, 0.0f}, c);
+    make_pd(state().eng, Key{false, false, 4, 4, 4, 4, 1.0f, 0.0f, 4, 4}, c);
     return true;
   } catch (const dnnl::error&) {
     return false;  // no bf16 matmul implementation for this ISA
   }
 }
 
+// The bf16 copy of the stored matrix [rows, cols] at x (leading dimension ld) when it lies inside
+// a held matrix (rounded now if this is its first use), with its leading dimension; else null.
+const uint16_t* find_held(ThreadState& s, const float* x, int64_t rows, int64_t cols, int64_t ld,
+                          int64_t* ld16) {
+  for (size_t i = s.n_held; i-- > 0;) {
+    Held& h = s.held[i];
+    if (h.ld != ld || x < h.x) continue;
+    const int64_t off = x - h.x, r0 = off / ld, c0 = off % ld;
+    if (r0 + rows > h.rows || c0 + cols > h.cols) continue;
+    if (!h.rounded) {
+      h.bf16.resize(static_cast<size_t>(h.rows * h.cols));
+      pack_bf16(h.x, h.rows, h.cols, h.ld, h.bf16.data());
+      h.rounded = true;
+    }
+    *ld16 = h.cols;
+    return h.bf16.data() + r0 * h.cols + c0;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+void hold_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  PWM_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "hold_bf16: bad shape {}x{} ld {}", rows, cols, ld);
+  ThreadState& s = state();
+  if (s.held.size() == s.n_held) s.held.emplace_back();
+  Held& h = s.held[s.n_held++];
+  h.x = x;
+  h.rows = rows;
+  h.cols = cols;
+  h.ld = ld;
+  h.rounded = false;
+}
+
+void release_bf16(const float* x) {
+  ThreadState& s = state();
+  PWM_CHECK(s.n_held > 0 && s.held[s.n_held - 1].x == x, "release_bf16: not the last matrix held");
+  --s.n_held;
+}
 
 bool bf16_gemm_available() { return true; }
 bool onednn_bf16_usable() {
@@ -167,20 +226,24 @@ bool gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   // One thread per rank (as every kernel here): oneDNN's OpenMP team of this thread.
   if (omp_get_max_threads() != 1) omp_set_num_threads(1);
   ThreadState& s = state();
-  const size_t na = static_cast<size_t>(M * K), nb = static_cast<size_t>(K * N);
-  if (s.a.size() < na) s.a.resize(na);
-  if (s.b.size() < nb) s.b.resize(nb);
-  if (ta)
-    pack_bf16(A, K, M, lda, s.a.data());
-  else
-    pack_bf16(A, M, K, lda, s.a.data());
-  if (tb)
-    pack_bf16(B, N, K, ldb, s.b.data());
-  else
-    pack_bf16(B, K, N, ldb, s.b.data());
-  Cached& p = primitive(s, Key{ta, tb, M, N, K, ldc, alpha, beta});
+  // Each operand in bf16, in its stored layout: from a held matrix, or rounded into a dense
+  // per-thread buffer.
+  const auto operand = [&](const float* x, int64_t rows, int64_t cols, int64_t ld,
+                           std::vector<uint16_t>& buf, int64_t* ld16) -> const uint16_t* {
+    if (const uint16_t* held = find_held(s, x, rows, cols, ld, ld16)) return held;
+    if (buf.size() < static_cast<size_t>(rows * cols)) buf.resize(static_cast<size_t>(rows * cols));
+    pack_bf16(x, rows, cols, ld, buf.data());
+    *ld16 = cols;
+    return buf.data();
+  };
+  int64_t lda16 = 0, ldb16 = 0;
+  const uint16_t* a16 = ta ? operand(A, K, M, lda, s.a, &lda16) : operand(A, M, K, lda, s.a, &lda16);
+  const uint16_t* b16 = tb ? operand(B, N, K, ldb, s.b, &ldb16) : operand(B, K, N, ldb, s.b, &ldb16);
+  Cached& p = primitive(s, Key{ta, tb, M, N, K, ldc, alpha, beta, lda16, ldb16});
   if (s.scratch.size() < p.scratch) s.scratch.resize(p.scratch);
-  dnnl::memory ma(p.a, s.eng, s.a.data()), mb(p.b, s.eng, s.b.data()), mc(p.c, s.eng, C);
+  // oneDNN's memory takes a non-const handle; the primitive only reads SRC and WEIGHTS.
+  dnnl::memory ma(p.a, s.eng, const_cast<uint16_t*>(a16)), mb(p.b, s.eng, const_cast<uint16_t*>(b16)),
+      mc(p.c, s.eng, C);
   dnnl::memory ms(dnnl::memory::desc({static_cast<int64_t>(p.scratch)}, dt::u8, dnnl::memory::dims{1}),
                   s.eng, s.scratch.data());
   p.prim.execute(s.strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
@@ -207,7 +270,8 @@ std::string onednn_info() {
 
 std::string onednn_impl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t ldc) {
   Cached c;
-  return make_pd(state().eng, Key{ta, tb, M, N, K, ldc, 1.0f, 0.0f}, c).impl_info_str();
+  return make_pd(state().eng, Key{ta, tb, M, N, K, ldc, 1.0f, 0.0f, ta ? M : K, tb ? K : N}, c)
+      .impl_info_str();
 }
 
 #endif

@@ -19,6 +19,12 @@ bool bf16_gemm_available();
 bool gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
+// Operands held in bf16 (kernels.h, Bf16Hold): between hold_bf16 and the matching release_bf16
+// (LIFO), gemm_bf16 takes any operand lying inside the matrix [rows, cols] at x (leading
+// dimension ld; the same ld, any sub-block) from one bf16 copy of it, rounded on first use,
+// instead of rounding it again. The caller must not write the matrix in between. Per thread.
+void hold_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld);
+void release_bf16(const float* x);
 // Rounds n floats to bf16 (round to nearest even; NaN stays NaN) and back: what gemm_bf16 does
 // to its operands. Exposed for tests.
 void round_to_bf16(const float* x, float* y, int64_t n);

@@ -161,6 +161,15 @@ std::string bf16_info() {
                                          "through the fp32 GEMM)");
 }
 
+void Bf16Hold::hold(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (g_precision.load(std::memory_order_relaxed) != Precision::kBf16) return;
+  detail::hold_bf16(x, rows, cols, ld);
+  x_ = x;
+}
+Bf16Hold::~Bf16Hold() {
+  if (x_) detail::release_bf16(x_);
+}
+
 void set_gemm_profiling(bool on) { g_profiling = on; }
 GemmStats gemm_stats() { return g_stats; }
 void reset_gemm_stats() {

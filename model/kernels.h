@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/config.h"
@@ -43,6 +44,26 @@ bool have_bf16_gemm();
 // "CPU bf16: avx512_bf16 (no amx_bf16); oneDNN 2.6.3, isa avx512_core_bf16" or
 // "CPU bf16: NONE (oneDNN emulates bf16 products with fp32 FMAs); oneDNN 2.6.3, isa avx512_core".
 std::string bf16_info();
+// Holds a matrix in bf16 for the products that read it while this guard lives: with precision
+// kBf16, gemm<float> rounds an operand lying inside the matrix [rows, cols] at x (leading
+// dimension ld; any sub-block, either op) once, on first use, instead of on every call. The
+// caller must not write the matrix while it is held. Guards nest (released in reverse order) and
+// belong to the calling thread. Otherwise (kFp32, or S = double) it does nothing. The bf16
+// values are the same either way; only how often they are made changes.
+class Bf16Hold {
+ public:
+  template <typename S>
+  Bf16Hold(const S* x, int64_t rows, int64_t cols, int64_t ld) {
+    if constexpr (std::is_same_v<S, float>) hold(x, rows, cols, ld);
+  }
+  ~Bf16Hold();
+  Bf16Hold(const Bf16Hold&) = delete;
+  Bf16Hold& operator=(const Bf16Hold&) = delete;
+
+ private:
+  void hold(const float* x, int64_t rows, int64_t cols, int64_t ld);
+  const float* x_ = nullptr;
+};
 // Threads used by BLAS (and Eigen). The first gemm call sets it from PWM_MODEL_THREADS
 // (default 1, one thread per MPI rank); calling this afterwards overrides it.
 void set_num_threads(int n);

@@ -141,16 +141,20 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   // Output projection: d(ag) = dy . w_out^T;  d(w_out) += ag^T . dy. SwiGLU's backward runs on
   // each block of rows of d(ag) as the GEMM finishes it (it reads only the MLP columns of d(ag)
   // and yin, and writes only the gate/up columns of d(yin): nothing below touches them before).
-  gemm_rows<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out,
-               [&](int64_t i0, int64_t i1) {
-                 const S* y = yin + i0 * d.R_in;
-                 S* dy = dyin + i0 * d.R_in;
-                 swiglu_backward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
-                                 dag + i0 * d.R_out + d.g(), d.R_out, dy + d.gate(), dy + d.up(),
-                                 d.R_in);
-               });
-  gemm<S>(true, false, d.R_out, d.C, d.N, S(1), ly.ag.data(), d.R_out, dx, d.C, S(1), g_out,
-          d.C);
+  // In bf16, dy (= dx here) is an operand of both products: rounded once (Bf16Hold).
+  {
+    const Bf16Hold hold_dy(static_cast<const S*>(dx), d.N, d.C, d.C);
+    gemm_rows<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out,
+                 [&](int64_t i0, int64_t i1) {
+                   const S* y = yin + i0 * d.R_in;
+                   S* dy = dyin + i0 * d.R_in;
+                   swiglu_backward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
+                                   dag + i0 * d.R_out + d.g(), d.R_out, dy + d.gate(),
+                                   dy + d.up(), d.R_in);
+                 });
+    gemm<S>(true, false, d.R_out, d.C, d.N, S(1), ly.ag.data(), d.R_out, dx, d.C, S(1), g_out,
+            d.C);
+  }
 
   const int64_t TH = d.T * d.Hs;
   for (int64_t b = 0; b < d.B; ++b) {
@@ -204,15 +208,20 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   // Without tensor parallelism d(h) is complete when its GEMM finishes a block of rows: the norm's
   // backward runs there, while the rows are in cache (the GEMMs below neither read nor write dx
   // or the norm's gradient). With it, after the reduction.
-  if (tp_allreduce)
-    gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
-  else
-    gemm_rows<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C,
-                 norm_rows);
-  gemm<S>(true, false, d.R_in - d.q(), d.C, d.N, S(1), dyin + d.q(), d.R_in, ly.h.data(), d.C,
-          S(1), g_in + d.q() * d.C, d.C);
-  gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
-          d.C);
+  // In bf16, d(yin) is an operand of all three products and h of two: each rounded once.
+  {
+    const Bf16Hold hold_dyin(static_cast<const S*>(dyin), d.N, d.R_in, d.R_in);
+    const Bf16Hold hold_h(ly.h.data(), d.N, d.C, d.C);
+    if (tp_allreduce)
+      gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
+    else
+      gemm_rows<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red,
+                   d.C, norm_rows);
+    gemm<S>(true, false, d.R_in - d.q(), d.C, d.N, S(1), dyin + d.q(), d.R_in, ly.h.data(), d.C,
+            S(1), g_in + d.q() * d.C, d.C);
+    gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
+            d.C);
+  }
   if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
   for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];
   if (tp_allreduce) norm_rows(0, d.N);

@@ -142,6 +142,43 @@ TEST(Bf16, ProductIsDeterministic) {
     }
 }
 
+// Bf16Hold: operands taken from a held matrix (sub-blocks of it, either op, rounded once) give
+// the same bits as operands rounded on every call. That the held copy is what the product reads
+// is checked by breaking the contract on purpose: A changed while held is not seen. After the
+// release a changed matrix counts again.
+TEST(Bf16, HeldOperandsGiveTheSameBits) {
+  if (!have_bf16_gemm()) GTEST_SKIP() << "built without oneDNN";
+  PrecisionScope scope(Precision::kBf16);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Operands o = make_operands(300, 200, 520, ta, tb, 5);
+      // Sub-blocks 2 and 1 columns into the stored matrices (lda, ldb leave room for them).
+      const int64_t a_rows = ta ? o.K : o.M, b_rows = tb ? o.N : o.K;
+      auto run = [&] {
+        std::vector<float> C = o.C0;
+        gemm<float>(ta, tb, o.M, o.N, o.K, 1.0f, o.A.data() + 2, o.lda, o.B.data() + 1, o.ldb, 1.0f,
+                    C.data(), o.ldc);
+        return C;
+      };
+      const std::vector<float> plain = run();
+      std::vector<float> held1, held2;
+      {
+        const Bf16Hold ha(o.A.data(), a_rows, o.lda, o.lda);
+        const Bf16Hold hb(o.B.data(), b_rows, o.ldb, o.ldb);
+        held1 = run();
+        for (auto& x : o.A) x *= 2.0f;  // not allowed while held: the rounded copy stays
+        held2 = run();
+        for (auto& x : o.A) x *= 0.5f;  // exact: A is back
+      }
+      const size_t bytes = plain.size() * sizeof(float);
+      EXPECT_EQ(std::memcmp(plain.data(), held1.data(), bytes), 0) << ta << tb;
+      EXPECT_EQ(std::memcmp(plain.data(), held2.data(), bytes), 0) << ta << tb;
+      for (auto& x : o.A) x *= 2.0f;  // released: the new values must be used
+      const std::vector<float> doubled = run();
+      EXPECT_NE(std::memcmp(plain.data(), doubled.data(), bytes), 0) << ta << tb;
+    }
+}
+
 TEST(Bf16, PrecisionFlagParsing) {
   EXPECT_EQ(parse_precision("fp32"), Precision::kFp32);
   EXPECT_EQ(parse_precision("bf16"), Precision::kBf16);
