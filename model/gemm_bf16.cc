@@ -9,8 +9,10 @@
 // Rounding is memory-bound (read 4 bytes, write 2, on cold activations): it was ~15% of a bf16
 // step. A block's backward reads d(yin) in three products and h and dy in two each; Bf16Hold
 // (kernels.h) lets it round each once into a bf16 copy that the products then read through a
-// strided memory descriptor (5% faster steps in model_bench, alternating step by step; oneDNN
-// sums the same way for a strided and a dense operand: the Bf16 tests compare bits).
+// strided memory descriptor (5% faster steps in model_bench, alternating step by step). A strided
+// A (lda > M) makes oneDNN 2.6 choose its jit gemm over brgemm, which is faster for the
+// transposed-A products here (dW_in: 228 -> 332 GFLOP/s in the step, rounding included) and sums
+// in another order: the held and unheld bits differ, each deterministic.
 //
 // Determinism: a primitive is created once per (shape, transposes, ldc, alpha, beta) and cached
 // per thread; with one thread and a fixed ISA a primitive sums in a fixed order, so the same

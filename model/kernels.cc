@@ -162,7 +162,9 @@ std::string bf16_info() {
 }
 
 void Bf16Hold::hold(const float* x, int64_t rows, int64_t cols, int64_t ld) {
-  if (g_precision.load(std::memory_order_relaxed) != Precision::kBf16) return;
+  if (g_precision.load(std::memory_order_relaxed) != Precision::kBf16 ||
+      !detail::onednn_bf16_usable())
+    return;
   detail::hold_bf16(x, rows, cols, ld);
   x_ = x;
 }

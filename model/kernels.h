@@ -48,8 +48,11 @@ std::string bf16_info();
 // kBf16, gemm<float> rounds an operand lying inside the matrix [rows, cols] at x (leading
 // dimension ld; any sub-block, either op) once, on first use, instead of on every call. The
 // caller must not write the matrix while it is held. Guards nest (released in reverse order) and
-// belong to the calling thread. Otherwise (kFp32, or S = double) it does nothing. The bf16
-// values are the same either way; only how often they are made changes.
+// belong to the calling thread. Otherwise (kFp32, or S = double, or no oneDNN bf16 matmul) it
+// does nothing. The bf16 operand values are the same either way, but a held sub-block reaches
+// oneDNN as a strided operand, which can make it pick another kernel (jit gemm instead of
+// brgemm) that orders the sums differently: other bits, as deterministic. Callers that must agree
+// bitwise (the trainers) hold the same operands.
 class Bf16Hold {
  public:
   template <typename S>
