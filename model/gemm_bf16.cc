@@ -177,8 +177,10 @@ const uint16_t* find_held(ThreadState& s, const float* x, int64_t rows, int64_t 
                           int64_t* ld16) {
   for (size_t i = s.n_held; i-- > 0;) {
     Held& h = s.held[i];
-    if (h.ld != ld || x < h.x) continue;
-    const int64_t off = x - h.x, r0 = off / ld, c0 = off % ld;
+    // Addresses as integers: x and h.x need not point into one array.
+    const auto xa = reinterpret_cast<uintptr_t>(x), ha = reinterpret_cast<uintptr_t>(h.x);
+    if (h.ld != ld || xa < ha) continue;
+    const int64_t off = static_cast<int64_t>((xa - ha) / sizeof(float)), r0 = off / ld, c0 = off % ld;
     if (r0 + rows > h.rows || c0 + cols > h.cols) continue;
     if (!h.rounded) {
       h.bf16.resize(static_cast<size_t>(h.rows * h.cols));
@@ -194,7 +196,8 @@ const uint16_t* find_held(ThreadState& s, const float* x, int64_t rows, int64_t 
 }  // namespace
 
 void hold_bf16(const float* x, int64_t rows, int64_t cols, int64_t ld) {
-  PWM_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "hold_bf16: bad shape {}x{} ld {}", rows, cols, ld);
+  PWM_CHECK(rows >= 0 && cols >= 0 && ld >= 1 && ld >= cols, "hold_bf16: bad shape {}x{} ld {}",
+            rows, cols, ld);
   ThreadState& s = state();
   if (s.held.size() == s.n_held) s.held.emplace_back();
   Held& h = s.held[s.n_held++];
