@@ -143,7 +143,7 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   // and yin, and writes only the gate/up columns of d(yin): nothing below touches them before).
   // In bf16, dy (= dx here) is an operand of both products: rounded once (Bf16Hold).
   {
-    const Bf16Hold hold_dy(static_cast<const S*>(dx), d.N, d.C, d.C);
+    const Bf16Hold hold_dy(dx, d.N, d.C, d.C);
     gemm_rows<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out,
                  [&](int64_t i0, int64_t i1) {
                    const S* y = yin + i0 * d.R_in;
@@ -210,7 +210,7 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   // or the norm's gradient). With it, after the reduction.
   // In bf16, d(yin) is an operand of all three products and h of two: each rounded once.
   {
-    const Bf16Hold hold_dyin(static_cast<const S*>(dyin), d.N, d.R_in, d.R_in);
+    const Bf16Hold hold_dyin(dyin, d.N, d.R_in, d.R_in);
     const Bf16Hold hold_h(ly.h.data(), d.N, d.C, d.C);
     if (tp_allreduce)
       gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
