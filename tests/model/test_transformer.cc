@@ -153,6 +153,51 @@ TEST(Kernels, ExpApproxIsAccurate) {
   EXPECT_TRUE(std::isfinite(exp_approx(1000.0f)));
 }
 
+// SwiGLU in float (16 lanes with masked tails where the CPU has AVX-512) against the formula in
+// double with the library exp: row lengths with and without a partial last vector, gate values
+// through the exp's clamp, and the columns past F untouched (they belong to other operands).
+// Tolerance 2e-6 of each result's scale: a few float roundings (~6e-8 each) through exp, the
+// reciprocal and up to four products; d(gate)'s 1 + a (1 - sig) is scaled by 1 + |a|.
+TEST(Kernels, SwigluMatchesDoubleFormula) {
+  const float kSentinel = 12345.0f;
+  for (const int64_t F : {1, 15, 16, 37, 64}) {
+    const int64_t N = 5, ld = F + 3;
+    std::vector<float> gate(N * ld), up(N * ld), dg(N * ld);
+    for (int64_t i = 0; i < N * ld; ++i) {
+      gate[i] = static_cast<float>(std::sin(0.7 * i) * 12.0);
+      up[i] = static_cast<float>(std::cos(1.3 * i) * 2.0);
+      dg[i] = static_cast<float>(std::sin(2.1 * i + 1.0));
+    }
+    gate[0] = -200.0f;   // exp(200) is clamped to exp(88)
+    gate[ld] = 150.0f;   // exp(-150) is clamped to exp(-87.3)
+    std::vector<float> g(N * ld, kSentinel), dgate(N * ld, kSentinel), dup(N * ld, kSentinel);
+    swiglu_forward<float>(N, F, gate.data(), up.data(), ld, g.data(), ld);
+    swiglu_backward<float>(N, F, gate.data(), up.data(), ld, dg.data(), ld, dgate.data(),
+                           dup.data(), ld);
+    double worst = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < ld; ++i) {
+        const int64_t j = n * ld + i;
+        if (i >= F) {
+          EXPECT_EQ(g[j], kSentinel) << "F=" << F << " wrote column " << i;
+          EXPECT_EQ(dgate[j], kSentinel) << "F=" << F << " wrote column " << i;
+          EXPECT_EQ(dup[j], kSentinel) << "F=" << F << " wrote column " << i;
+          continue;
+        }
+        const double a = gate[j], b = up[j], d = dg[j], sig = 1.0 / (1.0 + std::exp(-a));
+        const auto check = [&](float got, double want, double scale) {
+          const double err = std::abs(got - want) / (scale + 1e-30);
+          worst = std::max(worst, err);
+          EXPECT_LE(err, 2e-6) << "F=" << F << " n=" << n << " i=" << i << " a=" << a;
+        };
+        check(g[j], a * b * sig, std::abs(a * b));
+        check(dup[j], d * a * sig, std::abs(d * a));
+        check(dgate[j], d * b * sig * (1.0 + a * (1.0 - sig)), std::abs(d * b) * (1.0 + std::abs(a)));
+      }
+    EXPECT_GT(worst, 0.0) << "a float result equal to double everywhere: the check is not looking";
+  }
+}
+
 // Every backend against a double-precision reference, all transpose cases, with shapes that
 // leave partial register tiles (M % 14, N % 32, N % 32 < 16 and > 16), partial 16 x 16 packing
 // blocks (K % 16, M or N < 16), several K blocks (K > 512) and M blocks (M > 84), and the
