@@ -153,8 +153,9 @@ template <typename S>
 void swiglu_backward(int64_t N, int64_t F, const S* gate, const S* up, int64_t ld_in,
                      const S* dg, int64_t ld_g, S* dgate, S* dup, int64_t ld_d);
 
-// The exp used by the float kernels (softmax, SiLU, loss): Cephes' expf, branch-free so it
-// vectorizes, ~1 ulp, input clamped to [-87.3, 88]. Exposed for tests.
+// The exp used by the float kernels (softmax, loss): Cephes' expf, branch-free so it vectorizes,
+// ~1 ulp, input clamped to [-87.3, 88]. Exposed for tests. (SwiGLU, where AVX-512 is compiled in,
+// runs the same polynomial with fused multiply-adds on 16 lanes: not these bits.)
 float exp_approx(float x);
 
 // ---- Loss -------------------------------------------------------------------------------------
