@@ -6,8 +6,7 @@
 #   fuzz  the libFuzzer build (build-fuzz/, clang, ASan + UBSan): each target FUZZ_SECONDS
 #         (default 60) from its seeds and regressions; a finding is left in build-fuzz/findings/
 # CTEST_ARGS replace a pass's default test selection (e.g. `asan -- -L model`);
-# PWM_SAN_TARGETS="t1 t2" builds only those targets (CI builds what its subset runs);
-# PWM_SAN_BUILD_ONLY=1 makes the asan pass build and stop (CI builds it beside another pass's tests).
+# PWM_SAN_TARGETS="t1 t2" builds only those targets (CI builds what its subset runs).
 # The reports' options and the suppressions (tests/sanitizers/*.supp, OpenMPI's own internals
 # only) reach every rank: mpirun passes its environment to the ranks it starts on its host
 # (OpenMPI and MPICH alike). The MPI library is OpenMPI unless PWM_MPI=mpich.
@@ -65,7 +64,6 @@ sfx=""; [ "$PWM_MPI" = mpich ] && sfx="-mpich"
 
 pass_asan() {
   timed asan-build san_build "$PWM_ROOT/build-asan$sfx" address,undefined
-  [ "${PWM_SAN_BUILD_ONLY:-0}" = 1 ] && return 0
   timed asan-test san_ctest "$PWM_ROOT/build-asan$sfx"
 }
 
@@ -103,9 +101,5 @@ pass_fuzz() {
 }
 
 for p in "${passes[@]}"; do "pass_$p"; done
-if [ "${PWM_SAN_BUILD_ONLY:-0}" = 1 ]; then
-  echo "sanitize.sh: built (${passes[*]}), tests not run (PWM_SAN_BUILD_ONLY=1); wall seconds:"
-else
-  echo "sanitize.sh: passed (${passes[*]}); wall seconds:"
-fi
+echo "sanitize.sh: passed (${passes[*]}); wall seconds:"
 for k in "${!seconds[@]}"; do echo "  $k ${seconds[$k]}"; done | sort
