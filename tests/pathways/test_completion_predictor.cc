@@ -74,6 +74,39 @@ TEST(CompletionPredictor, QueuesRunsBehindEachOtherOnTheirWorkers) {
   EXPECT_DOUBLE_EQ(r5.predicted_done, 30.0 + d);
 }
 
+// Warm-up runs (page faults, first touches) are far longer than the steady state: the estimate
+// must drop to a shorter run at once (a late prediction idles the devices), and rise only by a
+// quarter of the difference when a run is longer.
+TEST(CompletionPredictor, DropsToAShorterRunAtOnceAndRisesSlowly) {
+  RunTable runs;
+  CompletionPredictor p;
+  auto a = program(1, {1}, 1);
+  const double over = 1e-6 * 2;  // 1 us * (1 + 1 exec / 1 worker)
+  auto complete = [&](uint64_t id, double kernel_s) {
+    RunRec& r = send(runs, id, a, 0.0);
+    r.kernel_s = kernel_s;
+    r.waiting.clear();
+    r.workers_done = true;
+    p.completed(r, 1.0);
+    runs.remove(id);
+  };
+  auto mean = [&](uint64_t id) {
+    RunRec& r = send(runs, id, a, 100.0);
+    p.invalidate();
+    p.predict(runs);
+    const double m = r.mean_s;
+    runs.remove(id);
+    return m;
+  };
+  complete(1, 0.074);
+  complete(2, 0.053);
+  EXPECT_DOUBLE_EQ(mean(3), 0.053 + over);
+  complete(4, 0.014);
+  EXPECT_DOUBLE_EQ(mean(5), 0.014 + over);
+  complete(6, 0.018);  // longer: a quarter of the way up
+  EXPECT_DOUBLE_EQ(mean(7), 0.75 * (0.014 + over) + 0.25 * (0.018 + over));
+}
+
 TEST(CompletionPredictor, RecomputesOnlyWhenInvalidated) {
   RunTable runs;
   CompletionPredictor p;
