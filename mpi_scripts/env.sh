@@ -126,6 +126,23 @@ pwm_speed_probe() {
   echo "$g1 $( (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do OMP_NUM_THREADS=1 "$mb" --peak-only & done; wait) |
     awk '{s += $1; n++} END {printf "%.2f", s / n}')"
 }
+# pwm_step_probe MODEL_BENCH MODEL_FLAGS...: this machine's speed now on the work the simulator
+# calibrates: the achieved GFLOP/s of model_bench's training step of that model on core 0 (one
+# thread, 20 steps after 3 warm-up, no GEMM peak; ~0.3 s at the calibration model).
+# sim_calibrate.sh and sim_validate.sh scale the profile by it and pin their one-rank launches to
+# core 0.
+# - A 1024^3 SGEMM (pwm_speed_probe) is not a stand-in: in one slow phase of this VM it measured
+#   102 GFLOP/s against 180 a few minutes later, and the trainers' steps scaled by it came out
+#   25-30% too fast.
+# - On core 0, because this VM's two vCPUs differ by turns: the same step took 14.2-15.0 ms on
+#   core 0 and 12.3-12.5 ms on core 1 in ten alternating runs, the reverse 20 minutes later, and
+#   an unpinned process lands on either (docs/simulator.md, "Speed scaling").
+pwm_step_probe() {
+  local mb=$1
+  shift
+  PWM_MODEL_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 "$mb" "$@" --peak-reps 0 --steps 20 --warmup 3 |
+    awk '/achieved GFLOP\/s=/ {sub(/.*achieved GFLOP\/s=/, ""); print $1}'
+}
 pwm_warn_if_busy() {
   if pgrep -x cc1plus >/dev/null; then
     echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2

@@ -37,23 +37,30 @@ W=$(mktemp -d)
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = "openmpi" ] 2>/dev/null && MPI+=(--mca mpi_yield_when_idle 1) || true
-STEPS=10; ITERS=30; REPS=3; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
+# 30 steps: a Pathways launch takes 4-6 steps to settle (fresh buffers, the completion
+# predictor's first runs: 84, 22, 21, 16, 18, 28 and then 8 ms steps), and the median of 10
+# steps fell between the two regimes, 8.7 or 19.2 ms by launch.
+STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; REPS=3; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 [ $QUICK = 1 ] && { STEPS=6; ITERS=10; REPS=2; LAUNCHES=1; }
 # dispatch_bench calibrates on chains of DCHAIN computations; the validation runs its default 128.
 DCHAIN=64
 # The calibration model (the validation uses other shapes, sim_validate.sh).
 CAL=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
+# The speed probe (pwm_step_probe, env.sh): model_bench's step of the calibration model. The
+# profile records these flags, and sim_validate.sh probes with them.
+PROBE=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq 64 --batch 8)
 
 # Every trainer configuration is launched LAUNCHES times and its median taken: one launch's
 # step_ms_p50 varies by 5-20% from the next on this VM (page placement, the scheduler), more
 # than the steps of one launch do.
 echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*]}; $LAUNCHES launches each)" >&2
-# The machine's speed at each launch (pwm_speed_probe, env.sh): the profile keeps its median, so
-# sim_validate.sh can scale the kernels to the speed at its own launches.
+# The machine's speed at each launch (pwm_step_probe, env.sh): the profile keeps its median, so
+# sim_validate.sh can scale the kernels to the speed at its own launches. One-rank launches run on
+# core 0, whose speed the probe measures (this VM's two vCPUs differ, by turns).
 for r in $(seq 1 $LAUNCHES); do
-  pwm_speed_probe "$B/bench/model/model_bench" >>"$W/probes"
+  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
   for mb in 1 2 4; do
-    "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "${CAL[@]}" --microbatches $mb --steps $STEPS --trace "$W/t1_$mb.json" --metrics "$W/m1_${mb}_$r.jsonl" >/dev/null
+    taskset -c 0 "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "${CAL[@]}" --microbatches $mb --steps $STEPS --trace "$W/t1_$mb.json" --metrics "$W/m1_${mb}_$r.jsonl" >/dev/null
     "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
   done
   "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2_$r.jsonl" >/dev/null
@@ -61,7 +68,7 @@ done
 
 echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
 for r in $(seq 1 $LAUNCHES); do
-  pwm_speed_probe "$B/bench/model/model_bench" >>"$W/probes"
+  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity fused --steps $STEPS --metrics "$W/mf_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
@@ -100,7 +107,7 @@ if [ $HOSTS = 1 ]; then
 fi
 
 mkdir -p "$(dirname "$OUT")"
-python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
+PWM_PROBE="${PROBE[*]}" python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
 import json, os, sys, platform, subprocess, time
 w, out, note, pwm_sim, launches, dchain = sys.argv[1:7]
 launches, dchain = int(launches), int(dchain)
@@ -262,8 +269,8 @@ if node_c < 0 or step_c < 0:  # outside the physical range: the bound, the other
 prof['dispatch']['train_node_us'] = node_c
 prof['dispatch']['node_step_us'] = step_c
 probes = [tuple(map(float, l.split())) for l in open(os.path.join(w, 'probes')) if l.strip()]
-prof['measured']['speed_probe'] = {'gflops_1': med([p[0] for p in probes]), 'gflops_all': med([p[1] for p in probes]),
-                                   'probes': probes}
+prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': os.environ['PWM_PROBE'].split(),
+                                   'gflops_1': med([p[0] for p in probes]), 'probes': [p[0] for p in probes]}
 prof['measured']['steps_ms'] = {'spmd_dp1': final('m1_1')['step_ms_p50'], 'spmd_dp2': final('m2')['step_ms_p50'],
                                 'fused_dp2': final('mf')['step_ms_p50'], 'fused_dp2_batch4': final('mfs')['step_ms_p50'],
                                 'chained_dp2': final('mc')['step_ms_p50'], 'chained_dp2_m2': final('mc2')['step_ms_p50']}

@@ -31,13 +31,17 @@ B=${PWM_SIM_BUILD:-$BUILD_DIR}
 for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
   [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
 done
+# The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
+# the calibration model).
+read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
+[ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = "openmpi" ] && MPI+=(--mca mpi_yield_when_idle 1)
-STEPS=${PWM_SIM_STEPS:-10}
+STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' first, unsettled steps
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
 # median step varies from the next by more than 5% on this VM (the "spread" column).
 LAUNCHES=${PWM_SIM_LAUNCHES:-5}
@@ -46,31 +50,30 @@ MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --
 echo -n >"$W/list"
 # scaled_profile PROBES OUT: the profile with its CPU costs scaled to the machine's speed at this
 # configuration's launches. The VM's speed moves by 20-40% over minutes (one launch after another
-# of the same run can fall into a slower phase, see docs/simulator.md); pwm_speed_probe (env.sh)
+# of the same run can fall into a slower phase, see docs/simulator.md); pwm_step_probe (env.sh)
 # measures it before every launch, as the calibration did: kernels, the optimizer and the
-# controller's costs scale by the single-process GEMM rate (calibration / now), the contention of
-# ranks sharing the cores by how much slower every core is when all run at once (now against the
-# calibration's).
+# controller's costs scale by the step rate on core 0 (calibration / now). The contention of ranks
+# sharing the cores is not rescaled: replayed on one run's measurements, rescaling it by a probe
+# of every core at once moved the dp 2 predictions from -2..-3% to -12..-16% (docs/simulator.md,
+# "Speed scaling", which also has a run that it might have helped).
 scaled_profile() {
   python3 - "$PROFILE" "$1" "$2" <<'PY'
 import json, sys
-prof, probes, out = json.load(open(sys.argv[1])), [tuple(map(float, l.split())) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
+prof, probes, out = json.load(open(sys.argv[1])), [float(l.split()[0]) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
 def med(v):
     v = sorted(v); n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 cal = prof.get('measured', {}).get('speed_probe')
 if cal and probes:
-    g1, ga = med([p[0] for p in probes]), med([p[1] for p in probes])
+    g1 = med(probes)
     s = cal['gflops_1'] / g1
-    c = (g1 / ga) / (cal['gflops_1'] / cal['gflops_all'])
     k = prof['kernels']
     for f in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param'): k[f] *= s
     for r in k.get('rates', []):
         r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
-    k['contention'] = [[n, x * c if n > 1 else x] for n, x in k['contention']]
     d = prof['dispatch']
     for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
-    prof['scaled'] = {'probe_now': [g1, ga], 'kernel_factor': s, 'contention_factor': c}
+    prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
 json.dump(prof, open(out, 'w'), indent=1)
 PY
 }
@@ -84,9 +87,12 @@ run() {
   local files=() r
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
-    pwm_speed_probe "$B/bench/model/model_bench" >>"$W/$name.probes"
+    pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
     if [ "$cluster" = "-" ]; then
-      "${MPI[@]}" -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/$name.log" >&2; return 0; }
+      # One rank: on core 0, the core whose speed the probe measures alone.
+      local pin=()
+      [ "$np" = 1 ] && pin=(taskset -c 0)
+      "${pin[@]}" "${MPI[@]}" -n "$np" "$@" --metrics "$m" >"$W/$name.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/$name.log" >&2; return 0; }
     else
       local shape=()
       [ "$cluster" = "emu2_shaped" ] && shape=(--dcn-rate "$DCN_RATE")
@@ -123,7 +129,7 @@ if [ $QUICK = 0 ]; then
   echo "== dispatch_bench fig 5" >&2
   TS=0,100,1000
   for r in $(seq 1 "$LAUNCHES"); do
-    pwm_speed_probe "$B/bench/model/model_bench" >>"$W/dispatch.probes"
+    pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/dispatch.probes"
     "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us $TS --reps 3 --json "$W/dispatch_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
   done
   scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
@@ -177,7 +183,7 @@ print(f"{'configuration':32} {'measured':>12} {'spread':>7} {'predicted':>12} {'
 for r in rows:
     tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
     sp = r.get('speed') or {}
-    spd = f"   speed x{sp['kernel_factor']:.2f} contention x{sp['contention_factor']:.2f}" if sp else ''
+    spd = f"   speed x{sp['kernel_factor']:.2f}" if sp else ''
     print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
 within = sum(abs(r['error']) <= 0.10 for r in rows)
 load = os.getloadavg()

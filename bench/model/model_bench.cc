@@ -63,6 +63,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--json", json_path, "write the figures to this JSON file");
   bool peak_only = false;
+  app.add_option("--peak-reps", peak_reps, "sgemm 1024^3 repetitions before and after the steps, for MFU (0: no peak, no MFU)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--peak-only", peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
   bool info_only = false;
   app.add_flag("--bf16-info", info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
@@ -125,7 +127,8 @@ int run(int argc, char** argv) {
 
   // The GEMM peak is measured before and after the steps and the best kept: on a shared machine
   // this keeps the MFU conservative (a slow moment lowers the step rate, not the peak).
-  double peak = gemm_gflops(1024, 1024, 1024, false, false, peak_reps);
+  // (--peak-reps 0: a speed probe of the step alone, pwm_step_probe in env.sh.)
+  double peak = peak_reps > 0 ? gemm_gflops(1024, 1024, 1024, false, false, peak_reps) : 0.0;
   for (int s = 0; s < warmup; ++s) step(s);
   prof = Profile{};
   set_gemm_profiling(profile);
@@ -151,8 +154,8 @@ int run(int argc, char** argv) {
   const double tokens_per_s = static_cast<double>(batch * cfg.seq_len) / step_s;
   const double gflops = tokens_per_s * cfg.flops_per_token() / 1e9;
 
-  peak = std::max(peak, gemm_gflops(1024, 1024, 1024, false, false, peak_reps));
-  const double mfu = gflops / peak;
+  if (peak_reps > 0) peak = std::max(peak, gemm_gflops(1024, 1024, 1024, false, false, peak_reps));
+  const double mfu = peak > 0 ? gflops / peak : 0.0;
 
   std::printf("model_bench: %s batch=%lld params=%lld gemm=%s precision=%s threads=1\n",
               cfg.to_string().c_str(), static_cast<long long>(batch),
@@ -171,8 +174,11 @@ int run(int argc, char** argv) {
               static_cast<double>(batch * cfg.seq_len) / median(cpu_times));
   std::printf("tokens/s=%.0f  achieved GFLOP/s=%.2f  (flops/token=%.3fM)\n", tokens_per_s, gflops,
               cfg.flops_per_token() / 1e6);
-  std::printf("gemm peak GFLOP/s=%.2f (%s 1024^3, best of 2x%d)  MFU=%.1f%%\n", peak,
-              precision == "bf16" ? "bf16 gemm" : "sgemm", peak_reps, 100.0 * mfu);
+  if (peak_reps > 0)
+    std::printf("gemm peak GFLOP/s=%.2f (%s 1024^3, best of 2x%d)  MFU=%.1f%%\n", peak,
+                precision == "bf16" ? "bf16 gemm" : "sgemm", peak_reps, 100.0 * mfu);
+  else
+    std::printf("gemm peak not measured (--peak-reps 0): no MFU\n");
   if (profile) {
     const double n = steps;
     std::printf(
