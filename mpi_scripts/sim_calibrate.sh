@@ -11,7 +11,7 @@
 #                                [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)]
 # Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train collectives_bench
 # dispatch_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
-# left at the in-host ones and the profile says so. Takes ~5 minutes (--quick: ~1); PWM_SIM_LAUNCHES
+# left at the in-host ones and the profile says so. Takes ~2.5 minutes (--quick: ~1); PWM_SIM_LAUNCHES
 # (default 5) launches of each configuration.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

@@ -6,7 +6,7 @@
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
 #                               [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)] [--out results/sim]
-# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~6-8 minutes.
+# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~2.5 minutes.
 # The shaping must be the one the profile was calibrated with (the defaults of both scripts).
 # Exit code: 0 when every configuration is within 10% on its step time (or rate), else 1.
 set -euo pipefail
