@@ -37,9 +37,9 @@ W=$(mktemp -d)
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 [ "$PWM_MPI" = "openmpi" ] 2>/dev/null && MPI+=(--mca mpi_yield_when_idle 1) || true
-# 30 steps: a Pathways launch takes 4-6 steps to settle (fresh buffers, the completion
-# predictor's first runs: 84, 22, 21, 16, 18, 28 and then 8 ms steps), and the median of 10
-# steps fell between the two regimes, 8.7 or 19.2 ms by launch.
+# 30 steps: a Pathways launch takes 4-6 steps to settle (one chained launch: 84, 22, 21, 16, 18,
+# 28 and then 8 ms steps; fresh buffers and the completion predictor's first runs are likely, not
+# measured), and the median of 10 steps fell between the two regimes, 8.7 or 19.2 ms by launch.
 STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; REPS=3; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 [ $QUICK = 1 ] && { STEPS=6; ITERS=10; REPS=2; LAUNCHES=1; }
 # dispatch_bench calibrates on chains of DCHAIN computations; the validation runs its default 128.
