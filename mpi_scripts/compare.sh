@@ -136,6 +136,8 @@ palm_run() {  # palm_run NAME OPTIONAL NRANKS BINARY FLAGS... (launcher in PALM_
   local cmd=("${PALM_LAUNCH[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"
              --metrics "$PALM_DIR/$tag.jsonl" --trace "$PALM_DIR/$tag.trace.json")
   echo "\$ ${cmd[*]}"
+  local cpu0
+  cpu0=$(head -1 /proc/stat)
   if ! "${cmd[@]}" > "$PALM_DIR/$tag.log" 2>&1; then
     if [ "$optional" = 1 ]; then
       echo "compare.sh: '$name' did not run: $(grep -m1 error "$PALM_DIR/$tag.log")"; SKIPPED[$name]=1; return 0
@@ -143,12 +145,19 @@ palm_run() {  # palm_run NAME OPTIONAL NRANKS BINARY FLAGS... (launcher in PALM_
     echo "compare.sh: error: run '$name' failed (log: $PALM_DIR/$tag.log)" >&2; exit 1
   fi
   grep -E "done:" "$PALM_DIR/$tag.log"
+  # Where the machine's CPU went during the run (/proc/stat, every core, launch to exit): the
+  # emulated hosts' network stacks (sys, softirq) run on the cores the kernels need.
+  printf '%s\n%s\n' "$cpu0" "$(head -1 /proc/stat)" | awk -v t="$tag" '
+    {for (i = 2; i <= 9; i++) v[NR, i] = $i}
+    END {for (i = 2; i <= 9; i++) {d[i] = v[2, i] - v[1, i]; n += d[i]}
+         printf "%s user %.1f%% sys %.1f%% softirq %.1f%% idle %.1f%%\n", t, 100 * (d[2] + d[3]) / n,
+                100 * d[4] / n, 100 * d[8] / n, 100 * (d[5] + d[6]) / n}' >> "$PALM_DIR/cpu.txt"
   METRICS[$name]+="${METRICS[$name]:+,}$PALM_DIR/$tag.jsonl"
   TRACES[$name]="$PALM_DIR/$tag.trace.json"
 }
 palm_set() {  # palm_set RATE (empty: unshaped)
   local rate=$1 label=${1:-unshaped}
-  PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"
+  PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"; : > "$PALM_DIR/cpu.txt"
   METRICS=(); TRACES=(); declare -gA SKIPPED=()
   local cluster
   cluster=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts 2 --slots 1 ${rate:+--dcn-rate "$rate"}) || exit 1
@@ -196,6 +205,8 @@ json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_
 PY
   echo
   python3 "$PWM_ROOT/mpi_scripts/compare_report.py" "$PALM_DIR" "$PALM_DIR/workload.json" "${runs[@]}"
+  echo "              CPU of the whole machine during each run (/proc/stat, launch to exit; $PALM_DIR/cpu.txt):"
+  sed 's/^/                /' "$PALM_DIR/cpu.txt"
 }
 if [ "$PALM" = 1 ]; then
   if [ -n "$DCN_RATE" ]; then palm_set "$DCN_RATE"; else palm_set ""; palm_set 1gbit; fi
