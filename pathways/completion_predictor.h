@@ -2,8 +2,8 @@
 // next, so that the dispatcher can sleep until then (sleep_planner.h) instead of polling.
 //
 // Inputs: each program's device time per worker (the kernel durations the workers report in
-// run_done, averaged upwards but taken at once when shorter than the estimate, plus a few microseconds per instruction list entry), and when each
-// worker last became free. The runs on the devices are taken in dispatch order, each starting
+// run_done, averaged upwards but taken at once when shorter than the estimate, plus a few
+// microseconds per instruction list entry), and when each worker last became free. The runs on the devices are taken in dispatch order, each starting
 // when it was sent or when the previous run on its busiest worker is predicted to end, and
 // lasting its program's device time. A run of a program never completed before has no
 // prediction (0: the dispatcher polls finely for it if someone waits for it).
