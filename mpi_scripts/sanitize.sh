@@ -57,7 +57,7 @@ san_build() {
 san_ctest() {  # san_ctest DIR DEFAULT_ARGS...: the suite, or CTEST_ARGS when given
   local dir=$1; shift
   [ ${#ctest_args[@]} -gt 0 ] && set -- "${ctest_args[@]}"
-  (cd "$dir" && ctest --output-on-failure --timeout 900 "$@")
+  (cd "$dir" && ctest --output-on-failure --timeout 900 -j "$(pwm_test_jobs)" "$@")
 }
 
 sfx=""; [ "$PWM_MPI" = mpich ] && sfx="-mpich"

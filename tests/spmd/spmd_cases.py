@@ -165,21 +165,31 @@ def case_kill_and_resume_is_bitwise():
     assert not os.path.exists(os.path.join(TMP, "killed.jsonl")), "a killed run left a metrics file"
     resume_matches(ref, ck, "resume after --kill-step")
     # 2. An outside SIGKILL of one rank at an arbitrary moment (possibly mid-checkpoint-write):
-    # once the first checkpoint exists, wait a while, then kill the highest rank's process.
+    # once both ranks run and a checkpoint exists, wait a while, then kill the highest rank's
+    # process. The wait starts at the ranks, not at the launch: on a loaded machine (ctest -j)
+    # mpirun can take longer than the delay to start them.
     ck2 = os.path.join(TMP, "kill2.ckpt")
+
+    def ranks():
+        out = subprocess.run(["pgrep", "-f", f"spmd_train.*{ck2}"], capture_output=True, text=True).stdout
+        return [int(x) for x in out.split() if int(x) != proc.pid]
+
     for delay in (0.05, 0.23, 0.41):
         cmd = MPIRUN + [NP_FLAG, "2", trainer()] + TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2",
-                                                          "--resume", "--step-sleep-ms", "100"]
+                                                          "--resume", "--step-sleep-ms", "200"]
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
-        while not os.path.exists(ck2) and time.time() < deadline and proc.poll() is None:
+        while not (os.path.exists(ck2) and len(ranks()) == 2) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)
         time.sleep(delay)
-        pids = subprocess.run(["pgrep", "-f", f"spmd_train.*{ck2}"], capture_output=True, text=True).stdout.split()
-        pids = [int(x) for x in pids if int(x) != proc.pid]
-        assert pids, "no rank to kill: the run ended too early"
+        pids = ranks()
+        assert pids and proc.poll() is None, f"no rank to kill: the run ended too early ({proc.poll()})"
         os.kill(max(pids), signal.SIGKILL)
-        assert proc.wait(timeout=120) != 0, "the killed job exited 0"
+        try:
+            assert proc.wait(timeout=120) != 0, "the killed job exited 0"
+        except subprocess.TimeoutExpired:
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args"], capture_output=True, text=True).stdout
+            raise AssertionError(f"the job went on for 120 s after rank pid {max(pids)} of {pids} was killed:\n{ps}")
     resume_matches(ref, ck2, "resume after an outside SIGKILL")
 
 
