@@ -7,6 +7,12 @@
 // Columns as nccl-tests: size count type redop algo time(us) algbw busbw #wrong, where time is
 // the slowest rank's average over -n iterations, algbw = size / time and busbw = algbw times
 // 2(n-1)/n (AllReduce), (n-1)/n (AllGather, ReduceScatter) or 1 (Broadcast, Reduce).
+//
+// --inflight K (AllReduce): each iteration starts K AllReduces of the row's size at once on K
+// buffers and waits for all, as a trainer's gradient buckets overlap on the wire; time is the
+// iteration's over K (per AllReduce), so algbw is what the K together move. On a TCP link through
+// a rate shaper one AllReduce at a time leaves the wire idle at its ring's dependencies, and K in
+// flight fill it (docs/simulator.md, "The shaped DCN").
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -88,6 +94,15 @@ struct Bench {
     return 1.0;
   }
 
+  // K AllReduces in flight at once, out of place from one send buffer into K receive buffers.
+  void run_inflight(Algorithm a, const std::vector<std::byte>& send, std::vector<std::vector<std::byte>>& recvs,
+                    size_t count) {
+    std::vector<Work> w;
+    w.reserve(recvs.size());
+    for (auto& r : recvs) w.push_back(comm.iallreduce(send.data(), r.data(), count, t, redop, a));
+    for (auto& x : w) x.wait();
+  }
+
   // One call; send/recv sized by the caller.
   void run(Algorithm a, std::vector<std::byte>& send, std::vector<std::byte>& recv, size_t count) {
     void* s = send.data();
@@ -134,7 +149,7 @@ int main(int argc, char** argv) {
   std::string min_s = "8", max_s = "64M", op = "allreduce", algos_s = "ring,hd,rd,auto,mpi",
               dtype_s = "float", redop_s = "sum", json_path;
   double factor = 2;
-  int iters = 20, warmup = 5, check = 1;
+  int iters = 20, warmup = 5, check = 1, inflight = 1;
   bool in_place = false;
   double timeout = 300;
   app.add_option("-b,--minbytes", min_s, "smallest size (K/M/G suffixes)")->capture_default_str();
@@ -149,6 +164,8 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", dtype_s, "float|double|int32|int64")->capture_default_str();
   app.add_option("-o,--op_type", redop_s, "sum|max|min")->capture_default_str();
   app.add_flag("--inplace", in_place, "in-place operation (default out of place)");
+  app.add_option("--inflight", inflight, "AllReduces in flight at once per iteration (time per AllReduce)")
+      ->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--json", json_path, "also write the rows as JSON to this file");
   app.add_option("--coll-timeout", timeout, "collective watchdog timeout in seconds")->capture_default_str();
   try {
@@ -169,6 +186,8 @@ int main(int argc, char** argv) {
     } else {
       algos.push_back(Algorithm::kAuto);  // the op's own algorithm
     }
+    if (inflight > 1 && (op != "allreduce" || in_place))
+      PWM_THROW("--inflight {} needs --op allreduce out of place (got --op {}{})", inflight, op, in_place ? " --inplace" : "");
     const size_t minb = parse_size(min_s), maxb = parse_size(max_s);
     if (minb > maxb) PWM_THROW("-b {} is larger than -e {}", min_s, max_s);
     if (!json_path.empty() && env.rank() == 0) {  // fail before the sweep, not after
@@ -182,9 +201,9 @@ int main(int argc, char** argv) {
       return "ring";
     };
     if (root_prints) {
-      fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B\n",
+      fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B, in flight {}\n",
                  comm.size(), op, dtype_name(b.t), reduce_op_name(b.redop), in_place ? "in-place" : "out-of-place",
-                 iters, warmup, opts.segment_bytes);
+                 iters, warmup, opts.segment_bytes, inflight);
       fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "size", "count",
                  "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "vs_mpi");
       fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "(B)", "(elements)", "",
@@ -197,19 +216,28 @@ int main(int argc, char** argv) {
       const size_t bytes = count * dtype_size(b.t) * ((op == "allgather" || op == "reduce_scatter") ? comm.size() : 1);
       std::vector<std::byte> send, recv;
       b.fill(send, recv, count);
+      std::vector<std::vector<std::byte>> recvs(inflight > 1 ? inflight : 0, recv);
+      auto once = [&](Algorithm a) {
+        if (inflight > 1) b.run_inflight(a, send, recvs, count);
+        else b.run(a, send, recv, count);
+      };
       std::map<Algorithm, double> busbw_of;
       for (Algorithm a : algos) {
-        for (int i = 0; i < warmup; ++i) b.run(a, send, recv, count);
+        for (int i = 0; i < warmup; ++i) once(a);
         comm.barrier();
         const double t0 = now_s();
-        for (int i = 0; i < iters; ++i) b.run(a, send, recv, count);
-        double t_us = (now_s() - t0) * 1e6 / iters;
+        for (int i = 0; i < iters; ++i) once(a);
+        double t_us = (now_s() - t0) * 1e6 / iters / inflight;
         comm.allreduce(&t_us, &t_us, 1, DataType::kFloat64, ReduceOp::kMax, Algorithm::kMpi);  // slowest rank
         int64_t wrong = 0;
+        if (check && inflight > 1) {  // every buffer of the last timed iteration
+          for (auto& r : recvs) wrong += static_cast<int64_t>(b.check(send, r, count));
+          for (auto& r : recvs) r = recv;
+        }
         if (check) {
           b.fill(send, recv, count);
           b.run(a, send, recv, count);
-          wrong = static_cast<int64_t>(b.check(send, recv, count));
+          wrong += static_cast<int64_t>(b.check(send, recv, count));
           comm.allreduce(&wrong, &wrong, 1, DataType::kInt64, ReduceOp::kSum, Algorithm::kMpi);
           b.fill(send, recv, count);
         }
@@ -270,6 +298,7 @@ int main(int argc, char** argv) {
     if (!json_path.empty() && root_prints) {
       nlohmann::json j;
       j["ranks"] = comm.size();
+      j["inflight"] = inflight;
       j["rows"] = nlohmann::json::array();
       for (auto& r : rows)
         j["rows"].push_back({{"op", r.op}, {"algo", r.algo}, {"dtype", dtype_name(r.dtype)}, {"bytes", r.bytes},
