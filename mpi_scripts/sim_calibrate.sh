@@ -3,7 +3,8 @@
 #   kernels   spmd_train --trace at dp 1 (the forward/backward/optimizer spans per GFLOP) and at
 #             dp 2 (the slowdown when two ranks share the cores: "contention")
 #   links     collectives_bench ring AllReduce of 2 ranks: in one host (shared memory), across two
-#             emulated hosts (mpi_scripts/cluster.sh, TCP) unshaped and with a shaped DCN
+#             emulated hosts (mpi_scripts/cluster.sh, TCP) unshaped and with a shaped DCN; the
+#             emulated network's CPU per byte from spmd_train dp 2 across the hosts vs in one
 #   dispatch  dispatch_bench Fig. 5 with 1 and 2 workers (controller costs per call, node,
 #             worker message; the fetch round trip; the SPMD loop's own cost)
 #
@@ -95,6 +96,14 @@ if [ $HOSTS = 1 ]; then
   if bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts 2 --slots 1 --timeout 600 -- \
        bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n 2 "$B/bench/collectives/collectives_bench" "${COLL[@]}" --json "$W/c_inter.json" >/dev/null; then
     CLUSTER_NOTE="2 hosts unshaped"
+    # The emulated network's CPU (Link::cpu_ns_per_byte): the calibration model's dp 2 step
+    # across the two hosts, each launch beside the same step in one host (paired, so the VM's
+    # drift over the run cancels).
+    for r in $(seq 1 $LAUNCHES); do
+      "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2b_$r.jsonl" >/dev/null
+      bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts 2 --slots 1 --timeout 600 -- \
+        bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/mh_$r.jsonl" >/dev/null
+    done
     if bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --hosts 2 --slots 1 "${SHAPE[@]}" --timeout 600 -- \
          bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ -n 2 "$B/bench/collectives/collectives_bench" "${COLL[@]}" --json "$W/c_shaped.json" >/dev/null; then
       CLUSTER_NOTE="$CLUSTER_NOTE; shaped: ${SHAPE[*]}"
@@ -107,7 +116,7 @@ if [ $HOSTS = 1 ]; then
 fi
 
 mkdir -p "$(dirname "$OUT")"
-PWM_PROBE="${PROBE[*]}" python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
+PWM_PROBE="${PROBE[*]}" PWM_EMU2="$PWM_ROOT/sim/clusters/emu2.json" python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
 import json, os, sys, platform, subprocess, time
 w, out, note, pwm_sim, launches, dchain = sys.argv[1:7]
 launches, dchain = int(launches), int(dchain)
@@ -268,6 +277,19 @@ if node_c < 0 or step_c < 0:  # outside the physical range: the bound, the other
         step_c, node_c = 0.0, max(0.0, 0.5 * (ec[0] / nc[0] + ec[1] / nc[1]))
 prof['dispatch']['train_node_us'] = node_c
 prof['dispatch']['node_step_us'] = step_c
+# The emulated network's CPU per byte: what the dp 2 step across two emulated hosts takes beyond
+# the same step in one host (paired launches), less what the links themselves add in the
+# simulator, over the bytes a rank sends and receives a step (a 2-rank ring: its gradient
+# buffer each way). Set on both cross-host links: the shaped DCN runs through the same stack.
+if os.path.exists(os.path.join(w, 'mh_1.jsonl')):
+    emu = os.environ['PWM_EMU2']
+    pl, ph = predict(prof), predict(prof, '--cluster', emu)
+    extra_ms = (final('mh')['step_ms_p50'] - final('m2b')['step_ms_p50']) - (ph['step_ms'] - pl['step_ms'])
+    bytes_per_rank = 2 * 4 * ph['params']
+    cpu = max(0.0, extra_ms * 1e6 / bytes_per_rank)
+    for l in ('inter', 'inter_shaped'): prof['links'][l]['cpu_ns_per_byte'] = cpu
+    prof['measured']['emulated_net'] = {'spmd_dp2_1host_ms': final('m2b')['step_ms_p50'], 'spmd_dp2_2hosts_ms': final('mh')['step_ms_p50'],
+                                        'sim_links_ms': ph['step_ms'] - pl['step_ms'], 'bytes_per_rank': bytes_per_rank}
 probes = [tuple(map(float, l.split())) for l in open(os.path.join(w, 'probes')) if l.strip()]
 prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': os.environ['PWM_PROBE'].split(),
                                    'gflops_1': med([p[0] for p in probes]), 'probes': [p[0] for p in probes]}

@@ -141,7 +141,7 @@ int body(int argc, char** argv) {
     out({{"what", what}, {"granularity", what == "step" ? granularity : schedule}, {"dp", cfg.dp}, {"stages", stages},
          {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
          {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
-         {"collectives", r.collectives}, {"nodes", r.nodes}});
+         {"collectives", r.collectives}, {"nodes", r.nodes}, {"params", model::ParamLayout(cfg.model, 0, 1).total()}});
   } else if (what == "dispatch") {
     const sim::ChainInputs pre = sim::prepare_chain(c, p, o);
     for (double t : parse_list(compute_s, "--compute-us")) {

@@ -17,6 +17,7 @@ namespace {
 json link_json(const Link& l) {
   json j = {{"latency_us", l.latency_us}, {"gbytes_per_s", l.gbytes_per_s}, {"overhead_us", l.overhead_us}};
   if (!l.gbytes_per_s_by_bytes.empty()) j["gbytes_per_s_by_bytes"] = l.gbytes_per_s_by_bytes;
+  if (l.cpu_ns_per_byte > 0) j["cpu_ns_per_byte"] = l.cpu_ns_per_byte;
   return j;
 }
 Link link_from(const json& j, const Profile* p, const char* what) {
@@ -31,7 +32,9 @@ Link link_from(const json& j, const Profile* p, const char* what) {
   l.latency_us = j.at("latency_us").get<double>();
   l.gbytes_per_s = j.at("gbytes_per_s").get<double>();
   l.overhead_us = j.value("overhead_us", 0.0);
-  if (!(l.gbytes_per_s > 0) || l.latency_us < 0) PWM_THROW("link {}: gbytes_per_s must be > 0, latency_us >= 0", what);
+  l.cpu_ns_per_byte = j.value("cpu_ns_per_byte", 0.0);
+  if (!(l.gbytes_per_s > 0) || l.latency_us < 0 || l.cpu_ns_per_byte < 0)
+    PWM_THROW("link {}: gbytes_per_s must be > 0, latency_us and cpu_ns_per_byte >= 0", what);
   for (const auto& e : j.value("gbytes_per_s_by_bytes", json::array())) {
     const double bytes = e.at(0), gbps = e.at(1);
     if (!(bytes > 0) || !(gbps > 0) ||

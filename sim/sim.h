@@ -34,6 +34,11 @@ struct Link {
   // Between two sizes the rate is interpolated linearly in log(bytes); outside, the nearest one.
   // Empty: gbytes_per_s at every size.
   std::vector<std::pair<double, double>> gbytes_per_s_by_bytes;
+  // CPU time per byte a rank sends or receives over this link, taken from the cores the
+  // kernels run on. Only where a cluster's hosts share one machine's cores (hosts_share_cores:
+  // the emulated hosts of cluster.sh, whose veth, bridge and TCP run in the same kernel as the
+  // ranks); a real host's network stack has cores of its own. 0: free.
+  double cpu_ns_per_byte = 0.0;
   double wire_us(double bytes) const;
 };
 

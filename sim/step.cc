@@ -98,6 +98,17 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   Ctx x(c, p, cfg, per_host);
   const std::vector<int> devs = first_devices(dp);
   const int64_t seqs = cfg.micro_batch();
+  // The emulated network's CPU (Link::cpu_ns_per_byte): what each rank sends and receives across
+  // hosts in the step's gradient AllReduces (a ring laid out host by host: 2 (dp-1)/dp of the
+  // buffer each way, on the hops that cross hosts) is time the kernels do not get.
+  const int hosts_used = (dp + c.devices_per_host - 1) / c.devices_per_host;
+  if (dp > 1 && c.hosts_share_cores && hosts_used > 1 && c.inter.cpu_ns_per_byte > 0) {
+    const double grad_bytes = 4.0 * static_cast<double>(x.layout.total());
+    const double bytes = 2.0 * (2.0 * (dp - 1) / dp) * grad_bytes * hosts_used / dp;
+    double kernels_us = x.update_us(x.layout.total());
+    for (const Unit& u : x.plan.units()) kernels_us += x.unit_us(u, seqs);
+    x.slow *= 1.0 + bytes * c.inter.cpu_ns_per_byte * 1e-3 / kernels_us;
+  }
   StepPrediction r;
   double t = 0;
   // The units of the whole step on one device (every dp rank runs the same ones).

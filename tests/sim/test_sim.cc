@@ -18,10 +18,17 @@ using collectives::Algorithm;
 
 constexpr double kTol = 1e-6;
 
+// A link of one latency and bandwidth (us, GB/s) and a per-message overhead (us).
+Link link(double latency_us, double gbytes_per_s, double overhead_us) {
+  Link l;
+  l.latency_us = latency_us, l.gbytes_per_s = gbytes_per_s, l.overhead_us = overhead_us;
+  return l;
+}
+
 Profile zero_profile() {
   Profile p;
   p.reduce_ns_per_byte = 0;
-  p.intra = p.inter = p.inter_shaped = Link{0, 1e12, 0};
+  p.intra = p.inter = p.inter_shaped = link(0, 1e12, 0);
   return p;
 }
 
@@ -60,7 +67,7 @@ TEST(SimCollective, RingAllreduceMatchesAlphaBeta) {
     const double B = 1.0, L = 10.0;  // GB/s, us
     const size_t S = static_cast<size_t>(n) * 4 * 60000;  // divisible by n, float elements
     const Profile p = zero_profile();
-    const Cluster c = one_host(n, Link{L, B, 0});
+    const Cluster c = one_host(n, link(L, B, 0));
     const auto r = simulate_allreduce(c, p, range(n), S, Algorithm::kRing, {}, /*segment_bytes=*/S);
     const double want = 2.0 * (n - 1) / n * static_cast<double>(S) / (B * 1e3) + 2.0 * (n - 1) * L;
     EXPECT_NEAR(r.end, want, kTol) << "n=" << n;
@@ -76,7 +83,7 @@ TEST(SimCollective, SegmentedRingIsPortBound) {
   const double B = 2.0, L = 5.0;
   const size_t S = 4u * n * segs * 1000;
   const Profile p = zero_profile();
-  const Cluster c = one_host(n, Link{L, B, 0});
+  const Cluster c = one_host(n, link(L, B, 0));
   const auto r = simulate_allreduce(c, p, range(n), S, Algorithm::kRing, {}, S / n / segs);
   const double seg_us = static_cast<double>(S) / n / segs / (B * 1e3);
   ASSERT_GE(segs * seg_us, seg_us + L);  // the regime the formula is for
@@ -88,7 +95,7 @@ TEST(SimCollective, HalvingDoublingMatchesAlphaBeta) {
   const double B = 1.0, L = 7.0;
   const size_t S = 4 * 100000;
   const Profile p = zero_profile();
-  const Cluster c = one_host(4, Link{L, B, 0});
+  const Cluster c = one_host(4, link(L, B, 0));
   const auto r = simulate_allreduce(c, p, range(4), S, Algorithm::kHalvingDoubling);
   EXPECT_NEAR(r.end, 1.5 * static_cast<double>(S) / (B * 1e3) + 4 * L, kTol);
 }
@@ -100,8 +107,8 @@ TEST(SimCollective, CrossHostUsesTheInterLink) {
   Cluster c;
   c.devices_per_host = 1;
   c.hosts = 2;
-  c.intra = Link{1, 100, 0};
-  c.inter = Link{20, 0.5, 3};
+  c.intra = link(1, 100, 0);
+  c.inter = link(20, 0.5, 3);
   const auto r = simulate_allreduce(c, p, range(2), S, Algorithm::kRing, {}, S);
   EXPECT_NEAR(r.end, 2 * (3 + static_cast<double>(S) / 2 / 0.5e3 + 20), kTol);
   c.devices_per_host = 2;
@@ -114,7 +121,7 @@ TEST(SimCollective, CrossHostUsesTheInterLink) {
 // two sizes the rate interpolated in log(bytes) (halfway in log: the mean rate), outside the
 // nearest; a 2-rank ring AllReduce of S bytes sends two messages of S/2 at the rate of S/2.
 TEST(SimLink, RateBySizeInterpolatesInLogBytes) {
-  Link l{10, 1.0, 0};
+  Link l = link(10, 1.0, 0);
   l.gbytes_per_s_by_bytes = {{1000, 0.02}, {100000, 0.01}};
   EXPECT_NEAR(l.wire_us(1000), 1000 / 20.0, kTol);
   EXPECT_NEAR(l.wire_us(100000), 100000 / 10.0, kTol);
@@ -177,7 +184,7 @@ TEST(SimDispatch, LoweredChainShape) {
 TEST(SimDispatch, OpByOpChain) {
   Profile p = zero_profile();
   p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
-  const Cluster c = one_host(2, Link{0, 1e12, 0});
+  const Cluster c = one_host(2, link(0, 1e12, 0));
   DispatchOptions o;
   o.workers = 2;
   o.chain = 16;
@@ -204,7 +211,7 @@ TEST(SimStep, SingleRankIsSumOfUnits) {
   model::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01, p.step_overhead_us = 7;
-  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  const Cluster c = one_host(1, link(0, 1e12, 0));
   const model::ParamLayout layout(cfg.model, 0, 1);
   const model::StepPlan plan(layout, cfg.microbatches);
   double want = 7 + 0.01 * static_cast<double>(layout.total());
@@ -215,6 +222,33 @@ TEST(SimStep, SingleRankIsSumOfUnits) {
   const StepPrediction r = simulate_step(c, p, cfg, "spmd");
   EXPECT_NEAR(r.step_us, want, 1e-6 * want);
   EXPECT_EQ(r.collectives, 0);
+}
+
+// The emulated network's CPU (Link::cpu_ns_per_byte): two hosts sharing one machine's cores,
+// dp 2. Each rank sends and receives its whole gradient buffer once (a 2-rank ring: two halves
+// each way), so the kernels take 2 x 4 bytes x parameters x the cost longer; nothing changes on
+// hosts with cores of their own, or on one host.
+TEST(SimStep, EmulatedNetworkCpuSlowsTheKernels) {
+  model::TrainConfig cfg = small_config(2, 4, 1);
+  cfg.dp = 2;
+  Profile p = zero_profile();
+  p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01;
+  Cluster c;
+  c.hosts = 2;
+  c.devices_per_host = 1;
+  c.intra = link(0, 1e12, 0);
+  c.inter = link(0, 1e12, 0);
+  c.cores_per_host = 2;
+  c.hosts_share_cores = true;
+  const StepPrediction free_net = simulate_step(c, p, cfg, "spmd");
+  c.inter.cpu_ns_per_byte = 3.0;
+  const StepPrediction r = simulate_step(c, p, cfg, "spmd");
+  const double params = static_cast<double>(model::ParamLayout(cfg.model, 0, 1).total());
+  const double want = 2 * 4 * params * 3.0 * 1e-3;  // us
+  EXPECT_NEAR(r.compute_us - free_net.compute_us, want, 1e-9 * r.compute_us);
+  EXPECT_NEAR(r.step_us - free_net.step_us, want, 1e-9 * r.step_us);  // the exchange is free
+  c.hosts_share_cores = false;
+  EXPECT_NEAR(simulate_step(c, p, cfg, "spmd").step_us, free_net.step_us, 1e-9 * r.step_us);
 }
 
 // BucketedAllreduce's cut: units listed from the end, buckets closed at the cap, a unit larger
@@ -291,7 +325,7 @@ TEST(SimStep, MicrobatchSizeSelectsTheRate) {
   model::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.rates = {{32, 1000, 2000}, {128, 3000, 6000}};
-  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  const Cluster c = one_host(1, link(0, 1e12, 0));
   const model::ParamLayout layout(cfg.model, 0, 1);
   const model::StepPlan plan(layout, cfg.microbatches);
   double want = 0;
@@ -309,7 +343,7 @@ TEST(SimStep, MicrobatchSizeSelectsTheRate) {
 TEST(SimDispatch, OpByOpControllerSharesCores) {
   Profile p = zero_profile();
   p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
-  Cluster c = one_host(2, Link{0, 1e12, 0});
+  Cluster c = one_host(2, link(0, 1e12, 0));
   c.cores_per_host = 2;
   DispatchOptions o;
   o.workers = 2;
@@ -332,7 +366,7 @@ TEST(SimStep, MicrobatchOverhead) {
   model::TrainConfig cfg = small_config(1, 6, 1);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.step_overhead_us = 7, p.microbatch_overhead_us = 13;
-  const Cluster c = one_host(1, Link{0, 1e12, 0});
+  const Cluster c = one_host(1, link(0, 1e12, 0));
   cfg.microbatches = 1;
   const double one = simulate_step(c, p, cfg, "spmd").step_us;
   cfg.microbatches = 3;
