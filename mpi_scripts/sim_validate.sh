@@ -34,6 +34,7 @@ done
 # The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
 # the calibration model).
 read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
+mapfile -t PAIR < <(python3 -c 'import json, sys; [print(a) for a in json.load(open(sys.argv[1])).get("measured", {}).get("pair_probe", {}).get("model", [])]' "$PROFILE")
 [ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
@@ -48,18 +49,23 @@ LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
-# scaled_profile PROBES OUT: the profile with its CPU costs scaled to the machine's speed at this
-# configuration's launches. The VM's speed moves by 20-40% over minutes (one launch after another
-# of the same run can fall into a slower phase, see docs/simulator.md); pwm_step_probe (env.sh)
-# measures it before every launch, as the calibration did: kernels, the optimizer and the
-# controller's costs scale by the step rate on core 0 (calibration / now). The contention of ranks
-# sharing the cores is not rescaled: replayed on one run's measurements, rescaling it by a probe
-# of every core at once moved the dp 2 predictions from -2..-3% to -12..-16% (docs/simulator.md,
-# "Speed scaling", which also has a run that it might have helped).
+# scaled_profile PROBES OUT [PAIRS]: the profile with its costs scaled to the machine's speed at
+# this configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator.md,
+# "Speed scaling"), so probes run before every launch, as in the calibration:
+# - PROBES (pwm_step_probe, model_bench's step on core 0): kernels, the optimizer and the
+#   controller's costs by the rate (calibration / now).
+# - PAIRS (pwm_trainer_probe 2, before launches of 2 or more ranks; profiles that have the
+#   calibration's): the contention factors by (pair step now / at calibration) / the kernel
+#   factor, the part of the two-rank step's change the one-core probe does not account for (the
+#   whole pair step taken as compute; ~7% is not). A probe of both cores by two model_bench
+#   processes was tried before and dropped (it moved the dp 2 rows the wrong way); the trainer's
+#   own dp 2 step is what the factor was fitted on.
 scaled_profile() {
-  python3 - "$PROFILE" "$1" "$2" <<'PY'
-import json, sys
+  python3 - "$PROFILE" "$1" "$2" "${3:-}" <<'PY'
+import json, os, sys
 prof, probes, out = json.load(open(sys.argv[1])), [float(l.split()[0]) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
+def lines(f): return [float(l) for l in open(f) if l.strip()] if f and os.path.exists(f) else []
+pairs = lines(sys.argv[4])
 def med(v):
     v = sorted(v); n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
@@ -74,6 +80,11 @@ if cal and probes:
     d = prof['dispatch']
     for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
     prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
+    pc = prof.get('measured', {}).get('pair_probe')
+    if pc and pairs:
+        c = med(pairs) / pc['step_ms'] / s
+        k['contention'] = [[n, f * c] for n, f in k['contention']]
+        prof['scaled'] |= {'pair_now_ms': med(pairs), 'contention_factor': c}
 json.dump(prof, open(out, 'w'), indent=1)
 PY
 }
@@ -88,6 +99,7 @@ run() {
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
+    [ ${#PAIR[@]} -gt 0 ] && [ "$np" -ge 2 ] && pwm_trainer_probe 2 "$B/spmd/spmd_train" "${PAIR[@]}" >>"$W/$name.pairs"
     if [ "$cluster" = "-" ]; then
       # One rank: on core 0, the core whose speed the probe measures alone.
       local pin=()
@@ -104,7 +116,7 @@ run() {
     files+=("$m")
   done
   [ "$cluster" = "-" ] || sim+=(--cluster "$CL/$cluster.json")
-  scaled_profile "$W/$name.probes" "$W/$name.profile.json"
+  scaled_profile "$W/$name.probes" "$W/$name.profile.json" "$W/$name.pairs"
   "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }
@@ -184,6 +196,7 @@ for r in rows:
     tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
     sp = r.get('speed') or {}
     spd = f"   speed x{sp['kernel_factor']:.2f}" if sp else ''
+    spd += f" pair x{sp['contention_factor']:.2f}" if 'contention_factor' in sp else ''
     print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
 within = sum(abs(r['error']) <= 0.10 for r in rows)
 load = os.getloadavg()
