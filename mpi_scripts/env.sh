@@ -152,21 +152,17 @@ pwm_step_probe() {
   PWM_MODEL_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 "$mb" "$@" --peak-reps 0 --steps 20 --warmup 3 |
     awk '/achieved GFLOP\/s=/ {sub(/.*achieved GFLOP\/s=/, ""); print $1}'
 }
-# pwm_trainer_probe N SPMD_TRAIN TRAIN_FLAGS...: the median step (ms) of `spmd_train` now, 10
-# steps: N = 1, one rank on core 0 (as the scripts pin their one-rank launches); N = 2, --dp 2 on
-# both cores. The trainer itself, not a stand-in: two ranks also share caches, memory bandwidth
-# and the host's scheduling, and in the runs of 2026-11-25 model_bench's step moved by other
-# amounts than the trainer's (docs/simulator.md, "Speed scaling"). Prints nothing if it fails.
-# sim_calibrate.sh and sim_validate.sh use N = 2 (the contention factors); N = 1 in place of
-# pwm_step_probe was tried in one run and not kept.
-pwm_trainer_probe() {
-  local n=$1 exe=$2 m
-  shift 2
+# pwm_pair_probe SPMD_TRAIN TRAIN_FLAGS...: the median step (ms) of `spmd_train --dp 2` on both
+# cores now (10 steps). The trainer itself, not a stand-in: two ranks also share caches, memory
+# bandwidth and the host's scheduling, which move by other amounts than pwm_step_probe's one
+# core (docs/simulator.md, "Speed scaling"). Prints nothing if the run fails.
+pwm_pair_probe() {
+  local exe=$1 m
+  shift
   m=$(mktemp)
-  local pre=() extra=() dp=()
+  local extra=()
   [ "$PWM_MPI" = "openmpi" ] && extra=(--mca mpi_yield_when_idle 1)
-  if [ "$n" = 1 ]; then pre=(taskset -c 0); else dp=(--dp "$n"); fi
-  "${pre[@]}" "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${extra[@]}" -n "$n" "$exe" "$@" "${dp[@]}" --steps 10 --metrics "$m" >/dev/null 2>&1 &&
+  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${extra[@]}" -n 2 "$exe" "$@" --dp 2 --steps 10 --metrics "$m" >/dev/null 2>&1 &&
     python3 -c 'import json, sys; print([json.loads(l) for l in open(sys.argv[1]) if l.strip() and json.loads(l).get("final")][-1]["step_ms_p50"])' "$m"
   rm -f "$m"
 }

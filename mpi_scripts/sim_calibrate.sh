@@ -12,7 +12,7 @@
 #                                [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)]
 # Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train collectives_bench
 # dispatch_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
-# left at the in-host ones and the profile says so. Takes ~2.5 minutes (--quick: ~1); PWM_SIM_LAUNCHES
+# left at the in-host ones and the profile says so. Takes ~3 minutes (--quick: ~1); PWM_SIM_LAUNCHES
 # (default 5) launches of each configuration.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -65,7 +65,7 @@ for r in $(seq 1 $LAUNCHES); do
     "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
   done
   "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2_$r.jsonl" >/dev/null
-  pwm_trainer_probe 2 "$B/spmd/spmd_train" "${CAL[@]}" >>"$W/pairs"
+  pwm_pair_probe "$B/spmd/spmd_train" "${CAL[@]}" >>"$W/pairs"
 done
 
 echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
@@ -294,7 +294,7 @@ if os.path.exists(os.path.join(w, 'mh_1.jsonl')):
 probes = [tuple(map(float, l.split())) for l in open(os.path.join(w, 'probes')) if l.strip()]
 prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': os.environ['PWM_PROBE'].split(),
                                    'gflops_1': med([p[0] for p in probes]), 'probes': [p[0] for p in probes]}
-# The two-rank trainer probe (pwm_trainer_probe 2): sim_validate.sh rescales the contention
+# The two-rank trainer probe (pwm_pair_probe): sim_validate.sh rescales the contention
 # factors by it beside its launches of 2 or more ranks.
 pairs = [float(l) for l in open(os.path.join(w, 'pairs')) if l.strip()]
 if pairs: prof['measured']['pair_probe'] = {'kind': 'spmd_dp2_step', 'model': cal, 'step_ms': med(pairs), 'probes': pairs}

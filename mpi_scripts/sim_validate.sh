@@ -6,7 +6,7 @@
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
 #                               [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)] [--out results/sim]
-# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~2.5 minutes.
+# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~3-4 minutes.
 # The shaping must be the one the profile was calibrated with (the defaults of both scripts).
 # Exit code: 0 when every configuration is within 10% on its step time (or rate), else 1.
 set -euo pipefail
@@ -54,7 +54,7 @@ echo -n >"$W/list"
 # "Speed scaling"), so probes run before every launch, as in the calibration:
 # - PROBES (pwm_step_probe, model_bench's step on core 0): kernels, the optimizer and the
 #   controller's costs by the rate (calibration / now).
-# - PAIRS (pwm_trainer_probe 2, before launches of 2 or more ranks; profiles that have the
+# - PAIRS (pwm_pair_probe, before launches of 2 or more ranks; profiles that have the
 #   calibration's): the contention factors by (pair step now / at calibration) / the kernel
 #   factor, the part of the two-rank step's change the one-core probe does not account for (the
 #   whole pair step taken as compute; ~7% is not). A probe of both cores by two model_bench
@@ -99,7 +99,7 @@ run() {
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
-    [ ${#PAIR[@]} -gt 0 ] && [ "$np" -ge 2 ] && pwm_trainer_probe 2 "$B/spmd/spmd_train" "${PAIR[@]}" >>"$W/$name.pairs"
+    [ ${#PAIR[@]} -gt 0 ] && [ "$np" -ge 2 ] && pwm_pair_probe "$B/spmd/spmd_train" "${PAIR[@]}" >>"$W/$name.pairs"
     if [ "$cluster" = "-" ]; then
       # One rank: on core 0, the core whose speed the probe measures alone.
       local pin=()
