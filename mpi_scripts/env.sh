@@ -27,17 +27,23 @@ case "$PWM_MPI" in
     PWM_MPICXX=/usr/bin/mpicxx.openmpi
     PWM_MPIRUN=/usr/bin/mpirun.openmpi
     # --oversubscribe: more ranks than cores; --bind-to none: OpenMPI binds to cores by default.
-    PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none" ;;
+    PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none"
+    PWM_MPIRUN_PIN_FLAGS="--oversubscribe --bind-to core:overload-allowed --map-by core" ;;
   mpich)
     BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build-mpich}"
     PWM_PACKAGES+=(mpich libmpich-dev)
     PWM_MPICXX=/usr/bin/mpicxx.mpich
     PWM_MPIRUN=/usr/bin/mpiexec.mpich
-    PWM_MPIRUN_FLAGS="" ;;  # Hydra oversubscribes and leaves ranks unbound by default
+    PWM_MPIRUN_FLAGS=""  # Hydra oversubscribes and leaves ranks unbound by default
+    PWM_MPIRUN_PIN_FLAGS="-bind-to core" ;;
   *) echo "pathways-mpi: error: PWM_MPI='$PWM_MPI' is not a supported MPI library; use PWM_MPI=openmpi or PWM_MPI=mpich" >&2
      exit 2 ;;
 esac
-export PWM_MPIRUN PWM_MPIRUN_FLAGS
+# PWM_MPIRUN_PIN_FLAGS: the same launch with rank i pinned to core i mod cores (ranks beyond the
+# cores share them), for measurements that should not depend on where the scheduler puts ranks:
+# the simulator scripts' dispatch_bench runs, whose microseconds at T = 0 spread 2x between
+# unpinned launches of 3 ranks on 2 cores (docs/simulator.md, "Pinned dispatch launches").
+export PWM_MPIRUN PWM_MPIRUN_FLAGS PWM_MPIRUN_PIN_FLAGS
 
 # pwm_mpirun_env VAR=VALUE...: launcher flags that set VAR on every rank (-x for OpenMPI,
 # -genv for MPICH's Hydra).

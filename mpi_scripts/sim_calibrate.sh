@@ -42,8 +42,8 @@ MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 # 30 steps: a Pathways launch takes 4-6 steps to settle (one chained launch: 84, 22, 21, 16, 18,
 # 28 and then 8 ms steps; fresh buffers and the completion predictor's first runs are likely, not
 # measured), and the median of 10 steps fell between the two regimes, 8.7 or 19.2 ms by launch.
-STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; REPS=3; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
-[ $QUICK = 1 ] && { STEPS=6; ITERS=10; REPS=2; LAUNCHES=1; }
+STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; DREPS=30; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
+[ $QUICK = 1 ] && { STEPS=6; ITERS=10; DREPS=10; LAUNCHES=1; }
 # dispatch_bench calibrates on chains of DCHAIN computations; the validation runs its default 128.
 DCHAIN=64
 # The calibration model (the validation uses other shapes, sim_validate.sh).
@@ -81,10 +81,15 @@ done
 # Dispatch before the emulated hosts: tearing their namespaces down keeps the cores busy for a
 # while, which the microsecond costs at T = 0 would take in.
 echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN ($LAUNCHES launches each)" >&2
-DB=(--figs 5 --compute-us 0 --reps $REPS --chain $DCHAIN)
+# Ranks pinned (PWM_MPIRUN_PIN_FLAGS, as sim_validate.sh's dispatch launches), and the best of
+# 30 repetitions: unpinned with 3, one command's per-computation times at T = 0 spread 2x
+# between launches (docs/simulator.md, "Pinned dispatch launches").
+DB=(--figs 5 --compute-us 0 --reps $DREPS --chain $DCHAIN)
+DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS)
+[ "$PWM_MPI" = "openmpi" ] && DMPI+=(--mca mpi_yield_when_idle 1)
 for r in $(seq 1 $LAUNCHES); do
-  "${MPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
-  "${MPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
+  "${DMPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
+  "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
 done
 
 COLL=(-b 4 -e 16M -f 4 --algo ring,hd,auto -n $ITERS -w 3)
