@@ -206,33 +206,39 @@ ar = intra['latency_us']
 # The simulator's own formulas at T = 0 (sim/dispatch.cc; k = the chain, L = a controller
 # message's latency = the in-host link's, F = the fetch round trip, X = call + node + 2 msg the
 # controller's work per single-node program of 2 workers), solved for the unknowns:
-#   OpByOp   per computation = X + (L + ar + F) / k        (controller-bound: calls back to back)
-#   Fused    per computation = ar + (X + L + F) / k        (one program of one node)
-#   Chained  per computation = ar + (X + (k - 1) node + L + F) / k
+#   OpByOp   per computation = X + (L + ar + pe + F) / k        (controller-bound: calls back to back)
+#   Fused    per computation = ar + pe + (X + L + F) / k        (one program of one node)
+#   Chained  per computation = ar + pe + (X + (k - 1) node + L + F) / k
+# pe (program_exec_us) = the SPMD loop's own cost per computation beyond the AllReduce
+# (spmd_exec): a program's computation is the same work (a scalar AllReduce and an add), and at
+# chains of 1024 the fused computation cost what the SPMD one did (1.07-1.19 against 1.00-1.17
+# us in three pinned launches). Before, the programs' computations were charged the AllReduce
+# alone. spmd_exec is 0 whenever the SPMD measurement is itself the least latency estimate.
 # Before branch i19-acc the opbyop rate was taken as X whole and the fused constant as X + F: at the
 # validation's chain of 128 that put F / k = ~2 us per computation twice into OpByOp.
 L = ar
 k = chain
 po1, po2 = per_comp(d1, 'opbyop', 0), per_comp(d2, 'opbyop', 0)
 pf2, pc2 = per_comp(d2, 'fused', 0), per_comp(d2, 'chained', 0)
+spmd_exec = max(0.0, per_comp(d2, 'spmd', 0) - ar)
+pe = spmd_exec
 node = max(0.0, (pc2 - pf2) * k / (k - 1))
 exec_us = 0.0  # the worker's per-launch cost is not separable from the node's here: all on the controller
-B = pf2 * k - k * ar - L  # = X + F
-fetch = max(0.0, (B - po2 + (L + ar) / k) / (1 - 1 / k))
+B = (pf2 - ar - pe) * k - L  # = X + F
+fetch = max(0.0, (B - po2 + (L + ar + pe) / k) / (1 - 1 / k))
 X = max(0.0, B - fetch)
 # One worker more costs one run message more: OpByOp with 2 workers against 1. The 1-worker run
 # also has one process less on the 2 cores (no time-sharing with the controller), so the
 # difference is an upper bound; it is cut to what X leaves after the node.
 msg = min(max(0.0, po2 - po1), max(0.0, (X - node) / 2))
 call = max(0.0, X - node - 2 * msg)
-spmd_exec = max(0.0, per_comp(d2, 'spmd', 0) - ar)
 prof = {
   'machine': f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; hosts: {note}",
   'kernels': {k: k1[k] for k in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param')} |
              {'step_overhead_us': step_over, 'microbatch_overhead_us': mb_over, 'contention': [[2, 1.0]], 'rates': rates},
   'links': {'reduce_ns_per_byte': 0.0, 'intra': intra, 'inter': inter, 'inter_shaped': shaped},
   'dispatch': {'call_us': call, 'node_us': node, 'msg_us': msg, 'exec_us': exec_us, 'spmd_exec_us': spmd_exec,
-               'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
+               'program_exec_us': pe, 'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
   'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_chain': dchain, 'allreduce_4B_intra_us': ar,
                'opbyop_per_comp_us': {'w1': po1, 'w2': po2}},
 }

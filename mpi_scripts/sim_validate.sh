@@ -78,7 +78,7 @@ if cal and probes:
     for r in k.get('rates', []):
         r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
     d = prof['dispatch']
-    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
+    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
     prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
     pc = prof.get('measured', {}).get('pair_probe')
     if pc and pairs:
