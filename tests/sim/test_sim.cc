@@ -32,6 +32,22 @@ Profile zero_profile() {
   return p;
 }
 
+// The dispatch tests' controller and worker costs (us): a call with one node and two worker
+// messages costs 30 + 5 + 2 x 2.5 = 40, a launch 4, a fetch 11.
+Profile dispatch_profile() {
+  Profile p = zero_profile();
+  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  return p;
+}
+
+// Chains of 16 computations on 2 workers.
+DispatchOptions chain16() {
+  DispatchOptions o;
+  o.workers = 2;
+  o.chain = 16;
+  return o;
+}
+
 // A small model for the step tests (2 heads of 32, d_ff 128, 32 tokens per sequence).
 model::TrainConfig small_config(int layers, int64_t batch, int microbatches) {
   model::TrainConfig cfg;
@@ -182,12 +198,9 @@ TEST(SimDispatch, LoweredChainShape) {
 // a computation (T + launch), the controller is the bottleneck: k c + launch + T + fetch; when
 // not, the devices are: c + k (launch + T) + fetch. Links free, AllReduce free.
 TEST(SimDispatch, OpByOpChain) {
-  Profile p = zero_profile();
-  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  const Profile p = dispatch_profile();
   const Cluster c = one_host(2, link(0, 1e12, 0));
-  DispatchOptions o;
-  o.workers = 2;
-  o.chain = 16;
+  DispatchOptions o = chain16();
   const double call = 30 + 5 + 2 * 2.5;  // 40 us
   for (double T : {0.0, 10.0, 100.0, 1000.0}) {
     const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T)) + 11;
@@ -341,13 +354,10 @@ TEST(SimStep, MicrobatchSizeSelectsTheRate) {
 // follows it). Controller-bound below, device-bound above: end = max(16 c + 4 + T,
 // c + 16 (4 + T) + 15 min(T, c)) + fetch. One worker (2 processes on 2 cores): no sharing.
 TEST(SimDispatch, OpByOpControllerSharesCores) {
-  Profile p = zero_profile();
-  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  const Profile p = dispatch_profile();
   Cluster c = one_host(2, link(0, 1e12, 0));
   c.cores_per_host = 2;
-  DispatchOptions o;
-  o.workers = 2;
-  o.chain = 16;
+  DispatchOptions o = chain16();
   const double call = 40;
   for (double T : {0.0, 10.0, 100.0, 1000.0}) {
     const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T) + 15 * std::min(T, call)) + 11;
@@ -364,12 +374,9 @@ TEST(SimDispatch, OpByOpControllerSharesCores) {
 // OpByOpChain); OpByOp at T = 100 us is device-bound and ends 16 x 0.5 later too; at T = 0 it
 // is controller-bound and only the last computation's 0.5 shows.
 TEST(SimDispatch, ProgramExecPerComputation) {
-  Profile p = zero_profile();
-  p.call_us = 30, p.node_us = 5, p.msg_us = 2.5, p.exec_us = 4, p.fetch_rtt_us = 11;
+  const Profile p = dispatch_profile();
   const Cluster c = one_host(2, link(0, 1e12, 0));
-  DispatchOptions o;
-  o.workers = 2;
-  o.chain = 16;
+  DispatchOptions o = chain16();
   Profile q = p;
   q.program_exec_us = 0.5;
   auto end_us = [&](const Profile& pr, const char* mode, double T) { return 16 / simulate_chain(c, pr, o, mode, T) * 1e6; };
