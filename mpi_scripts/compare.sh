@@ -172,7 +172,7 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   [ "$PWM_MPI" = openmpi ] && tcp=(--mca btl_tcp_eager_limit 8388608 --mca btl_tcp_rndv_eager_limit 8388608
                                    --mca btl_tcp_max_send_size 8388608)
   local one_host=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${tcp[@]}")
-  [ "$PWM_MPI" = openmpi ] && one_host+=(--mca mpi_yield_when_idle 1)  # as the cluster's launcher
+  one_host+=($PWM_MPIRUN_YIELD)  # as the cluster's launcher
   local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ "${tcp[@]}")
   local desc="2 emulated hosts ($cluster), one replica per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd dp=2 on one host"
   echo "palm: $desc"

@@ -28,14 +28,16 @@ case "$PWM_MPI" in
     PWM_MPIRUN=/usr/bin/mpirun.openmpi
     # --oversubscribe: more ranks than cores; --bind-to none: OpenMPI binds to cores by default.
     PWM_MPIRUN_FLAGS="--oversubscribe --bind-to none"
-    PWM_MPIRUN_PIN_FLAGS="--oversubscribe --bind-to core:overload-allowed --map-by core" ;;
+    PWM_MPIRUN_PIN_FLAGS="--oversubscribe --bind-to core:overload-allowed --map-by core"
+    PWM_MPIRUN_YIELD="--mca mpi_yield_when_idle 1" ;;
   mpich)
     BUILD_DIR="${BUILD_DIR:-$PWM_ROOT/build-mpich}"
     PWM_PACKAGES+=(mpich libmpich-dev)
     PWM_MPICXX=/usr/bin/mpicxx.mpich
     PWM_MPIRUN=/usr/bin/mpiexec.mpich
     PWM_MPIRUN_FLAGS=""  # Hydra oversubscribes and leaves ranks unbound by default
-    PWM_MPIRUN_PIN_FLAGS="-bind-to core" ;;
+    PWM_MPIRUN_PIN_FLAGS="-bind-to core"
+    PWM_MPIRUN_YIELD="" ;;
   *) echo "pathways-mpi: error: PWM_MPI='$PWM_MPI' is not a supported MPI library; use PWM_MPI=openmpi or PWM_MPI=mpich" >&2
      exit 2 ;;
 esac
@@ -43,7 +45,9 @@ esac
 # cores share them), for measurements that should not depend on where the scheduler puts ranks:
 # the simulator scripts' dispatch_bench runs, whose microseconds at T = 0 spread 2x between
 # unpinned launches of 3 ranks on 2 cores (docs/simulator.md, "Pinned dispatch launches").
-export PWM_MPIRUN PWM_MPIRUN_FLAGS PWM_MPIRUN_PIN_FLAGS
+# PWM_MPIRUN_YIELD: the flags that make a waiting rank yield its core instead of busy-polling,
+# for measurements whose ranks share cores (OpenMPI's mpi_yield_when_idle; none for Hydra).
+export PWM_MPIRUN PWM_MPIRUN_FLAGS PWM_MPIRUN_PIN_FLAGS PWM_MPIRUN_YIELD
 
 # pwm_mpirun_env VAR=VALUE...: launcher flags that set VAR on every rank (-x for OpenMPI,
 # -genv for MPICH's Hydra).
@@ -166,9 +170,7 @@ pwm_pair_probe() {
   local exe=$1 m
   shift
   m=$(mktemp)
-  local extra=()
-  [ "$PWM_MPI" = "openmpi" ] && extra=(--mca mpi_yield_when_idle 1)
-  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${extra[@]}" -n 2 "$exe" "$@" --dp 2 --steps 10 --metrics "$m" >/dev/null 2>&1 &&
+  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD -n 2 "$exe" "$@" --dp 2 --steps 10 --metrics "$m" >/dev/null 2>&1 &&
     python3 -c 'import json, sys; print([json.loads(l) for l in open(sys.argv[1]) if l.strip() and json.loads(l).get("final")][-1]["step_ms_p50"])' "$m"
   rm -f "$m"
 }

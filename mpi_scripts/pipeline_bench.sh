@@ -67,8 +67,7 @@ echo "GEMM peak per core ($PREC), all cores busy: $PEAK GFLOP/s"
 WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops "$PEAK" "${EXTRA[@]}")
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
-LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
-[ "$PWM_MPI" = openmpi ] && LOCAL+=(--mca mpi_yield_when_idle 1)
+LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 RUNS=()
 run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")
   local where=$1 name=$2; shift 2

@@ -37,8 +37,7 @@ done
 W=$(mktemp -d)
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
-MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
-[ "$PWM_MPI" = "openmpi" ] 2>/dev/null && MPI+=(--mca mpi_yield_when_idle 1) || true
+MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 # 30 steps: a Pathways launch takes 4-6 steps to settle (one chained launch: 84, 22, 21, 16, 18,
 # 28 and then 8 ms steps; fresh buffers and the completion predictor's first runs are likely, not
 # measured), and the median of 10 steps fell between the two regimes, 8.7 or 19.2 ms by launch.
@@ -85,8 +84,7 @@ echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN ($L
 # 30 repetitions: unpinned with 3, one command's per-computation times at T = 0 spread 2x
 # between launches (docs/simulator.md, "Pinned dispatch launches").
 DB=(--figs 5 --compute-us 0 --reps $DREPS --chain $DCHAIN)
-DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS)
-[ "$PWM_MPI" = "openmpi" ] && DMPI+=(--mca mpi_yield_when_idle 1)
+DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS $PWM_MPIRUN_YIELD)
 for r in $(seq 1 $LAUNCHES); do
   "${DMPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
   "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
@@ -146,8 +144,9 @@ def fit_link(rows):
     # ring). Ring and halving-doubling move exactly these bytes for 2 ranks (hd as one message
     # per phase, the ring in segments); per size the faster of the two is kept. Over the shaped
     # DCN the ring runs at ~75% of a raw TCP stream's rate and hd at ~99% (docs/simulator.md,
-    # "The shaped DCN"): the ring's loss is its schedule's on that link, which the simulator
-    # does not model, not the link's; in one host and unshaped the two are within noise.
+    # "The shaped DCN"): the ring's loss is OpenMPI's TCP rendezvous behind the data queued the
+    # other way, which the simulator does not model, not the link's; in one host and unshaped
+    # the two are within noise.
     # Least squares over those points; L from the intercept, B from the slope.
     best = {}
     for r in rows:
@@ -206,11 +205,12 @@ ar = intra['latency_us']
 # The simulator's own formulas at T = 0 (sim/dispatch.cc; k = the chain, L = a controller
 # message's latency = the in-host link's, F = the fetch round trip, X = call + node + 2 msg the
 # controller's work per single-node program of 2 workers), solved for the unknowns:
-#   OpByOp   per computation = X + (L + ar + pe + F) / k        (controller-bound: calls back to back)
-#   Fused    per computation = ar + pe + (X + L + F) / k        (one program of one node)
-#   Chained  per computation = ar + pe + (X + (k - 1) node + L + F) / k
-# pe (program_exec_us) = the SPMD loop's own cost per computation beyond the AllReduce
-# (spmd_exec): a program's computation is the same work (a scalar AllReduce and an add), and at
+#   OpByOp   per computation = X + (L + ar + se + F) / k        (controller-bound: calls back to back)
+#   Fused    per computation = ar + se + (X + L + F) / k        (one program of one node)
+#   Chained  per computation = ar + se + (X + (k - 1) node + L + F) / k
+# se = spmd_exec_us, the SPMD loop's own cost per computation beyond the AllReduce, which the
+# simulator charges programs too: a program's computation is the same work (a scalar AllReduce
+# and an add), and at
 # chains of 1024 the fused computation cost what the SPMD one did (1.07-1.19 against 1.00-1.17
 # us in three pinned launches). Before, the programs' computations were charged the AllReduce
 # alone. spmd_exec is 0 whenever the SPMD measurement is itself the least latency estimate.
@@ -220,12 +220,11 @@ L = ar
 k = chain
 po1, po2 = per_comp(d1, 'opbyop', 0), per_comp(d2, 'opbyop', 0)
 pf2, pc2 = per_comp(d2, 'fused', 0), per_comp(d2, 'chained', 0)
-spmd_exec = max(0.0, per_comp(d2, 'spmd', 0) - ar)
-pe = spmd_exec
+se = spmd_exec = max(0.0, per_comp(d2, 'spmd', 0) - ar)
 node = max(0.0, (pc2 - pf2) * k / (k - 1))
 exec_us = 0.0  # the worker's per-launch cost is not separable from the node's here: all on the controller
-B = (pf2 - ar - pe) * k - L  # = X + F
-fetch = max(0.0, (B - po2 + (L + ar + pe) / k) / (1 - 1 / k))
+B = (pf2 - ar - se) * k - L  # = X + F
+fetch = max(0.0, (B - po2 + (L + ar + se) / k) / (1 - 1 / k))
 X = max(0.0, B - fetch)
 # One worker more costs one run message more: OpByOp with 2 workers against 1. The 1-worker run
 # also has one process less on the 2 cores (no time-sharing with the controller), so the
@@ -238,7 +237,7 @@ prof = {
              {'step_overhead_us': step_over, 'microbatch_overhead_us': mb_over, 'contention': [[2, 1.0]], 'rates': rates},
   'links': {'reduce_ns_per_byte': 0.0, 'intra': intra, 'inter': inter, 'inter_shaped': shaped},
   'dispatch': {'call_us': call, 'node_us': node, 'msg_us': msg, 'exec_us': exec_us, 'spmd_exec_us': spmd_exec,
-               'program_exec_us': pe, 'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
+               'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
   'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_chain': dchain, 'allreduce_4B_intra_us': ar,
                'opbyop_per_comp_us': {'w1': po1, 'w2': po2}},
 }

@@ -40,8 +40,7 @@ CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
 trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
-MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
-[ "$PWM_MPI" = "openmpi" ] && MPI+=(--mca mpi_yield_when_idle 1)
+MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' first, unsettled steps
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
 # median step varies from the next by more than 5% on this VM (the "spread" column).
@@ -78,7 +77,7 @@ if cal and probes:
     for r in k.get('rates', []):
         r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
     d = prof['dispatch']
-    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
+    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
     prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
     pc = prof.get('measured', {}).get('pair_probe')
     if pc and pairs:
@@ -142,8 +141,7 @@ if [ $QUICK = 0 ]; then
   # Pinned as the calibration's (PWM_MPIRUN_PIN_FLAGS); T = 0 the best of 30 repetitions as
   # there (~0.5 ms each), T = 100 and 1000 us of 3 (~13 and ~130 ms each; that launch's own
   # T = 0 rows only give dispatch_bench the effective compute, and are not compared).
-  DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS)
-  [ "$PWM_MPI" = "openmpi" ] && DMPI+=(--mca mpi_yield_when_idle 1)
+  DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS $PWM_MPIRUN_YIELD)
   for r in $(seq 1 "$LAUNCHES"); do
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/dispatch.probes"
     "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us 0 --reps 30 --json "$W/dispatch_0_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2

@@ -72,9 +72,8 @@ struct Profile {
   double node_us = 0;        // controller cost per node of a dispatched program
   double msg_us = 0;         // controller cost per worker message of a run
   double exec_us = 0;        // worker cost per kernel launch (beyond the kernel's own time)
-  double spmd_exec_us = 0;   // the SPMD baseline's per-computation cost beyond T + AllReduce
-  double program_exec_us = 0; // the same for a computation inside a dispatched program (opbyop,
-                              // chained, fused); calibrated as spmd_exec_us: the same work
+  double spmd_exec_us = 0;   // a computation's cost beyond T + AllReduce, in the SPMD loop and
+                             // inside a dispatched program alike (the same work)
   double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
   double step_kernel_us = 0; // fused Pathways step: its per-step cost beyond the SPMD step (dispatch,
                              // fetch round trip, the fused kernel's set-up)

@@ -369,21 +369,21 @@ TEST(SimDispatch, OpByOpControllerSharesCores) {
   EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", 100), 16 / (end1 * 1e-6), 1e-6 * 16 / (end1 * 1e-6));
 }
 
-// program_exec_us is paid once per computation inside a program and not by the SPMD loop: by
-// hand, fused and chained over 16 computations end 16 x 0.5 us later (the fixed costs as in
+// spmd_exec_us is paid once per computation by the SPMD loop and inside programs alike: by hand,
+// SPMD, fused and chained over 16 computations end 16 x 0.5 us later (the fixed costs as in
 // OpByOpChain); OpByOp at T = 100 us is device-bound and ends 16 x 0.5 later too; at T = 0 it
 // is controller-bound and only the last computation's 0.5 shows.
-TEST(SimDispatch, ProgramExecPerComputation) {
+TEST(SimDispatch, ExecPerComputationInEveryMode) {
   const Profile p = dispatch_profile();
   const Cluster c = one_host(2, link(0, 1e12, 0));
   DispatchOptions o = chain16();
   Profile q = p;
-  q.program_exec_us = 0.5;
+  q.spmd_exec_us = 0.5;
   auto end_us = [&](const Profile& pr, const char* mode, double T) { return 16 / simulate_chain(c, pr, o, mode, T) * 1e6; };
   for (double T : {0.0, 100.0}) {
     EXPECT_NEAR(end_us(q, "fused", T) - end_us(p, "fused", T), 16 * 0.5, 1e-6) << T;
     EXPECT_NEAR(end_us(q, "chained", T) - end_us(p, "chained", T), 16 * 0.5, 1e-6) << T;
-    EXPECT_NEAR(end_us(q, "spmd", T), end_us(p, "spmd", T), 1e-9) << T;
+    EXPECT_NEAR(end_us(q, "spmd", T) - end_us(p, "spmd", T), 16 * 0.5, 1e-6) << T;
   }
   EXPECT_NEAR(end_us(q, "opbyop", 100) - end_us(p, "opbyop", 100), 16 * 0.5, 1e-6);
   EXPECT_NEAR(end_us(q, "opbyop", 0) - end_us(p, "opbyop", 0), 0.5, 1e-6);
