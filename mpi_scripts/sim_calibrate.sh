@@ -14,7 +14,7 @@
 # Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train collectives_bench
 # dispatch_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
 # left at the in-host ones and the profile says so. Takes ~3 minutes (--quick: ~1); PWM_SIM_LAUNCHES
-# (default 5) launches of each configuration.
+# (default 5) launches of each configuration, PWM_SIM_DLAUNCHES (default 11) of dispatch_bench.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 OUT="$PWM_ROOT/results/sim/profile.json"
@@ -41,10 +41,18 @@ MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 # 30 steps: a Pathways launch takes 4-6 steps to settle (one chained launch: 84, 22, 21, 16, 18,
 # 28 and then 8 ms steps; fresh buffers and the completion predictor's first runs are likely, not
 # measured), and the median of 10 steps fell between the two regimes, 8.7 or 19.2 ms by launch.
-STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; DREPS=30; LAUNCHES=${PWM_SIM_LAUNCHES:-5}
-[ $QUICK = 1 ] && { STEPS=6; ITERS=10; DREPS=10; LAUNCHES=1; }
-# dispatch_bench calibrates on chains of DCHAIN computations; the validation runs its default 128.
-DCHAIN=64
+STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; DREPS=60; LAUNCHES=${PWM_SIM_LAUNCHES:-5}; DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
+[ $QUICK = 1 ] && { STEPS=6; ITERS=10; DREPS=10; LAUNCHES=1; DLAUNCHES=1; }
+# dispatch_bench at T = 0: DLAUNCHES launches of the best of DREPS repetitions (~2 s each), the
+# median launch. What varies is the launch, not the repetition: a launch's best of 300 spread as
+# much between launches as its best of 30 (spmd 0.65-1.48 us over 24 launches of chain 64),
+# so the launches are many and short (docs/simulator.md, "The T = 0 rows").
+# dispatch_bench calibrates on chains of DCHAIN and DCHAIN2 computations (2 workers; 1 worker at
+# DCHAIN only), the validation runs its default 128: between the two, not at either. One chain
+# length put the validation's T = 0 rows 10-16% off in one direction for a whole phase (the
+# per-computation times do not follow the model's a + b / k from one k: OpByOp's grows from 64
+# to 256; docs/simulator.md, "The T = 0 rows").
+DCHAIN=64 DCHAIN2=256
 # The calibration model (the validation uses other shapes, sim_validate.sh).
 CAL=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 # The speed probe (pwm_step_probe, env.sh): model_bench's step of the calibration model. The
@@ -79,15 +87,16 @@ done
 
 # Dispatch before the emulated hosts: tearing their namespaces down keeps the cores busy for a
 # while, which the microsecond costs at T = 0 would take in.
-echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN ($LAUNCHES launches each)" >&2
-# Ranks pinned (PWM_MPIRUN_PIN_FLAGS, as sim_validate.sh's dispatch launches), and the best of
-# 30 repetitions: unpinned with 3, one command's per-computation times at T = 0 spread 2x
-# between launches (docs/simulator.md, "Pinned dispatch launches").
-DB=(--figs 5 --compute-us 0 --reps $DREPS --chain $DCHAIN)
+echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN and $DCHAIN2 ($DLAUNCHES launches each)" >&2
+# Ranks pinned (PWM_MPIRUN_PIN_FLAGS, as sim_validate.sh's dispatch launches): unpinned, one
+# command's per-computation times at T = 0 spread 2x between launches (docs/simulator.md,
+# "Pinned dispatch launches").
+DB=(--figs 5 --compute-us 0 --reps $DREPS)
 DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS $PWM_MPIRUN_YIELD)
-for r in $(seq 1 $LAUNCHES); do
-  "${DMPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d1_$r.json" >/dev/null
-  "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --json "$W/d2_$r.json" >/dev/null
+for r in $(seq 1 $DLAUNCHES); do
+  "${DMPI[@]}" -n 2 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --chain $DCHAIN --json "$W/d1_$r.json" >/dev/null
+  "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --chain $DCHAIN --json "$W/d2_$r.json" >/dev/null
+  "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" "${DB[@]}" --chain $DCHAIN2 --json "$W/d3_$r.json" >/dev/null
 done
 
 COLL=(-b 4 -e 16M -f 4 --algo ring,hd,auto -n $ITERS -w 3)
@@ -121,11 +130,11 @@ if [ $HOSTS = 1 ]; then
 fi
 
 mkdir -p "$(dirname "$OUT")"
-PWM_PROBE="${PROBE[*]}" PWM_EMU2="$PWM_ROOT/sim/clusters/emu2.json" python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "${CAL[@]}" <<'PY'
+PWM_PROBE="${PROBE[*]}" PWM_EMU2="$PWM_ROOT/sim/clusters/emu2.json" python3 - "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "$DCHAIN2" "$DLAUNCHES" "${CAL[@]}" <<'PY'
 import json, os, sys, platform, subprocess, time
-w, out, note, pwm_sim, launches, dchain = sys.argv[1:7]
-launches, dchain = int(launches), int(dchain)
-cal = sys.argv[7:]
+w, out, note, pwm_sim, launches, dchain, dchain2, dlaunches = sys.argv[1:9]
+launches, dchain, dchain2, dlaunches = int(launches), int(dchain), int(dchain2), int(dlaunches)
+cal = sys.argv[9:]
 def med(v):
     v = sorted(v); n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
@@ -190,42 +199,53 @@ shaped = fit_link(cs['rows']) if cs else inter
 def rate(rows, mode, t):
     v = [r for r in rows if r['mode'] == mode and r['compute_us'] == t]
     return v[0]['computations_per_s'] if v else None  # the best repetition: interference only slows
-d1 = [load(f'd1_{r}.json') for r in range(1, launches + 1)]
-d2 = [load(f'd2_{r}.json') for r in range(1, launches + 1)]
-chain = dchain
+d1 = [load(f'd1_{r}.json') for r in range(1, dlaunches + 1)]
+d2 = [load(f'd2_{r}.json') for r in range(1, dlaunches + 1)]
+d3 = [load(f'd3_{r}.json') for r in range(1, dlaunches + 1)]
 def per_comp(ds, mode, t):  # the median over launches of each launch's best repetition
     return med([1e6 / rate(d['rows'], mode, t) for d in ds])
 def eff(d, mode, t):  # the compute T the kernels actually spun (the bench measures it)
     v = [r for r in d['rows'] if r['mode'] == mode and r['compute_us'] == t]
     return v[0].get('effective_compute_us', t) or t
-# A 4-byte AllReduce of the 2 workers: the in-host latency, also measured by dispatch_bench's SPMD
-# chain at T = 0 (per computation: the AllReduce and an add) in the same process layout.
-intra['latency_us'] = min(intra['latency_us'], per_comp(d2, 'spmd', 0))
+# The SPMD chain at T = 0 per computation: the AllReduce and an add, independent of the chain in
+# the model. Taken from the longer chain: at 64 a launch lands in one of two modes (0.65-0.72 or
+# 1.0-1.6 us over 24 launches), at 256 mostly in one (0.91-1.04 us in 10 launches of 12).
+spmd = per_comp(d3, 'spmd', 0)
+# A 4-byte AllReduce of the 2 workers: the in-host latency, also measured by that SPMD chain in
+# the same process layout.
+intra['latency_us'] = min(intra['latency_us'], spmd)
 ar = intra['latency_us']
 # The simulator's own formulas at T = 0 (sim/dispatch.cc; k = the chain, L = a controller
 # message's latency = the in-host link's, F = the fetch round trip, X = call + node + 2 msg the
-# controller's work per single-node program of 2 workers), solved for the unknowns:
-#   OpByOp   per computation = X + (L + ar + se + F) / k        (controller-bound: calls back to back)
-#   Fused    per computation = ar + se + (X + L + F) / k        (one program of one node)
-#   Chained  per computation = ar + se + (X + (k - 1) node + L + F) / k
-# se = spmd_exec_us, the SPMD loop's own cost per computation beyond the AllReduce, which the
-# simulator charges programs too: a program's computation is the same work (a scalar AllReduce
-# and an add), and at
-# chains of 1024 the fused computation cost what the SPMD one did (1.07-1.19 against 1.00-1.17
-# us in three pinned launches). Before, the programs' computations were charged the AllReduce
-# alone. spmd_exec is 0 whenever the SPMD measurement is itself the least latency estimate.
-# Before branch i19-acc the opbyop rate was taken as X whole and the fused constant as X + F: at the
-# validation's chain of 128 that put F / k = ~2 us per computation twice into OpByOp.
+# controller's work per single-node program of 2 workers, se = spmd_exec_us the SPMD loop's own
+# cost per computation beyond the AllReduce, pe = program_exec_us a program's):
+#   SPMD     per computation = ar + se
+#   Fused    per computation = ar + pe + (X + L + F) / k        (one program of one node)
+#   Chained  per computation = ar + pe + (X + (k - 1) node + L + F) / k
+#   OpByOp   per computation = X + (L + ar + pe + F) / k        (controller-bound: calls back to back)
+# fitted to the medians at both chains c1 < c2: fused's line a + b / k through its two points
+# gives pe = a - ar and X + L + F = b; chained - fused = (k - 1) / k node at each k, averaged;
+# OpByOp at each k solved for X with F = b - X - L, averaged. pe is not se: the fused kernel's
+# loop and the SPMD loop are different code, and over chains of 64-512 the fused computation's
+# line has an intercept above the SPMD computation (1.15 against 0.95 us in the launches of
+# 2026-11-25 10:20). Before branch i19-acc the opbyop rate was taken as X whole and the fused
+# constant as X + F: at the validation's chain of 128 that put F / k = ~2 us per computation
+# twice into OpByOp.
 L = ar
-k = chain
-po1, po2 = per_comp(d1, 'opbyop', 0), per_comp(d2, 'opbyop', 0)
-pf2, pc2 = per_comp(d2, 'fused', 0), per_comp(d2, 'chained', 0)
-se = spmd_exec = max(0.0, per_comp(d2, 'spmd', 0) - ar)
-node = max(0.0, (pc2 - pf2) * k / (k - 1))
+c1, c2 = dchain, dchain2
+se = spmd_exec = max(0.0, spmd - ar)
+pf = {c1: per_comp(d2, 'fused', 0), c2: per_comp(d3, 'fused', 0)}
+pc = {c1: per_comp(d2, 'chained', 0), c2: per_comp(d3, 'chained', 0)}
+po = {c1: per_comp(d2, 'opbyop', 0), c2: per_comp(d3, 'opbyop', 0)}
+po1, po2 = per_comp(d1, 'opbyop', 0), po[c1]
+b_f = (pf[c1] - pf[c2]) / (1 / c1 - 1 / c2)
+pe = program_exec = max(0.0, pf[c2] - b_f / c2 - ar)
+B = max(0.0, b_f - L)  # = X + F
+node = max(0.0, sum((pc[k] - pf[k]) * k / (k - 1) for k in (c1, c2)) / 2)
+X = max(0.0, sum((po[k] - (L + ar + pe + B) / k) / (1 - 1 / k) for k in (c1, c2)) / 2)
+X = min(X, B)
+fetch = max(0.0, B - X)
 exec_us = 0.0  # the worker's per-launch cost is not separable from the node's here: all on the controller
-B = (pf2 - ar - se) * k - L  # = X + F
-fetch = max(0.0, (B - po2 + (L + ar + se) / k) / (1 - 1 / k))
-X = max(0.0, B - fetch)
 # One worker more costs one run message more: OpByOp with 2 workers against 1. The 1-worker run
 # also has one process less on the 2 cores (no time-sharing with the controller), so the
 # difference is an upper bound; it is cut to what X leaves after the node.
@@ -237,9 +257,11 @@ prof = {
              {'step_overhead_us': step_over, 'microbatch_overhead_us': mb_over, 'contention': [[2, 1.0]], 'rates': rates},
   'links': {'reduce_ns_per_byte': 0.0, 'intra': intra, 'inter': inter, 'inter_shaped': shaped},
   'dispatch': {'call_us': call, 'node_us': node, 'msg_us': msg, 'exec_us': exec_us, 'spmd_exec_us': spmd_exec,
-               'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
-  'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_chain': dchain, 'allreduce_4B_intra_us': ar,
-               'opbyop_per_comp_us': {'w1': po1, 'w2': po2}},
+               'program_exec_us': program_exec, 'fetch_rtt_us': fetch, 'step_kernel_us': 0.0},
+  'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_launches': dlaunches, 'dispatch_chains': [c1, c2], 'allreduce_4B_intra_us': ar,
+               'opbyop_per_comp_us': {'w1': po1, 'w2': po2},
+               'per_comp_us_2_workers': {str(k): {'spmd': per_comp(d, 'spmd', 0), 'opbyop': po[k], 'chained': pc[k], 'fused': pf[k]}
+                                         for k, d in ((c1, d2), (c2, d3))}},
 }
 # Ranks sharing the cores: the factor on the kernels that makes the simulated step of the
 # calibration model at dp 2 (2 ranks; fused: 3 with the controller) equal the measured one

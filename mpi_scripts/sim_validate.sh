@@ -45,6 +45,9 @@ STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' 
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
 # median step varies from the next by more than 5% on this VM (the "spread" column).
 LAUNCHES=${PWM_SIM_LAUNCHES:-5}
+# dispatch_bench at T = 0 as the calibration's: DLAUNCHES short launches (the launch varies, not
+# the repetition), the median launch.
+DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
@@ -77,7 +80,8 @@ if cal and probes:
     for r in k.get('rates', []):
         r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
     d = prof['dispatch']
-    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'train_node_us'): d[f] = d.get(f, 0.0) * s
+    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
+        if f in d: d[f] *= s
     prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
     pc = prof.get('measured', {}).get('pair_probe')
     if pc and pairs:
@@ -138,13 +142,15 @@ fi
 # dispatch_bench Fig. 5 points (2 workers): computations per second per mode.
 if [ $QUICK = 0 ]; then
   echo "== dispatch_bench fig 5" >&2
-  # Pinned as the calibration's (PWM_MPIRUN_PIN_FLAGS); T = 0 the best of 30 repetitions as
-  # there (~0.5 ms each), T = 100 and 1000 us of 3 (~13 and ~130 ms each; that launch's own
+  # Pinned as the calibration's (PWM_MPIRUN_PIN_FLAGS); T = 0 the best of 60 repetitions as
+  # there (~2 s a launch), T = 100 and 1000 us of 3 (~13 and ~130 ms each; that launch's own
   # T = 0 rows only give dispatch_bench the effective compute, and are not compared).
   DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS $PWM_MPIRUN_YIELD)
-  for r in $(seq 1 "$LAUNCHES"); do
+  for r in $(seq 1 "$DLAUNCHES"); do
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/dispatch.probes"
-    "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us 0 --reps 30 --json "$W/dispatch_0_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
+    "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us 0 --reps 60 --json "$W/dispatch_0_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
+  done
+  for r in $(seq 1 "$LAUNCHES"); do
     "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us 0,100,1000 --reps 3 --json "$W/dispatch_T_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
   done
   scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"

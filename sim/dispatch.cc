@@ -145,7 +145,7 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
       double start = 0;
       for (int r = 0; r < w; ++r) start = std::max(start, ctrl_link_arrival(c, o, r, ctrl));
       const double stolen = shared && j + 1 < k ? std::min(comp, per_call) : 0.0;
-      dev = std::max(dev, start) + p.exec_us * ds + comp + stolen + ar + p.spmd_exec_us * ds;
+      dev = std::max(dev, start) + p.exec_us * ds + comp + stolen + ar + p.program_exec_us * ds;
     }
     end = dev;
   } else if (mode == "chained" || mode == "fused") {
@@ -154,7 +154,7 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
     double start = 0;
     for (int r = 0; r < w; ++r) start = std::max(start, ctrl_link_arrival(c, o, r, ctrl));
     const int launches = s.execs.empty() ? 0 : *std::max_element(s.execs.begin(), s.execs.end());
-    end = start + launches * p.exec_us * ds + k * (comp + ar + p.spmd_exec_us * ds);
+    end = start + launches * p.exec_us * ds + k * (comp + ar + p.program_exec_us * ds);
   } else {
     PWM_THROW("unknown dispatch mode '{}' (spmd, opbyop, chained, fused)", mode);
   }

@@ -7,8 +7,9 @@
 // worker message of a run, serially (one dispatcher thread); a message reaches a worker after
 // the link from the controller's host; a worker pays exec_us per kernel launch, then T of
 // compute (T is given as device time: never scaled), then the kernel's scalar AllReduce over its
-// slice (simulated by its schedule) and spmd_exec_us per computation, as the SPMD loop pays for
-// the same work; a client's fetch of a result costs fetch_rtt_us after the result exists.
+// slice (simulated by its schedule) and program_exec_us per computation (the SPMD loop pays
+// spmd_exec_us for the same work); a client's fetch of a result costs fetch_rtt_us after the
+// result exists.
 //
 // The controller sits on host 0 with device 0's worker unless `controller_alone` (its own host,
 // the paper's layout). With `host_executors`, a run sends one message per host instead of per

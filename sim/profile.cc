@@ -109,7 +109,7 @@ json Profile::to_json() const {
             {"inter_shaped", link_json(inter_shaped)}}},
           {"dispatch",
            {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
-            {"spmd_exec_us", spmd_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
+            {"spmd_exec_us", spmd_exec_us}, {"program_exec_us", program_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
             {"node_step_us", node_step_us},
             {"train_node_us", train_node_us}}}};
 }
@@ -143,6 +143,7 @@ Profile Profile::from_json(const json& j) {
   p.msg_us = d.at("msg_us");
   p.exec_us = d.at("exec_us");
   p.spmd_exec_us = d.at("spmd_exec_us");
+  p.program_exec_us = d.value("program_exec_us", p.spmd_exec_us);  // profiles before it: one cost for both
   p.fetch_rtt_us = d.at("fetch_rtt_us");
   p.step_kernel_us = d.value("step_kernel_us", 0.0);
   p.node_step_us = d.value("node_step_us", 0.0);

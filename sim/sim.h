@@ -72,8 +72,9 @@ struct Profile {
   double node_us = 0;        // controller cost per node of a dispatched program
   double msg_us = 0;         // controller cost per worker message of a run
   double exec_us = 0;        // worker cost per kernel launch (beyond the kernel's own time)
-  double spmd_exec_us = 0;   // a computation's cost beyond T + AllReduce, in the SPMD loop and
-                             // inside a dispatched program alike (the same work)
+  double spmd_exec_us = 0;   // a computation's cost beyond T + AllReduce in the SPMD loop
+  double program_exec_us = 0;  // the same inside a dispatched program (the fused kernel's loop,
+                               // a chained or OpByOp node): the same work, other code
   double fetch_rtt_us = 0;   // client fetch of a result: controller -> worker -> controller
   double step_kernel_us = 0; // fused Pathways step: its per-step cost beyond the SPMD step (dispatch,
                              // fetch round trip, the fused kernel's set-up)

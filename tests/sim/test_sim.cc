@@ -369,26 +369,45 @@ TEST(SimDispatch, OpByOpControllerSharesCores) {
   EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", 100), 16 / (end1 * 1e-6), 1e-6 * 16 / (end1 * 1e-6));
 }
 
-// spmd_exec_us is paid once per computation by the SPMD loop and inside programs alike: by hand,
-// SPMD, fused and chained over 16 computations end 16 x 0.5 us later (the fixed costs as in
-// OpByOpChain); OpByOp at T = 100 us is device-bound and ends 16 x 0.5 later too; at T = 0 it
-// is controller-bound and only the last computation's 0.5 shows.
-TEST(SimDispatch, ExecPerComputationInEveryMode) {
+// spmd_exec_us is paid once per computation by the SPMD loop, program_exec_us inside programs:
+// by hand, fused and chained over 16 computations end 16 x 0.7 us later with program_exec_us =
+// 0.7 and not at all later with spmd_exec_us = 0.5, SPMD the other way round (the fixed costs
+// as in OpByOpChain); OpByOp at T = 100 us is device-bound and ends 16 x 0.7 later; at T = 0 it
+// is controller-bound and only the last computation's 0.7 shows.
+TEST(SimDispatch, ExecPerComputationByMode) {
   const Profile p = dispatch_profile();
   const Cluster c = one_host(2, link(0, 1e12, 0));
   DispatchOptions o = chain16();
-  Profile q = p;
-  q.spmd_exec_us = 0.5;
+  Profile qs = p, qp = p;
+  qs.spmd_exec_us = 0.5;
+  qp.program_exec_us = 0.7;
   auto end_us = [&](const Profile& pr, const char* mode, double T) { return 16 / simulate_chain(c, pr, o, mode, T) * 1e6; };
   for (double T : {0.0, 100.0}) {
-    EXPECT_NEAR(end_us(q, "fused", T) - end_us(p, "fused", T), 16 * 0.5, 1e-6) << T;
-    EXPECT_NEAR(end_us(q, "chained", T) - end_us(p, "chained", T), 16 * 0.5, 1e-6) << T;
-    EXPECT_NEAR(end_us(q, "spmd", T) - end_us(p, "spmd", T), 16 * 0.5, 1e-6) << T;
+    for (const char* m : {"fused", "chained"}) {
+      EXPECT_NEAR(end_us(qp, m, T) - end_us(p, m, T), 16 * 0.7, 1e-6) << m << " " << T;
+      EXPECT_NEAR(end_us(qs, m, T), end_us(p, m, T), 1e-6) << m << " " << T;
+    }
+    EXPECT_NEAR(end_us(qs, "spmd", T) - end_us(p, "spmd", T), 16 * 0.5, 1e-6) << T;
+    EXPECT_NEAR(end_us(qp, "spmd", T), end_us(p, "spmd", T), 1e-6) << T;
   }
-  EXPECT_NEAR(end_us(q, "opbyop", 100) - end_us(p, "opbyop", 100), 16 * 0.5, 1e-6);
-  EXPECT_NEAR(end_us(q, "opbyop", 0) - end_us(p, "opbyop", 0), 0.5, 1e-6);
-  // By formula: fused = call + node + 2 msg + exec + 16 (T + 0.5) + fetch.
-  EXPECT_NEAR(end_us(q, "fused", 100), 40 + 4 + 16 * 100.5 + 11, 1e-6);
+  EXPECT_NEAR(end_us(qp, "opbyop", 100) - end_us(p, "opbyop", 100), 16 * 0.7, 1e-6);
+  EXPECT_NEAR(end_us(qp, "opbyop", 0) - end_us(p, "opbyop", 0), 0.7, 1e-6);
+  EXPECT_NEAR(end_us(qs, "opbyop", 100), end_us(p, "opbyop", 100), 1e-6);
+  // By formula: fused = call + node + 2 msg + exec + 16 (T + 0.7) + fetch.
+  EXPECT_NEAR(end_us(qp, "fused", 100), 40 + 4 + 16 * 100.7 + 11, 1e-6);
+}
+
+// A profile without program_exec_us (written before it) charges programs spmd_exec_us, as the
+// simulator did then; with it, each its own.
+TEST(SimProfile, ProgramExecDefaultsToSpmdExec) {
+  nlohmann::json j = dispatch_profile().to_json();
+  j["dispatch"]["spmd_exec_us"] = 0.25;
+  j["dispatch"].erase("program_exec_us");
+  EXPECT_DOUBLE_EQ(Profile::from_json(j).program_exec_us, 0.25);
+  j["dispatch"]["program_exec_us"] = 0.75;
+  const Profile q = Profile::from_json(j);
+  EXPECT_DOUBLE_EQ(q.program_exec_us, 0.75);
+  EXPECT_DOUBLE_EQ(q.spmd_exec_us, 0.25);
 }
 
 // A micro-batch's own overhead: dp = 1 at 1 and at 3 micro-batches of the same batch differ
