@@ -162,18 +162,6 @@ pwm_step_probe() {
   PWM_MODEL_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 "$mb" "$@" --peak-reps 0 --steps 20 --warmup 3 |
     awk '/achieved GFLOP\/s=/ {sub(/.*achieved GFLOP\/s=/, ""); print $1}'
 }
-# pwm_pair_probe SPMD_TRAIN TRAIN_FLAGS...: the median step (ms) of `spmd_train --dp 2` on both
-# cores now (10 steps). The trainer itself, not a stand-in: two ranks also share caches, memory
-# bandwidth and the host's scheduling, which move by other amounts than pwm_step_probe's one
-# core (docs/simulator.md, "Speed scaling"). Prints nothing if the run fails.
-pwm_pair_probe() {
-  local exe=$1 m
-  shift
-  m=$(mktemp)
-  "$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD -n 2 "$exe" "$@" --dp 2 --steps 10 --metrics "$m" >/dev/null 2>&1 &&
-    python3 -c 'import json, sys; print([json.loads(l) for l in open(sys.argv[1]) if l.strip() and json.loads(l).get("final")][-1]["step_ms_p50"])' "$m"
-  rm -f "$m"
-}
 pwm_warn_if_busy() {
   if pgrep -x cc1plus >/dev/null; then
     echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2

@@ -73,7 +73,6 @@ for r in $(seq 1 $LAUNCHES); do
     "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
   done
   "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2_$r.jsonl" >/dev/null
-  pwm_pair_probe "$B/spmd/spmd_train" "${CAL[@]}" >>"$W/pairs"
 done
 
 echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
@@ -336,10 +335,6 @@ if os.path.exists(os.path.join(w, 'mh_1.jsonl')):
 probes = [tuple(map(float, l.split())) for l in open(os.path.join(w, 'probes')) if l.strip()]
 prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': os.environ['PWM_PROBE'].split(),
                                    'gflops_1': med([p[0] for p in probes]), 'probes': [p[0] for p in probes]}
-# The two-rank trainer probe (pwm_pair_probe): sim_validate.sh rescales the contention
-# factors by it beside its launches of 2 or more ranks.
-pairs = [float(l) for l in open(os.path.join(w, 'pairs')) if l.strip()]
-if pairs: prof['measured']['pair_probe'] = {'kind': 'spmd_dp2_step', 'model': cal, 'step_ms': med(pairs), 'probes': pairs}
 prof['measured']['steps_ms'] = {'spmd_dp1': final('m1_1')['step_ms_p50'], 'spmd_dp2': final('m2')['step_ms_p50'],
                                 'fused_dp2': final('mf')['step_ms_p50'], 'fused_dp2_batch4': final('mfs')['step_ms_p50'],
                                 'chained_dp2': final('mc')['step_ms_p50'], 'chained_dp2_m2': final('mc2')['step_ms_p50']}

@@ -34,7 +34,6 @@ done
 # The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
 # the calibration model).
 read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
-mapfile -t PAIR < <(python3 -c 'import json, sys; [print(a) for a in json.load(open(sys.argv[1])).get("measured", {}).get("pair_probe", {}).get("model", [])]' "$PROFILE")
 [ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
 W=$(mktemp -d)
@@ -51,23 +50,17 @@ DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
-# scaled_profile PROBES OUT [PAIRS]: the profile with its costs scaled to the machine's speed at
-# this configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator.md,
-# "Speed scaling"), so probes run before every launch, as in the calibration:
-# - PROBES (pwm_step_probe, model_bench's step on core 0): kernels, the optimizer and the
-#   controller's costs by the rate (calibration / now).
-# - PAIRS (pwm_pair_probe, before launches of 2 or more ranks; profiles that have the
-#   calibration's): the contention factors by (pair step now / at calibration) / the kernel
-#   factor, the part of the two-rank step's change the one-core probe does not account for (the
-#   whole pair step taken as compute; ~7% is not). A probe of both cores by two model_bench
-#   processes was tried before and dropped (it moved the dp 2 rows the wrong way); the trainer's
-#   own dp 2 step is what the factor was fitted on.
+# scaled_profile PROBES OUT: the profile with its costs scaled to the machine's speed at this
+# configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator.md,
+# "Speed scaling"), so a probe (pwm_step_probe, model_bench's step on core 0) runs before every
+# launch, as in the calibration: kernels, the optimizer and the controller's costs by the rate
+# (calibration / now). The 2-rank contention factors are the calibration's: a probe of both
+# cores (two model_bench processes, then spmd_train --dp 2 for 10 steps) rescaling them made
+# the predictions worse, not better (docs/simulator.md, "Speed scaling").
 scaled_profile() {
-  python3 - "$PROFILE" "$1" "$2" "${3:-}" <<'PY'
+  python3 - "$PROFILE" "$1" "$2" <<'PY'
 import json, os, sys
 prof, probes, out = json.load(open(sys.argv[1])), [float(l.split()[0]) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
-def lines(f): return [float(l) for l in open(f) if l.strip()] if f and os.path.exists(f) else []
-pairs = lines(sys.argv[4])
 def med(v):
     v = sorted(v); n = len(v)
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
@@ -83,11 +76,6 @@ if cal and probes:
     for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
         if f in d: d[f] *= s
     prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
-    pc = prof.get('measured', {}).get('pair_probe')
-    if pc and pairs:
-        c = med(pairs) / pc['step_ms'] / s
-        k['contention'] = [[n, f * c] for n, f in k['contention']]
-        prof['scaled'] |= {'pair_now_ms': med(pairs), 'contention_factor': c}
 json.dump(prof, open(out, 'w'), indent=1)
 PY
 }
@@ -102,7 +90,6 @@ run() {
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
-    [ ${#PAIR[@]} -gt 0 ] && [ "$np" -ge 2 ] && pwm_pair_probe "$B/spmd/spmd_train" "${PAIR[@]}" >>"$W/$name.pairs"
     if [ "$cluster" = "-" ]; then
       # One rank: on core 0, the core whose speed the probe measures alone.
       local pin=()
@@ -119,7 +106,7 @@ run() {
     files+=("$m")
   done
   [ "$cluster" = "-" ] || sim+=(--cluster "$CL/$cluster.json")
-  scaled_profile "$W/$name.probes" "$W/$name.profile.json" "$W/$name.pairs"
+  scaled_profile "$W/$name.probes" "$W/$name.profile.json"
   "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }
@@ -206,7 +193,6 @@ for r in rows:
     tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
     sp = r.get('speed') or {}
     spd = f"   speed x{sp['kernel_factor']:.2f}" if sp else ''
-    spd += f" pair x{sp['contention_factor']:.2f}" if 'contention_factor' in sp else ''
     print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
 within = sum(abs(r['error']) <= 0.10 for r in rows)
 load = os.getloadavg()

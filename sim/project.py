@@ -15,6 +15,11 @@ out = sys.argv[3] if len(sys.argv) > 3 else 'results/sim'
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cl = os.path.join(root, 'sim', 'clusters')
 exe = os.path.join(build, 'sim', 'pwm_sim')
+if not os.access(exe, os.X_OK):
+    sys.exit(f'project.py: error: no {exe}: build it first (ninja -C {build} pwm_sim_cli)')
+if not os.path.isfile(profile):
+    sys.exit(f'project.py: error: no profile {profile}: run mpi_scripts/sim_calibrate.sh first')
+os.makedirs(out, exist_ok=True)  # the Table 2 clusters are written there before the results
 
 def sim(*args):
     r = subprocess.run([exe, '--profile', profile, *args], capture_output=True, text=True)
@@ -57,7 +62,6 @@ rows = [('SPMD', spmd, 125.7), ('S=4 M=16', table2('table2_ici', 4, 16, 256), 13
         ('S=16 M=64', table2('table2_ici', 16, 64, 256), 131.4), ('S=16 M=64, 4 islands DCN', table2('table2_dcn', 16, 64, 256), 131.4)]
 res['table2'] = [{'config': n, 'tokens_per_s': r['tokens_per_s'], 'relative_to_spmd': r['tokens_per_s'] / spmd['tokens_per_s'],
                   'bubble': r['bubble'], 'paper_ktok_s': p, 'paper_relative': p / 125.7} for n, r, p in rows]
-os.makedirs(out, exist_ok=True)
 json.dump(res, open(os.path.join(out, 'projection.json'), 'w'), indent=1)
 print('Fig. 6 (projected break-even, us):')
 for r in res['fig6']:
