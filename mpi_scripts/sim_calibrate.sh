@@ -224,7 +224,7 @@ ar = intra['latency_us']
 #   OpByOp   per computation = X + (L + ar + pe + F) / k        (controller-bound: calls back to back)
 # fitted to the medians at both chains c1 < c2: fused's line a + b / k through its two points
 # gives pe = a - ar and X + L + F = b; chained - fused = (k - 1) / k node at each k, averaged;
-# OpByOp at each k solved for X with F = b - X - L (>= 0), averaged. pe is not se: the fused kernel's
+# OpByOp over both chains solved for X with F = b - X - L (>= 0). pe is not se: the fused kernel's
 # loop and the SPMD loop are different code, and over chains of 64-512 the fused computation's
 # line has an intercept above the SPMD computation (1.15 against 0.95 us in the launches of
 # 2026-11-25 10:20). Before branch i19-acc the opbyop rate was taken as X whole and the fused
@@ -245,10 +245,14 @@ node = max(0.0, sum((pc[k] - pf[k]) * k / (k - 1) for k in (c1, c2)) / 2)
 # calls back to back) is the firmer figure. The fused line's slope is the noisier one: with its
 # chain of 64 in the fast mode (1.35 against 1.30 us at 256, run 20 of 2026-11-25) B came out
 # 3.1 us, and holding X <= B then put OpByOp at 3.2 us per computation against 6.7 measured.
-fetch = 0.0
-for _ in range(50):  # X depends on F only through F / k: a few rounds settle it
-    X = max(0.0, sum(po[k] - (L + ar + pe + fetch) / k for k in (c1, c2)) / 2)
-    fetch = max(0.0, B - X)
+# With h the mean of 1/k over both chains and po the mean OpByOp: X = po - (L + ar + pe + F) h,
+# F = B - X when that is >= 0 (X <= B), else F = 0.
+h, po_mean = (1 / c1 + 1 / c2) / 2, (po[c1] + po[c2]) / 2
+X = po_mean - (L + ar + pe) * h
+if X <= B:
+    X = (po_mean - (L + ar + pe + B) * h) / (1 - h)
+X = max(0.0, X)
+fetch = max(0.0, B - X)
 exec_us = 0.0  # the worker's per-launch cost is not separable from the node's here: all on the controller
 # One worker more costs one run message more: OpByOp with 2 workers against 1. The 1-worker run
 # also has one process less on the 2 cores (no time-sharing with the controller), so the
