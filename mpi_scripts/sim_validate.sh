@@ -45,7 +45,8 @@ STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' 
 # median step varies from the next by more than 5% on this VM (the "spread" column).
 LAUNCHES=${PWM_SIM_LAUNCHES:-5}
 # dispatch_bench at T = 0 as the calibration's: DLAUNCHES short launches (the launch varies, not
-# the repetition), the lower quartile of the launches (the slow ones come in phases).
+# the repetition), the lower quartile of the launches (the slow ones come in phases); at T = 100
+# and 1000 us LAUNCHES launches, also their lower quartile.
 DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
@@ -181,12 +182,12 @@ if djs:
                              capture_output=True, text=True, check=True).stdout
         p = json.loads(out.strip().splitlines()[-1])
         # Time per computation (us) so that "lower is better" as for step times: per launch the
-        # best repetition (as dispatch_bench reports), then over the launches the median at T > 0
-        # (5 launches, < 3% apart) and at T = 0 the lower quartile (11 launches), as the
-        # calibration: their slow launches come in phases of minutes that move the median by
-        # up to 48% (docs/simulator.md, "The T = 0 rows").
+        # best repetition (as dispatch_bench reports), then the lower quartile of the launches
+        # (the 3rd fastest of 11 at T = 0, the 2nd of 5 at T > 0), as the calibration's T = 0
+        # figures: slow launches come in phases of minutes, which moved the median of 11
+        # launches by up to 48% (docs/simulator.md, "The T = 0 rows").
         per = [1e6 / r['computations_per_s'] for r in rs]
-        rows.append({'config': f"fig5_{mode}_T{t}", 'measured': sorted(per)[len(per) // 4] if t == 0 else med(per), 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
+        rows.append({'config': f"fig5_{mode}_T{t}", 'measured': sorted(per)[len(per) // 4], 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
                      'spread': spread(per), 'launches': per})
 for r in rows:
     r['error'] = (r['predicted'] - r['measured']) / r['measured']
