@@ -203,7 +203,7 @@ def rate(rows, mode, t):
 d1 = [load(f'd1_{r}.json') for r in range(1, dlaunches + 1)]
 d2 = [load(f'd2_{r}.json') for r in range(1, dlaunches + 1)]
 d3 = [load(f'd3_{r}.json') for r in range(1, dlaunches + 1)]
-def low_quartile(v):  # the statistic of the T = 0 rows here and in sim_validate.sh
+def low_quartile(v):  # the statistic of every T = 0 figure here, and of every dispatch row in sim_validate.sh
     return sorted(v)[len(v) // 4]
 def per_comp(ds, mode, t):  # the lower quartile over launches of each launch's best repetition
     return low_quartile([1e6 / rate(d['rows'], mode, t) for d in ds])
