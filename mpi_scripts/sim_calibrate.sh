@@ -226,7 +226,7 @@ ar = intra['latency_us']
 #   Fused    per computation = ar + pe + (X + L + F) / k        (one program of one node)
 #   Chained  per computation = ar + pe + (X + (k - 1) node + L + F) / k
 #   OpByOp   per computation = X + (L + ar + pe + F) / k        (controller-bound: calls back to back)
-# fitted to the medians at both chains c1 < c2: fused's line a + b / k through its two points
+# fitted to the lower quartiles at both chains c1 < c2: fused's line a + b / k through its two points
 # gives pe = a - ar and X + L + F = b; chained - fused = (k - 1) / k node at each k, averaged;
 # OpByOp over both chains solved for X with F = b - X - L (>= 0). pe is not se: the fused kernel's
 # loop and the SPMD loop are different code, and over chains of 64-512 the fused computation's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the real configurations that fit on this machine and compares each with the simulator's
 # prediction from a profile (mpi_scripts/sim_calibrate.sh): predicted vs measured median step
-# time (or computations/s for dispatch_bench) and tokens/s, the error of each, a table on stdout,
+# time (for dispatch_bench: us per computation, the lower quartile of the launches) and tokens/s, the error of each, a table on stdout,
 # results/sim/validation.json and results/sim/validation.png (predicted vs measured).
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
