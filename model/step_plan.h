@@ -5,7 +5,7 @@
 //   block_bwd(m, L-1) .. block_bwd(m, 0)  embed_bwd(m)
 // (head = head_forward then head_backward, which starts the backward), then a dp reduction of the
 // gradient and one update. This file is the only place that order is written down:
-//  - spmd_train and pathways_train's fused kernel execute it directly (model::accumulate_gradients);
+//  - spmd_train and pathways_train's fused kernel execute it directly (train::accumulate_gradients);
 //  - pathways_train's chained step traces it into one program and its opbyop step calls it unit
 //    by unit (one kernel per unit kind, pathways/train/step_program.cc);
 //  - the MPMD pipeline partitions it by layer range (forward_units / backward_units of a stage).

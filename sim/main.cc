@@ -7,7 +7,7 @@
 //   pwm_sim --what stages|clients ... (Fig. 7, Fig. 8)
 //   pwm_sim --what fig6 --profile P --cluster C --hosts-list 2,4,...,512 (C is one host's description)
 //   pwm_sim --what kernels --trace T.json --metrics M.jsonl TRAIN FLAGS   (calibration: the kernels section)
-// TRAIN FLAGS are the trainers' own (model/train_config.h), --config FILE included. Output: one
+// TRAIN FLAGS are the trainers' own (train/config.h), --config FILE included. Output: one
 // JSON object per line on stdout.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -21,7 +21,8 @@
 #include "common/check.h"
 #include "model/params.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
+#include "train/config.h"
+#include "train/flags.h"
 #include "sim/dispatch.h"
 #include "sim/step.h"
 
@@ -53,7 +54,7 @@ double median(std::vector<double> v) {
 }
 
 // The kernels section of a profile from a trainer's --trace and --metrics at dp = 1.
-json calibrate_kernels(const model::TrainConfig& cfg, const std::string& trace, const std::string& metrics) {
+json calibrate_kernels(const train::TrainConfig& cfg, const std::string& trace, const std::string& metrics) {
   std::ifstream tin(trace);
   if (!tin) PWM_THROW("cannot read --trace {}", trace);
   const json t = json::parse(tin);
@@ -79,10 +80,10 @@ json calibrate_kernels(const model::TrainConfig& cfg, const std::string& trace, 
   }
   if (!(step_ms > 0)) PWM_THROW("--metrics {} has no final line with step_ms_p50", metrics);
   const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.microbatches);
+  const model::StepPlan plan(layout, cfg.workload.microbatches);
   const sim::UnitFlops f = sim::micro_flops(cfg.model, plan, cfg.micro_batch());
   const double mf = median(fwd), mb = median(bwd), mo = median(opt);
-  const double M = static_cast<double>(cfg.microbatches);
+  const double M = static_cast<double>(cfg.workload.microbatches);
   return {{"fwd_us_per_gflop", mf / (f.fwd * 1e-9)},
           {"bwd_us_per_gflop", mb / (f.bwd * 1e-9)},
           {"opt_us_per_param", mo / static_cast<double>(layout.total())},
@@ -97,9 +98,9 @@ int body(int argc, char** argv) {
   int stages = 0, workers = 2, chain = 128;
   bool controller_alone = false, host_executors = false;
   double stage_us = 100;
-  model::TrainConfig cfg;
+  train::TrainConfig cfg;
   int exit_code = 0;
-  const bool go = model::parse_train_config(
+  const bool go = train::parse_train_config(
       argc, argv, "pwm_sim", "Simulates both execution models from a measured machine profile", cfg, exit_code, true,
       [&](CLI::App& app) {
         const char* S = "Simulator";
@@ -127,7 +128,7 @@ int body(int argc, char** argv) {
   }
   if (profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
   const sim::Profile p = sim::Profile::load(profile_path);
-  const int need = what == "step" ? static_cast<int>(cfg.dp) : what == "pipeline" ? stages : workers;
+  const int need = what == "step" ? static_cast<int>(cfg.mesh.dp) : what == "pipeline" ? stages : workers;
   const sim::Cluster c = cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(cluster_path, p);
   sim::DispatchOptions o;
   o.workers = workers;
@@ -138,7 +139,7 @@ int body(int argc, char** argv) {
   if (what == "step" || what == "pipeline") {
     const sim::StepPrediction r = what == "step" ? sim::simulate_step(c, p, cfg, granularity)
                                                  : sim::simulate_pipeline(c, p, cfg, stages, schedule);
-    out({{"what", what}, {"granularity", what == "step" ? granularity : schedule}, {"dp", cfg.dp}, {"stages", stages},
+    out({{"what", what}, {"granularity", what == "step" ? granularity : schedule}, {"dp", cfg.mesh.dp}, {"stages", stages},
          {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
          {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
          {"collectives", r.collectives}, {"nodes", r.nodes}, {"params", model::ParamLayout(cfg.model, 0, 1).total()}});

@@ -58,12 +58,12 @@ namespace {
 struct Ctx {
   const Cluster& c;
   const Profile& p;
-  const model::TrainConfig& cfg;
+  const train::TrainConfig& cfg;
   model::ParamLayout layout;
   model::StepPlan plan;
   double slow;  // compute slowdown (cluster scale, contention)
-  Ctx(const Cluster& c_, const Profile& p_, const model::TrainConfig& cfg_, int ranks_per_host)
-      : c(c_), p(p_), cfg(cfg_), layout(cfg_.model, 0, 1), plan(layout, cfg_.microbatches) {
+  Ctx(const Cluster& c_, const Profile& p_, const train::TrainConfig& cfg_, int ranks_per_host)
+      : c(c_), p(p_), cfg(cfg_), layout(cfg_.model, 0, 1), plan(layout, cfg_.workload.microbatches) {
     slow = 1.0 / c.compute_scale;
     if (c.cores_per_host > 0 && ranks_per_host > 1) slow *= p.contention_factor(ranks_per_host);
   }
@@ -85,10 +85,10 @@ std::vector<int> first_devices(int n) {
 
 }  // namespace
 
-StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::TrainConfig& cfg,
+StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
                              const std::string& granularity) {
-  if (cfg.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.tp);
-  const int dp = static_cast<int>(cfg.dp);
+  if (cfg.mesh.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.mesh.tp);
+  const int dp = static_cast<int>(cfg.mesh.dp);
   if (dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
   const bool pw = granularity != "spmd";
   if (pw && granularity != "fused" && granularity != "chained" && granularity != "opbyop")
@@ -131,7 +131,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
     t += k + node_cost;
     r.nodes += per_node ? 1 : 0;
     const int f = x.plan.finishes(u);
-    if (f >= 0 && u.micro == cfg.microbatches - 1) finished_at[f] = t;
+    if (f >= 0 && u.micro == cfg.workload.microbatches - 1) finished_at[f] = t;
   }
   const double compute_end = t;
   double comm_end = compute_end;
@@ -150,8 +150,8 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
     } else {
       const std::vector<std::pair<int64_t, int64_t>>& units = x.plan.finish_order();
       double prev = 0;
-      for (const BucketCut& b : cut_buckets(units, cfg.bucket_bytes)) {
-        const double ready = cfg.overlap ? finished_at.at(b.last_unit) : compute_end;
+      for (const BucketCut& b : cut_buckets(units, cfg.exec.bucket_bytes)) {
+        const double ready = cfg.exec.overlap ? finished_at.at(b.last_unit) : compute_end;
         const double st = std::max(ready, prev);
         prev = simulate_allreduce(c, p, devs, static_cast<size_t>(b.end - b.begin) * 4,
                                   collectives::Algorithm::kAuto, std::vector<double>(dp, st)).end;
@@ -167,7 +167,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::Tr
   const double upd = x.update_us(x.layout.total()) + node_cost;
   r.nodes += per_node ? 1 : 0;
   r.compute_us += x.update_us(x.layout.total());
-  const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.microbatches - 1);
+  const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.workload.microbatches - 1);
   double step = comm_end + upd + overhead;
   if (pw) step += x.disp(granularity == "fused" ? p.step_kernel_us : p.node_step_us);
   r.step_us = step;
@@ -235,14 +235,14 @@ PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector
   return r;
 }
 
-StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model::TrainConfig& cfg, int S,
+StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int S,
                                  const std::string& schedule) {
   if (S < 1 || S > c.devices()) PWM_THROW("--stages {} needs 1..{} devices", S, c.devices());
   if (schedule != "gpipe" && schedule != "1f1b") PWM_THROW("unknown --schedule '{}' (gpipe, 1f1b)", schedule);
   const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + 1;  // + the controller
   Ctx x(c, p, cfg, per_host);
   const int L = static_cast<int>(cfg.model.n_layers);
-  const int64_t M = cfg.microbatches, seqs = cfg.micro_batch();
+  const int64_t M = cfg.workload.microbatches, seqs = cfg.micro_batch();
   const double act_bytes = static_cast<double>(seqs * cfg.model.seq_len * cfg.model.d_model) * 4.0;
   const double exec = x.disp(p.exec_us + p.train_node_us);
   std::vector<double> dur_f(S), dur_b(S);

@@ -24,7 +24,7 @@
 
 #include "collectives/bucketed_allreduce.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
+#include "train/config.h"
 #include "sim/sim.h"
 
 namespace pwm::sim {
@@ -49,11 +49,11 @@ struct StepPrediction {
 
 // `granularity`: "spmd" (spmd_train), "fused", "chained", "opbyop" (pathways_train). Devices
 // are cluster devices 0..dp-1 (tp must be 1).
-StepPrediction simulate_step(const Cluster& c, const Profile& p, const model::TrainConfig& cfg,
+StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
                              const std::string& granularity);
 
 // The MPMD pipeline of `stages` stages (stage s on device s) under "gpipe" or "1f1b".
-StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const model::TrainConfig& cfg, int stages,
+StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int stages,
                                  const std::string& schedule);
 
 // The pipeline's forward/backward passes alone: stage s takes dur_f[s] / dur_b[s] per

@@ -34,7 +34,7 @@ void LazyBuffer::release(int64_t begin, int64_t end) {
   if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
-Fsdp::Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
+Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
            collectives::Communicator* dp, collectives::Communicator* replicas)
     : cfg_(cfg), layout_(layout), plan_(plan), dp_(dp), replicas_(replicas), D_(dp->size()), r_(dp->rank()),
       L_(plan.layers()) {
@@ -157,12 +157,12 @@ void Fsdp::release_tied() {
   }
 }
 
-double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_index, const float* params_shard,
+double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_index, const float* params_shard,
                         float* grads_shard, model::Workspace<float>& ws, int32_t* tokens,
-                        const model::StepHooks& hooks) {
+                        const train::StepHooks& hooks) {
   using model::UnitKind;
   comm_s_ = 0;
-  const int64_t G = cfg_.global_batch, M = cfg_.microbatches;
+  const int64_t G = cfg_.workload.global_batch, M = cfg_.workload.microbatches;
   const float grad_scale = 1.0f / static_cast<float>(M * cfg_.data_parallel());
   auto span = [&](const char* name, int64_t t0, int64_t t1) {
     if (hooks.span) hooks.span(name, t0, t1);
@@ -223,8 +223,8 @@ double Fsdp::accumulate(const model::TextDataset& data, int64_t step, int data_i
   for (const model::Unit& u : plan_.units()) {
     switch (u.kind) {
       case UnitKind::kBatch: {
-        const model::RowRange rows = model::batch_rows(G, data_index, cfg_.data_parallel(), u.micro, M);
-        data.train_batch(cfg_.data_seed, step, G, cfg_.model.seq_len, rows.begin, rows.end, tokens);
+        const train::RowRange rows = train::batch_rows(G, data_index, cfg_.data_parallel(), u.micro, M);
+        data.train_batch(cfg_.workload.data_seed, step, G, cfg_.model.seq_len, rows.begin, rows.end, tokens);
         start_gather(0);
         t_fwd = now_us();
         break;
@@ -308,15 +308,15 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
   return model::head_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
 }
 
-double Fsdp::validation_loss_sum(const model::TextDataset& data, int data_index, const float* params_shard,
+double Fsdp::validation_loss_sum(const train::TextDataset& data, int data_index, const float* params_shard,
                                  model::Workspace<float>& ws, int32_t* tokens, const model::TpReduce<float>& tp_reduce) {
-  // The loop of model::validation_loss_sum, over the same rows in the same order.
-  const int64_t G = cfg_.global_batch, T = cfg_.model.seq_len, b = cfg_.micro_batch();
+  // The loop of train::validation_loss_sum, over the same rows in the same order.
+  const int64_t G = cfg_.workload.global_batch, T = cfg_.model.seq_len, b = cfg_.micro_batch();
   gather_tied(params_shard);
   double sum = 0;
-  for (int64_t i = 0; i < model::validation_batches(cfg_, data); ++i)
-    for (int64_t mb = 0; mb < cfg_.microbatches; ++mb) {
-      const model::RowRange rows = model::batch_rows(G, data_index, cfg_.data_parallel(), mb, cfg_.microbatches);
+  for (int64_t i = 0; i < train::validation_batches(cfg_, data); ++i)
+    for (int64_t mb = 0; mb < cfg_.workload.microbatches; ++mb) {
+      const train::RowRange rows = train::batch_rows(G, data_index, cfg_.data_parallel(), mb, cfg_.workload.microbatches);
       data.val_batch(i, G, T, rows.begin, rows.end, tokens);
       sum += forward_loss(params_shard, tokens, ws, tp_reduce) * static_cast<double>(b);
     }

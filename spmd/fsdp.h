@@ -40,11 +40,11 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "model/data.h"
+#include "train/data.h"
 #include "model/params.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
-#include "model/train_step.h"
+#include "train/config.h"
+#include "train/step.h"
 #include "model/transformer.h"
 
 namespace pwm::spmd {
@@ -73,7 +73,7 @@ class Fsdp {
   // `dp`: the replica's dp group (size >= 2; group rank = dp index); `replicas`: the ranks with
   // the same dp and tp index in the other replicas (null or size 1 when there is one replica).
   // Both must outlive this object.
-  Fsdp(const model::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
+  Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
        collectives::Communicator* dp, collectives::Communicator* replicas);
   ~Fsdp();
 
@@ -85,17 +85,17 @@ class Fsdp {
   void gather_full(const float* shard, float* full);
 
   // The step's gradient, reduced over dp (and replicas) into `grads_shard`; returns this rank's
-  // mean micro-batch loss, as model::accumulate_gradients (same units, same model functions).
+  // mean micro-batch loss, as train::accumulate_gradients (same units, same model functions).
   // `data_index` is the rank's index among all data-parallel ranks.
-  double accumulate(const model::TextDataset& data, int64_t step, int data_index, const float* params_shard,
-                    float* grads_shard, model::Workspace<float>& ws, int32_t* tokens, const model::StepHooks& hooks);
+  double accumulate(const train::TextDataset& data, int64_t step, int data_index, const float* params_shard,
+                    float* grads_shard, model::Workspace<float>& ws, int32_t* tokens, const train::StepHooks& hooks);
   // This rank's part of the squared global gradient norm (tp-replicated tensors on tp rank 0
   // only); summed over dp and tp it is the model's.
   double grad_sq_norm(const float* grads_shard) const;
   // AdamW over the shard (model::adamw_span per piece of tensor).
   void adamw(int64_t step, double lr, double clip, float* params, const float* grads, float* m, float* v) const;
-  // As model::validation_loss_sum, the weights gathered layer by layer.
-  double validation_loss_sum(const model::TextDataset& data, int data_index, const float* params_shard,
+  // As train::validation_loss_sum, the weights gathered layer by layer.
+  double validation_loss_sum(const train::TextDataset& data, int data_index, const float* params_shard,
                              model::Workspace<float>& ws, int32_t* tokens, const model::TpReduce<float>& tp_reduce);
 
   // Bytes of gathered weights, full-layer gradients and reduce-scatter scratch held at most at
@@ -129,7 +129,7 @@ class Fsdp {
   // A timed wait (counted in comm_seconds()).
   void wait(collectives::Work& w);
 
-  model::TrainConfig cfg_;
+  train::TrainConfig cfg_;
   const model::ParamLayout& layout_;
   const model::StepPlan& plan_;
   collectives::Communicator* dp_;

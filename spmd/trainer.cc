@@ -1,6 +1,7 @@
 #include "spmd/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -13,10 +14,10 @@
 #include "common/check.h"
 #include "common/memory.h"
 #include "common/time.h"
-#include "model/checkpoint.h"
-#include "model/full_state.h"
+#include "train/checkpoint.h"
+#include "train/full_state.h"
 #include "model/optim.h"
-#include "model/train_step.h"
+#include "train/step.h"
 
 namespace pwm::spmd {
 
@@ -30,16 +31,37 @@ namespace {
 // dp groups for the hierarchical exchange's all-gathers 5 (groups of one family are disjoint).
 constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4, kDpGatherContext = 5;
 
-collectives::CommOptions comm_options(const model::TrainConfig& cfg) {
+collectives::CommOptions comm_options(const train::TrainConfig& cfg) {
   collectives::CommOptions o = collectives::CommOptions::from_env();
-  o.timeout_s = cfg.coll_timeout;
+  o.timeout_s = cfg.exec.coll_timeout;
   return o;
 }
 
 }  // namespace
 
+train::TrainerSpec trainer_spec() {
+  train::TrainerSpec s;
+  s.program = "spmd_train";
+  s.description = "SPMD/BSP trainer: every rank runs the same step; gradients meet in a bucketed AllReduce.";
+  s.validate = [](const train::TrainConfig& cfg, int world) { cfg.validate(world); };
+  return s;
+}
+
+std::string replicas_spanning_hosts(const train::TrainConfig& cfg, const std::vector<std::string>& hosts) {
+  const int per = cfg.mesh.dp * cfg.mesh.tp;
+  std::vector<std::string> spans;
+  for (int r = 0; r < cfg.mesh.replicas && (r + 1) * per <= static_cast<int>(hosts.size()); ++r) {
+    std::vector<std::string> mine(hosts.begin() + r * per, hosts.begin() + (r + 1) * per);
+    std::sort(mine.begin(), mine.end());
+    mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    if (mine.size() > 1) spans.push_back(fmt::format("replica {} ({})", r, fmt::join(mine, ", ")));
+  }
+  if (spans.empty()) return "";
+  return fmt::format("[spmd] note: not on one host: {}; its dp/tp collectives cross hosts", fmt::join(spans, "; "));
+}
+
 Mesh Mesh::make(int world_rank, int replicas, int dp, int tp) {
-  // World rank = (replica * dp + dp_rank) * tp + tp_rank (model/train_config.h).
+  // World rank = (replica * dp + dp_rank) * tp + tp_rank (train/config.h).
   Mesh m;
   m.replicas = replicas;
   m.dp = dp;
@@ -55,40 +77,40 @@ Mesh Mesh::make(int world_rank, int replicas, int dp, int tp) {
   return m;
 }
 
-Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
-                 const model::TextDataset& data, double peak_gflops,
-                 const std::optional<model::Checkpoint>& resume_from)
+Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
+                 const train::TextDataset& data, double peak_gflops,
+                 const std::optional<train::Checkpoint>& resume_from)
     : cfg_(cfg), transport_(transport), data_(data),
-      mesh_(Mesh::make(transport->rank(), cfg.replicas, cfg.dp, cfg.tp)),
+      mesh_(Mesh::make(transport->rank(), cfg.mesh.replicas, cfg.mesh.dp, cfg.mesh.tp)),
       world_(Communicator::world(transport, comm_options(cfg))),
       tp_comm_(transport, mesh_.tp_group, kTpContext, comm_options(cfg)),
       dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
       replica_comm_(transport, mesh_.replica_group, kReplicaContext, comm_options(cfg)),
       flat_comm_(transport, mesh_.flat_group, kFlatContext, comm_options(cfg)),
       dp_gather_comm_(transport, mesh_.dp_group, kDpGatherContext, comm_options(cfg)),
-      layout_(cfg.model, mesh_.tp_rank, cfg.tp),
-      plan_(layout_, cfg.microbatches),
+      layout_(cfg.model, mesh_.tp_rank, cfg.mesh.tp),
+      plan_(layout_, cfg.workload.microbatches),
       ws_(layout_, cfg.micro_batch()),
       tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
-      trace_(!cfg.trace.empty(), transport->rank(), 0),
+      trace_(!cfg.outputs.trace.empty(), transport->rank(), 0),
       report_(cfg, "spmd", transport->size(), peak_gflops, transport->rank() == 0) {
   // The state is allocated here, at its size (a shard with --fsdp): never a full buffer first,
   // which the peak resident bytes would count.
-  if (cfg_.fsdp) fsdp_ = std::make_unique<Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
+  if (cfg_.mesh.fsdp) fsdp_ = std::make_unique<Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
   const size_t n = static_cast<size_t>(fsdp_ ? fsdp_->shard_total() : layout_.total());
   params_.assign(n, 0.0f);
   grads_.assign(n, 0.0f);
   m_.assign(n, 0.0f);
   v_.assign(n, 0.0f);
   // From full tensors to this rank's buffer (through one full tp buffer with --fsdp).
-  auto load = [&](const std::vector<model::TensorData>* full, float* dst) {
+  auto load = [&](const std::vector<train::TensorData>* full, float* dst) {
     if (!fsdp_) {
-      if (full) model::scatter_full(layout_, *full, dst);
+      if (full) train::scatter_full(layout_, *full, dst);
       else model::init_params(layout_, cfg_.model.seed, dst);
       return;
     }
     std::vector<float> tmp(static_cast<size_t>(layout_.total()));
-    if (full) model::scatter_full(layout_, *full, tmp.data());
+    if (full) train::scatter_full(layout_, *full, tmp.data());
     else model::init_params(layout_, cfg_.model.seed, tmp.data());
     fsdp_->take_shard(tmp.data(), dst);
   };
@@ -97,11 +119,11 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
     load(&resume_from->adam_m, m_.data());
     load(&resume_from->adam_v, v_.data());
     first_step_ = resume_from->step;
-    if (transport->rank() == 0) fmt::print("[spmd] resumed from {} at step {}\n", cfg_.ckpt, first_step_);
+    if (transport->rank() == 0) fmt::print("[spmd] resumed from {} at step {}\n", cfg_.outputs.ckpt, first_step_);
   } else {
     load(nullptr, params_.data());
-    if (cfg_.resume && transport->rank() == 0)
-      fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.ckpt);
+    if (cfg_.outputs.resume && transport->rank() == 0)
+      fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.outputs.ckpt);
   }
   auto on_bucket = [this](int i, int64_t t0, int64_t t1, size_t bytes) {
     trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
@@ -110,17 +132,17 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
   // at once (flat); or in two levels, the replicas exchanging 1/dp of it each (hierarchical).
   if (fsdp_) {
     // reduced inside Fsdp::accumulate
-  } else if (cfg_.replicas == 1) {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, plan_.finish_order(), cfg_.bucket_bytes,
-                                                                cfg_.overlap, on_bucket);
-  } else if (cfg_.replica_reduce == "flat") {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, plan_.finish_order(), cfg_.bucket_bytes,
-                                                                cfg_.overlap, on_bucket);
+  } else if (cfg_.mesh.replicas == 1) {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, plan_.finish_order(), cfg_.exec.bucket_bytes,
+                                                                cfg_.exec.overlap, on_bucket);
+  } else if (cfg_.exec.replica_reduce == train::ReplicaReduce::kFlat) {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, plan_.finish_order(), cfg_.exec.bucket_bytes,
+                                                                cfg_.exec.overlap, on_bucket);
   } else {
     reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &dp_gather_comm_, &replica_comm_, plan_.finish_order(),
-                                                                cfg_.bucket_bytes, cfg_.overlap, on_bucket);
+                                                                cfg_.exec.bucket_bytes, cfg_.exec.overlap, on_bucket);
   }
-  if (cfg_.tp > 1) {
+  if (cfg_.mesh.tp > 1) {
     tp_reduce_ = [this](float* d, size_t n) {
       const int64_t t0 = now_us();
       tp_comm_.allreduce(d, d, n, DataType::kFloat32, ReduceOp::kSum);
@@ -136,8 +158,8 @@ Trainer::Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Tra
 
 Trainer::~Trainer() = default;
 
-std::vector<model::TensorData> Trainer::full(const float* buffer) {
-  return model::gather_full(layout_, buffer, [this](const float* shard, float* out, size_t n) {
+std::vector<train::TensorData> Trainer::full(const float* buffer) {
+  return train::gather_full(layout_, buffer, [this](const float* shard, float* out, size_t n) {
     tp_comm_.allgather(shard, out, n, DataType::kFloat32);
   });
 }
@@ -165,42 +187,42 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   const float* v = unsharded(v_.data(), sv);
   if (mesh_.dp_rank != 0) return;
   const int64_t t0 = now_us();
-  model::Checkpoint ck;
+  train::Checkpoint ck;
   ck.config = cfg_.model;
   ck.step = steps_done;
   ck.train_config_json = cfg_.workload_json();
   ck.params = full(p);
   ck.adam_m = full(m);
   ck.adam_v = full(v);
-  if (transport_->rank() == 0) model::save_checkpoint(cfg_.ckpt, ck);
+  if (transport_->rank() == 0) train::save_checkpoint(cfg_.outputs.ckpt, ck);
   trace_.span("checkpoint", "io", t0, now_us());
 }
 
 double Trainer::evaluate() {
   double sum = fsdp_ ? fsdp_->validation_loss_sum(data_, mesh_.data_index, params_.data(), ws_, tokens_.data(), tp_reduce_)
-                     : model::validation_loss_sum(cfg_, layout_, data_, mesh_.data_index, params_.data(), ws_,
+                     : train::validation_loss_sum(cfg_, layout_, data_, mesh_.data_index, params_.data(), ws_,
                                                   tokens_.data(), tp_reduce_);
   if (cfg_.data_parallel() > 1)
     flat_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  return sum / static_cast<double>(model::validation_batches(cfg_, data_) * cfg_.global_batch);
+  return sum / static_cast<double>(train::validation_batches(cfg_, data_) * cfg_.workload.global_batch);
 }
 
-double Trainer::train_step(int64_t step, model::StepRecord& rec) {
+double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   comm_s_ = 0;
   const int64_t step_t0 = now_us();
-  model::StepHooks hooks;
+  train::StepHooks hooks;
   hooks.tp_reduce = tp_reduce_;
   if (reducer_) {
     reducer_->begin(grads_.data());
     hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
   }
   hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
-  if (step == cfg_.kill_step && transport_->rank() == cfg_.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
+  if (step == cfg_.hooks.kill_step && transport_->rank() == cfg_.hooks.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
   double local_loss = 0;
   if (fsdp_) {
     local_loss = fsdp_->accumulate(data_, step, mesh_.data_index, params_.data(), grads_.data(), ws_, tokens_.data(), hooks);
   } else {
-    local_loss = model::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.data_index, params_.data(),
+    local_loss = train::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.data_index, params_.data(),
                                              grads_.data(), ws_, tokens_.data(), hooks);
     reducer_->finish();
   }
@@ -209,20 +231,20 @@ double Trainer::train_step(int64_t step, model::StepRecord& rec) {
   // every dp rank after the reduction) and, with --fsdp, over the dp shards.
   double red[2] = {local_loss, fsdp_ ? fsdp_->grad_sq_norm(grads_.data()) : model::grad_sq_norm_tp(layout_, grads_.data())};
   const int64_t tr0 = now_us();
-  if (cfg_.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (cfg_.mesh.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (fsdp_) dp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (cfg_.data_parallel() > 1)
     flat_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   comm_s_ += (now_us() - tr0) * 1e-6;
   const double loss = red[0] / cfg_.data_parallel();
-  model::UpdateResult upd;
+  train::UpdateResult upd;
   if (fsdp_) {
     upd.lr = model::lr_at(cfg_.optim, step);
     upd.grad_norm = std::sqrt(red[1]);
     fsdp_->adamw(step, upd.lr, model::clip_factor(cfg_.optim, red[1]), params_.data(), grads_.data(), m_.data(),
                  v_.data());
   } else {
-    upd = model::apply_update(cfg_, layout_, step, red[1], params_.data(), grads_.data(), m_.data(), v_.data());
+    upd = train::apply_update(cfg_, layout_, step, red[1], params_.data(), grads_.data(), m_.data(), v_.data());
   }
   const int64_t t_end = now_us();
   trace_.span("optimizer", "compute", t_opt, t_end);
@@ -262,8 +284,9 @@ bool Trainer::agreed_write(const std::function<void()>& fn) {
   return collectives::agree_on_errors(world_, "spmd_train", fn);
 }
 
-std::optional<std::string> Trainer::run() {
-  const int64_t first = first_step_;
+std::optional<std::string> Trainer::run() { return train::run(*this, cfg_, transport_->rank()); }
+
+void Trainer::start() {
   world_.barrier();
   // A common origin on every host's clock: rank 0's time after the barrier, which rank r's clock
   // reads as that plus r's offset to rank 0 (collectives/clock_sync.h); the rows then line up
@@ -275,51 +298,49 @@ std::optional<std::string> Trainer::run() {
   trace_.process_name(fmt::format("rank {} (replica {}, dp {}, tp {})", transport_->rank(), mesh_.replica, mesh_.dp_rank, mesh_.tp_rank));
   trace_.thread_name(0, "compute");
   trace_.thread_name(1, "dp allreduce");
-  model::StepRecord rec;
-  for (int64_t step = first; step < cfg_.steps; ++step) {
-    train_step(step, rec);
-    if (output_failed_) break;  // a metrics write failed: reported below, on every rank at once
-    report_.step(rec);
-    if (cfg_.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.step_sleep_ms));
-    const int64_t done = step + 1;
-    const bool eval_now = cfg_.eval_every > 0 && done % cfg_.eval_every == 0 && done != cfg_.steps;
-    const bool ckpt_now = !cfg_.ckpt.empty() && cfg_.ckpt_every > 0 && done % cfg_.ckpt_every == 0 && done != cfg_.steps;
-    if (eval_now) report_.validation(step, evaluate());
-    if (ckpt_now && !agreed_write([&] { save_checkpoint(done); })) return std::nullopt;
-    if (eval_now || ckpt_now || cfg_.step_sleep_ms > 0) last_end_us_ = -1;  // the pause is not a step
-  }
-  if (output_failed_) {
-    agreed_write([&] {
-      if (report_.failed()) throw Error(report_.error());
-      throw Error("another rank's output failed");
-    });
-    return std::nullopt;
-  }
+}
+
+bool Trainer::step(int64_t step) {
+  train_step(step, rec_);
+  if (output_failed_) return false;  // a metrics write failed: reported by fail(), on every rank at once
+  report_.step(rec_);
+  return true;
+}
+
+bool Trainer::save(int64_t steps_done) { return agreed_write([&] { save_checkpoint(steps_done); }); }
+
+void Trainer::fail() {
+  agreed_write([&] {
+    if (report_.failed()) throw Error(report_.error());
+    throw Error("another rank's output failed");
+  });
+}
+
+void Trainer::before_final() {
   // Memory, measured before the final evaluation and checkpoint (whose whole-model buffers are
   // not training state): the process's peak resident set and the model state it holds.
-  {
-    double mine[2] = {static_cast<double>(peak_resident_bytes()), static_cast<double>(state_bytes())};
-    std::vector<double> all(2 * static_cast<size_t>(world_.size()));
-    world_.allgather(mine, all.data(), 2, DataType::kFloat64);
-    std::vector<double> peak, state;
-    for (int r = 0; r < world_.size(); ++r) {
-      peak.push_back(all[2 * r]);
-      state.push_back(all[2 * r + 1]);
-    }
-    // Per rank, and the largest as pathways_train reports them (compare.sh's table reads those).
-    report_.set_extra_list("peak_resident_bytes_per_rank", peak);
-    report_.set_extra_list("state_bytes_per_rank", state);
-    report_.set_extra("peak_rss_bytes", *std::max_element(peak.begin(), peak.end()));
-    report_.set_extra("state_bytes", *std::max_element(state.begin(), state.end()));
+  double mine[2] = {static_cast<double>(peak_resident_bytes()), static_cast<double>(state_bytes())};
+  std::vector<double> all(2 * static_cast<size_t>(world_.size()));
+  world_.allgather(mine, all.data(), 2, DataType::kFloat64);
+  std::vector<double> peak, state;
+  for (int r = 0; r < world_.size(); ++r) {
+    peak.push_back(all[2 * r]);
+    state.push_back(all[2 * r + 1]);
   }
-  report_.validation(cfg_.steps - 1, evaluate());
-  if (!cfg_.ckpt.empty() && !agreed_write([&] { save_checkpoint(cfg_.steps); })) return std::nullopt;
+  // Per rank, and the largest as pathways_train reports them (compare.sh's table reads those).
+  report_.set_extra_list("peak_resident_bytes_per_rank", peak);
+  report_.set_extra_list("state_bytes_per_rank", state);
+  report_.set_extra("peak_rss_bytes", *std::max_element(peak.begin(), peak.end()));
+  report_.set_extra("state_bytes", *std::max_element(state.begin(), state.end()));
+}
+
+std::optional<std::string> Trainer::finish() {
   std::vector<float> sp;
-  const std::string hash = model::hash_hex(model::weights_hash(full(unsharded(params_.data(), sp))));
+  const std::string hash = train::hash_hex(train::weights_hash(full(unsharded(params_.data(), sp))));
   std::vector<std::string> fragments;
-  if (!cfg_.trace.empty()) fragments = collectives::allgather_strings(world_, trace_.fragment());
+  if (!cfg_.outputs.trace.empty()) fragments = collectives::allgather_strings(world_, trace_.fragment());
   const bool ok = agreed_write([&] {
-    if (!cfg_.trace.empty() && transport_->rank() == 0) write_trace_file(cfg_.trace, fragments, "--trace");
+    if (!cfg_.outputs.trace.empty() && transport_->rank() == 0) write_trace_file(cfg_.outputs.trace, fragments, "--trace");
     report_.finish(hash);
   });
   if (!ok) return std::nullopt;

@@ -1,8 +1,8 @@
 // The SPMD / BSP trainer: every rank runs this same loop over a replicas x dp x tp mesh (tp ranks
-// adjacent; model/train_config.h).
+// adjacent; train/config.h).
 //
 // One step: the step plan (model/step_plan.h) executed directly: forward and backward over the
-// rank's micro-batches (gradient accumulation, model::accumulate_gradients), the tp reductions inside each block through the tp group's
+// rank's micro-batches (gradient accumulation, train::accumulate_gradients), the tp reductions inside each block through the tp group's
 // communicator, the bucketed dp AllReduce of the gradient buffer overlapped with the last
 // micro-batch's backward (collectives::BucketedAllreduce), global-
 // norm clipping (the squared norm reduced over tp), AdamW. Parameters, gradients and moments are
@@ -25,11 +25,13 @@
 #include "collectives/bucketed_allreduce.h"
 #include "collectives/communicator.h"
 #include "common/trace.h"
-#include "model/checkpoint.h"
-#include "model/data.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
-#include "model/train_report.h"
+#include "train/bootstrap.h"
+#include "train/config.h"
+#include "train/loop.h"
+#include "train/report.h"
 #include "model/transformer.h"
 #include "spmd/fsdp.h"
 
@@ -45,38 +47,55 @@ struct Mesh {
   static Mesh make(int world_rank, int replicas, int dp, int tp);
 };
 
-class Trainer {
+// What spmd_train's start-up checks (train/bootstrap.h): every rank computes.
+train::TrainerSpec trainer_spec();
+// One line naming the replicas whose ranks are on more than one host (their dp and tp
+// collectives then cross hosts too, not only the replica exchange); empty if none.
+std::string replicas_spanning_hosts(const train::TrainConfig& cfg, const std::vector<std::string>& hosts);
+
+class Trainer final : public train::Trainer {
  public:
   // Validates nothing: the caller ran cfg.validate(), opened the dataset and loaded the resume
-  // checkpoint (model::load_resume_checkpoint) on every rank.
-  Trainer(const model::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
-          const model::TextDataset& data, double peak_gflops,
-          const std::optional<model::Checkpoint>& resume_from);
-  ~Trainer();
+  // checkpoint (train::load_resume_checkpoint) on every rank.
+  Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
+          const train::TextDataset& data, double peak_gflops,
+          const std::optional<train::Checkpoint>& resume_from);
+  ~Trainer() override;
 
-  // Trains from the checkpoint's step (when resuming) to cfg.steps; writes metrics, trace and
-  // checkpoints as configured. Returns the hex weights hash, or nullopt when an output could not
-  // be written: rank 0 has then printed one line ("spmd_train: error: ...") and every rank
-  // stopped at the same step (the failure travels with the step's statistics); no output is
-  // left half-written.
+  // Trains from the checkpoint's step (when resuming) to cfg.workload.steps through the shared
+  // run loop (train/loop.h); writes metrics, trace and checkpoints as configured. Returns the hex
+  // weights hash, or nullopt when an output could not be written: rank 0 has then printed one
+  // line ("spmd_train: error: ...") and every rank stopped at the same step (the failure travels
+  // with the step's statistics); no output is left half-written.
   std::optional<std::string> run();
 
+  // train::Trainer: every call is collective over the world.
+  int64_t first_step() const override { return first_step_; }
+  void start() override;
+  bool step(int64_t step) override;
+  void pause() override { last_end_us_ = -1; }
+  double evaluate() override;
+  bool save(int64_t steps_done) override;
+  void before_final() override;
+  std::optional<std::string> finish() override;
+  void fail() override;
+  train::TrainReport& report() override { return report_; }
+
  private:
-  double train_step(int64_t step, model::StepRecord& rec);
-  double evaluate();
+  double train_step(int64_t step, train::StepRecord& rec);
   void save_checkpoint(int64_t steps_done);
   // Runs an output write `fn` (on whichever ranks it writes) and agrees on its outcome on every
   // rank; false (one line printed by rank 0) if it failed anywhere.
   bool agreed_write(const std::function<void()>& fn);
-  std::vector<model::TensorData> full(const float* buffer);
+  std::vector<train::TensorData> full(const float* buffer);
   // A full tp-layout buffer from params_/m_/v_ (gathered over dp with --fsdp; else a copy of the
   // pointer). Collective over dp with --fsdp.
   const float* unsharded(const float* buffer, std::vector<float>& storage);
   int64_t state_bytes() const;  // parameters, gradients, moments and gathered buffers held
 
-  model::TrainConfig cfg_;
+  train::TrainConfig cfg_;
   std::shared_ptr<collectives::Transport> transport_;
-  const model::TextDataset& data_;
+  const train::TextDataset& data_;
   Mesh mesh_;
   collectives::Communicator world_, tp_comm_, dp_comm_, replica_comm_, flat_comm_;
   collectives::Communicator dp_gather_comm_;  // the dp group again: the hierarchical exchange's all-gathers
@@ -88,7 +107,8 @@ class Trainer {
   Trace trace_;
   std::unique_ptr<collectives::BucketedAllreduce> reducer_;  // without --fsdp
   std::unique_ptr<Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
-  model::TrainReport report_;
+  train::TrainReport report_;
+  train::StepRecord rec_;
   model::TpReduce<float> tp_reduce_;
   double comm_s_ = 0;  // tp reductions and scalar reductions of the current step
   // When the previous step ended (after its closing barrier), or -1 after a pause (evaluation,

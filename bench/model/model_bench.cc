@@ -15,7 +15,8 @@
 
 #include "common/check.h"
 #include "common/time.h"
-#include "model/full_state.h"
+#include "train/checks.h"
+#include "train/full_state.h"
 #include "model/kernels.h"
 #include "model/optim.h"
 #include "model/params.h"
@@ -24,6 +25,7 @@
 namespace {
 
 using namespace pwm::model;
+using namespace pwm::train;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -33,7 +35,7 @@ double median(std::vector<double> v) {
 
 // Best-of-`reps` GFLOP/s of C[M,N] = op(A) op(B) through gemm<float>.
 double gemm_gflops(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int reps) {
-  return pwm::model::measure_gemm_gflops(M, N, K, reps, trans_a, trans_b);
+  return pwm::train::measure_gemm_gflops(M, N, K, reps, trans_a, trans_b);
 }
 
 struct Profile {

@@ -22,12 +22,12 @@ Pos Pos::of(const KernelContext& ctx, int tp) {
 }
 
 TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives::Transport> transport,
-                               std::shared_ptr<const model::TextDataset> data)
+                               std::shared_ptr<const pwm::train::TextDataset> data)
     : shapes_(shapes), transport_(std::move(transport)), data_(std::move(data)), flat_cfg_(shapes.cfg()) {
-  flat_cfg_.dp = flat_cfg_.data_parallel();
-  flat_cfg_.replicas = 1;
+  flat_cfg_.mesh.dp = flat_cfg_.data_parallel();
+  flat_cfg_.mesh.replicas = 1;
   clock_offset_us_ = transport_->clock_offset_us(transport_->rank());
-  if (!cfg().trace.empty()) {
+  if (!cfg().outputs.trace.empty()) {
     // The trace's origin is this rank's clock offset to rank 0 (the controller): its timestamps
     // are then on the controller's clock, whichever host this worker runs on.
     const int r = transport_->rank();
@@ -37,7 +37,7 @@ TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives
   }
 }
 
-const model::TextDataset& TrainingDevice::data() const {
+const pwm::train::TextDataset& TrainingDevice::data() const {
   PWM_CHECK(data_ != nullptr, "this training device has no dataset");
   return *data_;
 }
@@ -59,7 +59,7 @@ Communicator& TrainingDevice::comm(uint32_t context, std::vector<int> group) {
   auto& c = comms_[{context, group}];
   if (!c) {
     collectives::CommOptions o = collectives::CommOptions::from_env();
-    o.timeout_s = cfg().coll_timeout;
+    o.timeout_s = cfg().exec.coll_timeout;
     c = std::make_unique<Communicator>(transport_, group, context, o);
   }
   return *c;
@@ -130,7 +130,7 @@ void TrainingDevice::finish_reduce(const float* out) {
   add_comm((now_us() - t0) * 1e-6);
 }
 
-void TrainingDevice::report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s,
+void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, double loss, double kernel_comm_s,
                             std::span<double> out, const StepStats* exchange) {
   const int64_t now = now_us();
   const double kernel_s = (now - running.start_us_) * 1e-6;

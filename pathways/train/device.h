@@ -23,9 +23,9 @@
 
 #include "collectives/communicator.h"
 #include "common/trace.h"
-#include "model/data.h"
+#include "train/data.h"
 #include "model/params.h"
-#include "model/train_step.h"
+#include "train/step.h"
 #include "model/transformer.h"
 #include "pathways/kernel.h"
 #include "pathways/train/step_io.h"
@@ -43,15 +43,15 @@ class TrainingDevice {
   // `transport`: this worker's (for the sub-communicators); `data` may be null for a device that
   // never reads batches (tests of shapes only).
   TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives::Transport> transport,
-                 std::shared_ptr<const model::TextDataset> data);
+                 std::shared_ptr<const pwm::train::TextDataset> data);
 
   const Shapes& shapes() const { return shapes_; }
-  const model::TrainConfig& cfg() const { return shapes_.cfg(); }
+  const pwm::train::TrainConfig& cfg() const { return shapes_.cfg(); }
   // The configuration as one island of all data-parallel devices (dp = replicas x dp, one
   // replica): what the model's step reads rows and scales gradients by, with data index
   // replica x dp + dp rank (as spmd_train's world rank).
-  const model::TrainConfig& flat_cfg() const { return flat_cfg_; }
-  const model::TextDataset& data() const;
+  const pwm::train::TrainConfig& flat_cfg() const { return flat_cfg_; }
+  const pwm::train::TextDataset& data() const;
   const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp rank)
 
   // The device's step memory: workspace, the layout-shaped gradient buffer and token scratch,
@@ -83,7 +83,7 @@ class TrainingDevice {
   // On the controller's clock (now_us() minus this rank's measured offset): backward_done's time.
   double backward_end_ctrl_us() const { return static_cast<double>(bwd_end_us_ - clock_offset_us_); }
   double now_ctrl_us() const;
-  void report(KernelScope& running, model::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
+  void report(KernelScope& running, pwm::train::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
               const StepStats* exchange = nullptr);
 
   // Non-blocking dp reductions (the pipeline's stage gradients, XLA's all-reduce-start/-done):
@@ -117,7 +117,7 @@ class TrainingDevice {
 
   const Shapes& shapes_;
   std::shared_ptr<collectives::Transport> transport_;
-  std::shared_ptr<const model::TextDataset> data_;
+  std::shared_ptr<const pwm::train::TextDataset> data_;
   std::map<int, model::ParamLayout> layouts_;  // by tp rank
   std::unique_ptr<model::Workspace<float>> ws_;
   std::vector<float> grads_;
@@ -127,7 +127,7 @@ class TrainingDevice {
   double comm_s_ = 0;  // collectives of this step's earlier kernels
   int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it
   double busy_at_bwd_s_ = 0;
-  model::TrainConfig flat_cfg_;
+  pwm::train::TrainConfig flat_cfg_;
   int64_t clock_offset_us_ = 0;
   std::unique_ptr<Trace> trace_;
 };

@@ -9,9 +9,10 @@
 #include "collectives/communicator.h"
 #include "common/check.h"
 #include "common/memory.h"
-#include "model/checkpoint.h"
-#include "model/full_state.h"
-#include "model/train_step.h"
+#include "train/checkpoint.h"
+#include "train/checks.h"
+#include "train/full_state.h"
+#include "train/step.h"
 #include "pathways/kernel.h"
 
 namespace pwm::pathways::train {
@@ -22,7 +23,7 @@ using collectives::ReduceOp;
 using model::ParamLayout;
 
 DeviceSet::Attached DeviceSet::attach(std::shared_ptr<collectives::Transport> transport,
-                                     std::shared_ptr<const model::TextDataset> data) {
+                                     std::shared_ptr<const pwm::train::TextDataset> data) {
   std::lock_guard<std::mutex> lock(mu_);
   const int rank = transport->rank();
   PWM_CHECK(!devices_.count(rank), "world rank {} already has a training device", rank);
@@ -52,9 +53,9 @@ namespace {
 Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 
 // Full tensors of this tp group (every dp replica computes the same).
-std::vector<model::TensorData> full(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const float* buf) {
+std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const float* buf) {
   Communicator* c = dev.tp_comm(ctx, p);
-  return model::gather_full(dev.layout(p), buf, [c](const float* shard, float* out, size_t n) {
+  return pwm::train::gather_full(dev.layout(p), buf, [c](const float* shard, float* out, size_t n) {
     c->allgather(shard, out, n, collectives::DataType::kFloat32);
   });
 }
@@ -72,11 +73,11 @@ void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const ParamLayout& layout = dev.layout(pos(ctx));
   dev.step_memory(layout);
-  auto ck = model::load_resume_checkpoint(dev.cfg());
-  PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", dev.cfg().ckpt);
-  model::scatter_full(layout, ck->params, ctx.out<float>(kParams).data());
-  model::scatter_full(layout, ck->adam_m, ctx.out<float>(kAdamM).data());
-  model::scatter_full(layout, ck->adam_v, ctx.out<float>(kAdamV).data());
+  auto ck = pwm::train::load_resume_checkpoint(dev.cfg());
+  PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", dev.cfg().outputs.ckpt);
+  pwm::train::scatter_full(layout, ck->params, ctx.out<float>(kParams).data());
+  pwm::train::scatter_full(layout, ck->adam_m, ctx.out<float>(kAdamM).data());
+  pwm::train::scatter_full(layout, ck->adam_v, ctx.out<float>(kAdamV).data());
   ctx.out<int64_t>(kStep)[0] = ck->step;
 }
 
@@ -91,14 +92,14 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   // without the division (val_total adds the islands' sums in island order, then divides).
   const bool replica = ctx.attrs().size() > 1;
   const int r = replica ? static_cast<int>(ctx.attr(1)) : 0;
-  double sum = model::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
+  double sum = pwm::train::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
                                           ctx.in<float>(0).data(), ws, dev.tokens(),
                                           dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s));
   if (Communicator* c = dev.dp_comm(ctx, p))
     c->allreduce(&sum, &sum, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   ctx.out<double>(0)[0] =
       replica ? sum
-              : sum / static_cast<double>(model::validation_batches(dev.cfg(), dev.data()) * dev.cfg().global_batch);
+              : sum / static_cast<double>(pwm::train::validation_batches(dev.cfg(), dev.data()) * dev.cfg().workload.global_batch);
 }
 
 // The islands' validation sums (eval with an island attribute), in island order, divided as eval
@@ -107,27 +108,27 @@ void val_total(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   double sum = 0;
   for (size_t r = 0; r < ctx.num_inputs(); ++r) sum += ctx.in<double>(r)[0];
   ctx.out<double>(0)[0] =
-      sum / static_cast<double>(model::validation_batches(dev.cfg(), dev.data()) * dev.cfg().global_batch);
+      sum / static_cast<double>(pwm::train::validation_batches(dev.cfg(), dev.data()) * dev.cfg().workload.global_batch);
 }
 
 // This worker process's peak resident set (bytes, from common/memory.h).
 void memory(TrainingDevice&, KernelContext& ctx, Scope&) { ctx.out<int64_t>(0)[0] = peak_resident_bytes(); }
 
 void weights_hash(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const uint64_t h = model::weights_hash(full(dev, ctx, pos(ctx), ctx.in<float>(0).data()));
+  const uint64_t h = pwm::train::weights_hash(full(dev, ctx, pos(ctx), ctx.in<float>(0).data()));
   std::memcpy(ctx.out<int64_t>(0).data(), &h, sizeof(h));
 }
 
 void save_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = pos(ctx);
-  model::Checkpoint ck;
+  pwm::train::Checkpoint ck;
   ck.config = dev.cfg().model;
   ck.step = ctx.in<int64_t>(kStep)[0];
   ck.train_config_json = dev.cfg().workload_json();
   ck.params = full(dev, ctx, p, ctx.in<float>(kParams).data());
   ck.adam_m = full(dev, ctx, p, ctx.in<float>(kAdamM).data());
   ck.adam_v = full(dev, ctx, p, ctx.in<float>(kAdamV).data());
-  if (ctx.shard() == 0) model::save_checkpoint(dev.cfg().ckpt, ck);
+  if (ctx.shard() == 0) pwm::train::save_checkpoint(dev.cfg().outputs.ckpt, ck);
   ctx.out<int64_t>(0)[0] = ck.step;
 }
 

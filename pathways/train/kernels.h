@@ -4,7 +4,7 @@
 // Each kernel runs once per device of its slice, over object-store buffers; per-device shards
 // follow the SPMD trainer's mesh: a slice of dp x tp devices, device k = dp index k / tp, tp
 // index k % tp, so device k holds exactly what SPMD's world rank k holds, and runs the same
-// floating-point operations (model/step_plan.h, model/train_step.h), which is why the two
+// floating-point operations (model/step_plan.h, train/step.h), which is why the two
 // trainers agree bitwise. Names, shapes and argument positions: step_io.h. What each worker
 // keeps between kernels: device.h.
 //
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "collectives/transport.h"
-#include "model/data.h"
+#include "train/data.h"
 #include "pathways/train/device.h"
 #include "pathways/train/step_io.h"
 
@@ -30,7 +30,7 @@ namespace pwm::pathways::train {
 // thread). The registered kernels capture it (shared ownership: the registry outlives callers).
 class DeviceSet {
  public:
-  explicit DeviceSet(const model::TrainConfig& cfg, PipelineShape pipe = {}) : shapes_(cfg, pipe) {}
+  explicit DeviceSet(const pwm::train::TrainConfig& cfg, PipelineShape pipe = {}) : shapes_(cfg, pipe) {}
   const Shapes& shapes() const { return shapes_; }
   // Makes the device of world rank transport->rank(), for as long as the returned object lives.
   // Call on that worker's thread or process before it starts run_worker, and keep the result
@@ -52,7 +52,7 @@ class DeviceSet {
     int rank_;
   };
   [[nodiscard]] Attached attach(std::shared_ptr<collectives::Transport> transport,
-                                std::shared_ptr<const model::TextDataset> data);
+                                std::shared_ptr<const pwm::train::TextDataset> data);
   // The device of the worker running a kernel; throws if it was never attached. Thread-safe.
   TrainingDevice& at(int world_rank);
 

@@ -100,7 +100,7 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   for (size_t r = 0; r < args.losses; ++r) loss += ctx.in<double>(args.loss(r))[0];
   if (args.losses > 0) loss /= static_cast<double>(pp.dp) * static_cast<double>(args.losses);
   ctx.out<int64_t>(kStep)[0] = step + 1;
-  dev.report(scope, model::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
+  dev.report(scope, pwm::train::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
 }
 
 // Full state of a pipeline from its stages' buffers: stage s's layers from input s, the

@@ -15,17 +15,18 @@
 namespace pwm::pathways::train {
 
 using model::StepPlan;
+using pwm::train::Granularity;
 
-Program replica_program(const Shapes& sh, const KernelNames& names, const std::string& granularity,
+Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
   const int R = static_cast<int>(slices.size());
-  const model::TrainConfig& cfg = sh.cfg();
-  PWM_CHECK(R == cfg.replicas && R > 1 && states.size() == slices.size(), "replica_program: {} slices for {} replicas",
-            R, cfg.replicas);
-  const int tp = cfg.tp;
+  const pwm::train::TrainConfig& cfg = sh.cfg();
+  PWM_CHECK(R == cfg.mesh.replicas && R > 1 && states.size() == slices.size(), "replica_program: {} slices for {} replicas",
+            R, cfg.mesh.replicas);
+  const int tp = cfg.mesh.tp;
   const StepPlan& plan = sh.plan(tp);
   const int P = plan.num_pieces();
-  ProgramBuilder b(fmt::format("replicas-{}-R{}", granularity, R));
+  ProgramBuilder b(fmt::format("replicas-{}-R{}", pwm::train::name(granularity), R));
   std::vector<State<Value>> st;
   for (const auto& a : states) {
     std::vector<Value> v;
@@ -45,18 +46,18 @@ Program replica_program(const Shapes& sh, const KernelNames& names, const std::s
   // the producer in the sender's list. Not with dp or tp > 1: a gang node (the dp reduction,
   // the tp blocks) waits for every lower-numbered node of its worker, which the forwarded nodes
   // of an island traced earlier would be, serializing that island behind the other's backward.
-  const bool early = granularity == "chained" && cfg.dp == 1 && cfg.tp == 1;
+  const bool early = granularity == Granularity::kChained && cfg.mesh.dp == 1 && cfg.mesh.tp == 1;
   const int64_t M = plan.microbatches();
   for (int r = 0; r < R; ++r) {
     const Slice& sl = slices[static_cast<size_t>(r)];
-    if (granularity == "fused") {
+    if (granularity == Granularity::kFused) {
       auto o = b.call(names("fused_grads"), sl, st[r].list(), {tp, r});
       PWM_CHECK_EQ(static_cast<int>(o.size()), P + 1);
       pieces[r].assign(o.begin(), o.begin() + P);
       loss[r] = o[static_cast<size_t>(P)];
       continue;
     }
-    PWM_CHECK(granularity == "chained", "replicas run fused or chained, not {}", granularity);
+    PWM_CHECK(granularity == Granularity::kChained, "replicas run fused or chained, not {}", pwm::train::name(granularity));
     std::vector<int64_t> seen(static_cast<size_t>(P), 0);  // backward units per piece so far
     const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
       auto out = b.call(k, sl, in, at);
@@ -80,7 +81,7 @@ Program replica_program(const Shapes& sh, const KernelNames& names, const std::s
     for (int i = 0; i < P; ++i) {
       Value& p = g.pieces[static_cast<size_t>(i)];
       // dp = 1: the island's piece is the device's own (no node: a copy would be the only work).
-      pieces[r].push_back(cfg.dp > 1 ? b.call(names("dp_allreduce"), sl, {p}, {tp, sh.piece(tp, i)})[0] : p);
+      pieces[r].push_back(cfg.mesh.dp > 1 ? b.call(names("dp_allreduce"), sl, {p}, {tp, sh.piece(tp, i)})[0] : p);
     }
     loss[r] = b.call(names("island_loss"), sl, g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
   }

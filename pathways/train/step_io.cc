@@ -15,22 +15,22 @@ std::string KernelNames::unit(const model::Unit& u, int tp) const {
   return (*this)(k);
 }
 
-Shapes::Shapes(const model::TrainConfig& cfg, PipelineShape pipe) : cfg_(cfg), pipe_(pipe) {
+Shapes::Shapes(const pwm::train::TrainConfig& cfg, PipelineShape pipe) : cfg_(cfg), pipe_(pipe) {
   layouts_.emplace_back(cfg.model, 0, 1);
-  if (cfg.tp > 1) layouts_.emplace_back(cfg.model, 0, cfg.tp);
-  for (const auto& l : layouts_) plans_.emplace_back(l, cfg.microbatches);
+  if (cfg.mesh.tp > 1) layouts_.emplace_back(cfg.model, 0, cfg.mesh.tp);
+  for (const auto& l : layouts_) plans_.emplace_back(l, cfg.workload.microbatches);
 }
 
 const model::ParamLayout& Shapes::layout(int tp) const {
   for (const auto& l : layouts_)
     if (l.tp_size() == tp) return l;
-  PWM_THROW("no layout for tp = {} (the workload has tp = {})", tp, cfg_.tp);
+  PWM_THROW("no layout for tp = {} (the workload has tp = {})", tp, cfg_.mesh.tp);
 }
 
 const model::StepPlan& Shapes::plan(int tp) const {
   for (size_t i = 0; i < layouts_.size(); ++i)
     if (layouts_[i].tp_size() == tp) return plans_[i];
-  PWM_THROW("no plan for tp = {} (the workload has tp = {})", tp, cfg_.tp);
+  PWM_THROW("no plan for tp = {} (the workload has tp = {})", tp, cfg_.mesh.tp);
 }
 
 int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }
@@ -68,17 +68,17 @@ StageLayers stage_layers(const Shapes& sh, int stage) {
 }
 
 UpdateArgs replica_update_args(const Shapes& sh, int tp) {
-  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().replicas), false};
+  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().mesh.replicas), false};
 }
 
 UpdateArgs update_args(const Shapes& sh, int tp) {
-  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().microbatches), false};
+  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().workload.microbatches), false};
 }
 
 UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
   const StageLayers s = stage_layers(sh, stage);
   const bool last = stage == sh.pipe().stages - 1;
-  return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().replicas) : 0, true};
+  return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().mesh.replicas) : 0, true};
 }
 
 }  // namespace pwm::pathways::train

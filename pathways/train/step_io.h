@@ -16,7 +16,7 @@
 #include "common/check.h"
 #include "model/params.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
+#include "train/config.h"
 #include "pathways/kernel.h"
 
 namespace pwm::pathways::train {
@@ -42,8 +42,8 @@ struct KernelNames {
 // Immutable after construction; safe from any thread.
 class Shapes {
  public:
-  Shapes(const model::TrainConfig& cfg, PipelineShape pipe);
-  const model::TrainConfig& cfg() const { return cfg_; }
+  Shapes(const pwm::train::TrainConfig& cfg, PipelineShape pipe);
+  const pwm::train::TrainConfig& cfg() const { return cfg_; }
   PipelineShape pipe() const { return pipe_; }
   const model::ParamLayout& layout(int tp) const;  // tp rank 0's (every rank's sizes are equal)
   const model::StepPlan& plan(int tp) const;
@@ -55,9 +55,9 @@ class Shapes {
   std::vector<ArgSpec> state(int tp) const;                                   // State's specs
 
  private:
-  model::TrainConfig cfg_;
+  pwm::train::TrainConfig cfg_;
   PipelineShape pipe_;
-  std::vector<model::ParamLayout> layouts_;  // tp = 1 and cfg.tp
+  std::vector<model::ParamLayout> layouts_;  // tp = 1 and cfg.mesh.tp
   std::vector<model::StepPlan> plans_;
 };
 
@@ -159,7 +159,7 @@ UpdateArgs replica_update_args(const Shapes& sh, int tp);
 
 // The replicas' kernels' attributes after tp (attrs[0]): the island (replica) index where the
 // kernel reads data or scales by it. Every replica kernel takes the number of replicas from the
-// configuration (cfg().replicas).
+// configuration (cfg().mesh.replicas).
 struct ReplicaAttrs {
   static constexpr size_t kBatchReplica = 2;  // batch: tp, micro-batch, replica
   static constexpr size_t kFusedReplica = 1;  // fused_grads: tp, replica

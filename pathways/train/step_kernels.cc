@@ -10,7 +10,7 @@
 #include "common/trace.h"
 #include <fmt/format.h>
 #include "model/optim.h"
-#include "model/train_step.h"
+#include "train/step.h"
 
 #include <csignal>
 #include "pathways/train/kernels.h"
@@ -27,12 +27,12 @@ namespace {
 Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 
 // The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
-model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
+pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
                                 int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
                                 double* loss_out, const double* replicas_loss_sum = nullptr) {
   // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
   // step, after its gradients and before the update, as spmd_train's rank does.
-  if (step == dev.cfg().kill_step && ctx.world_rank() == dev.cfg().kill_rank) ::raise(SIGKILL);
+  if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) ::raise(SIGKILL);
   double red[2] = {local_loss, model::grad_sq_norm_tp(layout, grads)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
@@ -45,7 +45,7 @@ model::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const P
   *comm_s += now_s() - t0;
   *loss_out = red[0] / (replicas_loss_sum ? dev.cfg().data_parallel() : p.dp);
   const auto in = [&](size_t i) { return ctx.in<float>(i).data(); };
-  return model::apply_update_into(dev.cfg(), layout, step, red[1], in(kParams), grads, in(kAdamM), in(kAdamV),
+  return pwm::train::apply_update_into(dev.cfg(), layout, step, red[1], in(kParams), grads, in(kAdamM), in(kAdamV),
                                   ctx.out<float>(kParams).data(), ctx.out<float>(kAdamM).data(),
                                   ctx.out<float>(kAdamV).data());
 }
@@ -59,7 +59,7 @@ collectives::BucketedAllreduce::OnBucketDone bucket_trace(TrainingDevice& dev) {
     t->span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
   };
 }
-void trace_units(TrainingDevice& dev, model::StepHooks& hooks) {
+void trace_units(TrainingDevice& dev, pwm::train::StepHooks& hooks) {
   if (Trace* t = dev.trace()) hooks.span = [t](const char* name, int64_t t0, int64_t t1) { t->span(name, "compute", t0, t1); };
 }
 
@@ -73,22 +73,22 @@ struct BlockUnit {
   model::Workspace<float>& ws;
 };
 
-// The plan executed directly (model::accumulate_gradients, under `cfg`, reading data index
+// The plan executed directly (pwm::train::accumulate_gradients, under `cfg`, reading data index
 // `data_index`) into the device's layout-shaped gradient buffer, with the bucketed, overlapped dp
 // AllReduce inside; returns the device's mean loss and adds the collectives' time to *comm_s.
-double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const model::TrainConfig& cfg,
+double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const pwm::train::TrainConfig& cfg,
                        int data_index, double* comm_s) {
   const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
   model::Workspace<float>& ws = dev.step_memory(layout);
-  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().bucket_bytes,
-                                         dev.cfg().overlap, bucket_trace(dev));
+  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().exec.bucket_bytes,
+                                         dev.cfg().exec.overlap, bucket_trace(dev));
   reducer.begin(dev.grads());
-  model::StepHooks hooks;
+  pwm::train::StepHooks hooks;
   trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
   hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
-  const double local = model::accumulate_gradients(cfg, layout, plan, dev.data(), ctx.in<int64_t>(kStep)[0], data_index,
+  const double local = pwm::train::accumulate_gradients(cfg, layout, plan, dev.data(), ctx.in<int64_t>(kStep)[0], data_index,
                                                    ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
   reducer.finish();
   *comm_s += reducer.comm_seconds();
@@ -97,7 +97,7 @@ double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, co
 
 }  // namespace
 
-// The whole step: the plan executed directly (model::accumulate_gradients) into the device's
+// The whole step: the plan executed directly (pwm::train::accumulate_gradients) into the device's
 // layout-shaped gradient buffer, with the bucketed, overlapped dp AllReduce inside.
 void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
@@ -106,7 +106,7 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double comm_s = 0;
   const double local = fused_gradients(dev, ctx, p, dev.cfg(), p.dp_rank, &comm_s);
   double loss = 0;
-  const model::UpdateResult u =
+  const pwm::train::UpdateResult u =
       finish_step(dev, ctx, p, layout, step, local, model::GradView(layout, dev.grads()), &comm_s, &loss);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
@@ -120,9 +120,9 @@ void batch(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   // Replicas: island r's dp rank d reads data-parallel index r x dp + d of replicas x dp (as
   // spmd_train's world rank does).
   const int64_t r = ctx.attrs().size() > ReplicaAttrs::kBatchReplica ? ctx.attr(ReplicaAttrs::kBatchReplica) : 0;
-  const model::RowRange rows = model::batch_rows(cfg.global_batch, static_cast<int>(r * p.dp + p.dp_rank),
-                                                 p.dp * cfg.replicas, ctx.attr(1), cfg.microbatches);
-  dev.data().train_batch(cfg.data_seed, ctx.in<int64_t>(0)[0], cfg.global_batch, cfg.model.seq_len, rows.begin,
+  const pwm::train::RowRange rows = pwm::train::batch_rows(cfg.workload.global_batch, static_cast<int>(r * p.dp + p.dp_rank),
+                                                 p.dp * cfg.mesh.replicas, ctx.attr(1), cfg.workload.microbatches);
+  dev.data().train_batch(cfg.workload.data_seed, ctx.in<int64_t>(0)[0], cfg.workload.global_batch, cfg.model.seq_len, rows.begin,
                          rows.end, ctx.out<int32_t>(0).data());
 }
 
@@ -157,7 +157,7 @@ void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto& ws = dev.step_memory(layout);
   BoundActivations b(dev);
   const int L = static_cast<int>(dev.cfg().model.n_layers);
-  const float grad_scale = 1.0f / static_cast<float>(dev.cfg().microbatches * p.dp * dev.cfg().replicas);
+  const float grad_scale = 1.0f / static_cast<float>(dev.cfg().workload.microbatches * p.dp * dev.cfg().mesh.replicas);
   b.act.bind_x(L, const_cast<float*>(ctx.in<float>(kHeadX).data()));
   b.act.bind_dx(ctx.out<float>(kHeadDx).data());
   const int32_t* tokens = ctx.in<int32_t>(kHeadTokens).data();
@@ -254,7 +254,7 @@ void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   for (size_t m = 0; m < args.losses; ++m) local += ctx.in<double>(args.loss(m))[0];
   local /= static_cast<double>(args.losses);
   double comm_s = 0, loss = 0;
-  const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss);
+  const pwm::train::UpdateResult u = finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
 }
@@ -343,7 +343,7 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double total = 0;  // island order, as the gradients
   for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
   double comm_s = 0, loss = 0;
-  const model::UpdateResult u = finish_step(dev, ctx, p, layout, step, 0.0, grads, &comm_s, &loss, &total);
+  const pwm::train::UpdateResult u = finish_step(dev, ctx, p, layout, step, 0.0, grads, &comm_s, &loss, &total);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
 }

@@ -100,11 +100,11 @@ struct PipelineGrads {
   std::vector<std::vector<Value>> layers;  // per stage: its layers' pieces, in layer order
   Value tied, loss;                        // the tied piece (on stage 0), the loss (on the last stage)
 };
-PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, const std::string& schedule,
+PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, Schedule schedule,
                              std::span<const Slice> slices, std::span<const State<Value>> st, int replica) {
   const int S = static_cast<int>(slices.size());
-  const int tp = sh.cfg().tp;           // every stage is a dp x tp slice (mesh {dp, tp})
-  const bool reduce = sh.cfg().dp > 1;  // the stage's gradient pieces are summed over its dp group
+  const int tp = sh.cfg().mesh.tp;           // every stage is a dp x tp slice (mesh {dp, tp})
+  const bool reduce = sh.cfg().mesh.dp > 1;  // the stage's gradient pieces are summed over its dp group
   const StepPlan& plan = sh.plan(tp);
   const int64_t M = plan.microbatches();
   auto call = [&](int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
@@ -119,7 +119,7 @@ PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNa
   std::vector<std::vector<std::vector<Value>>> xs(S, std::vector<std::vector<Value>>(M)), saved = xs;
   std::vector<Value> gl(static_cast<size_t>(plan.layers()));  // per layer: the running sum over micro-batches
   Value gEh, gL;  // the tied piece's head part (last stage) and lookup part (stage 0)
-  const bool overlap = sh.cfg().overlap;
+  const bool overlap = sh.cfg().exec.overlap;
   struct Started {
     int layer;
     Value piece, sum;
@@ -205,7 +205,7 @@ PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNa
   };
   std::vector<std::vector<Op>> order(S);
   for (int s = 0; s < S; ++s) {
-    if (schedule == "gpipe") {
+    if (schedule == Schedule::kGpipe) {
       for (int64_t m = 0; m < M; ++m) order[s].push_back({true, m});
       for (int64_t m = 0; m < M; ++m) order[s].push_back({false, m});
     } else {  // 1F1B: S-1-s warm-up forwards, then one forward and one backward in turn
@@ -263,16 +263,16 @@ PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNa
 
 }  // namespace
 
-Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
+Program pipeline_program(const Shapes& sh, const KernelNames& names, Schedule schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
   const int S = sh.pipe().stages;
-  const int R = sh.cfg().replicas;  // > 1: R pipelines, one per replica, exchanging gradients
+  const int R = sh.cfg().mesh.replicas;  // > 1: R pipelines, one per replica, exchanging gradients
   PWM_CHECK(static_cast<int>(slices.size()) == R * S && states.size() == slices.size(),
             "pipeline_program: {} slices for {} replicas of {} stages", slices.size(), R, S);
-  const int tp = sh.cfg().tp;           // every stage is a dp x tp slice (mesh {dp, tp})
+  const int tp = sh.cfg().mesh.tp;           // every stage is a dp x tp slice (mesh {dp, tp})
   const int64_t M = sh.plan(tp).microbatches();
-  ProgramBuilder b(R > 1 ? fmt::format("pipeline-{}-R{}-S{}-M{}", schedule, R, S, M)
-                         : fmt::format("pipeline-{}-S{}-M{}", schedule, S, M));
+  ProgramBuilder b(R > 1 ? fmt::format("pipeline-{}-R{}-S{}-M{}", pwm::train::name(schedule), R, S, M)
+                         : fmt::format("pipeline-{}-S{}-M{}", pwm::train::name(schedule), S, M));
   std::vector<State<Value>> all;
   for (const auto& a : states) {
     std::vector<Value> v;

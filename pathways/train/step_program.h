@@ -15,8 +15,12 @@
 
 #include "pathways/client.h"
 #include "pathways/train/step_io.h"
+#include "train/modes.h"
 
 namespace pwm::pathways::train {
+
+using pwm::train::Granularity;
+using pwm::train::Schedule;
 
 template <typename V>
 using CallFn = std::function<std::vector<V>(const std::string& kernel, std::vector<V> in, std::vector<int64_t> attrs)>;
@@ -38,22 +42,21 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call);
 
-// Replicas (cfg.replicas = slices.size() > 1): island r's dp x tp slice slices[r] runs its step
-// (granularity "chained": the plan's units, one node each; "fused": one fused_grads node), its
+// Replicas (cfg.mesh.replicas = slices.size() > 1): island r's dp x tp slice slices[r] runs its step
+// (Granularity::kChained: the plan's units, one node each; kFused: one fused_grads node), its
 // pieces are reduced inside the island (dp > 1), then each piece goes to the peer devices of the
 // other islands (runtime transfers, posted as soon as the piece exists) and replica_add sums the
 // islands' copies in island order on every island; replica_update applies the same update on
 // every island. Outputs: each island's StepOutputs in island order.
-Program replica_program(const Shapes& sh, const KernelNames& names, const std::string& granularity,
+Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
                         const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 
-// The pipeline's step over `slices`: cfg.replicas pipelines of S = sh.pipe().stages stages, replica
+// The pipeline's step over `slices`: cfg.mesh.replicas pipelines of S = sh.pipe().stages stages, replica
 // r's stage s on slices[r S + s] (a dp x tp slice holding stage_layers(sh, s)). Each stage's layer
 // pieces are summed over its dp group as soon as they are final (dp_reduce_start/_finish, or the
-// blocking dp_allreduce with cfg.overlap off), then over the replicas (replica_add, replica
-// order). The program's outputs are each slice's StepOutputs in slice order. schedule: "gpipe" |
-// "1f1b".
-Program pipeline_program(const Shapes& sh, const KernelNames& names, const std::string& schedule,
+// blocking dp_allreduce with cfg.exec.overlap off), then over the replicas (replica_add, replica
+// order). The program's outputs are each slice's StepOutputs in slice order.
+Program pipeline_program(const Shapes& sh, const KernelNames& names, Schedule schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
 
 }  // namespace pwm::pathways::train

@@ -1,35 +1,123 @@
 #include "pathways/train/trainer.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
-#include <csignal>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <map>
 
 #include "common/check.h"
 #include "common/stats.h"
 #include "common/time.h"
-#include "common/trace.h"
-
-#include <unistd.h>
-#include "model/full_state.h"
-#include "model/params.h"
-#include "model/train_report.h"
-#include "pathways/train/step_io.h"
+#include "pathways/runtime.h"
 #include "pathways/train/step_program.h"
+#include "train/full_state.h"
 
 namespace pwm::pathways::train {
 
+using pwm::train::Granularity;
+
 namespace {
 
-using ArrayState = State<Array>;
+std::string run_name(const pwm::train::TrainConfig& cfg) {
+  if (cfg.mpmd.stages > 1) return fmt::format("pathways-pipeline-{}", pwm::train::name(cfg.mpmd.schedule));
+  return fmt::format("pathways-{}", pwm::train::name(cfg.mpmd.granularity));
+}
 
-Program single(const std::string& kernel, const Slice& s, const std::vector<Array>& in, std::vector<int64_t> attrs) {
+// The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
+// pipeline's layers and devices, what the runtime does not run.
+void validate(const pwm::train::TrainConfig& cfg, int world) {
+  const pwm::train::MpmdConfig& p = cfg.mpmd;
+  const int workers = world - 1;
+  if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
+  if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
+  if (cfg.mesh.fsdp) PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
+  if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
+    PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);
+  if (p.stages == 1) return cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
+  if (p.stages > cfg.model.n_layers)
+    PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", p.stages, cfg.model.n_layers);
+  // Every replica is a pipeline of S stages, each a --dp x --tp slice.
+  const int per_stage = cfg.mesh.dp * cfg.mesh.tp, need = cfg.mesh.replicas * p.stages * per_stage;
+  if (workers != need)
+    PWM_THROW("--stages {} needs {} workers ({}{} stages of --dp {} x --tp {} devices), but the job has {} (mpirun -n {})",
+              p.stages, need, cfg.mesh.replicas > 1 ? fmt::format("--replicas {} x ", cfg.mesh.replicas) : "", p.stages,
+              cfg.mesh.dp, cfg.mesh.tp, workers, need + 1);
+  cfg.validate(cfg.mesh.replicas * per_stage);
+}
+
+}  // namespace
+
+pwm::train::TrainerSpec trainer_spec() {
+  pwm::train::TrainerSpec s;
+  s.program = "pathways_train";
+  s.description =
+      "Pathways trainer: a single controller (rank 0) dispatches the training step as programs to the worker ranks.";
+  s.flags = pwm::train::FlagSet::kMpmd;
+  s.controller = true;
+  s.validate = validate;
+  // The runtime's own trace (PWM_PW_TRACE) is written at shutdown, after the training: check its
+  // path now, read where the runtime reads it.
+  s.check_outputs = [] {
+    const std::string rt_trace = RuntimeOptions::from_env().trace_path;
+    if (!rt_trace.empty()) check_output_path("PWM_PW_TRACE", rt_trace);
+  };
+  return s;
+}
+
+Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, double peak_gflops, bool resume,
+                 const KernelNames& names)
+    : cfg_(cfg), client_(client), names_(names), pipe_(cfg.mpmd.stages > 1), R_(cfg.mesh.replicas),
+      S_(cfg.mpmd.stages), devices_(cfg.mesh.dp * cfg.mesh.tp), sh_(cfg, PipelineShape{cfg.mpmd.stages}),
+      report_(cfg, run_name(cfg), devices_ * R_ * S_, peak_gflops, true), trace_(!cfg.outputs.trace.empty(), 0, 0) {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (device.cc)
+  trace_.process_name(fmt::format("controller (rank 0) on {}", host));
+  ro_.sequential = cfg.mpmd.sequential;
+  // The pipeline's schedule is the order of each stage's nodes: run in that order, a stage holds
+  // the activations its schedule keeps (1F1B: at most S - s micro-batches), not all M.
+  ro_.in_order = pipe_;
+  place_slices(num_islands);
+  const int tp = cfg.mesh.tp;
+  for (auto& sl : slices_)
+    states_.push_back(ArrayState::from(dispatch(single(names_(resume ? "load" : "init"), sl, {}, {tp}), {}, "init")));
+  first_step_ = static_cast<int64_t>(states_[0].step.get<int64_t>()[0]);
+  if (resume) fmt::print("[{}] resumed from {} at step {}\n", run_name(cfg), cfg.outputs.ckpt, first_step_);
+  step_prog_ = build_step_program();  // built once; lowered once; each run sends only ids and handles
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::run() {
+  // The loop's kill hook for world rank 0 is the controller's (a worker kills itself inside its
+  // step kernel: step_kernels.cc).
+  return *pwm::train::run(*this, cfg_, 0);
+}
+
+void Trainer::place_slices(int num_islands) {
+  const std::vector<int> mesh{cfg_.mesh.dp, cfg_.mesh.tp};
+  if (pipe_) {
+    // One island per stage (of every replica) when there are islands enough; else, with
+    // replicas, replica r's stages on island r (mod the islands, as the replicas' slices below);
+    // else stage s on island s while there are islands, the stages beyond on the least loaded
+    // devices of any island (island s mod K could be a one-device island already holding a
+    // stage while another island's devices idle).
+    for (int r = 0; r < R_; ++r)
+      for (int s = 0; s < S_; ++s) {
+        const int i = r * S_ + s;
+        const int island = R_ * S_ <= num_islands ? i : R_ > 1 ? r % num_islands : (s < num_islands ? s : -1);
+        slices_.push_back(client_.allocate(devices_, mesh, island));
+      }
+  } else if (R_ > 1) {  // replica r on island r (mod the islands: one island holds several in tests)
+    for (int r = 0; r < R_; ++r) slices_.push_back(client_.allocate(devices_, mesh, r % num_islands));
+  } else {
+    slices_.push_back(client_.allocate(devices_, mesh));
+  }
+}
+
+Program Trainer::single(const std::string& kernel, const Slice& s, const std::vector<Array>& in,
+                        std::vector<int64_t> attrs) const {
   ProgramBuilder b(kernel);
   std::vector<Value> vals;
   for (auto& a : in) vals.push_back(b.param_like(a));
@@ -37,289 +125,248 @@ Program single(const std::string& kernel, const Slice& s, const std::vector<Arra
   return b.build();
 }
 
-}  // namespace
-
-std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& o, Client& client, int num_islands,
-                         double peak_gflops, bool resume, const KernelNames& names) {
-  const bool pipe = o.stages > 1;
-  const int R = cfg.replicas;  // > 1: replicas exchanging gradients (a slice each, or a pipeline each)
-  const int S = o.stages;      // slices per replica
-  const int tp = cfg.tp;
-  const int devices = cfg.dp * cfg.tp;  // per slice (a pipeline: per stage)
-  const Shapes sh(cfg, PipelineShape{o.stages});
-  const std::string name = pipe ? fmt::format("pathways-pipeline-{}", o.schedule) : "pathways-" + o.granularity;
-  model::TrainReport report(cfg, name, devices * R * o.stages, peak_gflops, true);
-  Trace trace(!cfg.trace.empty(), 0, 0);
-  {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (device.cc)
-    trace.process_name(fmt::format("controller (rank 0) on {}", host));
+Program Trainer::build_step_program() const {
+  if (pipe_) return pipeline_program(sh_, names_, cfg_.mpmd.schedule, slices_, states_);
+  if (R_ > 1) return replica_program(sh_, names_, cfg_.mpmd.granularity, slices_, states_);
+  switch (cfg_.mpmd.granularity) {
+    case Granularity::kFused: return single(names_("fused_step"), slices_[0], states_[0].list(), {cfg_.mesh.tp});
+    case Granularity::kChained: return chained_program();
+    case Granularity::kOpByOp: return {};  // no program: run_step calls node by node
   }
-  RunOptions ro;
-  ro.sequential = o.sequential;
-  // The pipeline's schedule is the order of each stage's nodes: run in that order, a stage holds
-  // the activations its schedule keeps (1F1B: at most S - s micro-batches), not all M.
-  ro.in_order = pipe;
-  auto run = [&](const Program& p, const std::vector<Array>& in, const std::string& what) {
-    const int64_t t0 = now_us();
-    auto out = client.run(p, in, ro);
-    trace.span("dispatch " + what, "dispatch", t0, now_us());
-    return out;
-  };
-  auto fetch = [&](const Array& a, const std::string& what) {
-    const int64_t t0 = now_us();
-    auto v = a.get<double>();
-    trace.span("wait " + what, "wait", t0, now_us());
-    return v;
-  };
+  PWM_THROW("unknown granularity");
+}
 
-  // Slices in replica-major order: slice r x S + s is replica r's stage s.
-  std::vector<Slice> slices;
-  if (pipe)
-    // One island per stage (of every replica) when there are islands enough; else, with
-    // replicas, replica r's stages on island r (mod the islands, as the replicas' slices below);
-    // else stage s on island s while there are islands, the stages beyond on the least loaded
-    // devices of any island (island s mod K could be a one-device island already holding a
-    // stage while another island's devices idle).
-    for (int r = 0; r < R; ++r)
-      for (int s = 0; s < S; ++s) {
-        const int i = r * S + s;
-        const int island = R * S <= num_islands ? i : R > 1 ? r % num_islands : (s < num_islands ? s : -1);
-        slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, island));
-      }
-  else if (R > 1)  // replica r on island r (mod the islands: one island holds several in tests)
-    for (int r = 0; r < R; ++r) slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}, r % num_islands));
-  else
-    slices.push_back(client.allocate(devices, {cfg.dp, cfg.tp}));
-  std::vector<ArrayState> states;
-  for (auto& sl : slices)
-    states.push_back(ArrayState::from(run(single(names(resume ? "load" : "init"), sl, {}, {tp}), {}, "init")));
-  const int64_t first = static_cast<int64_t>(states[0].step.get<int64_t>()[0]);
-  if (resume) fmt::print("[{}] resumed from {} at step {}\n", name, cfg.ckpt, first);
+Program Trainer::chained_program() const {
+  ProgramBuilder b("chained-step");
+  std::vector<Value> st;
+  for (auto& a : states_[0].list()) st.push_back(b.param_like(a));
+  const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
+    return b.call(k, slices_[0], in, std::move(at));
+  };
+  for (auto& v : trace_step<Value>(sh_, names_, cfg_.mesh.tp, State<Value>::from(st), call)) b.output(v);
+  return b.build();
+}
 
-  // The step program (built once; lowered once; each run sends only ids and handles).
-  Program step_prog;
-  if (pipe) {
-    step_prog = pipeline_program(sh, names, o.schedule, slices, states);
-  } else if (R > 1) {
-    step_prog = replica_program(sh, names, o.granularity, slices, states);
-  } else if (o.granularity == "fused") {
-    step_prog = single(names("fused_step"), slices[0], states[0].list(), {tp});
-  } else if (o.granularity == "chained") {
-    ProgramBuilder b("chained-step");
-    std::vector<Value> st;
-    for (auto& a : states[0].list()) st.push_back(b.param_like(a));
-    auto out = trace_step<Value>(sh, names, tp, State<Value>::from(st), [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-      return b.call(k, slices[0], in, std::move(at));
-    });
-    for (auto& v : out) b.output(v);
-    step_prog = b.build();
+std::vector<Array> Trainer::run_step() {
+  if (!pipe_ && cfg_.mpmd.granularity == Granularity::kOpByOp) {
+    const CallFn<Array> call = [&](const std::string& k, std::vector<Array> in, std::vector<int64_t> at) {
+      return client_.call(k, slices_[0], in, std::move(at), ro_);
+    };
+    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call);
   }
-  auto run_step = [&](const std::vector<ArrayState>& cur) -> std::vector<Array> {
-    if (o.granularity == "opbyop" && !pipe)
-      return trace_step<Array>(sh, names, tp, cur[0], [&](const std::string& k, std::vector<Array> in, std::vector<int64_t> at) {
-        return client.call(k, slices[0], in, std::move(at), ro);
-      });
-    std::vector<Array> in;
-    for (auto& s : cur)
-      for (auto& a : s.list()) in.push_back(a);
-    return run(step_prog, in, "step");
-  };
+  std::vector<Array> in;
+  for (auto& s : states_)
+    for (auto& a : s.list()) in.push_back(a);
+  return dispatch(step_prog_, in, "step");
+}
 
-  // A full-model view for evaluation, hashing and checkpoints (the pipeline merges its stages).
-  // (Replica r's; every replica holds the same bits, checked at the end.)
-  auto merged = [&](Array ArrayState::*which, int r = 0) -> Array {
-    if (!pipe) return states[static_cast<size_t>(r)].*which;
-    std::vector<Array> in;
-    for (int s = 0; s < S; ++s) in.push_back(states[static_cast<size_t>(r * S + s)].*which);
-    return run(single(names("merge"), slices[static_cast<size_t>(r * S)], in, {tp}), in, "merge")[0];
-  };
-  auto evaluate = [&]() {
-    if (R > 1) {  // every replica evaluates its rows of its own (identical) parameters; replica 0 adds
-      std::vector<Array> params;
-      for (int r = 0; r < R; ++r) params.push_back(merged(&ArrayState::params, r));
-      ProgramBuilder b("eval-replicas");
-      std::vector<Value> sums;
-      for (int r = 0; r < R; ++r)
-        sums.push_back(b.call(names("eval"), slices[static_cast<size_t>(r * S)], {b.param_like(params[static_cast<size_t>(r)])}, {tp, r})[0]);
-      b.output(b.call(names("val_total"), slices[0], sums, {tp, R})[0]);
-      return fetch(run(b.build(), params, "eval")[0], "val loss")[0];
-    }
-    const Array params = merged(&ArrayState::params);
-    return fetch(run(single(names("eval"), slices[0], {params}, {tp}), {params}, "eval")[0], "val loss")[0];
-  };
-  auto save = [&]() {
-    const ArrayState full{merged(&ArrayState::params), merged(&ArrayState::m), merged(&ArrayState::v), states[0].step};
-    run(single(names("save"), slices[0], full.list(), {tp}), full.list(), "checkpoint")[0].wait();
-  };
+std::vector<Array> Trainer::dispatch(const Program& p, const std::vector<Array>& in, const std::string& what) {
+  const int64_t t0 = now_us();
+  auto out = client_.run(p, in, ro_);
+  trace_.span("dispatch " + what, "dispatch", t0, now_us());
+  return out;
+}
 
-  // Steps: two stay in flight while the controller reads the statistics of the one before. A
+std::vector<double> Trainer::fetch(const Array& a, const std::string& what) {
+  const int64_t t0 = now_us();
+  auto v = a.get<double>();
+  trace_.span("wait " + what, "wait", t0, now_us());
+  return v;
+}
+
+bool Trainer::step(int64_t step) {
+  const auto out = run_step();
+  constexpr size_t kCount = StepOutputs<Array>::kCount;
+  PWM_CHECK_EQ(out.size(), states_.size() * kCount);
+  Pending p{step, {}};
+  for (size_t s = 0; s < states_.size(); ++s) {  // each slice's StepOutputs, in slice order
+    const auto o = StepOutputs<Array>::from(std::span(out).subspan(s * kCount, kCount));
+    states_[s] = o.state;
+    p.stats.push_back(o.stats);
+  }
+  pending_.push_back(std::move(p));
+  // Two steps stay in flight while the controller reads the statistics of the one before. A
   // worker answers a fetch only between kernels, so with one in flight a fused step (one kernel)
   // would have its predecessor's statistics fetched only when it ends, and the next step
   // dispatched only after that round trip: the devices would idle for it every step.
   constexpr size_t kInFlight = 2;
-  struct Pending {
-    int64_t step;
-    std::vector<Array> stats;  // per slice
-  };
-  std::deque<Pending> pending;
-  double last_end_us = -1;  // the previous step's end on the workers' clock
-  std::vector<double> bubbles, exposed, tails;
-  auto drain_one = [&]() {
-    Pending p = std::move(pending.front());
-    pending.pop_front();
-    std::vector<std::vector<double>> per_slice;
-    for (auto& a : p.stats) per_slice.push_back(fetch(a, fmt::format("step {}", p.step)));
-    std::vector<StepStats> devices;  // every device of every slice
-    for (auto& s : per_slice)
-      for (const StepStats& d : StepStats::read_all(s)) devices.push_back(d);
-    const StepStats last = StepStats::read_all(per_slice.back()).front();  // the loss is on the last slice
-    double end_us = 0, first_busy = 0;
-    for (const StepStats& d : devices) {
-      end_us = std::max(end_us, d.end_us);
-      first_busy = std::max(first_busy, d.busy_ms);
-    }
-    model::StepRecord r;
-    r.step = p.step;
-    r.step_ms = last_end_us < 0 ? first_busy : (end_us - last_end_us) * 1e-3;
-    last_end_us = end_us;
-    r.loss = last.loss;
-    r.grad_norm = last.grad_norm;
-    r.lr = last.lr;
-    double busy_sum = 0;
-    for (const StepStats& d : devices) {
-      const double busy = std::min(d.busy_ms, r.step_ms);
-      r.compute_ms.push_back(busy - d.comm_ms);
-      r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));  // communication or waiting for dispatch
-      r.wait_ms.push_back(r.step_ms - busy);
-      busy_sum += busy;
-    }
-    if (pipe) bubbles.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
-    if (R > 1 && !pipe) {  // (the pipeline's update does not time the exchange)
-      double e = 0;
-      for (const StepStats& d : devices) e += d.xchg_exposed_ms;
-      exposed.push_back(e / static_cast<double>(devices.size()));
-      // The exchange's tail: from the end of the last island's backward (every island's gradients
-      // exist) to each device's update, on the controller's clock; a slower island's backward is
-      // not in it.
-      double last_bwd = 0, tail = 0;
-      for (const StepStats& d : devices) last_bwd = std::max(last_bwd, d.bwd_end_us);
-      for (const StepStats& d : devices) tail += std::max(0.0, d.update_start_us - last_bwd) * 1e-3;
-      tails.push_back(tail / static_cast<double>(devices.size()));
-    }
-    report.step(r);
-    // A failed metrics write (a full disk) ends the run now rather than after the last step; the
-    // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
-    if (report.failed()) throw Error(report.error());
-  };
-  for (int64_t step = first; step < cfg.steps; ++step) {
-    const auto out = run_step(states);
-    PWM_CHECK_EQ(out.size(), states.size() * StepOutputs<Array>::kCount);
-    Pending p{step, {}};
-    for (size_t s = 0; s < states.size(); ++s) {  // each slice's StepOutputs, in slice order
-      const auto o = StepOutputs<Array>::from(std::span(out).subspan(s * StepOutputs<Array>::kCount, StepOutputs<Array>::kCount));
-      states[s] = o.state;
-      p.stats.push_back(o.stats);
-    }
-    pending.push_back(std::move(p));
-    if (pending.size() > kInFlight) drain_one();
-    // Testing hooks, as spmd_train's: --kill-rank 0 is the controller, which dies mid-run (a
-    // worker kills itself inside its step kernel: step_kernels.cc); --step-sleep-ms paces the
-    // dispatch so that an outside kill finds the run in progress.
-    if (step == cfg.kill_step && cfg.kill_rank == 0) ::raise(SIGKILL);
-    if (cfg.step_sleep_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(cfg.step_sleep_ms));
-      last_end_us = -1;  // the pause is not a step (as in spmd_train)
-    }
-    const int64_t done = step + 1;
-    const bool eval_now = cfg.eval_every > 0 && done % cfg.eval_every == 0 && done != cfg.steps;
-    const bool ckpt_now = !cfg.ckpt.empty() && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done != cfg.steps;
-    if (eval_now || ckpt_now) {
-      while (!pending.empty()) drain_one();
-      if (eval_now) report.validation(step, evaluate());
-      if (ckpt_now) save();
-      last_end_us = -1;  // the pause is not a step
-    }
+  if (pending_.size() > kInFlight) drain_one();
+  return true;  // a failed metrics write throws from drain_one (the controller's error ends the job)
+}
+
+void Trainer::drain() {
+  while (!pending_.empty()) drain_one();
+}
+
+void Trainer::drain_one() {
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  std::vector<std::vector<double>> per_slice;
+  for (auto& a : p.stats) per_slice.push_back(fetch(a, fmt::format("step {}", p.step)));
+  std::vector<StepStats> devices;  // every device of every slice
+  for (auto& s : per_slice)
+    for (const StepStats& d : StepStats::read_all(s)) devices.push_back(d);
+  const StepStats last = StepStats::read_all(per_slice.back()).front();  // the loss is on the last slice
+  double end_us = 0, first_busy = 0;
+  for (const StepStats& d : devices) {
+    end_us = std::max(end_us, d.end_us);
+    first_busy = std::max(first_busy, d.busy_ms);
   }
-  while (!pending.empty()) drain_one();
-  report.validation(cfg.steps - 1, evaluate());
-  if (!cfg.ckpt.empty()) save();
-  const Array final_params = merged(&ArrayState::params);
-  auto hv = run(single(names("hash"), slices[0], {final_params}, {tp}), {final_params}, "hash")[0].get<int64_t>();
+  pwm::train::StepRecord r;
+  r.step = p.step;
+  r.step_ms = last_end_us_ < 0 ? first_busy : (end_us - last_end_us_) * 1e-3;
+  last_end_us_ = end_us;
+  r.loss = last.loss;
+  r.grad_norm = last.grad_norm;
+  r.lr = last.lr;
+  double busy_sum = 0;
+  for (const StepStats& d : devices) {
+    const double busy = std::min(d.busy_ms, r.step_ms);
+    r.compute_ms.push_back(busy - d.comm_ms);
+    r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));  // communication or waiting for dispatch
+    r.wait_ms.push_back(r.step_ms - busy);
+    busy_sum += busy;
+  }
+  if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
+  if (R_ > 1 && !pipe_) record_overlap(devices);  // (the pipeline's update does not time the exchange)
+  report_.step(r);
+  // A failed metrics write (a full disk) ends the run now rather than after the last step; the
+  // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
+  if (report_.failed()) throw Error(report_.error());
+}
+
+void Trainer::record_overlap(const std::vector<StepStats>& devices) {
+  const double n = static_cast<double>(devices.size());
+  double e = 0;
+  for (const StepStats& d : devices) e += d.xchg_exposed_ms;
+  exposed_.push_back(e / n);
+  // The exchange's tail: from the end of the last island's backward (every island's gradients
+  // exist) to each device's update, on the controller's clock; a slower island's backward is not
+  // in it.
+  double last_bwd = 0, tail = 0;
+  for (const StepStats& d : devices) last_bwd = std::max(last_bwd, d.bwd_end_us);
+  for (const StepStats& d : devices) tail += std::max(0.0, d.update_start_us - last_bwd) * 1e-3;
+  tails_.push_back(tail / n);
+}
+
+// A full-model view for evaluation, hashing and checkpoints (the pipeline merges its stages).
+// (Replica r's; every replica holds the same bits, checked at the end.)
+Array Trainer::merged(Array ArrayState::*which, int r) {
+  if (!pipe_) return states_[static_cast<size_t>(r)].*which;
+  std::vector<Array> in;
+  for (int s = 0; s < S_; ++s) in.push_back(states_[static_cast<size_t>(r * S_ + s)].*which);
+  return dispatch(single(names_("merge"), slices_[static_cast<size_t>(r * S_)], in, {cfg_.mesh.tp}), in, "merge")[0];
+}
+
+double Trainer::evaluate() {
+  const int tp = cfg_.mesh.tp;
+  if (R_ == 1) {
+    const Array params = merged(&ArrayState::params);
+    return fetch(dispatch(single(names_("eval"), slices_[0], {params}, {tp}), {params}, "eval")[0], "val loss")[0];
+  }
+  // Every replica evaluates its rows of its own (identical) parameters; replica 0 adds.
+  std::vector<Array> params;
+  for (int r = 0; r < R_; ++r) params.push_back(merged(&ArrayState::params, r));
+  ProgramBuilder b("eval-replicas");
+  std::vector<Value> sums;
+  for (int r = 0; r < R_; ++r)
+    sums.push_back(b.call(names_("eval"), slices_[static_cast<size_t>(r * S_)], {b.param_like(params[static_cast<size_t>(r)])},
+                          {tp, r})[0]);
+  b.output(b.call(names_("val_total"), slices_[0], sums, {tp, R_})[0]);
+  return fetch(dispatch(b.build(), params, "eval")[0], "val loss")[0];
+}
+
+bool Trainer::save(int64_t /*steps_done: the state's own step counter is written*/) {
+  const ArrayState full{merged(&ArrayState::params), merged(&ArrayState::m), merged(&ArrayState::v), states_[0].step};
+  dispatch(single(names_("save"), slices_[0], full.list(), {cfg_.mesh.tp}), full.list(), "checkpoint")[0].wait();
+  return true;  // a failed write throws on the worker, which ends the job with one line
+}
+
+std::string Trainer::hash_of(int r) {
+  const Array p = merged(&ArrayState::params, r);
+  const auto hv = dispatch(single(names_("hash"), slices_[static_cast<size_t>(r * S_)], {p}, {cfg_.mesh.tp}), {p}, "hash")[0]
+                      .get<int64_t>();
   uint64_t hash;
   std::memcpy(&hash, hv.data(), sizeof(hash));
+  return pwm::train::hash_hex(hash);
+}
+
+std::optional<std::string> Trainer::finish() {
+  const std::string h = hash_of(0);
   // Replicas: no parameter was ever sent between the islands; every island must still hold the
   // same bits (the same summed gradients, the same update). Checked once, at the end of the run.
-  for (int r = 1; r < R; ++r) {
-    const Array pr = merged(&ArrayState::params, r);
-    auto h = run(single(names("hash"), slices[static_cast<size_t>(r * S)], {pr}, {tp}), {pr}, "hash")[0].get<int64_t>();
-    if (h[0] != hv[0])
+  for (int r = 1; r < R_; ++r)
+    if (hash_of(r) != h)
       throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the islands' updates "
-                              "diverged): a bug in the exchange", r, cfg.steps));
-  }
-  if (pipe && !bubbles.empty()) {
-    report.set_extra("bubble", median(bubbles));
-    report.set_extra("bubble_bound", static_cast<double>(o.stages - 1) / static_cast<double>(cfg.microbatches + o.stages - 1));
+                              "diverged): a bug in the exchange", r, cfg_.workload.steps));
+  report_layout_and_memory();
+  if (!cfg_.outputs.trace.empty()) write_trace();
+  report_.finish(h);
+  return h;
+}
+
+void Trainer::report_layout_and_memory() {
+  const int tp = cfg_.mesh.tp;
+  if (pipe_ && !bubbles_.empty()) {
+    report_.set_extra("bubble", median(bubbles_));
+    report_.set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
   }
   // Memory: every worker's peak resident set, and the model state each device holds (parameters
   // and the two AdamW moments of its shard).
   int64_t peak_rss = 0;
-  for (auto& sl : slices)
-    for (int64_t b : run(single(names("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>()) peak_rss = std::max(peak_rss, b);
-  report.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
-  {
-    // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water
-    // marks and of their intermediates (activations, gradients in flight) alive at once.
-    std::map<int, WorkerStats> by_rank;
-    for (const WorkerStats& w : client.stats()) by_rank[w.rank] = w;
-    std::vector<double> store, inter;
-    for (auto& sl : slices) {
-      uint64_t hw = 0, in = 0;
-      for (int d : sl.devices()) {
-        const WorkerStats& w = by_rank[d + 1];  // device d is world rank d + 1
-        hw = std::max(hw, w.high_water_bytes);
-        in = std::max(in, w.peak_intermediate_bytes);
-      }
-      store.push_back(static_cast<double>(hw));
-      inter.push_back(static_cast<double>(in));
+  for (auto& sl : slices_)
+    for (int64_t b : dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>())
+      peak_rss = std::max(peak_rss, b);
+  report_.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water marks
+  // and of their intermediates (activations, gradients in flight) alive at once.
+  std::map<int, WorkerStats> by_rank;
+  for (const WorkerStats& w : client_.stats()) by_rank[w.rank] = w;
+  std::vector<double> store, inter;
+  for (auto& sl : slices_) {
+    uint64_t hw = 0, in = 0;
+    for (int d : sl.devices()) {
+      const WorkerStats& w = by_rank[d + 1];  // device d is world rank d + 1
+      hw = std::max(hw, w.high_water_bytes);
+      in = std::max(in, w.peak_intermediate_bytes);
     }
-    report.set_extra_list("peak_store_bytes", store);
-    report.set_extra_list("peak_intermediate_bytes", inter);
+    store.push_back(static_cast<double>(hw));
+    inter.push_back(static_cast<double>(in));
   }
-  if (pipe) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
-    report.set_extra("stages", o.stages);
-    report.set_extra("stage_dp", cfg.dp);
-    report.set_extra("stage_tp", cfg.tp);
+  report_.set_extra_list("peak_store_bytes", store);
+  report_.set_extra_list("peak_intermediate_bytes", inter);
+  if (pipe_) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
+    report_.set_extra("stages", S_);
+    report_.set_extra("stage_dp", cfg_.mesh.dp);
+    report_.set_extra("stage_tp", tp);
     std::vector<double> isl;
-    for (auto& sl : slices) isl.push_back(sl.island());
-    report.set_extra_list("stage_islands", isl);
+    for (auto& sl : slices_) isl.push_back(sl.island());
+    report_.set_extra_list("stage_islands", isl);
   }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
-  report.set_extra("state_bytes", 3.0 * static_cast<double>(sh.total(tp)) * sizeof(float));
-  if (R > 1) {
+  report_.set_extra("state_bytes", 3.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
+  if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece and its loss to its peer in
     // each other island.
     int64_t piece_bytes = 0;
-    for (int i = 0; i < sh.plan(tp).num_pieces(); ++i) piece_bytes += sh.piece(tp, i) * static_cast<int64_t>(sizeof(float));
-    report.set_extra("dcn_bytes_per_step",
-                     static_cast<double>(R) * (R - 1) * devices * static_cast<double>(piece_bytes + sizeof(double)));
-    if (!exposed.empty()) report.set_extra("xchg_exposed_ms", median(exposed));
-    if (!tails.empty()) report.set_extra("xchg_tail_ms", median(tails));
+    for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i) piece_bytes += sh_.piece(tp, i) * static_cast<int64_t>(sizeof(float));
+    report_.set_extra("dcn_bytes_per_step",
+                      static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
+    if (!exposed_.empty()) report_.set_extra("xchg_exposed_ms", median(exposed_));
+    if (!tails_.empty()) report_.set_extra("xchg_tail_ms", median(tails_));
   }
-  if (!cfg.trace.empty()) {
-    // Every worker's kernel spans plus the controller's dispatch and wait rows.
-    std::vector<std::string> fragments{trace.fragment()};
-    const int64_t words = 1 << 20;  // 8 MiB of trace per worker at most
-    for (auto& sl : slices) {
-      auto all = run(single(names("trace"), sl, {}, {tp, words}), {}, "trace")[0].get<int64_t>();
-      for (size_t d = 0; d + words <= all.size(); d += words)
-        fragments.emplace_back(reinterpret_cast<const char*>(&all[d + 1]), static_cast<size_t>(all[d]));
-    }
-    write_trace_file(cfg.trace, fragments, "--trace");
+}
+
+void Trainer::write_trace() {
+  // Every worker's kernel spans plus the controller's dispatch and wait rows.
+  std::vector<std::string> fragments{trace_.fragment()};
+  const int64_t words = 1 << 20;  // 8 MiB of trace per worker at most
+  for (auto& sl : slices_) {
+    auto all = dispatch(single(names_("trace"), sl, {}, {cfg_.mesh.tp, words}), {}, "trace")[0].get<int64_t>();
+    for (size_t d = 0; d + words <= all.size(); d += words)
+      fragments.emplace_back(reinterpret_cast<const char*>(&all[d + 1]), static_cast<size_t>(all[d]));
   }
-  const std::string h = model::hash_hex(hash);
-  report.finish(h);
-  return h;
+  write_trace_file(cfg_.outputs.trace, fragments, "--trace");
 }
 
 }  // namespace pwm::pathways::train

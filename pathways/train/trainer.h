@@ -1,41 +1,105 @@
-// pathways_train's controller side: the training step as Pathways programs.
-//
+// pathways_train's controller side: the training step as Pathways programs, one builder per mode
+// (cfg.mpmd.granularity and --stages, train/modes.h):
 //   fused     one compiled function per step per device (pw_fused_step) on a dp x tp slice;
 //   chained   one traced program per step: per micro-batch a batch node, embed, L block forward
 //             nodes, the head, L block backward nodes and the embedding backward; then one dp
 //             AllReduce node per gradient piece and an update node, dispatched at once;
 //   opbyop    the same nodes, each its own program (one client round trip each);
-//   pipeline  --stages S slices of one device each, spread over the islands, consecutive layers
-//             per stage, --microbatches M in GPipe or 1F1B node order; activations and their
-//             gradients flow stage to stage, worker to worker.
+//   replicas  --replicas R slices, one per island, exchanging gradient pieces as program edges;
+//   pipeline  --stages S slices of dp x tp devices each, spread over the islands, consecutive
+//             layers per stage, --microbatches M in GPipe or 1F1B node order; activations and
+//             their gradients flow stage to stage, worker to worker.
 // The programs are traced from the step plan (model/step_plan.h) in step_program.h; the kernels
 // they name are in kernels.h, registered under a KernelNames prefix.
 // Parameters and optimizer state stay in the workers' object stores across steps (each step's
 // program consumes the state arrays and returns the next ones); the controller fetches only the
 // per-step statistics (loss, gradient norm, timings), the validation loss and the weights hash.
+// The schedule of the run (evaluations, checkpoints, hooks) is the shared loop's (train/loop.h).
 #pragma once
 
+#include <deque>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include "model/train_config.h"
+#include "common/trace.h"
 #include "pathways/client.h"
 #include "pathways/train/step_io.h"
+#include "train/bootstrap.h"
+#include "train/config.h"
+#include "train/loop.h"
+#include "train/report.h"
 
 namespace pwm::pathways::train {
 
-struct PathwaysOptions {
-  std::string granularity = "fused";  // fused | chained | opbyop
-  int stages = 1;                     // > 1: pipeline (each stage a dp x tp slice)
-  std::string schedule = "gpipe";     // gpipe | 1f1b
-  std::string islands;                // resource manager islands ("" = by host; "KxM")
-  bool sequential = false;            // sequential dispatch (the paper's baseline)
-};
+// What pathways_train's start-up checks (train/bootstrap.h): world rank 0 is the controller,
+// the others are the devices of the slices (dp x tp, times --stages, times --replicas).
+pwm::train::TrainerSpec trainer_spec();
 
-// Runs the whole training on world rank 0 through `client`. `resume` says that a checkpoint
-// (already validated by model::load_resume_checkpoint) is to be loaded by the workers.
-// The kernels must be registered under `names` (kernels.h) on every rank. Blocks until the
-// training ends. Returns the weights hash.
-std::string run_training(const model::TrainConfig& cfg, const PathwaysOptions& opts, Client& client,
-                         int num_islands, double peak_gflops, bool resume, const KernelNames& names = {});
+// Runs on world rank 0 (the controller) only; every call blocks until the programs it
+// dispatches have been accepted, and the statistics' fetches until the step has run.
+class Trainer final : public pwm::train::Trainer {
+ public:
+  // Places the slices through `client`, initializes the state on the workers (or, with `resume`,
+  // loads the checkpoint already validated by train::load_resume_checkpoint) and builds the step
+  // program. The kernels must be registered under `names` (kernels.h) on every rank.
+  Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, double peak_gflops, bool resume,
+          const KernelNames& names = {});
+  ~Trainer() override;
+
+  // Trains through the shared run loop; returns the weights hash (throws pwm::Error when an
+  // output cannot be written or the replicas diverged: the controller's error ends the job).
+  std::string run();
+
+  // pwm::train::Trainer.
+  int64_t first_step() const override { return first_step_; }
+  bool step(int64_t step) override;
+  void drain() override;
+  void pause() override { last_end_us_ = -1; }
+  double evaluate() override;
+  bool save(int64_t steps_done) override;
+  std::optional<std::string> finish() override;
+  pwm::train::TrainReport& report() override { return report_; }
+
+ private:
+  using ArrayState = State<Array>;
+  struct Pending {  // a step in flight
+    int64_t step;
+    std::vector<Array> stats;  // per slice
+  };
+
+  void place_slices(int num_islands);
+  Program build_step_program() const;  // by mode; empty for opbyop (no program: a call per node)
+  Program chained_program() const;
+  std::vector<Array> run_step();
+  std::vector<Array> dispatch(const Program& p, const std::vector<Array>& in, const std::string& what);
+  std::vector<double> fetch(const Array& a, const std::string& what);
+  // A one-node program of `kernel` on slice `s`.
+  Program single(const std::string& kernel, const Slice& s, const std::vector<Array>& in, std::vector<int64_t> attrs) const;
+  Array merged(Array ArrayState::*which, int replica = 0);  // a pipeline's stages merged
+  std::string hash_of(int replica);
+  void drain_one();
+  void record_overlap(const std::vector<StepStats>& devices);
+  void report_layout_and_memory();
+  void write_trace();
+
+  pwm::train::TrainConfig cfg_;
+  Client& client_;
+  KernelNames names_;
+  bool pipe_;
+  int R_, S_, devices_;  // replicas, slices per replica (stages), devices per slice
+  Shapes sh_;
+  pwm::train::TrainReport report_;
+  Trace trace_;
+  RunOptions ro_;
+  std::vector<Slice> slices_;  // replica-major: slice r x S + s is replica r's stage s
+  std::vector<ArrayState> states_;
+  int64_t first_step_ = 0;
+  Program step_prog_;
+  // Steps: two stay in flight while the controller reads the statistics of the one before.
+  std::deque<Pending> pending_;
+  double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause
+  std::vector<double> bubbles_, exposed_, tails_;
+};
 
 }  // namespace pwm::pathways::train

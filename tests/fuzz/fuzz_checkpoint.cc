@@ -1,4 +1,4 @@
-// Fuzz target: the checkpoint reader (model::parse_checkpoint, what load_checkpoint runs on the
+// Fuzz target: the checkpoint reader (train::parse_checkpoint, what load_checkpoint runs on the
 // file's bytes). The input is a checkpoint without its 4-byte CRC trailer: the target appends
 // the right CRC, so mutations reach the header and tensor checks behind the checksum instead of
 // stopping at it (a wrong CRC is one comparison, covered by tests/model/test_checkpoint.cc).
@@ -10,10 +10,11 @@
 #include <iterator>
 
 #include "common/check.h"
-#include "model/checkpoint.h"
+#include "train/checkpoint.h"
 #include "tests/fuzz/fuzz.h"
 
 using namespace pwm::model;
+using namespace pwm::train;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<unsigned char> f(data, data + size);

@@ -1,17 +1,19 @@
-// Fuzz target: the --config FILE reader (model::parse_train_config_text, what
+// Fuzz target: the --config FILE reader (train::parse_train_config_text, what
 // load_train_config_file runs on the file's text), then what a trainer does next with the
 // result: validate it and print it as JSON.
 #include "common/check.h"
-#include "model/train_config.h"
+#include "train/config.h"
+#include "train/flags.h"
 #include "tests/fuzz/fuzz.h"
 
 using namespace pwm::model;
+using namespace pwm::train;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TrainConfig cfg;
   try {
     parse_train_config_text({reinterpret_cast<const char*>(data), size}, "fuzz.json", cfg);
-    cfg.optim.total_steps = cfg.steps;  // as parse_train_config does
+    cfg.optim.total_steps = cfg.workload.steps;  // as parse_train_config does
     (void)cfg.to_json();
     (void)cfg.workload_json();
     cfg.validate(2);  // two compute ranks, as most tests run

@@ -14,10 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/check.h"
-#include "model/checkpoint.h"
+#include "train/checkpoint.h"
 #include "tests/model/temp_dir.h"
 
 namespace pwm::model {
+
+using namespace ::pwm::train;  // the trainers' toolkit (train/)
 namespace {
 
 namespace fs = std::filesystem;

@@ -11,10 +11,12 @@
 #include <set>
 
 #include "common/check.h"
-#include "model/data.h"
+#include "train/data.h"
 #include "tests/model/temp_dir.h"
 
 namespace pwm::model {
+
+using namespace ::pwm::train;  // the trainers' toolkit (train/)
 namespace {
 
 namespace fs = std::filesystem;

@@ -9,12 +9,14 @@
 #include <string>
 
 #include "common/check.h"
-#include "model/checkpoint.h"
-#include "model/eval.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
 #include "model/params.h"
 #include "model/transformer.h"
 
 namespace pwm::model {
+
+using namespace ::pwm::train;  // the trainers' toolkit (train/)
 namespace {
 
 Config byte_config() {

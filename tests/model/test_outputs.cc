@@ -16,13 +16,16 @@
 #include "common/atomic_file.h"
 #include "common/memory.h"
 #include "common/check.h"
-#include "model/checkpoint.h"
-#include "model/full_state.h"
-#include "model/train_config.h"
-#include "model/train_report.h"
+#include "train/checkpoint.h"
+#include "train/checks.h"
+#include "train/full_state.h"
+#include "train/config.h"
+#include "train/report.h"
 #include "tests/model/temp_dir.h"
 
 namespace pwm::model {
+
+using namespace ::pwm::train;  // the trainers' toolkit (train/)
 namespace {
 
 using testing::error_of;
@@ -107,7 +110,7 @@ TEST(OutputPaths, DirectoriesMissingParentsAndSpecialFilesAreRefused) {
 TEST(TrainConfigAgreement, TheDifferingRankAndFieldAreNamed) {
   TrainConfig a, b;
   b.model.seed = 2;
-  b.bucket_bytes = 50000;
+  b.exec.bucket_bytes = 50000;
   EXPECT_NE(config_hash(a.canonical_json()), config_hash(b.canonical_json()));
   EXPECT_EQ(config_hash(a.canonical_json()), config_hash(TrainConfig{}.canonical_json()));
   const std::string e = error_of([&] { check_same_config({a.canonical_json(), a.canonical_json(), b.canonical_json()}); });
@@ -116,17 +119,19 @@ TEST(TrainConfigAgreement, TheDifferingRankAndFieldAreNamed) {
   EXPECT_NE(e.find("model/seed=2 vs 1234"), std::string::npos) << e;
   EXPECT_EQ(error_of([&] { check_same_config({a.canonical_json(), a.canonical_json()}); }), "(no error)");
   // A trainer's own settings take part.
-  EXPECT_NE(a.canonical_json({{"granularity", "fused"}}), a.canonical_json({{"granularity", "chained"}}));
+  TrainConfig chained = a;
+  chained.mpmd.granularity = Granularity::kChained;
+  EXPECT_NE(a.canonical_json(/*mpmd=*/true), chained.canonical_json(/*mpmd=*/true));
 }
 
 TEST(TrainConfigValidate, StepsAndKillRankAreNamedAsFlags) {
   TrainConfig c;
-  c.steps = -3;
+  c.workload.steps = -3;
   c.optim.total_steps = -3;
   EXPECT_NE(error_of([&] { c.validate(1); }).find("--steps must be at least 1 (got -3)"), std::string::npos);
   c = TrainConfig{};
-  c.kill_step = 1;
-  c.kill_rank = 4;
+  c.hooks.kill_step = 1;
+  c.hooks.kill_rank = 4;
   EXPECT_NE(error_of([&] { c.validate_kill_rank(4); }).find("--kill-rank 4 is not a rank"), std::string::npos);
   EXPECT_EQ(error_of([&] { c.validate_kill_rank(5); }), "(no error)");
 }
@@ -145,20 +150,20 @@ TEST(MemoryCheck, AHugeSequenceIsRefusedWithBothNumbers) {
 TEST(TrainReport, MetricsAppearOnlyWhenComplete) {
   TempDir dir;
   TrainConfig c;
-  c.metrics = dir.file("m.jsonl");
-  c.steps = 1;
+  c.outputs.metrics = dir.file("m.jsonl");
+  c.workload.steps = 1;
   {
     TrainReport r(c, "test", 1, 1.0, true);
     StepRecord s;
     s.compute_ms = s.comm_ms = s.wait_ms = {1.0};
     r.step(s);
-    EXPECT_FALSE(fs::exists(c.metrics));
+    EXPECT_FALSE(fs::exists(c.outputs.metrics));
     EXPECT_FALSE(r.failed());
   }  // never finished: nothing at all
   EXPECT_TRUE(dir.listing().empty());
   TrainReport r(c, "test", 1, 1.0, true);
   r.finish("0");
-  EXPECT_NE(slurp(c.metrics).find("\"final\":true"), std::string::npos);
+  EXPECT_NE(slurp(c.outputs.metrics).find("\"final\":true"), std::string::npos);
 }
 
 // Moves the tensor table entry of params tensor `name` to `offset` (same number of digits, so

@@ -7,13 +7,15 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "model/data.h"
+#include "train/data.h"
 #include "model/optim.h"
 #include "model/step_plan.h"
-#include "model/train_step.h"
+#include "train/step.h"
 #include "tests/model/model_test_util.h"
 
 namespace pwm::model {
+
+using namespace ::pwm::train;  // the trainers' toolkit (train/)
 namespace {
 
 using K = UnitKind;
@@ -66,11 +68,11 @@ TEST(StepPlan, ExecutorMatchesForwardBackwardPerMicroBatch) {
   TrainConfig cfg;
   cfg.model = testing::tiny_config();
   cfg.model.vocab = 256;  // bytes
-  cfg.global_batch = 4;
-  cfg.microbatches = 2;
+  cfg.workload.global_batch = 4;
+  cfg.workload.microbatches = 2;
   const TextDataset data(generate_corpus(3, 20000), "generated");
   const ParamLayout layout(cfg.model, 0, 1);
-  const StepPlan plan(layout, cfg.microbatches);
+  const StepPlan plan(layout, cfg.workload.microbatches);
   std::vector<float> params(static_cast<size_t>(layout.total())), grads(params.size()), ref(params.size(), 0.0f);
   init_params(layout, 11, params.data());
   Workspace<float> ws(layout, cfg.micro_batch());
@@ -83,9 +85,9 @@ TEST(StepPlan, ExecutorMatchesForwardBackwardPerMicroBatch) {
                                            tokens.data(), hooks);
   // The independent composition: model::forward_backward per micro-batch, same scale.
   double ref_loss = 0;
-  for (int64_t m = 0; m < cfg.microbatches; ++m) {
-    const RowRange rows = batch_rows(cfg.global_batch, 0, 1, m, cfg.microbatches);
-    data.train_batch(cfg.data_seed, step, cfg.global_batch, cfg.model.seq_len, rows.begin, rows.end, tokens.data());
+  for (int64_t m = 0; m < cfg.workload.microbatches; ++m) {
+    const RowRange rows = batch_rows(cfg.workload.global_batch, 0, 1, m, cfg.workload.microbatches);
+    data.train_batch(cfg.workload.data_seed, step, cfg.workload.global_batch, cfg.model.seq_len, rows.begin, rows.end, tokens.data());
     ref_loss += forward_backward<float>(layout, params.data(), ref.data(), tokens.data(), cfg.micro_batch(), 0.5f, ws, {});
   }
   EXPECT_EQ(loss, ref_loss / 2);

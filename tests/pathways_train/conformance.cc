@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "collectives/inproc_transport.h"
-#include "model/full_state.h"
+#include "train/checks.h"
+#include "train/flags.h"
+#include "train/full_state.h"
 #include "spmd/trainer.h"
 
 namespace pwm::pathways::train::testing {
@@ -23,9 +25,9 @@ const std::vector<std::string> kTiny = {"--d-model", "64", "--layers", "2", "--h
                                         "--lr", "3e-3", "--peak-gflops", "50", "--eval-batches", "2",
                                         "--log-every", "3", "--coll-timeout", "60"};
 
-PathwaysOptions gran(const std::string& g, bool sequential = false) {
-  PathwaysOptions o;
-  o.granularity = g;
+pwm::train::MpmdConfig gran(const std::string& g, bool sequential = false) {
+  pwm::train::MpmdConfig o;
+  o.granularity = pwm::train::parse_granularity(g);
   o.sequential = sequential;
   return o;
 }
@@ -63,27 +65,28 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
-    PathwaysOptions pipe;
+    pwm::train::MpmdConfig pipe;
     pipe.stages = 2;
-    pipe.schedule = "1f1b";
+    pipe.schedule = pwm::train::Schedule::k1F1B;
     c.push_back({"pipeline_s2_m4_1f1b", {"--microbatches", "4"}, pipe, false});
     return c;
   }();
   return all;
 }
 
-model::TrainConfig workload(const Case& c, const std::string& metrics) {
+pwm::train::TrainConfig workload(const Case& c, const std::string& metrics) {
   std::vector<std::string> args = {"pathways_conformance"};
   args.insert(args.end(), kTiny.begin(), kTiny.end());
   args.insert(args.end(), c.flags.begin(), c.flags.end());
   args.insert(args.end(), {"--metrics", metrics});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
-  model::TrainConfig cfg;
+  pwm::train::TrainConfig cfg;
   int exit_code = 0;
-  PWM_CHECK(model::parse_train_config(static_cast<int>(argv.size()), argv.data(), "conformance", "", cfg, exit_code,
+  PWM_CHECK(pwm::train::parse_train_config(static_cast<int>(argv.size()), argv.data(), "conformance", "", cfg, exit_code,
                                       false),
             "case {}: flags not parsed", c.name);
+  cfg.mpmd = c.po;
   cfg.validate(c.po.stages > 1 ? 1 : kWorkers);
   return cfg;
 }
@@ -93,26 +96,26 @@ CaseKernels register_case(const Case& c, const std::string& metrics, const std::
   k.cfg = workload(c, metrics);
   k.devices = std::make_shared<DeviceSet>(k.cfg, PipelineShape{c.po.stages});
   k.names = KernelNames{prefix};
-  k.data = model::open_training_data(k.cfg);
+  k.data = pwm::train::open_training_data(k.cfg);
   register_train_kernels(k.names, k.devices);
   return k;
 }
 
 void train_case(const CaseKernels& k, const Case& c, Client& client, int num_islands) {
-  run_training(k.cfg, c.po, client, num_islands, 50.0, false, k.names);
+  Trainer(k.cfg, client, num_islands, 50.0, false, k.names).run();
 }
 
 void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, const std::string& dir) {
   const std::string ref_path = dir + "/spmd.jsonl";
-  model::TrainConfig cfg = workload(c, ref_path);
-  auto data = model::open_training_data(cfg);
-  collectives::run_inproc(cfg.dp * cfg.tp, [&](int, std::shared_ptr<collectives::Transport> t) {
+  pwm::train::TrainConfig cfg = workload(c, ref_path);
+  auto data = pwm::train::open_training_data(cfg);
+  collectives::run_inproc(cfg.mesh.dp * cfg.mesh.tp, [&](int, std::shared_ptr<collectives::Transport> t) {
     spmd::Trainer trainer(cfg, t, *data, 50.0, std::nullopt);
     trainer.run();
   });
   const Metrics ref = read_metrics(ref_path), got = read_metrics(pathways_metrics);
   ASSERT_EQ(ref.steps.size(), got.steps.size()) << c.name;
-  ASSERT_EQ(ref.steps.size(), static_cast<size_t>(cfg.steps)) << c.name;
+  ASSERT_EQ(ref.steps.size(), static_cast<size_t>(cfg.workload.steps)) << c.name;
   for (const auto& [s, r] : ref.steps) {
     ASSERT_TRUE(got.steps.count(s)) << c.name << ": no step " << s;
     const auto& g = got.steps.at(s);

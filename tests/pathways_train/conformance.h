@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "model/data.h"
-#include "model/train_config.h"
+#include "train/data.h"
+#include "train/config.h"
 #include "pathways/client.h"
 #include "pathways/train/kernels.h"
 #include "pathways/train/trainer.h"
@@ -27,21 +27,21 @@ namespace pwm::pathways::train::testing {
 struct Case {
   std::string name;
   std::vector<std::string> flags;  // workload flags on top of the tiny model (mesh, micro-batches, ...)
-  PathwaysOptions po;
+  pwm::train::MpmdConfig po;      // the MPMD settings (granularity, stages, schedule, islands)
   bool bitwise = true;             // else: losses within 1e-5 relative (the pipeline)
 };
 const std::vector<Case>& cases();  // every case needs 2 workers (3 ranks)
 constexpr int kWorkers = 2;
 
 // A case's workload, writing its metrics to `metrics` (validated for kWorkers devices).
-model::TrainConfig workload(const Case& c, const std::string& metrics);
+pwm::train::TrainConfig workload(const Case& c, const std::string& metrics);
 
 // The kernels of one case: a device set for its workload, registered under its own prefix.
 struct CaseKernels {
-  model::TrainConfig cfg;
+  pwm::train::TrainConfig cfg;
   std::shared_ptr<DeviceSet> devices;
   KernelNames names;
-  std::shared_ptr<const model::TextDataset> data;
+  std::shared_ptr<const pwm::train::TextDataset> data;
 };
 CaseKernels register_case(const Case& c, const std::string& metrics, const std::string& prefix);
 

@@ -6,7 +6,7 @@
 #include "common/check.h"
 #include "model/params.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
+#include "train/config.h"
 #include "sim/collective.h"
 #include "sim/dispatch.h"
 #include "sim/step.h"
@@ -49,16 +49,16 @@ DispatchOptions chain16() {
 }
 
 // A small model for the step tests (2 heads of 32, d_ff 128, 32 tokens per sequence).
-model::TrainConfig small_config(int layers, int64_t batch, int microbatches) {
-  model::TrainConfig cfg;
+train::TrainConfig small_config(int layers, int64_t batch, int microbatches) {
+  train::TrainConfig cfg;
   cfg.model.d_model = 64;
   cfg.model.n_layers = layers;
   cfg.model.n_heads = 2;
   cfg.model.head_dim = 32;
   cfg.model.d_ff = 128;
   cfg.model.seq_len = 32;
-  cfg.global_batch = batch;
-  cfg.microbatches = microbatches;
+  cfg.workload.global_batch = batch;
+  cfg.workload.microbatches = microbatches;
   return cfg;
 }
 
@@ -221,12 +221,12 @@ TEST(SimDispatch, OpByOpChain) {
 // A dp = 1 SPMD step is the plan's units back to back, the update and the overhead: the sum
 // computed here from the FLOP counts directly.
 TEST(SimStep, SingleRankIsSumOfUnits) {
-  model::TrainConfig cfg = small_config(2, 4, 2);
+  train::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01, p.step_overhead_us = 7;
   const Cluster c = one_host(1, link(0, 1e12, 0));
   const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.microbatches);
+  const model::StepPlan plan(layout, cfg.workload.microbatches);
   double want = 7 + 0.01 * static_cast<double>(layout.total());
   for (const auto& u : plan.units()) {
     const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
@@ -242,8 +242,8 @@ TEST(SimStep, SingleRankIsSumOfUnits) {
 // each way), so the kernels take 2 x 4 bytes x parameters x the cost longer; nothing changes on
 // hosts with cores of their own, or on one host.
 TEST(SimStep, EmulatedNetworkCpuSlowsTheKernels) {
-  model::TrainConfig cfg = small_config(2, 4, 1);
-  cfg.dp = 2;
+  train::TrainConfig cfg = small_config(2, 4, 1);
+  cfg.mesh.dp = 2;
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01;
   Cluster c;
@@ -335,12 +335,12 @@ TEST(SimProfile, RateInterpolatesInLogTokens) {
 // 2 sequences of 32 tokens = 64 tokens, halfway in log between 32 and 128, so the rates are
 // (1000 + 3000) / 2 forward and (2000 + 6000) / 2 backward.
 TEST(SimStep, MicrobatchSizeSelectsTheRate) {
-  model::TrainConfig cfg = small_config(2, 4, 2);
+  train::TrainConfig cfg = small_config(2, 4, 2);
   Profile p = zero_profile();
   p.rates = {{32, 1000, 2000}, {128, 3000, 6000}};
   const Cluster c = one_host(1, link(0, 1e12, 0));
   const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.microbatches);
+  const model::StepPlan plan(layout, cfg.workload.microbatches);
   double want = 0;
   for (const auto& u : plan.units()) {
     const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
@@ -414,13 +414,13 @@ TEST(SimProfile, ProgramExecDefaultsToSpmdExec) {
 // in their overhead by 2 x microbatch_overhead_us plus the FLOPs' difference (none: the same
 // tokens), at a constant rate.
 TEST(SimStep, MicrobatchOverhead) {
-  model::TrainConfig cfg = small_config(1, 6, 1);
+  train::TrainConfig cfg = small_config(1, 6, 1);
   Profile p = zero_profile();
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.step_overhead_us = 7, p.microbatch_overhead_us = 13;
   const Cluster c = one_host(1, link(0, 1e12, 0));
-  cfg.microbatches = 1;
+  cfg.workload.microbatches = 1;
   const double one = simulate_step(c, p, cfg, "spmd").step_us;
-  cfg.microbatches = 3;
+  cfg.workload.microbatches = 3;
   const double three = simulate_step(c, p, cfg, "spmd").step_us;
   EXPECT_NEAR(three - one, 2 * 13.0, 1e-6 * one);
 }

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/atomic_file.h"
-#include "model/train_config.h"
+#include "train/config.h"
 
-namespace pwm::model {
+namespace pwm::train {
 
 // One step as seen by every rank (vectors are indexed by rank).
 struct StepRecord {
@@ -27,7 +27,7 @@ struct StepRecord {
 class TrainReport {
  public:
   // `ranks` compute ranks; `peak_gflops` per rank (for MFU). Opens --metrics (an AtomicFile:
-  // PATH.tmp.<pid>, renamed onto PATH by finish()) when cfg.metrics is set. Only the reporting
+  // PATH.tmp.<pid>, renamed onto PATH by finish()) when cfg.outputs.metrics is set. Only the reporting
   // rank creates one. Throws pwm::Error if it cannot be created.
   // A failed write (a full disk) does not throw from step()/validation(): the temporary file is
   // removed at once, later lines are dropped, and failed()/error() say so, so that the trainer
@@ -73,4 +73,4 @@ class TrainReport {
   std::vector<std::pair<std::string, std::vector<double>>> extra_lists_;
 };
 
-}  // namespace pwm::model
+}  // namespace pwm::train

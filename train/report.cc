@@ -1,4 +1,4 @@
-#include "model/train_report.h"
+#include "train/report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +9,9 @@
 #include "common/check.h"
 #include "common/stats.h"
 
-namespace pwm::model {
+namespace pwm::train {
+
+using namespace pwm::model;  // the Transformer's types and kernels
 
 namespace {
 nlohmann::json summary_json(const std::vector<double>& v) {
@@ -21,8 +23,8 @@ nlohmann::json summary_json(const std::vector<double>& v) {
 TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
                          bool is_reporter)
     : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(peak_gflops), reporter_(is_reporter) {
-  if (!reporter_ || cfg_.metrics.empty()) return;
-  out_ = std::make_unique<AtomicFile>(cfg_.metrics, "--metrics");
+  if (!reporter_ || cfg_.outputs.metrics.empty()) return;
+  out_ = std::make_unique<AtomicFile>(cfg_.outputs.metrics, "--metrics");
   nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
                          {"ranks", ranks_}, {"peak_gflops_per_rank", peak_},
                          {"flops_per_token", cfg_.model.flops_per_token()}};
@@ -70,10 +72,10 @@ void TrainReport::step(const StepRecord& r) {
                       {"comm_ms", summary_json(r.comm_ms)},
                       {"wait_ms", summary_json(r.wait_ms)}};
   write(j.dump());
-  if ((r.step + 1) % cfg_.log_every == 0 || r.step + 1 == cfg_.steps) {
+  if ((r.step + 1) % cfg_.outputs.log_every == 0 || r.step + 1 == cfg_.workload.steps) {
     const RankSummary c = summarize_ranks(r.compute_ms);
     fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}\n",
-               trainer_, r.step + 1, cfg_.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax);
+               trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax);
     std::fflush(stdout);
   }
 }
@@ -82,7 +84,7 @@ void TrainReport::validation(int64_t step, double val_loss) {
   last_val_ = val_loss;
   if (!reporter_) return;
   write(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump());
-  fmt::print("[{}] step {:>5}/{} | val_loss {:.4f}\n", trainer_, step + 1, cfg_.steps, val_loss);
+  fmt::print("[{}] step {:>5}/{} | val_loss {:.4f}\n", trainer_, step + 1, cfg_.workload.steps, val_loss);
   std::fflush(stdout);
 }
 
@@ -116,4 +118,4 @@ void TrainReport::finish(const std::string& weights_hash) {
   std::fflush(stdout);
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

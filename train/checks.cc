@@ -1,71 +1,27 @@
-#include "model/full_state.h"
+#include "train/checks.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
-#include <cstring>
-#include <random>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <random>
 
+#include "common/atomic_file.h"
 #include "common/check.h"
 #include "common/time.h"
-#include "common/atomic_file.h"
 #include "model/kernels.h"
 
-namespace pwm::model {
+namespace pwm::train {
 
-std::vector<TensorData> gather_full(const ParamLayout& layout, const float* buffer,
-                                    const TpGather& gather) {
-  std::vector<TensorData> out;
-  out.reserve(layout.params().size());
-  for (const ParamInfo& p : layout.params()) {
-    TensorData t{p.name, p.full_shape, std::vector<float>(static_cast<size_t>(p.full_size))};
-    if (p.replicated() || layout.tp_size() == 1) {
-      std::memcpy(t.values.data(), buffer + p.offset, sizeof(float) * p.size);
-    } else {
-      PWM_CHECK(gather != nullptr, "tp={} needs a gather function", layout.tp_size());
-      gather(buffer + p.offset, t.values.data(), static_cast<size_t>(p.size));
-    }
-    out.push_back(std::move(t));
-  }
-  return out;
-}
-
-void scatter_full(const ParamLayout& layout, const std::vector<TensorData>& full, float* buffer) {
-  for (const ParamInfo& p : layout.params()) {
-    auto it = std::find_if(full.begin(), full.end(), [&](const TensorData& t) { return t.name == p.name; });
-    if (it == full.end()) PWM_THROW("checkpoint has no tensor '{}'", p.name);
-    if (it->shape != p.full_shape)
-      PWM_THROW("checkpoint tensor '{}' has shape [{}] but the model needs [{}]", p.name,
-                fmt::join(it->shape, ","), fmt::join(p.full_shape, ","));
-    std::memcpy(buffer + p.offset, it->values.data() + p.full_offset, sizeof(float) * p.size);
-  }
-}
-
-uint64_t weights_hash(const std::vector<TensorData>& full) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  for (const auto& t : full) {
-    mix(t.name.data(), t.name.size());
-    mix(t.shape.data(), t.shape.size() * sizeof(int64_t));
-    mix(t.values.data(), t.values.size() * sizeof(float));
-  }
-  return h;
-}
-
-std::string hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }
+using namespace pwm::model;  // the Transformer's types and kernels
 
 std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
   struct stat st;
-  if (!cfg.resume || cfg.ckpt.empty() || ::stat(cfg.ckpt.c_str(), &st) != 0) return std::nullopt;
-  Checkpoint ck = load_checkpoint(cfg.ckpt);
+  if (!cfg.outputs.resume || cfg.outputs.ckpt.empty() || ::stat(cfg.outputs.ckpt.c_str(), &st) != 0) return std::nullopt;
+  Checkpoint ck = load_checkpoint(cfg.outputs.ckpt);
   check_compatible(ck, cfg.model);
   if (ck.train_config_json != cfg.workload_json()) {
     std::string diff;
@@ -76,18 +32,18 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
     }
     PWM_THROW("checkpoint {} was written by another workload ({}; checkpoint vs this run; optim/total_steps is "
               "--steps): use the checkpoint's flags or another --ckpt",
-              cfg.ckpt, diff);
+              cfg.outputs.ckpt, diff);
   }
   if (!ck.has_optimizer_state())
-    PWM_THROW("checkpoint {} has no optimizer state: it cannot resume training", cfg.ckpt);
-  if (ck.step > cfg.steps)
-    PWM_THROW("checkpoint {} is at step {}, beyond --steps {}", cfg.ckpt, ck.step, cfg.steps);
+    PWM_THROW("checkpoint {} has no optimizer state: it cannot resume training", cfg.outputs.ckpt);
+  if (ck.step > cfg.workload.steps)
+    PWM_THROW("checkpoint {} is at step {}, beyond --steps {}", cfg.outputs.ckpt, ck.step, cfg.workload.steps);
   return ck;
 }
 
 std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg) {
-  if (cfg.data.empty()) cfg.data = default_corpus_path();
-  auto data = std::make_unique<TextDataset>(TextDataset::open(cfg.data, cfg.val_fraction));
+  if (cfg.workload.data.empty()) cfg.workload.data = default_corpus_path();
+  auto data = std::make_unique<TextDataset>(TextDataset::open(cfg.workload.data, cfg.workload.val_fraction));
   // Tokens are bytes: every byte value must be a row of the embedding.
   const auto& b = data->bytes();
   unsigned char top = 0;
@@ -95,33 +51,33 @@ std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg) {
   if (static_cast<int64_t>(top) >= cfg.model.vocab)
     PWM_THROW("--vocab {} is smaller than the data's symbols: --data {} holds byte value {}; use --vocab {} (or at "
               "least {})",
-              cfg.model.vocab, cfg.data, static_cast<int>(top), 256, static_cast<int>(top) + 1);
+              cfg.model.vocab, cfg.workload.data, static_cast<int>(top), 256, static_cast<int>(top) + 1);
   data->check_fits(cfg.model.seq_len);
-  if (data->num_val_batches(cfg.global_batch, cfg.model.seq_len) < 1)
+  if (data->num_val_batches(cfg.workload.global_batch, cfg.model.seq_len) < 1)
     PWM_THROW("--data {}: the validation split ({} bytes) holds fewer than --batch {} windows of {} tokens; "
               "use more data, a larger --val-fraction or a smaller --batch",
-              cfg.data, data->val_size(), cfg.global_batch, cfg.model.seq_len + 1);
+              cfg.workload.data, data->val_size(), cfg.workload.global_batch, cfg.model.seq_len + 1);
   return data;
 }
 
 void check_output_paths(const TrainConfig& cfg) {
-  if (!cfg.metrics.empty()) check_output_path("--metrics", cfg.metrics);
-  if (!cfg.trace.empty()) check_output_path("--trace", cfg.trace);
-  if (!cfg.ckpt.empty()) check_output_path("--ckpt", cfg.ckpt);
+  if (!cfg.outputs.metrics.empty()) check_output_path("--metrics", cfg.outputs.metrics);
+  if (!cfg.outputs.trace.empty()) check_output_path("--trace", cfg.outputs.trace);
+  if (!cfg.outputs.ckpt.empty()) check_output_path("--ckpt", cfg.outputs.ckpt);
 }
 
 double estimated_memory_bytes(const TrainConfig& cfg) {
   // In doubles: a config given by mistake (--seq-len 1e9) must not overflow into a small number.
   const Config& m = cfg.model;
   const double C = m.d_model, L = m.n_layers, H = m.n_heads, D = m.head_dim, F = m.d_ff, V = m.vocab,
-               T = m.seq_len, tp = cfg.tp;
-  const double B = static_cast<double>(cfg.global_batch) / cfg.data_parallel() / std::max<int64_t>(cfg.microbatches, 1);
+               T = m.seq_len, tp = cfg.mesh.tp;
+  const double B = static_cast<double>(cfg.workload.global_batch) / cfg.data_parallel() / std::max<int64_t>(cfg.workload.microbatches, 1);
   const double N = B * T, Hs = H / tp;
   const double per_layer = C + C * H * D + 2 * C * D + H * D * C + 3 * C * F;
   const double params = (V * C + L * per_layer + C) / tp;
   // Parameters, gradients, AdamW m and v (with --fsdp a 1/dp shard of each; the gathered layers
   // are left out: this is a lower estimate).
-  const double state = 4 * params / (cfg.fsdp ? cfg.dp : 1);
+  const double state = 4 * params / (cfg.mesh.fsdp ? cfg.mesh.dp : 1);
   // Saved activations per layer (model::Activations::layer_elements: norms, x, the fused input
   // projection, attention output, the T x T scores per head, the MLP's hidden rows), the head's
   // probabilities, and the working copies of x.
@@ -170,4 +126,4 @@ double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps, bool trans
   return 2.0 * M * N * K / best / 1e9;
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -1,4 +1,4 @@
-#include "model/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -31,7 +31,9 @@
 // The preamble carries the section sizes so a truncated file is told apart from a corrupt one
 // before the checksum is even computed.
 
-namespace pwm::model {
+namespace pwm::train {
+
+using namespace pwm::model;  // the Transformer's types and kernels
 
 namespace {
 
@@ -455,4 +457,4 @@ void check_compatible(const Checkpoint& ckpt, const Config& expected) {
   field("seed", c.seed, expected.seed);
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

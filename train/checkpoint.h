@@ -3,7 +3,7 @@
 //
 // Whoever writes the checkpoint gathers the shards first; the file never depends on the mesh it
 // was written from, so a run may resume with another dp/tp decomposition. The data position is
-// the step alone: training batches are a pure function of (seed, step) (model/data.h).
+// the step alone: training batches are a pure function of (seed, step) (train/data.h).
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@
 
 #include "model/config.h"
 
-namespace pwm::model {
+namespace pwm::train {
 
 // One named float32 tensor, row-major; values.size() == product(shape) (a scalar has shape {}).
 struct TensorData {
@@ -26,7 +26,7 @@ struct TensorData {
 };
 
 struct Checkpoint {
-  Config config;
+  model::Config config;
   int64_t step = 0;               // optimizer steps taken; also the data position
   std::string train_config_json;  // opaque to this library; the trainer compares it on resume
   std::vector<TensorData> params;
@@ -60,9 +60,9 @@ Checkpoint load_checkpoint(const std::string& path);
 // is empty.
 Checkpoint parse_checkpoint(std::span<const unsigned char> bytes, const std::string& what);
 
-// Throws pwm::Error naming the first Config field that differs, e.g.
+// Throws pwm::Error naming the first model Config field that differs, e.g.
 // "checkpoint run/x.ckpt was written for d_model=128 but this run has d_model=256".
-void check_compatible(const Checkpoint& ckpt, const Config& expected);
+void check_compatible(const Checkpoint& ckpt, const model::Config& expected);
 
 // The on-disk format version this build writes and reads.
 inline constexpr uint32_t kCheckpointVersion = 1;
@@ -71,4 +71,4 @@ inline constexpr uint32_t kCheckpointVersion = 1;
 // crc = checkpoint_crc32(0, p, n) for one buffer, chain by passing the previous result.
 uint32_t checkpoint_crc32(uint32_t crc, const void* data, size_t n);
 
-}  // namespace pwm::model
+}  // namespace pwm::train

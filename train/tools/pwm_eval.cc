@@ -1,5 +1,5 @@
-// pwm_eval: loads a checkpoint (model/checkpoint.h) and prints the model's loss on a text file
-// (bytes are tokens; windowing in model/eval.h). One process, one thread.
+// pwm_eval: loads a checkpoint (train/checkpoint.h) and prints the model's loss on a text file
+// (bytes are tokens; windowing in train/eval.h). One process, one thread.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -8,13 +8,14 @@
 #include <string>
 
 #include "common/check.h"
-#include "model/checkpoint.h"
-#include "model/eval.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
 #include "model/params.h"
 
 namespace {
 
 using namespace pwm::model;
+using namespace pwm::train;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

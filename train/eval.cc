@@ -1,4 +1,4 @@
-#include "model/eval.h"
+#include "train/eval.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,7 +10,9 @@
 #include "common/check.h"
 #include "model/transformer.h"
 
-namespace pwm::model {
+namespace pwm::train {
+
+using namespace pwm::model;  // the Transformer's types and kernels
 
 std::vector<float> params_from_checkpoint(const Checkpoint& ckpt, const ParamLayout& layout) {
   std::vector<float> params(static_cast<size_t>(layout.total()));
@@ -69,4 +71,4 @@ EvalResult evaluate_bytes(const ParamLayout& layout, const float* params, const 
   return r;
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -1,4 +1,4 @@
-#include "model/train_step.h"
+#include "train/step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +7,15 @@
 #include "common/time.h"
 #include "model/optim.h"
 
-namespace pwm::model {
+namespace pwm::train {
+
+using namespace pwm::model;  // the Transformer's types and kernels
 
 double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, const StepPlan& plan,
                             const TextDataset& data, int64_t step, int dp_rank, const float* params, float* grads,
                             Workspace<float>& ws, int32_t* tokens, const StepHooks& hooks) {
-  PWM_CHECK_EQ(plan.microbatches(), cfg.microbatches);
-  const int64_t G = cfg.global_batch, M = cfg.microbatches;
+  PWM_CHECK_EQ(plan.microbatches(), cfg.workload.microbatches);
+  const int64_t G = cfg.workload.global_batch, M = cfg.workload.microbatches;
   const float grad_scale = 1.0f / static_cast<float>(M * cfg.data_parallel());
   auto span = [&](const char* name, int64_t t0, int64_t t1) {
     if (hooks.span) hooks.span(name, t0, t1);
@@ -30,7 +32,7 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
     switch (u.kind) {
       case UnitKind::kBatch: {
         const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), u.micro, M);
-        data.train_batch(cfg.data_seed, step, G, cfg.model.seq_len, rows.begin, rows.end, tokens);
+        data.train_batch(cfg.workload.data_seed, step, G, cfg.model.seq_len, rows.begin, rows.end, tokens);
         t_fwd = now_us();
         break;
       }
@@ -90,21 +92,21 @@ UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout
 }
 
 int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data) {
-  return std::min(cfg.eval_batches, data.num_val_batches(cfg.global_batch, cfg.model.seq_len));
+  return std::min(cfg.workload.eval_batches, data.num_val_batches(cfg.workload.global_batch, cfg.model.seq_len));
 }
 
 double validation_loss_sum(const TrainConfig& cfg, const ParamLayout& layout, const TextDataset& data,
                            int dp_rank, const float* params, Workspace<float>& ws, int32_t* tokens,
                            const TpReduce<float>& tp_reduce) {
-  const int64_t G = cfg.global_batch, T = cfg.model.seq_len, b = cfg.micro_batch();
+  const int64_t G = cfg.workload.global_batch, T = cfg.model.seq_len, b = cfg.micro_batch();
   double sum = 0;
   for (int64_t i = 0; i < validation_batches(cfg, data); ++i)
-    for (int64_t mb = 0; mb < cfg.microbatches; ++mb) {
-      const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), mb, cfg.microbatches);
+    for (int64_t mb = 0; mb < cfg.workload.microbatches; ++mb) {
+      const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), mb, cfg.workload.microbatches);
       data.val_batch(i, G, T, rows.begin, rows.end, tokens);
       sum += static_cast<double>(forward_loss<float>(layout, params, tokens, b, ws, tp_reduce)) * b;
     }
   return sum;
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -1,4 +1,4 @@
-#include "model/data.h"
+#include "train/data.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 
 #include "common/check.h"
 
-namespace pwm::model {
+namespace pwm::train {
 
 namespace {
 
@@ -344,4 +344,4 @@ void write_generated_corpus(const std::string& path, uint64_t seed, size_t bytes
   if (::close(fd) != 0) PWM_THROW("corpus {}: cannot write: {}", path, std::strerror(errno));
 }
 
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -9,53 +9,53 @@
 #include <utility>
 #include <vector>
 
-#include "model/data.h"
+#include "train/data.h"
 #include "model/step_plan.h"
-#include "model/train_config.h"
+#include "train/config.h"
 #include "model/transformer.h"
 
-namespace pwm::model {
+namespace pwm::train {
 
 struct StepHooks {
-  TpReduce<float> tp_reduce;                // sums over the tp group; empty for tp = 1
+  model::TpReduce<float> tp_reduce;                // sums over the tp group; empty for tp = 1
   // During the LAST micro-batch's backward: range `i` of plan.finish_order() is final. May be empty.
   std::function<void(int i)> unit_done;
   std::function<void(const char* name, int64_t start_us, int64_t end_us)> span;  // trace; may be empty
   std::function<void(int64_t micro)> after_forward;  // testing hooks (the kill test); may be empty
 };
 
-// Executes `plan` (model/step_plan.h; plan.microbatches() == cfg.microbatches): zeroes `grads`,
+// Executes `plan` (model/step_plan.h; plan.microbatches() == cfg.workload.microbatches): zeroes `grads`,
 // then for each micro-batch of this data-parallel rank's rows of step `step` forward and backward
 // (exactly model::forward_backward's pieces), accumulating
 // grads += d(mean loss)/d(params) / (microbatches * data_parallel()). `dp_rank` is the rank's
 // index among all data-parallel ranks, replica * dp + dp_index (TrainConfig::data_parallel()). Returns the mean of the micro-batch
 // losses (this dp rank's share of the global batch loss). `tokens` holds one micro-batch.
-double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, const StepPlan& plan,
+double accumulate_gradients(const TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
                             const TextDataset& data, int64_t step, int dp_rank, const float* params, float* grads,
-                            Workspace<float>& ws, int32_t* tokens, const StepHooks& hooks);
+                            model::Workspace<float>& ws, int32_t* tokens, const StepHooks& hooks);
 
 // Clipping and AdamW, given the gradient's global squared norm (already reduced over tp).
 struct UpdateResult {
   double lr = 0, grad_norm = 0;
 };
-UpdateResult apply_update(const TrainConfig& cfg, const ParamLayout& layout, int64_t step, double global_sq_norm,
+UpdateResult apply_update(const TrainConfig& cfg, const model::ParamLayout& layout, int64_t step, double global_sq_norm,
                           float* params, const float* grads, float* m, float* v);
 
 // The same, out of place (params/m/v in, new params/m/v out): the same bits as apply_update.
-UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
+UpdateResult apply_update_into(const TrainConfig& cfg, const model::ParamLayout& layout, int64_t step,
                                double global_sq_norm, const float* params, const float* grads,
                                const float* m, const float* v, float* params_out, float* m_out,
                                float* v_out);
-UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout, int64_t step,
-                               double global_sq_norm, const float* params, const GradView& grads,
+UpdateResult apply_update_into(const TrainConfig& cfg, const model::ParamLayout& layout, int64_t step,
+                               double global_sq_norm, const float* params, const model::GradView& grads,
                                const float* m, const float* v, float* params_out, float* m_out,
                                float* v_out);
 
 // Sum over this dp rank's rows of validation batches 0..n-1 of (mean micro-batch loss x rows);
 // divide the dp sum by n * global_batch for the validation loss. n = validation_batches(...).
-double validation_loss_sum(const TrainConfig& cfg, const ParamLayout& layout, const TextDataset& data,
-                           int dp_rank, const float* params, Workspace<float>& ws, int32_t* tokens,
-                           const TpReduce<float>& tp_reduce);
+double validation_loss_sum(const TrainConfig& cfg, const model::ParamLayout& layout, const TextDataset& data,
+                           int dp_rank, const float* params, model::Workspace<float>& ws, int32_t* tokens,
+                           const model::TpReduce<float>& tp_reduce);
 int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data);
 
-}  // namespace pwm::model
+}  // namespace pwm::train

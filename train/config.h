@@ -11,34 +11,29 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/kernels.h"
 #include "model/optim.h"
+#include "train/modes.h"
 
-namespace CLI {
-class App;
-}
+namespace pwm::train {
 
-namespace pwm::model {
-
-struct TrainConfig {
-  Config model;
-  AdamWConfig optim;
-
-  // Mesh: replicas x dp x tp ranks (PaLM's layout). A replica is one island's copy of the model
-  // (data parallel across islands, over the DCN); inside it dp ranks are data parallel (sharded
-  // when fsdp) and tp ranks tensor parallel, tp ranks adjacent. World rank =
-  // (replica * dp + dp_index) * tp + tp_index: replica r holds ranks [r dp tp, (r+1) dp tp), and
-  // replica * dp + dp_index is the rank's index among all data-parallel ranks (data_parallel()).
+// Mesh: replicas x dp x tp ranks (PaLM's layout). A replica is one island's copy of the model
+// (data parallel across islands, over the DCN); inside it dp ranks are data parallel (sharded
+// when fsdp) and tp ranks tensor parallel, tp ranks adjacent. World rank =
+// (replica * dp + dp_index) * tp + tp_index: replica r holds ranks [r dp tp, (r+1) dp tp), and
+// replica * dp + dp_index is the rank's index among all data-parallel ranks (data_parallel()).
+struct MeshConfig {
   int replicas = 1;
   int dp = 1;
   int tp = 1;
   // The dp axis shards parameters, gradients and AdamW moments (ZeRO-3 / PaLM's sharded data
   // parallelism): weights gathered per layer, gradients reduce-scattered.
   bool fsdp = false;
-  // spmd_train, replicas > 1: "hierarchical" (ReduceScatter inside the replica, AllReduce of each
-  // shard across replicas, AllGather inside) or "flat" (one AllReduce over every rank).
-  std::string replica_reduce = "hierarchical";
+};
 
-  // Workload.
+// What is trained on and for how long (with the model and the optimizer: the workload's identity,
+// TrainConfig::workload_json, except microbatches, steps' evaluation cadence).
+struct WorkloadConfig {
   int64_t global_batch = 16;  // sequences per optimizer step, over all dp ranks
   int64_t microbatches = 1;   // gradient accumulation steps per dp rank
   int64_t steps = 20;
@@ -47,16 +42,20 @@ struct TrainConfig {
   double val_fraction = 0.1;
   int64_t eval_every = 0;     // validation loss every N steps (0: only at the end)
   int64_t eval_batches = 4;   // validation batches (of global_batch sequences) per evaluation
+};
 
-  // Outputs.
+// What a run writes.
+struct OutputConfig {
   int64_t log_every = 5;
   std::string metrics;        // JSON lines
   std::string trace;          // Chrome/Perfetto trace JSON
   std::string ckpt;           // checkpoint path
   int64_t ckpt_every = 0;     // 0: only at the end (when --ckpt is given)
   bool resume = false;        // start from --ckpt if it exists
+};
 
-  // Execution (not part of the workload identity).
+// How the step is executed (not part of the workload identity).
+struct ExecConfig {
   // Gradient AllReduce fusion buffer (bucket) size in bytes. 0 (default): sized from the model
   // (collectives::BucketedAllreduce::auto_sizes: a first bucket of at most 1 MiB, then about a
   // quarter of the gradient each, at most DDP's 25 MiB), so that the first AllReduce starts
@@ -64,18 +63,47 @@ struct TrainConfig {
   // (docs/spmd.md). A value >= 1024 cuts every bucket at that size.
   size_t bucket_bytes = 0;
   bool overlap = true;            // overlap the bucket AllReduces with backward compute
+  // spmd_train, replicas > 1: how the gradient crosses the replicas (train/modes.h).
+  ReplicaReduce replica_reduce = ReplicaReduce::kHierarchical;
   double coll_timeout = 300;      // collectives watchdog, seconds
   double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up
-  // Matrix products: "fp32" or "bf16" (operands rounded to bf16, fp32 sums, through oneDNN;
-  // kernels.h Precision). Master weights, AdamW, norms, softmax and loss stay fp32, so a
-  // checkpoint resumes in either precision (not part of workload_json).
-  std::string precision = "fp32";
+  // Matrix products: fp32, or bf16 operands with fp32 sums through oneDNN (model/kernels.h
+  // Precision). Master weights, AdamW, norms, softmax and loss stay fp32, so a checkpoint
+  // resumes in either precision (not part of workload_json).
+  model::Precision precision = model::Precision::kFp32;
+};
 
-  // Testing hook: SIGKILL world rank kill_rank in the middle of step kill_step (-1: never).
+// The MPMD trainers' own settings (pathways_train's flags; registered only by a trainer that
+// asks for them, FlagSet::kMpmd in train/flags.h).
+struct MpmdConfig {
+  Granularity granularity = Granularity::kFused;
+  int stages = 1;                       // > 1: pipeline (each stage a dp x tp slice)
+  Schedule schedule = Schedule::kGpipe;
+  std::string islands;                  // resource manager islands ("" = by host; "KxM")
+  bool sequential = false;              // sequential dispatch (the paper's baseline)
+};
+
+// Testing hooks: faults and pacing the tests schedule.
+struct TestHooks {
+  // SIGKILL world rank kill_rank in the middle of step kill_step (-1: never).
   int64_t kill_step = -1;
   int kill_rank = 0;
-  // Testing hook: sleep this long at the end of every step (to give an outside kill a window).
+  // Sleep this long at the end of every step (to give an outside kill a window).
   int64_t step_sleep_ms = 0;
+
+  // True when world rank `rank` is to die during `step`.
+  bool kill_now(int64_t step, int rank) const { return step == kill_step && rank == kill_rank; }
+};
+
+struct TrainConfig {
+  model::Config model;
+  model::AdamWConfig optim;
+  MeshConfig mesh;
+  WorkloadConfig workload;
+  OutputConfig outputs;
+  ExecConfig exec;
+  MpmdConfig mpmd;
+  TestHooks hooks;
 
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
   // number of compute ranks (replicas * dp * tp must equal it).
@@ -84,21 +112,21 @@ struct TrainConfig {
   // every world rank, a Pathways controller included). Throws pwm::Error with one line.
   void validate_kill_rank(int ranks) const;
   // Data-parallel ranks over all replicas; compute ranks of the mesh.
-  int data_parallel() const { return replicas * dp; }
-  int mesh_ranks() const { return replicas * dp * tp; }
+  int data_parallel() const { return mesh.replicas * mesh.dp; }
+  int mesh_ranks() const { return mesh.replicas * mesh.dp * mesh.tp; }
   // Micro-batch size per data-parallel rank.
-  int64_t micro_batch() const { return global_batch / data_parallel() / microbatches; }
-  int64_t tokens_per_step() const { return global_batch * model.seq_len; }
+  int64_t micro_batch() const { return workload.global_batch / data_parallel() / workload.microbatches; }
+  int64_t tokens_per_step() const { return workload.global_batch * model.seq_len; }
 
   // The workload's identity as JSON (model, optimizer, batch, steps' schedule, data, seed): two
   // runs with equal workload_json() train identically; a checkpoint stores it and --resume
   // refuses another. Excludes mesh, outputs and execution settings.
   std::string workload_json() const;
-  std::string to_json() const;  // everything, for the metrics file's header
+  std::string to_json() const;  // everything but outputs, hooks and MPMD settings: the metrics header
   // Every field, as sorted-key JSON: equal texts <=> equal configurations. The ranks of a job
-  // compare its hash before training (a rank started with other flags is named). `extra`: a
-  // trainer's own settings (pathways_train's --granularity...), under "trainer".
-  std::string canonical_json(const std::map<std::string, std::string>& extra = {}) const;
+  // compare its hash before training (a rank started with other flags is named). With `mpmd`,
+  // the MPMD settings too, under "trainer".
+  std::string canonical_json(bool mpmd = false) const;
 };
 
 // Throws pwm::Error with one line naming the ranks whose text differs from rank 0's and the
@@ -111,27 +139,8 @@ uint64_t config_hash(const std::string& canonical);
 // "(and N more)"); empty if equal. Nested keys are joined by '/': "optim/lr", "model".
 std::string config_differences(const std::string& a, const std::string& b, size_t max_fields = 4);
 
-// Applies cfg.precision to the process (model::set_precision); throws pwm::Error with one line if
-// bf16 is asked of a build without oneDNN. Every rank that runs gemm calls it after parsing.
+// Applies cfg.exec.precision to the process (model::set_precision); throws pwm::Error with one
+// line if bf16 is asked of a build without oneDNN. Every rank that runs gemm calls it after parsing.
 void apply_precision(const TrainConfig& cfg);
 
-// Registers every flag on `app`, bound to `cfg`. `--config FILE` is handled by
-// parse_train_config below.
-void add_train_flags(CLI::App& app, TrainConfig& cfg);
-
-// Parses argv into a TrainConfig: loads --config FILE first if given, then applies the flags.
-// Returns false if the program should exit (--help printed): `exit_code` is then set.
-// Throws pwm::Error on a bad flag, a bad file or an invalid value.
-// `more_flags` registers a trainer's own flags (e.g. pathways_train's --granularity) on the
-// same parser.
-bool parse_train_config(int argc, char** argv, const std::string& program,
-                        const std::string& description, TrainConfig& cfg, int& exit_code,
-                        bool print_help, const std::function<void(CLI::App&)>& more_flags = {});
-
-// Loads a JSON config file (the keys are the long flag names without "--"). Throws pwm::Error
-// naming the file and the bad key.
-void load_train_config_file(const std::string& path, TrainConfig& cfg);
-// The same on the file's text already in memory; `path` only names it in errors.
-void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg);
-
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace pwm::model {
+namespace pwm::train {
 
 // Half-open range of rows [begin, end) of a global batch.
 struct RowRange {
@@ -99,4 +99,4 @@ std::string generate_corpus(uint64_t seed, size_t bytes);
 // Writes generate_corpus(seed, bytes) to PATH (throws pwm::Error on I/O failure).
 void write_generated_corpus(const std::string& path, uint64_t seed, size_t bytes);
 
-}  // namespace pwm::model
+}  // namespace pwm::train

@@ -1,0 +1,85 @@
+#include "train/bootstrap.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "collectives/strings.h"
+#include "common/check.h"
+#include "model/kernels.h"
+#include "train/checks.h"
+
+namespace pwm::train {
+
+namespace {
+
+// Flags and --config; false (exit_code set) after --help.
+bool parse(int argc, char** argv, int rank, const TrainerSpec& spec, TrainConfig& cfg, int& exit_code) {
+  return parse_train_config(argc, argv, spec.program, spec.description, cfg, exit_code, rank == 0, {}, spec.flags);
+}
+
+// Everything that can be checked before training, on every rank: the configuration, the memory
+// this host's compute ranks need, the output paths (rank 0), the data and the resume checkpoint.
+void check_inputs(collectives::MpiEnvironment& env, const TrainerSpec& spec, Startup& s) {
+  TrainConfig& cfg = s.cfg;
+  spec.validate(cfg, env.size());
+  cfg.validate_kill_rank(env.size());
+  apply_precision(cfg);
+  const bool compute = !(spec.controller && env.rank() == 0);
+  if (compute) {
+    const std::string& me = s.hosts[static_cast<size_t>(env.rank())];
+    const int first = spec.controller ? 1 : 0;  // the controller holds no tensors
+    const int here = static_cast<int>(std::count(s.hosts.begin() + first, s.hosts.end(), me));
+    check_memory(cfg, here);
+  }
+  if (env.rank() == 0) {
+    check_output_paths(cfg);
+    if (spec.check_outputs) spec.check_outputs();
+  }
+  s.data = open_training_data(cfg);
+  s.resume_from = load_resume_checkpoint(cfg);
+}
+
+}  // namespace
+
+std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment& env, const TrainerSpec& spec,
+                             Startup& out) {
+  collectives::Communicator world = collectives::Communicator::world(env.transport());
+  int exit_code = 0;
+  bool go = true;
+  if (!collectives::agree_on_errors(world, spec.program, [&] { go = parse(argc, argv, env.rank(), spec, out.cfg, exit_code); }))
+    return 1;
+  if (!go) return exit_code;
+  out.hosts = collectives::allgather_strings(world, env.processor_name());
+  // Every rank must run the same configuration: ranks of an MPMD launch (`mpirun -n 1 spmd_train
+  // --seed 1 : -n 1 spmd_train --seed 2`) would otherwise train apart silently, post collectives
+  // of other sizes, or dispatch programs the workers shape differently. One 8-byte AllGather of
+  // a hash; the texts are exchanged only to name the difference.
+  const bool mpmd = spec.flags == FlagSet::kMpmd;
+  if (!collectives::agree_on_errors(world, spec.program, [&] {
+        check_same_config(collectives::gather_if_different(world, out.cfg.canonical_json(mpmd)));
+      }))
+    return 1;
+  if (!collectives::agree_on_errors(world, spec.program, [&] { check_inputs(env, spec, out); })) return 1;
+  return std::nullopt;
+}
+
+double gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, bool controller) {
+  double peak = cfg.exec.peak_gflops;
+  if (peak > 0) return peak;
+  // Every compute rank measures at once, as it will run; a controller idles meanwhile.
+  peak = controller && world.rank() == 0 ? 0.0 : measure_gemm_gflops();
+  world.allreduce(&peak, &peak, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+  return peak / (world.size() - (controller ? 1 : 0));
+}
+
+void print_header(const std::string& tag, const std::string& who, const TrainConfig& cfg, const std::string& where,
+                  double peak, const std::string& unit) {
+  fmt::print("[{}] {} | {} | batch {} x {} tokens, {} micro-batches | {}GEMM peak {:.1f} GFLOP/s per {}\n", tag, who,
+             cfg.model.to_string(), cfg.workload.global_batch, cfg.model.seq_len, cfg.workload.microbatches, where,
+             peak, unit);
+  if (cfg.exec.precision != model::Precision::kFp32)
+    fmt::print("[{}] precision {}: {}\n", tag, model::precision_name(cfg.exec.precision), model::bf16_info());
+}
+
+}  // namespace pwm::train

@@ -1,0 +1,62 @@
+// One start-up for every trainer: flags and --config, the ranks' agreement on them, validation
+// with one-line errors, the data and the resume checkpoint, the GEMM peak and the report's
+// header. A trainer's main is then: bootstrap, construct the trainer, run the loop.
+//
+// Which ranks call: every world rank, collectively (each check ends on every rank together).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/mpi_transport.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data.h"
+#include "train/flags.h"
+
+namespace pwm::train {
+
+// What differs between trainers at start-up.
+struct TrainerSpec {
+  std::string program;      // "spmd_train": names the errors ("spmd_train: error: ...") and --help
+  std::string description;  // --help's first line
+  FlagSet flags = FlagSet::kCommon;
+  // World rank 0 is a controller that holds no tensors (pathways_train): it neither checks the
+  // memory nor measures the GEMM peak, and the other ranks are the compute ranks.
+  bool controller = false;
+  // The trainer's own checks, on every rank: must call cfg.validate(compute ranks) and throw
+  // pwm::Error with one line for a setting it cannot run. `world`: every rank of the job.
+  std::function<void(const TrainConfig& cfg, int world)> validate;
+  // Extra output paths to check on rank 0 before training (e.g. a runtime's own trace). May be empty.
+  std::function<void()> check_outputs;
+};
+
+// What start-up hands the trainer.
+struct Startup {
+  TrainConfig cfg;
+  std::shared_ptr<TextDataset> data;       // on every rank (a controller drops it)
+  std::optional<Checkpoint> resume_from;   // the checkpoint to resume from, read on every rank
+  std::vector<std::string> hosts;          // every world rank's processor name, index = rank
+};
+
+// Parses argv, checks that every rank parsed the same configuration, validates it (TrainConfig
+// and spec.validate), checks memory and output paths, opens the data and reads the resume
+// checkpoint. Returns the code main should return (0 after --help, 1 after a bad input, which
+// rank 0 has reported in one line), or nullopt to go on with `out` filled.
+std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment& env, const TrainerSpec& spec,
+                             Startup& out);
+
+// The per-compute-rank GEMM peak for MFU: --peak-gflops, else measured on every compute rank at
+// once (as they will run, one core each) and averaged. Collective over `world`.
+double gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, bool controller);
+
+// Rank 0's first line: "[tag] <who> | <model> | batch B x T tokens, M micro-batches | <where>GEMM
+// peak P GFLOP/s per <unit>", then the precision's line when it is not fp32.
+void print_header(const std::string& tag, const std::string& who, const TrainConfig& cfg, const std::string& where,
+                  double peak, const std::string& unit);
+
+}  // namespace pwm::train

@@ -1,0 +1,154 @@
+#include "train/config.h"
+
+#include "model/kernels.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+
+#include "common/check.h"
+
+namespace pwm::train {
+
+using namespace pwm::model;  // the Transformer's types and kernels
+
+void TrainConfig::validate(int world_size) const {
+  const MeshConfig& m = mesh;
+  const WorkloadConfig& w = workload;
+  const OutputConfig& o = outputs;
+  // The flags first: optim.total_steps is --steps, and the optimizer's own check would name it
+  // by its internal name.
+  if (w.steps < 1) PWM_THROW("--steps must be at least 1 (got {})", w.steps);
+  if (optim.warmup_steps > w.steps)
+    PWM_THROW("--warmup-steps {} is more than --steps {}: use fewer warm-up steps", optim.warmup_steps, w.steps);
+  model.validate();
+  optim.validate();
+  if (m.replicas < 1 || m.dp < 1 || m.tp < 1)
+    PWM_THROW("--replicas, --dp and --tp must be at least 1 (got replicas={} dp={} tp={})", m.replicas, m.dp, m.tp);
+  if (m.fsdp && m.dp < 2) PWM_THROW("--fsdp shards over --dp, which is {}: use --dp 2 or more, or drop --fsdp", m.dp);
+  if (mesh_ranks() != world_size)
+    PWM_THROW("mesh --replicas {} x --dp {} x --tp {} = {} ranks, but the job has {} compute ranks: start it with {} "
+              "compute ranks or change --replicas/--dp/--tp",
+              m.replicas, m.dp, m.tp, mesh_ranks(), world_size, mesh_ranks());
+  model.validate_tp(m.tp);
+  if (w.global_batch < 1 || w.microbatches < 1)
+    PWM_THROW("--batch and --microbatches must be at least 1 (got {} and {})", w.global_batch, w.microbatches);
+  if (w.global_batch % (static_cast<int64_t>(data_parallel()) * w.microbatches) != 0)
+    PWM_THROW("--batch {} is not divisible by --replicas {} x --dp {} x --microbatches {}: choose a multiple of {}",
+              w.global_batch, m.replicas, m.dp, w.microbatches, static_cast<int64_t>(data_parallel()) * w.microbatches);
+  if (!(w.val_fraction > 0 && w.val_fraction < 1))
+    PWM_THROW("--val-fraction must be in (0, 1) (got {})", w.val_fraction);
+  if (w.eval_every < 0 || w.eval_batches < 1 || o.log_every < 1 || o.ckpt_every < 0)
+    PWM_THROW("--eval-every/--ckpt-every must be >= 0 and --eval-batches/--log-every >= 1");
+  if (o.ckpt_every > 0 && o.ckpt.empty()) PWM_THROW("--ckpt-every needs --ckpt PATH");
+  if (o.resume && o.ckpt.empty()) PWM_THROW("--resume needs --ckpt PATH");
+  if (exec.bucket_bytes != 0 && exec.bucket_bytes < 1024)
+    PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", exec.bucket_bytes);
+  if (!(exec.coll_timeout > 0)) PWM_THROW("--coll-timeout must be positive (got {})", exec.coll_timeout);
+  if (hooks.step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", hooks.step_sleep_ms);
+}
+
+void apply_precision(const TrainConfig& cfg) { set_precision(cfg.exec.precision); }
+
+void TrainConfig::validate_kill_rank(int ranks) const {
+  const int64_t steps = workload.steps;
+  if (hooks.kill_step < 0) return;
+  if (hooks.kill_step >= steps)
+    PWM_THROW("--kill-step {} is never reached: the run has --steps {} (steps 0..{})", hooks.kill_step, steps, steps - 1);
+  if (hooks.kill_rank < 0 || hooks.kill_rank >= ranks)
+    PWM_THROW("--kill-rank {} is not a rank of this job: choose one in [0, {})", hooks.kill_rank, ranks);
+}
+
+std::string TrainConfig::canonical_json(bool mpmd_settings) const {
+  nlohmann::json j = nlohmann::json::parse(to_json());
+  const Config& m = model;  // field by field, so that a difference names the field
+  j["model"] = {{"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"head_dim", m.head_dim},
+                {"d_ff", m.d_ff},       {"vocab", m.vocab},       {"seq_len", m.seq_len}, {"z_loss", m.z_loss},
+                {"rope_base", m.rope_base}, {"norm", norm_name(m.norm)}, {"seed", m.seed}};
+  j["global_batch"] = workload.global_batch;
+  j["log_every"] = outputs.log_every;
+  j["metrics"] = outputs.metrics;
+  j["trace"] = outputs.trace;
+  j["ckpt"] = outputs.ckpt;
+  j["ckpt_every"] = outputs.ckpt_every;
+  j["resume"] = outputs.resume;
+  j["coll_timeout"] = exec.coll_timeout;
+  j["peak_gflops"] = exec.peak_gflops;
+  j["kill_step"] = hooks.kill_step;
+  j["kill_rank"] = hooks.kill_rank;
+  j["step_sleep_ms"] = hooks.step_sleep_ms;
+  if (mpmd_settings)  // as texts, as the flags were given
+    j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
+                    {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},
+                    {"sequential", mpmd.sequential ? "true" : "false"}};
+  return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
+}
+
+uint64_t config_hash(const std::string& canonical) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : canonical) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void check_same_config(const std::vector<std::string>& canonical_by_rank) {
+  std::vector<int> odd;
+  for (size_t r = 1; r < canonical_by_rank.size(); ++r)
+    if (canonical_by_rank[r] != canonical_by_rank[0]) odd.push_back(static_cast<int>(r));
+  if (odd.empty()) return;
+  std::string ranks;
+  for (size_t i = 0; i < odd.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(odd[i]);
+  if (odd.size() > 8) ranks += ",...";
+  PWM_THROW("rank{} {} started with other flags than rank 0 (rank {} vs rank 0: {}): start every rank with the "
+            "same flags and config file",
+            odd.size() > 1 ? "s" : "", ranks, odd[0],
+            config_differences(canonical_by_rank[static_cast<size_t>(odd[0])], canonical_by_rank[0]));
+}
+
+std::string config_differences(const std::string& a, const std::string& b, size_t max_fields) {
+  const nlohmann::json fa = nlohmann::json::parse(a).flatten(), fb = nlohmann::json::parse(b).flatten();
+  std::vector<std::string> out;
+  auto shown = [](const nlohmann::json& j, const std::string& k) { return j.contains(k) ? j.at(k).dump() : "(absent)"; };
+  auto key = [](std::string k) { return k.substr(1); };  // "/optim/lr" -> "optim/lr"
+  for (auto& [k, v] : fa.items())
+    if (!fb.contains(k) || fb.at(k) != v) out.push_back(fmt::format("{}={} vs {}", key(k), shown(fa, k), shown(fb, k)));
+  for (auto& [k, v] : fb.items())
+    if (!fa.contains(k)) out.push_back(fmt::format("{}={} vs {}", key(k), shown(fa, k), shown(fb, k)));
+  std::string s;
+  for (size_t i = 0; i < out.size() && i < max_fields; ++i) s += (i ? ", " : "") + out[i];
+  if (out.size() > max_fields) s += fmt::format(" (and {} more)", out.size() - max_fields);
+  return s;
+}
+
+std::string TrainConfig::workload_json() const {
+  nlohmann::json j;
+  j["model"] = model.to_string();
+  j["optim"] = {{"lr", optim.lr}, {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
+                {"weight_decay", optim.weight_decay}, {"max_grad_norm", optim.max_grad_norm},
+                {"warmup_steps", optim.warmup_steps}, {"total_steps", optim.total_steps},
+                {"min_lr_frac", optim.min_lr_frac}};
+  j["batch"] = workload.global_batch;
+  j["data_seed"] = workload.data_seed;
+  j["data"] = workload.data;
+  j["val_fraction"] = workload.val_fraction;
+  return j.dump();
+}
+
+std::string TrainConfig::to_json() const {
+  nlohmann::json j = nlohmann::json::parse(workload_json());
+  j["replicas"] = mesh.replicas;
+  j["dp"] = mesh.dp;
+  j["tp"] = mesh.tp;
+  j["fsdp"] = mesh.fsdp;
+  j["replica_reduce"] = name(exec.replica_reduce);
+  j["microbatches"] = workload.microbatches;
+  j["steps"] = workload.steps;
+  j["eval_every"] = workload.eval_every;
+  j["eval_batches"] = workload.eval_batches;
+  j["bucket_bytes"] = exec.bucket_bytes;
+  j["overlap"] = exec.overlap;
+  j["precision"] = precision_name(exec.precision);
+  return j.dump();
+}
+
+}  // namespace pwm::train

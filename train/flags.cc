@@ -1,0 +1,180 @@
+#include "train/flags.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "common/check.h"
+
+namespace pwm::train {
+
+namespace {
+
+// An enum flag: CLI11 checks the text against `names` (its usual one-line error), then `set`
+// parses it (train/modes.h). `shown` is the default --help prints.
+template <typename Set>
+CLI::Option* add_mode(CLI::App& app, const std::string& flag, Set set, const std::vector<std::string>& names,
+                      const std::string& help, const std::string& shown) {
+  return app.add_option_function<std::string>(flag, set, help)->check(CLI::IsMember(names))->default_str(shown);
+}
+
+void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
+  const char* P = "Pathways";
+  add_mode(app, "--granularity", [&p](const std::string& s) { p.granularity = parse_granularity(s); },
+           granularity_names(), "fused | chained | opbyop", name(p.granularity))->group(P);
+  app.add_option("--stages", p.stages, "pipeline stages (> 1: MPMD pipeline, each stage a --dp x --tp slice)")->group(P);
+  add_mode(app, "--schedule", [&p](const std::string& s) { p.schedule = parse_schedule(s); }, schedule_names(),
+           "pipeline schedule: gpipe | 1f1b", name(p.schedule))->group(P);
+  app.add_option("--islands", p.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
+  app.add_flag("--sequential", p.sequential, "sequential dispatch (the paper's baseline)")->group(P);
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  const char* M = "Model";
+  app.add_option("--d-model", c.model.d_model, "model width C")->group(M);
+  app.add_option("--layers", c.model.n_layers, "Transformer blocks L")->group(M);
+  app.add_option("--heads", c.model.n_heads, "query heads H (one shared K/V head)")->group(M);
+  app.add_option("--head-dim", c.model.head_dim, "head dimension D")->group(M);
+  app.add_option("--d-ff", c.model.d_ff, "SwiGLU hidden width F")->group(M);
+  app.add_option("--vocab", c.model.vocab, "vocabulary (256 = bytes)")->group(M);
+  app.add_option("--seq-len", c.model.seq_len, "sequence length T")->group(M);
+  app.add_option("--z-loss", c.model.z_loss, "z-loss coefficient")->group(M);
+  app.add_option("--rope-base", c.model.rope_base, "rotary embedding base")->group(M);
+  app.add_option_function<std::string>(
+         "--norm", [&c](const std::string& s) { c.model.norm = model::parse_norm(s); },
+         "layernorm | rmsnorm (default layernorm)")
+      ->group(M);
+  app.add_option("--seed", c.model.seed, "parameter initialization seed")->group(M);
+
+  const char* O = "Optimizer (AdamW, warm-up + cosine)";
+  app.add_option("--lr", c.optim.lr, "peak learning rate")->group(O);
+  app.add_option("--beta1", c.optim.beta1)->group(O);
+  app.add_option("--beta2", c.optim.beta2)->group(O);
+  app.add_option("--eps", c.optim.eps)->group(O);
+  app.add_option("--weight-decay", c.optim.weight_decay, "decoupled decay (matrices, embedding)")->group(O);
+  app.add_option("--max-grad-norm", c.optim.max_grad_norm, "global-norm clipping (<= 0: off)")->group(O);
+  app.add_option("--warmup-steps", c.optim.warmup_steps)->group(O);
+  app.add_option("--min-lr-frac", c.optim.min_lr_frac, "cosine floor as a fraction of --lr")->group(O);
+
+  const char* W = "Workload";
+  app.add_option("--replicas", c.mesh.replicas, "model replicas, one per island (data parallel across islands)")->group(W);
+  app.add_option("--dp", c.mesh.dp, "data-parallel ranks inside a replica")->group(W);
+  app.add_option("--tp", c.mesh.tp, "tensor-parallel ranks (adjacent world ranks)")->group(W);
+  app.add_flag("--fsdp,!--no-fsdp", c.mesh.fsdp, "shard parameters, gradients and AdamW moments over --dp (ZeRO-3)")->group(W);
+  add_mode(app, "--replica-reduce", [&c](const std::string& s) { c.exec.replica_reduce = parse_replica_reduce(s); },
+           replica_reduce_names(),
+           "spmd_train with --replicas > 1: hierarchical (reduce-scatter, cross-replica allreduce, allgather) or flat",
+           name(c.exec.replica_reduce))
+      ->group(W);
+  app.add_option("--batch", c.workload.global_batch, "global batch in sequences per optimizer step")->group(W);
+  app.add_option("--microbatches", c.workload.microbatches, "gradient-accumulation micro-batches per dp rank")->group(W);
+  app.add_option("--steps", c.workload.steps, "optimizer steps (also the cosine schedule's length)")->group(W);
+  app.add_option("--data-seed", c.workload.data_seed, "seed of the batch sampler")->group(W);
+  app.add_option("--data", c.workload.data, "text file or directory (default: /usr/share/common-licenses)")->group(W);
+  app.add_option("--val-fraction", c.workload.val_fraction, "share of the data held out for validation")->group(W);
+  app.add_option("--eval-every", c.workload.eval_every, "validation loss every N steps (0: at the end only)")->group(W);
+  app.add_option("--eval-batches", c.workload.eval_batches, "validation batches per evaluation")->group(W);
+
+  const char* U = "Outputs";
+  app.add_option("--log-every", c.outputs.log_every, "progress line every N steps (rank 0)")->group(U);
+  app.add_option("--metrics", c.outputs.metrics, "JSON-lines metrics file")->group(U);
+  app.add_option("--trace", c.outputs.trace, "Chrome/Perfetto trace file merged from all ranks")->group(U);
+  app.add_option("--ckpt", c.outputs.ckpt, "checkpoint file (written every --ckpt-every steps and at the end)")->group(U);
+  app.add_option("--ckpt-every", c.outputs.ckpt_every, "checkpoint every N steps (0: at the end only)")->group(U);
+  app.add_flag("--resume", c.outputs.resume, "resume from --ckpt when it exists")->group(U);
+
+  const char* E = "Execution";
+  app.add_option("--bucket-bytes", c.exec.bucket_bytes, "gradient AllReduce bucket (fusion buffer) size in bytes (0: sized from the model)")->group(E);
+  app.add_flag("--overlap,!--no-overlap", c.exec.overlap, "overlap bucket AllReduces with backward")->group(E);
+  app.add_option("--coll-timeout", c.exec.coll_timeout, "collectives watchdog timeout, seconds")->group(E);
+  app.add_option("--peak-gflops", c.exec.peak_gflops, "per-rank GEMM peak for MFU (0: measure)")->group(E);
+  add_mode(app, "--precision", [&c](const std::string& s) { c.exec.precision = model::parse_precision(s); },
+           {"fp32", "bf16"}, "matrix products: fp32, or bf16 with fp32 sums (oneDNN)",
+           model::precision_name(c.exec.precision))
+      ->group(E);
+
+  const char* T = "Testing";
+  app.add_option("--kill-step", c.hooks.kill_step, "SIGKILL --kill-rank in the middle of this step")->group(T);
+  app.add_option("--kill-rank", c.hooks.kill_rank)->group(T);
+  app.add_option("--step-sleep-ms", c.hooks.step_sleep_ms, "sleep after every step (kill tests)")->group(T);
+  if (set == FlagSet::kMpmd) add_mpmd_flags(app, c.mpmd);
+}
+
+namespace {
+
+// JSON config -> "--key=value" arguments, so that the file and the flags share one parser.
+std::vector<std::string> json_to_args(std::string_view text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    PWM_THROW("--config {} is not valid JSON: {}", path, e.what());
+  }
+  if (!j.is_object()) PWM_THROW("--config {} must hold one JSON object of flag names to values", path);
+  std::vector<std::string> args;
+  for (auto& [key, v] : j.items()) {
+    std::string val;
+    if (v.is_string()) val = v.get<std::string>();
+    else if (v.is_boolean()) val = v.get<bool>() ? "true" : "false";
+    else if (v.is_number()) val = v.dump();
+    else PWM_THROW("--config {}: key '{}' must be a string, number or boolean", path, key);
+    args.push_back("--" + key + "=" + val);
+  }
+  return args;
+}
+
+}  // namespace
+
+void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set) {
+  std::ifstream in(path);
+  if (!in) PWM_THROW("cannot read --config {}: check the path", path);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) PWM_THROW("cannot read --config {}: check the path", path);
+  parse_train_config_text(text, path, cfg, set);
+}
+
+void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg, FlagSet set) {
+  CLI::App app;
+  add_train_flags(app, cfg, set);
+  auto args = json_to_args(text, path);
+  std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    PWM_THROW("--config {}: {}", path, e.what());
+  }
+}
+
+bool parse_train_config(int argc, char** argv, const std::string& program, const std::string& description,
+                        TrainConfig& cfg, int& exit_code, bool print_help,
+                        const std::function<void(CLI::App&)>& more_flags, FlagSet set) {
+  // --config first, so that flags on the command line override the file.
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) load_train_config_file(argv[i + 1], cfg, set);
+    else if (a.rfind("--config=", 0) == 0) load_train_config_file(a.substr(9), cfg, set);
+  }
+  CLI::App app{description, program};
+  std::string config_path;
+  app.add_option("--config", config_path, "JSON file of flag values (flags override it)");
+  add_train_flags(app, cfg, set);
+  if (more_flags) more_flags(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    exit_code = print_help ? app.exit(e) : 0;
+    return false;
+  } catch (const CLI::ParseError& e) {
+    PWM_THROW("{} (see {} --help)", e.what(), program);
+  }
+  cfg.optim.total_steps = cfg.workload.steps;
+  return true;
+}
+
+}  // namespace pwm::train

@@ -1,0 +1,41 @@
+// The trainers' flags and --config files: one CLI11 parser fills a TrainConfig (train/config.h),
+// so every trainer accepts the same workload flags and config keys by construction.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "train/config.h"
+
+namespace CLI {
+class App;
+}
+
+namespace pwm::train {
+
+// Which flag groups a trainer accepts: every trainer the common ones (model, optimizer, workload,
+// outputs, execution, testing); the MPMD trainers also --granularity, --stages, --schedule,
+// --islands and --sequential (MpmdConfig).
+enum class FlagSet { kCommon, kMpmd };
+
+// Registers the flags of `set` on `app`, bound to `cfg`. `--config FILE` is handled by
+// parse_train_config below.
+void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
+
+// Parses argv into a TrainConfig: loads --config FILE first if given, then applies the flags.
+// Returns false if the program should exit (--help printed): `exit_code` is then set.
+// Throws pwm::Error on a bad flag, a bad file or an invalid value.
+// `more_flags` registers a program's own flags (the simulator's) on the same parser.
+bool parse_train_config(int argc, char** argv, const std::string& program, const std::string& description,
+                        TrainConfig& cfg, int& exit_code, bool print_help,
+                        const std::function<void(CLI::App&)>& more_flags = {}, FlagSet set = FlagSet::kCommon);
+
+// Loads a JSON config file (the keys are the long flag names without "--", those of `set`).
+// Throws pwm::Error naming the file and the bad key.
+void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
+// The same on the file's text already in memory; `path` only names it in errors.
+void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg,
+                             FlagSet set = FlagSet::kCommon);
+
+}  // namespace pwm::train

@@ -1,0 +1,40 @@
+// The trainers' modes as enums, each parsed from its flag's text in one place (modes.cc) and
+// named back for outputs. Nothing else compares a mode's text.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pwm::train {
+
+// How an MPMD trainer turns the step into programs (pathways_train --granularity).
+//   kFused    one compiled function per step per device;
+//   kChained  one traced program per step, a node per step-plan unit;
+//   kOpByOp   the same nodes, each its own program (one client round trip each).
+enum class Granularity { kFused, kChained, kOpByOp };
+
+// A pipeline's node order per stage (--schedule): all forwards then all backwards, or 1F1B.
+enum class Schedule { kGpipe, k1F1B };
+
+// spmd_train with --replicas > 1 (--replica-reduce): reduce-scatter inside the replica, an
+// AllReduce of each shard across replicas and an all-gather inside (hierarchical), or one
+// AllReduce over every data-parallel rank (flat).
+enum class ReplicaReduce { kHierarchical, kFlat };
+
+// Parsers: throw pwm::Error with one line naming the flag and the accepted values.
+Granularity parse_granularity(std::string_view text);
+Schedule parse_schedule(std::string_view text);
+ReplicaReduce parse_replica_reduce(std::string_view text);
+
+// The flag's text of each value (as parsed above).
+const char* name(Granularity g);
+const char* name(Schedule s);
+const char* name(ReplicaReduce r);
+
+// Every accepted text, in declaration order (the flags' checks and --help).
+std::vector<std::string> granularity_names();
+std::vector<std::string> schedule_names();
+std::vector<std::string> replica_reduce_names();
+
+}  // namespace pwm::train
