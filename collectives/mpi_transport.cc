@@ -24,10 +24,15 @@ namespace {
 // How long a rank whose watchdog fired waits, after printing its report, before MPI_Abort.
 constexpr int kAbortGraceMs = 1000;
 
+// The world rank for PWM_MPI_REPORT's lines; -1 until MpiEnvironment has asked MPI.
+int g_world_rank = -1;
+
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
-  MPI_Error_string(code, buf, &len);
+  // Called to describe another failure: its own failure must not replace that report.
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
+    return fmt::format("MPI error code {} (MPI_Error_string failed on it)", code);
   return std::string(buf, len);
 }
 
@@ -39,6 +44,24 @@ std::string mpi_error_string(int code) {
       PWM_THROW("{}:{}: {} failed: {}", "collectives/mpi_transport.cc", __LINE__, #call, \
                 mpi_error_string(pwm_rc_));                                              \
   } while (0)
+
+// The same check where throwing would be wrong: in a destructor (an exception there ends the
+// process in std::terminate), on the way out (MPI_Finalize before exit, MPI_Abort), and while
+// composing the report of another failure. A failed call prints one line naming the call and
+// the rank, and the caller goes on with what it was doing.
+#define PWM_MPI_REPORT(call)                                                             \
+  do {                                                                                   \
+    int pwm_rc_ = (call);                                                                \
+    if (pwm_rc_ != MPI_SUCCESS) [[unlikely]]                                             \
+      report_mpi_failure(#call, __LINE__, pwm_rc_);                                      \
+  } while (0)
+
+void report_mpi_failure(const char* call, int line, int rc) {
+  std::fprintf(stderr, "warning: [rank %s] collectives/mpi_transport.cc:%d: %s failed: %s\n",
+               g_world_rank >= 0 ? std::to_string(g_world_rank).c_str() : "?", line, call,
+               mpi_error_string(rc).c_str());
+  std::fflush(stderr);
+}
 
 static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit a Request handle");
 
@@ -53,10 +76,12 @@ double startup_timeout_s() {
   }
 }
 
+// For the start-up timeout's line only, on the way to MPI_Abort: a failure is reported and the
+// line names no host ("").
 std::string this_host() {
   char buf[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
-  MPI_Get_processor_name(buf, &len);
+  PWM_MPI_REPORT(MPI_Get_processor_name(buf, &len));
   return std::string(buf, static_cast<size_t>(len));
 }
 
@@ -71,8 +96,9 @@ void wait_startup(std::vector<MPI_Request>& reqs, const std::string& what) {
     if (flag) return;
     const double waited = 1e-6 * static_cast<double>(now_us() - start);
     if (waited > timeout) {
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      // On the way to MPI_Abort: a failure here is reported, not thrown over the timeout's line.
+      int rank = g_world_rank;
+      PWM_MPI_REPORT(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
       MpiEnvironment::abort_job(
           fmt::format("start-up: world rank {} on {} waited {:.1f} s for {}: a rank is stopped, dead or slow to start; "
                       "aborting the job (timeout: PWM_COLL_TIMEOUT)",
@@ -156,10 +182,10 @@ struct LargeBytes {
     MPI_Datatype types[2] = {blocks, MPI_BYTE};
     PWM_MPI(MPI_Type_create_struct(rem > 0 ? 2 : 1, lens, disp, types, &type));
     PWM_MPI(MPI_Type_commit(&type));
-    MPI_Type_free(&blocks);
-    MPI_Type_free(&block);
+    PWM_MPI(MPI_Type_free(&blocks));
+    PWM_MPI(MPI_Type_free(&block));
   }
-  ~LargeBytes() { MPI_Type_free(&type); }
+  ~LargeBytes() { PWM_MPI_REPORT(MPI_Type_free(&type)); }  // a destructor: must not throw
   LargeBytes(const LargeBytes&) = delete;
   LargeBytes& operator=(const LargeBytes&) = delete;
 };
@@ -208,9 +234,9 @@ class MpiTransport : public Transport {
       PWM_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     }
   }
-  ~MpiTransport() override {
-    for (auto& [group, c] : group_comms_) MPI_Comm_free(&c);
-    for (MPI_Comm& c : channels_) MPI_Comm_free(&c);
+  ~MpiTransport() override {  // a destructor: failures are reported, the other frees still run
+    for (auto& [group, c] : group_comms_) PWM_MPI_REPORT(MPI_Comm_free(&c));
+    for (MPI_Comm& c : channels_) PWM_MPI_REPORT(MPI_Comm_free(&c));
   }
 
   int rank() const override { return rank_; }
@@ -257,7 +283,9 @@ class MpiTransport : public Transport {
     if (rc != MPI_SUCCESS) {
       int err = rc == MPI_ERR_IN_STATUS ? st.MPI_ERROR : rc;
       int cls = 0;
-      MPI_Error_class(err, &cls);
+      // Only to word the error thrown below: if MPI cannot classify `err`, that error is
+      // still the one to throw (reported, then the generic message).
+      PWM_MPI_REPORT(MPI_Error_class(err, &cls));
       // MPI writes no byte past the posted receive; the message's true length is not known.
       if (cls == MPI_ERR_TRUNCATE) PWM_THROW("MPI_ERR_TRUNCATE: a longer message arrived");
       PWM_THROW("MPI point-to-point failed (peer {}, tag {}): {}", st.MPI_SOURCE, st.MPI_TAG,
@@ -322,8 +350,8 @@ class MpiTransport : public Transport {
     PWM_MPI(MPI_Group_incl(world_group, static_cast<int>(group.size()), group.data(), &g));
     MPI_Comm c;
     PWM_MPI(MPI_Comm_create_group(channels_[0], g, /*tag=*/4242, &c));
-    MPI_Group_free(&g);
-    MPI_Group_free(&world_group);
+    PWM_MPI(MPI_Group_free(&g));
+    PWM_MPI(MPI_Group_free(&world_group));
     PWM_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
     return group_comms_[group] = c;
   }
@@ -409,8 +437,11 @@ std::unique_ptr<NativeOp> Transport::start_native_allreduce(const std::vector<in
 MpiEnvironment::MpiEnvironment(int* argc, char*** argv, const std::function<void(int)>& after_init) {
   int provided = 0;
   PWM_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // Until this succeeds, a failing MPI call on the world aborts inside MPI (the default
+  // MPI_ERRORS_ARE_FATAL); every check after it relies on it.
+  PWM_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   PWM_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  g_world_rank = rank_;
   PWM_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   if (after_init) after_init(rank_);
   if (provided < MPI_THREAD_SERIALIZED && rank_ == 0)
@@ -442,21 +473,22 @@ void MpiEnvironment::refuse_bad_environment(const char* argv0) {
     std::fprintf(stderr, "%s: error: %s\n", argv0 ? (slash ? slash + 1 : argv0) : "error", bad.c_str());
     std::fflush(stderr);
   }
-  MPI_Finalize();
+  PWM_MPI_REPORT(MPI_Finalize());  // on the way to exit(1) with the line above: report, go on
   std::exit(1);
 }
 
+// A destructor: failures are reported, not thrown (std::terminate), and the process ends anyway.
 MpiEnvironment::~MpiEnvironment() {
   transport_.reset();
   int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  PWM_MPI_REPORT(MPI_Finalized(&finalized));
+  if (!finalized) PWM_MPI_REPORT(MPI_Finalize());
 }
 
 std::string MpiEnvironment::processor_name() const {
   char buf[MPI_MAX_PROCESSOR_NAME];
   int len = 0;
-  MPI_Get_processor_name(buf, &len);
+  PWM_MPI(MPI_Get_processor_name(buf, &len));
   return std::string(buf, len);
 }
 
@@ -470,7 +502,8 @@ void MpiEnvironment::abort_job(const std::string& message, int code) {
     // The same grace as the watchdog's lets it through.
     std::this_thread::sleep_for(std::chrono::milliseconds(kAbortGraceMs));
   }
-  MPI_Abort(MPI_COMM_WORLD, code);
+  // Ending the job: a failure is reported and the process ends by itself below.
+  PWM_MPI_REPORT(MPI_Abort(MPI_COMM_WORLD, code));
   std::_Exit(code);  // MPI_Abort does not return; be sure.
 }
 

@@ -1,0 +1,185 @@
+#include "bench/pathways/dispatch_harness.h"
+
+#include <CLI/CLI.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+
+#include "bench/pathways/bench_kernels.h"
+#include "common/check.h"
+#include "common/time.h"
+#include "pathways/backoff.h"
+#include "pathways/tags.h"
+#include "pathways/worker.h"
+
+namespace pwm::pathways::bench {
+
+namespace {
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(std::stoll(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return v;
+}
+
+// One SPMD chain on the worker ranks: seconds (slowest worker); counts a wrong result.
+double spmd_chain(collectives::Communicator& wc, int chain, int64_t t, double* wrong) {
+  wc.barrier();
+  const double t0 = now_s();
+  float x = 0;
+  for (int i = 0; i < chain; ++i) step(wc, x, t);
+  double dt = now_s() - t0;
+  wc.allreduce(&dt, &dt, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kMax);
+  if (x != static_cast<float>(chain)) *wrong += 1;
+  return dt;
+}
+
+// Waits for a point-to-point message without spinning (the controller during the SPMD phase,
+// worker rank 1 for the go message).
+void recv_asleep(collectives::Transport& t, void* buf, size_t bytes, int peer, int tag) {
+  collectives::Request r = t.irecv(buf, bytes, peer, tag);
+  Backoff b(10, 1000);
+  while (!t.test(r, nullptr)) b.idle();
+}
+
+void send_spinning(collectives::Transport& t, const void* buf, size_t bytes, int peer, int tag) {
+  collectives::Request q = t.isend(buf, bytes, peer, tag);
+  while (!t.test(q, nullptr)) {
+  }
+}
+
+}  // namespace
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kSpmd: return "spmd";
+    case Mode::kOpByOp: return "opbyop";
+    case Mode::kChained: return "chained";
+    case Mode::kFused: return "fused";
+    case Mode::kParallel: return "parallel";
+    case Mode::kSequential: return "sequential";
+    case Mode::kClients: return "clients";
+  }
+  return "?";
+}
+
+// Fig. 8's SPMD chain lasts about as long as a client row (--fig8-seconds): the best of several
+// short windows would be biased upwards against the best of the longer client rows.
+int BenchOptions::fig8_chain(int64_t t) const {
+  return std::max<int>(chain, static_cast<int>(fig8_seconds / (1e-6 * static_cast<double>(std::max<int64_t>(t, 1)))));
+}
+
+std::optional<int> parse_options(int argc, char** argv, int rank, BenchOptions* o) {
+  CLI::App app{"dispatch_bench: Pathways dispatch overhead against SPMD (paper Fig. 5-7)"};
+  std::string ts_s = "0,10,20,30,50,75,100,150,200,230,300,500,1000", stages_s = "1,2,4,8,16,32,64,128";
+  app.add_option("--chain", o->chain, "computations per chain (Fig. 5/6)");
+  app.add_option("--compute-us", ts_s, "comma-separated compute times T per computation (us)");
+  app.add_option("--reps", o->reps, "timed repetitions per row (the best is reported)");
+  app.add_option("--stages", stages_s, "comma-separated pipeline lengths (Fig. 7)");
+  app.add_option("--stage-us", o->stage_us, "compute per pipeline stage (us)");
+  app.add_option("--json", o->json_path, "also write the rows as JSON to this file");
+  app.add_option("--islands", o->islands,
+                 "the runtime's islands: KxM (e.g. 1x4: one island over the workers of several hosts, as a "
+                 "TPU pod spans its hosts); default one island per host");
+  std::string figs_s = "5,6,7,8", clients_s = "1,2,4,8,16", fig8_us_s = "40,330,1000,2400";
+  app.add_option("--figs", figs_s, "which figures to run (5,6: the --compute-us sweep; 7; 8)");
+  app.add_option("--clients", clients_s, "Fig. 8: comma-separated numbers of concurrent clients");
+  app.add_option("--fig8-us", fig8_us_s, "Fig. 8: comma-separated compute times per program (us)");
+  app.add_option("--fig8-reps", o->fig8_reps, "Fig. 8: rounds per T (the best is reported)");
+  app.add_option("--fig8-seconds", o->fig8_seconds, "Fig. 8: approximate length of one row's measurement");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+  }
+  const std::vector<int64_t> figs = parse_list(figs_s);
+  auto fig_on = [&](int f) { return std::find(figs.begin(), figs.end(), f) != figs.end(); };
+  if (fig_on(5) || fig_on(6)) o->ts = parse_list(ts_s);
+  if (fig_on(7)) o->stages = parse_list(stages_s);
+  o->clients = parse_list(clients_s);
+  if (fig_on(8)) o->fig8_ts = parse_list(fig8_us_s);
+  return std::nullopt;
+}
+
+RuntimeOptions Bench::runtime_options() const {
+  RuntimeOptions o = RuntimeOptions::from_env();
+  o.islands = opt.islands;
+  return o;
+}
+
+Bench start_bench(collectives::MpiEnvironment& env, BenchOptions opt) {
+  Bench b;
+  b.workers = env.size() - 1;
+  if (b.workers < 1) PWM_THROW("dispatch_bench needs at least 2 ranks (a controller and a worker)");
+  if (opt.chain < 1 || opt.reps < 1) PWM_THROW("--chain and --reps must be positive");
+  b.opt = std::move(opt);
+  register_bench_kernels();
+  b.transport = env.transport();
+  b.result_tag = tags::user_tag(1);
+  return b;
+}
+
+// A phase per T (Fig. 5/6's, then Fig. 8's with its longer chain), each a series of rounds: the
+// SPMD chain, then a runtime session. Worker rank 1 reports the chain to the controller and
+// passes its go message on to the other workers.
+void run_workers(const Bench& b) {
+  calibrate();
+  const int rank = b.transport->rank();
+  std::vector<int> ranks;
+  for (int r = 1; r <= b.workers; ++r) ranks.push_back(r);
+  collectives::Communicator wc(b.transport, ranks, tags::kUserContextBase);
+  std::vector<int64_t> phases = b.opt.ts;
+  phases.insert(phases.end(), b.opt.fig8_ts.begin(), b.opt.fig8_ts.end());
+  for (size_t ph = 0; ph < phases.size(); ++ph) {
+    const int64_t t = phases[ph];
+    const int n = ph < b.opt.ts.size() ? b.opt.chain : b.opt.fig8_chain(t);
+    for (double more = 1; more != 0;) {
+      double msg[3] = {0, 0, iters_per_us()};
+      msg[0] = spmd_chain(wc, n, t, &msg[1]);
+      if (rank == 1) send_spinning(*b.transport, msg, sizeof(msg), 0, b.result_tag);
+      run_worker(b.transport);
+      if (rank == 1) recv_asleep(*b.transport, &more, sizeof(more), 0, b.result_tag + 1);
+      wc.broadcast(&more, 1, collectives::DataType::kFloat64, 0);
+    }
+  }
+  if (!b.opt.stages.empty()) run_worker(b.transport);  // the Fig. 7 session
+}
+
+SpmdRound await_spmd_round(Bench* b) {
+  double msg[3];
+  recv_asleep(*b->transport, msg, sizeof(msg), 1, b->result_tag);
+  b->iters_per_us = msg[2];
+  return {msg[0], static_cast<int>(msg[1])};
+}
+
+void send_go(const Bench& b, bool more) {
+  double go = more ? 1 : 0;
+  send_spinning(*b.transport, &go, sizeof(go), 1, b.result_tag + 1);
+}
+
+int count_wrong(const Array& a, float want) {
+  float got = a.get<float>()[0];
+  return got == want ? 0 : 1;
+}
+
+double best(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double cpu_seconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+}  // namespace pwm::pathways::bench
