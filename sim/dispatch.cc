@@ -119,7 +119,7 @@ ChainInputs prepare_chain(const Cluster& c, const Profile& p, const DispatchOpti
   return in;
 }
 
-double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
+double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                       double t_us, const ChainInputs* pre) {
   ChainInputs own;
   if (pre == nullptr) {
@@ -129,9 +129,9 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
   const int w = o.workers, k = o.chain;
   const double ar = pre->allreduce_us;
   const double ds = 1.0 / c.dispatch_scale, comp = t_us;  // T is device time already
-  if (mode == "spmd") return k / (k * (comp + ar + p.spmd_exec_us * ds) * 1e-6);
+  if (mode == ExecMode::kSpmd) return k / (k * (comp + ar + p.spmd_exec_us * ds) * 1e-6);
   double end = 0;
-  if (mode == "opbyop") {
+  if (mode == ExecMode::kOpByOp) {
     // One single-node program per computation; the controller issues call after call (each
     // takes the previous future), the workers run them as they arrive.
     const LoweredShape& s = pre->opbyop;
@@ -148,26 +148,24 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
       dev = std::max(dev, start) + p.exec_us * ds + comp + stolen + ar + p.program_exec_us * ds;
     }
     end = dev;
-  } else if (mode == "chained" || mode == "fused") {
-    const LoweredShape& s = mode == "fused" ? pre->fused : pre->chained;
+  } else {  // chained or fused: one program per chain
+    const LoweredShape& s = mode == ExecMode::kFused ? pre->fused : pre->chained;
     const double ctrl = (p.call_us + p.node_us * s.nodes + p.msg_us * run_messages(c, o, s)) * ds;
     double start = 0;
     for (int r = 0; r < w; ++r) start = std::max(start, ctrl_link_arrival(c, o, r, ctrl));
     const int launches = s.execs.empty() ? 0 : *std::max_element(s.execs.begin(), s.execs.end());
     end = start + launches * p.exec_us * ds + k * (comp + ar + p.program_exec_us * ds);
-  } else {
-    PWM_THROW("unknown dispatch mode '{}' (spmd, opbyop, chained, fused)", mode);
   }
   end += p.fetch_rtt_us * ds;
   return k / (end * 1e-6);
 }
 
-double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
+double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                   const std::vector<double>& ts, double frac) {
   const ChainInputs pre = prepare_chain(c, p, o);
   double be = -1;
   for (auto it = ts.rbegin(); it != ts.rend(); ++it) {
-    if (simulate_chain(c, p, o, mode, *it, &pre) < frac * simulate_chain(c, p, o, "spmd", *it, &pre)) break;
+    if (simulate_chain(c, p, o, mode, *it, &pre) < frac * simulate_chain(c, p, o, ExecMode::kSpmd, *it, &pre)) break;
     be = *it;
   }
   return be;

@@ -44,14 +44,14 @@ struct ChainInputs {
 };
 ChainInputs prepare_chain(const Cluster& c, const Profile& p, const DispatchOptions& o);
 
-// Computations per second of one chain at compute time `t_us`: mode "spmd", "opbyop",
-// "chained" or "fused". `pre`: prepare_chain's result for the same c, p, o (or null).
-double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
+// Computations per second of one chain at compute time `t_us`: mode kSpmd, kOpByOp,
+// kChained or kFused. `pre`: prepare_chain's result for the same c, p, o (or null).
+double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                       double t_us, const ChainInputs* pre = nullptr);
 
 // The smallest T (from `ts`, ascending) from which on `mode` reaches `frac` of SPMD at every
 // larger T; -1 when none does.
-double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, const std::string& mode,
+double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                   const std::vector<double>& ts, double frac = 0.95);
 
 // Fig. 7: a pipeline of `stages` single-device stages of `stage_us` on alternating workers,

@@ -91,94 +91,129 @@ json calibrate_kernels(const train::TrainConfig& cfg, const std::string& trace, 
           {"from", {{"trace", trace}, {"forward_us", mf}, {"backward_us", mb}, {"optimizer_us", mo}, {"step_ms_p50", step_ms}}}};
 }
 
-int body(int argc, char** argv) {
+// --what, parsed once.
+enum class What { kStep, kPipeline, kDispatch, kStages, kClients, kFig6, kKernels };
+What parse_what(const std::string& w) {
+  constexpr std::pair<What, const char*> kAll[] = {{What::kStep, "step"},       {What::kPipeline, "pipeline"},
+                                                   {What::kDispatch, "dispatch"}, {What::kStages, "stages"},
+                                                   {What::kClients, "clients"},   {What::kFig6, "fig6"},
+                                                   {What::kKernels, "kernels"}};
+  for (const auto& [v, t] : kAll)
+    if (w == t) return v;
+  PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", w);
+}
+
+// The simulator's own flags (the trainers' come from train/flags.h).
+struct SimFlags {
   std::string what = "step", profile_path, cluster_path, granularity = "spmd", schedule = "gpipe";
   std::string compute_s = "0,10,20,50,100,200,500,1000,2000,5000", hosts_s = "2,4,8,16,32,64,128,256,512";
   std::string trace, metrics, clients_s = "1,2,4,8,16";
   int stages = 0, workers = 2, chain = 128;
   bool controller_alone = false, host_executors = false;
   double stage_us = 100;
-  train::TrainConfig cfg;
-  int exit_code = 0;
-  const bool go = train::parse_train_config(
-      argc, argv, "pwm_sim", "Simulates both execution models from a measured machine profile", cfg, exit_code, true,
-      [&](CLI::App& app) {
-        const char* S = "Simulator";
-        app.add_option("--what", what, "step | pipeline | dispatch | stages | clients | fig6 | kernels")->group(S);
-        app.add_option("--profile", profile_path, "machine profile (mpi_scripts/sim_calibrate.sh)")->group(S);
-        app.add_option("--cluster", cluster_path, "cluster description (JSON; default: one host of the profile's machine)")->group(S);
-        app.add_option("--granularity", granularity, "step: spmd | fused | chained | opbyop")->group(S);
-        app.add_option("--stages", stages, "pipeline stages (Fig. 7: pipeline length)")->group(S);
-        app.add_option("--schedule", schedule, "pipeline: gpipe | 1f1b")->group(S);
-        app.add_option("--workers", workers, "dispatch: workers (devices)")->group(S);
-        app.add_option("--chain", chain, "dispatch: computations per chain")->group(S);
-        app.add_option("--compute-us", compute_s, "dispatch: comma-separated compute times T (us)")->group(S);
-        app.add_option("--stage-us", stage_us, "stages: compute per stage (us)")->group(S);
-        app.add_option("--clients", clients_s, "clients: comma-separated numbers of clients")->group(S);
-        app.add_option("--hosts-list", hosts_s, "fig6: comma-separated host counts")->group(S);
-        app.add_flag("--controller-alone", controller_alone, "dispatch: the controller on a host of its own")->group(S);
-        app.add_flag("--host-executors", host_executors, "dispatch: one message per host, not per device")->group(S);
-        app.add_option("--sim-trace", trace, "kernels: the trainer's --trace file")->group(S);
-        app.add_option("--sim-metrics", metrics, "kernels: the trainer's --metrics file")->group(S);
-      });
-  if (!go) return exit_code;
-  if (what == "kernels") {
-    fmt::print("{}\n", calibrate_kernels(cfg, trace, metrics).dump());
-    return 0;
+
+  void add(CLI::App& app) {
+    const char* S = "Simulator";
+    app.add_option("--what", what, "step | pipeline | dispatch | stages | clients | fig6 | kernels")->group(S);
+    app.add_option("--profile", profile_path, "machine profile (mpi_scripts/sim_calibrate.sh)")->group(S);
+    app.add_option("--cluster", cluster_path, "cluster description (JSON; default: one host of the profile's machine)")->group(S);
+    app.add_option("--granularity", granularity, "step: spmd | fused | chained | opbyop")->group(S);
+    app.add_option("--stages", stages, "pipeline stages (Fig. 7: pipeline length)")->group(S);
+    app.add_option("--schedule", schedule, "pipeline: gpipe | 1f1b")->group(S);
+    app.add_option("--workers", workers, "dispatch: workers (devices)")->group(S);
+    app.add_option("--chain", chain, "dispatch: computations per chain")->group(S);
+    app.add_option("--compute-us", compute_s, "dispatch: comma-separated compute times T (us)")->group(S);
+    app.add_option("--stage-us", stage_us, "stages: compute per stage (us)")->group(S);
+    app.add_option("--clients", clients_s, "clients: comma-separated numbers of clients")->group(S);
+    app.add_option("--hosts-list", hosts_s, "fig6: comma-separated host counts")->group(S);
+    app.add_flag("--controller-alone", controller_alone, "dispatch: the controller on a host of its own")->group(S);
+    app.add_flag("--host-executors", host_executors, "dispatch: one message per host, not per device")->group(S);
+    app.add_option("--sim-trace", trace, "kernels: the trainer's --trace file")->group(S);
+    app.add_option("--sim-metrics", metrics, "kernels: the trainer's --metrics file")->group(S);
   }
-  if (profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
-  const sim::Profile p = sim::Profile::load(profile_path);
-  const int need = what == "step" ? static_cast<int>(cfg.mesh.dp) : what == "pipeline" ? stages : workers;
-  const sim::Cluster c = cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(cluster_path, p);
-  sim::DispatchOptions o;
-  o.workers = workers;
-  o.chain = chain;
-  o.controller_alone = controller_alone;
-  o.host_executors = host_executors;
-  auto out = [](const json& j) { fmt::print("{}\n", j.dump()); };
-  if (what == "step" || what == "pipeline") {
-    const sim::StepPrediction r = what == "step" ? sim::simulate_step(c, p, cfg, granularity)
-                                                 : sim::simulate_pipeline(c, p, cfg, stages, schedule);
-    out({{"what", what}, {"granularity", what == "step" ? granularity : schedule}, {"dp", cfg.mesh.dp}, {"stages", stages},
-         {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
-         {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
-         {"collectives", r.collectives}, {"nodes", r.nodes}, {"params", model::ParamLayout(cfg.model, 0, 1).total()}});
-  } else if (what == "dispatch") {
+};
+
+void out(const json& j) { fmt::print("{}\n", j.dump()); }
+
+void step_rows(const sim::Cluster& c, const sim::Profile& p, const train::TrainConfig& cfg, const SimFlags& f, What w) {
+  const sim::StepPrediction r = w == What::kStep ? sim::simulate_step(c, p, cfg, sim::parse_exec_mode(f.granularity))
+                                                 : sim::simulate_pipeline(c, p, cfg, f.stages, train::parse_schedule(f.schedule));
+  out({{"what", f.what}, {"granularity", w == What::kStep ? f.granularity : f.schedule}, {"dp", cfg.mesh.dp}, {"stages", f.stages},
+       {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
+       {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
+       {"collectives", r.collectives}, {"nodes", r.nodes}, {"params", model::ParamLayout(cfg.model, 0, 1).total()}});
+}
+
+// Fig. 6: C describes the cluster's hosts (devices per host, links); every host count gets every
+// device as a worker (one island over the cluster, as the paper's Fig. 6).
+void fig6_rows(const sim::Cluster& c, const sim::Profile& p, const sim::DispatchOptions& o, const SimFlags& f) {
+  using sim::ExecMode;
+  std::vector<double> ts;
+  for (double t = 1; t <= 2e5; t *= 1.1) ts.push_back(t);
+  for (double h : parse_list(f.hosts_s, "--hosts-list")) {
+    sim::Cluster ch = c;
+    ch.hosts = static_cast<int>(h);
+    sim::DispatchOptions oh = o;
+    oh.workers = ch.devices();
+    out({{"what", "fig6"}, {"hosts", ch.hosts}, {"devices", ch.devices()},
+         {"opbyop_break_even_us", sim::break_even(ch, p, oh, ExecMode::kOpByOp, ts)},
+         {"chained_break_even_us", sim::break_even(ch, p, oh, ExecMode::kChained, ts)},
+         {"fused_break_even_us", sim::break_even(ch, p, oh, ExecMode::kFused, ts)}});
+  }
+}
+
+void chain_rows(const sim::Cluster& c, const sim::Profile& p, const sim::DispatchOptions& o, const SimFlags& f, What w) {
+  using sim::ExecMode;
+  if (w == What::kDispatch) {
     const sim::ChainInputs pre = sim::prepare_chain(c, p, o);
-    for (double t : parse_list(compute_s, "--compute-us")) {
-      json row = {{"what", "dispatch"}, {"workers", workers}, {"compute_us", t}};
-      for (const char* m : {"spmd", "opbyop", "chained", "fused"}) row[m] = sim::simulate_chain(c, p, o, m, t, &pre);
+    for (double t : parse_list(f.compute_s, "--compute-us")) {
+      json row = {{"what", "dispatch"}, {"workers", f.workers}, {"compute_us", t}};
+      for (ExecMode m : {ExecMode::kSpmd, ExecMode::kOpByOp, ExecMode::kChained, ExecMode::kFused})
+        row[sim::name(m)] = sim::simulate_chain(c, p, o, m, t, &pre);
       out(row);
     }
-  } else if (what == "stages") {
-    for (double k : parse_list(compute_s == "0,10,20,50,100,200,500,1000,2000,5000" ? "1,2,4,8,16" : compute_s, "--compute-us")) {
+  } else if (w == What::kStages) {
+    const std::string& ks = f.compute_s == "0,10,20,50,100,200,500,1000,2000,5000" ? "1,2,4,8,16" : f.compute_s;
+    for (double k : parse_list(ks, "--compute-us")) {
       const int s = static_cast<int>(k);
-      out({{"what", "stages"}, {"stages", s}, {"parallel_s", sim::simulate_stages(c, p, o, s, stage_us, false)},
-           {"sequential_s", sim::simulate_stages(c, p, o, s, stage_us, true)}});
+      out({{"what", "stages"}, {"stages", s}, {"parallel_s", sim::simulate_stages(c, p, o, s, f.stage_us, false)},
+           {"sequential_s", sim::simulate_stages(c, p, o, s, f.stage_us, true)}});
     }
-  } else if (what == "clients") {
-    for (double t : parse_list(compute_s, "--compute-us"))
-      for (double n : parse_list(clients_s, "--clients"))
+  } else {  // clients
+    for (double t : parse_list(f.compute_s, "--compute-us"))
+      for (double n : parse_list(f.clients_s, "--clients"))
         out({{"what", "clients"}, {"compute_us", t}, {"clients", static_cast<int>(n)},
              {"per_s", sim::simulate_clients(c, p, o, static_cast<int>(n), t)},
-             {"spmd_per_s", sim::simulate_chain(c, p, o, "spmd", t)}});
-  } else if (what == "fig6") {
-    // C describes the cluster's hosts (devices per host, links); every host count gets every
-    // device as a worker (one island over the cluster, as the paper's Fig. 6).
-    std::vector<double> ts;
-    for (double t = 1; t <= 2e5; t *= 1.1) ts.push_back(t);
-    for (double h : parse_list(hosts_s, "--hosts-list")) {
-      sim::Cluster ch = c;
-      ch.hosts = static_cast<int>(h);
-      sim::DispatchOptions oh = o;
-      oh.workers = ch.devices();
-      out({{"what", "fig6"}, {"hosts", ch.hosts}, {"devices", ch.devices()},
-           {"opbyop_break_even_us", sim::break_even(ch, p, oh, "opbyop", ts)},
-           {"chained_break_even_us", sim::break_even(ch, p, oh, "chained", ts)},
-           {"fused_break_even_us", sim::break_even(ch, p, oh, "fused", ts)}});
-    }
-  } else {
-    PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", what);
+             {"spmd_per_s", sim::simulate_chain(c, p, o, ExecMode::kSpmd, t)}});
+  }
+}
+
+int body(int argc, char** argv) {
+  SimFlags f;
+  train::TrainConfig cfg;
+  int exit_code = 0;
+  const bool go = train::parse_train_config(argc, argv, "pwm_sim", "Simulates both execution models from a measured machine profile",
+                                            cfg, exit_code, true, [&](CLI::App& app) { f.add(app); });
+  if (!go) return exit_code;
+  const What w = parse_what(f.what);
+  if (w == What::kKernels) {
+    fmt::print("{}\n", calibrate_kernels(cfg, f.trace, f.metrics).dump());
+    return 0;
+  }
+  if (f.profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
+  const sim::Profile p = sim::Profile::load(f.profile_path);
+  const int need = w == What::kStep ? static_cast<int>(cfg.mesh.dp) : w == What::kPipeline ? f.stages : f.workers;
+  const sim::Cluster c = f.cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(f.cluster_path, p);
+  sim::DispatchOptions o;
+  o.workers = f.workers;
+  o.chain = f.chain;
+  o.controller_alone = f.controller_alone;
+  o.host_executors = f.host_executors;
+  switch (w) {
+    case What::kStep:
+    case What::kPipeline: step_rows(c, p, cfg, f, w); break;
+    case What::kFig6: fig6_rows(c, p, o, f); break;
+    default: chain_rows(c, p, o, f, w); break;
   }
   return 0;
 }

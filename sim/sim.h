@@ -14,11 +14,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace pwm::sim {
+
+// What a simulated step or chain runs as: spmd_train's loop, or pathways_train at a granularity.
+enum class ExecMode { kSpmd, kFused, kChained, kOpByOp };
+// "spmd" | "fused" | "chained" | "opbyop"; throws pwm::Error with one line otherwise.
+ExecMode parse_exec_mode(std::string_view text);
+const char* name(ExecMode m);
 
 // A link: a message of b bytes occupies the sender's port for b / bandwidth and arrives
 // latency_us after that. overhead_us is the per-message software cost at the sender (the

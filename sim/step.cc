@@ -86,13 +86,11 @@ std::vector<int> first_devices(int n) {
 }  // namespace
 
 StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
-                             const std::string& granularity) {
+                             ExecMode granularity) {
   if (cfg.mesh.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.mesh.tp);
   const int dp = static_cast<int>(cfg.mesh.dp);
   if (dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
-  const bool pw = granularity != "spmd";
-  if (pw && granularity != "fused" && granularity != "chained" && granularity != "opbyop")
-    PWM_THROW("unknown granularity '{}' (spmd, fused, chained, opbyop)", granularity);
+  const bool pw = granularity != ExecMode::kSpmd;
   // Ranks sharing a host's cores: the Pathways controller is one more process on host 0.
   const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
   Ctx x(c, p, cfg, per_host);
@@ -113,9 +111,9 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   double t = 0;
   // The units of the whole step on one device (every dp rank runs the same ones).
   std::map<int, double> finished_at;  // finish_order index -> time (last micro-batch)
-  const bool per_node = granularity == "chained" || granularity == "opbyop";
+  const bool per_node = granularity == ExecMode::kChained || granularity == ExecMode::kOpByOp;
   const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
-  const double call_cost = granularity == "opbyop" ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
+  const double call_cost = granularity == ExecMode::kOpByOp ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
   // More processes than cores on the host: the controller's next call is time-shared with the
   // running unit, not overlapped with it (as in simulate_chain, sim/dispatch.cc).
@@ -123,7 +121,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   for (const Unit& u : x.plan.units()) {
     const double k = x.unit_us(u, seqs);
     r.compute_us += k;
-    if (granularity == "opbyop") {
+    if (granularity == ExecMode::kOpByOp) {
       controller += call_cost;
       t = std::max(t, controller);
       if (shared) t += std::min(k, call_cost);
@@ -139,7 +137,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
     if (per_node) {
       // One AllReduce node per gradient piece after the units (step_program.h), in piece order.
       for (int piece = 0; piece < x.plan.num_pieces(); ++piece) {
-        if (granularity == "opbyop") controller += call_cost;
+        if (granularity == ExecMode::kOpByOp) controller += call_cost;
         const double st = std::max(comm_end, controller) + node_cost;
         const size_t bytes = static_cast<size_t>(x.plan.piece_size(piece)) * 4;
         comm_end = simulate_allreduce(c, p, devs, bytes, collectives::Algorithm::kAuto,
@@ -169,7 +167,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   r.compute_us += x.update_us(x.layout.total());
   const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.workload.microbatches - 1);
   double step = comm_end + upd + overhead;
-  if (pw) step += x.disp(granularity == "fused" ? p.step_kernel_us : p.node_step_us);
+  if (pw) step += x.disp(granularity == ExecMode::kFused ? p.step_kernel_us : p.node_step_us);
   r.step_us = step;
   r.exposed_comm_us = step - r.compute_us - overhead;
   r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (step * 1e-6);
@@ -177,12 +175,12 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
 }
 
 PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector<double>& dur_b, int64_t M,
-                             const std::string& schedule, const std::function<double(int, int, double)>& arrive) {
+                             train::Schedule schedule, const std::function<double(int, int, double)>& arrive) {
   const int S = static_cast<int>(dur_f.size());
   // Each stage's work list in its schedule's order: (forward?, micro-batch).
   std::vector<std::vector<std::pair<bool, int64_t>>> order(S);
   for (int s = 0; s < S; ++s) {
-    if (schedule == "gpipe") {
+    if (schedule == train::Schedule::kGpipe) {
       for (int64_t m = 0; m < M; ++m) order[s].push_back({true, m});
       for (int64_t m = 0; m < M; ++m) order[s].push_back({false, m});
     } else {
@@ -236,9 +234,8 @@ PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector
 }
 
 StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int S,
-                                 const std::string& schedule) {
+                                 train::Schedule schedule) {
   if (S < 1 || S > c.devices()) PWM_THROW("--stages {} needs 1..{} devices", S, c.devices());
-  if (schedule != "gpipe" && schedule != "1f1b") PWM_THROW("unknown --schedule '{}' (gpipe, 1f1b)", schedule);
   const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + 1;  // + the controller
   Ctx x(c, p, cfg, per_host);
   const int L = static_cast<int>(cfg.model.n_layers);

@@ -47,14 +47,14 @@ struct StepPrediction {
   int nodes = 0;                // chained / opbyop / pipeline: kernel launches per device and step
 };
 
-// `granularity`: "spmd" (spmd_train), "fused", "chained", "opbyop" (pathways_train). Devices
+// `granularity`: kSpmd (spmd_train), kFused, kChained, kOpByOp (pathways_train). Devices
 // are cluster devices 0..dp-1 (tp must be 1).
 StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
-                             const std::string& granularity);
+                             ExecMode granularity);
 
 // The MPMD pipeline of `stages` stages (stage s on device s) under "gpipe" or "1f1b".
 StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int stages,
-                                 const std::string& schedule);
+                                 train::Schedule schedule);
 
 // The pipeline's forward/backward passes alone: stage s takes dur_f[s] / dur_b[s] per
 // micro-batch, runs its passes in GPipe or 1F1B order, and a pass's input sent at t by stage
@@ -63,7 +63,7 @@ struct PipelineTimes {
   std::vector<double> end, busy;
 };
 PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector<double>& dur_b, int64_t M,
-                             const std::string& schedule, const std::function<double(int, int, double)>& arrive);
+                             train::Schedule schedule, const std::function<double(int, int, double)>& arrive);
 
 // The bucket boundaries BucketedAllreduce makes of `units` (ranges listed from the buffer's end
 // backwards) at `bucket_bytes` (0: its default sizing): (begin, end, last unit) per bucket, in

@@ -170,12 +170,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
   const int64_t fbytes = sizeof(float);
   std::fill(grads_shard, grads_shard + shard_total_, 0.0f);
   gather_tied(params_shard);
-  // The tied gradients accumulate over the micro-batches in full and are reduce-scattered once.
-  const Piece &pe = pieces_.front(), &pf = pieces_.back();
-  float* gt = tied_grads_->data();
-  std::fill(gt + pe.lo, gt + pe.hi, 0.0f);
-  std::fill(gt + pf.lo, gt + pf.hi, 0.0f);
-  hold((pe.s + pf.s) * D_ * fbytes);
+  float* gt = begin_tied_grads();
 
   std::vector<Work> gathers(static_cast<size_t>(L_));
   std::vector<char> gathered(static_cast<size_t>(L_), 0);
@@ -269,14 +264,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
         break;
     }
   }
-  for (const Piece* p : {&pe, &pf}) {
-    Work w = dp_->ireduce_scatter(gt + p->lo, rs_tmp_.data(), static_cast<size_t>(p->s), DataType::kFloat32,
-                                  ReduceOp::kSum);
-    wait(w);
-    std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p->s, grads_shard + p->off);
-    tied_grads_->release(p->lo, p->lo + p->s * D_);
-  }
-  hold(-(pe.s + pf.s) * D_ * fbytes);
+  finish_tied_grads(grads_shard);
   release_tied();
   if (replicas_ != nullptr && replicas_->size() > 1) {
     Work w = replicas_->iallreduce(grads_shard, grads_shard, static_cast<size_t>(shard_total_), DataType::kFloat32,
@@ -284,6 +272,29 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
     wait(w);
   }
   return loss_sum / static_cast<double>(M);
+}
+
+float* Fsdp::begin_tied_grads() {
+  // The tied gradients accumulate over the micro-batches in full and are reduce-scattered once.
+  const Piece &pe = pieces_.front(), &pf = pieces_.back();
+  float* gt = tied_grads_->data();
+  std::fill(gt + pe.lo, gt + pe.hi, 0.0f);
+  std::fill(gt + pf.lo, gt + pf.hi, 0.0f);
+  hold((pe.s + pf.s) * D_ * static_cast<int64_t>(sizeof(float)));
+  return gt;
+}
+
+void Fsdp::finish_tied_grads(float* grads_shard) {
+  const Piece &pe = pieces_.front(), &pf = pieces_.back();
+  float* gt = tied_grads_->data();
+  for (const Piece* p : {&pe, &pf}) {
+    Work w = dp_->ireduce_scatter(gt + p->lo, rs_tmp_.data(), static_cast<size_t>(p->s), DataType::kFloat32,
+                                  ReduceOp::kSum);
+    wait(w);
+    std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p->s, grads_shard + p->off);
+    tied_grads_->release(p->lo, p->lo + p->s * D_);
+  }
+  hold(-(pe.s + pf.s) * D_ * static_cast<int64_t>(sizeof(float)));
 }
 
 double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, model::Workspace<float>& ws,

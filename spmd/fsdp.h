@@ -105,6 +105,10 @@ class Fsdp {
   double comm_seconds() const { return comm_s_; }
 
  private:
+  // The tied pieces' full gradient buffer zeroed (and counted as held); its data.
+  float* begin_tied_grads();
+  // Reduce-scatters the tied pieces' gradients into this rank's shard; releases the buffer.
+  void finish_tied_grads(float* grads_shard);
   struct Piece {
     int64_t lo, hi;  // layout range
     int64_t s;       // shard elements (padded)

@@ -181,10 +181,158 @@ bool counts_as_step_work(const std::string& k) {
 
 }  // namespace
 
-void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet> devices) {
+namespace {
+
+// Adds kernel `k` (registered as names(k)) to the process's registry, run on the device of the
+// rank that executes it.
+using AddFn = std::function<void(const std::string& k, bool collectives, std::function<Signature(Attrs)> sigfn, Body body)>;
+
+// The kernels' signatures, from the workload's shapes. attrs[0] = tp everywhere; [1] = the
+// layer, micro-batch, stage, size or count where noted.
+int tp_of(Attrs a) { return static_cast<int>(a[0]); }
+// A step's outputs: the next state and the step's statistics.
+std::vector<ArgSpec> state_out(const Shapes* S, Attrs a) {
+  auto out = S->state(tp_of(a));
+  out.push_back(split_f64(StepStats::kWords));
+  return out;
+}
+ArgSpec piece(const Shapes* S, int tp, int p) { return split_f32(S->piece(tp, p)); }
+ArgSpec tied(const Shapes* S, int tp) { return piece(S, tp, model::StepPlan::kTiedPiece); }
+// A pipeline stage's gradient pieces: the tied piece, then its layers'.
+std::vector<ArgSpec> stage_pieces(const Shapes* S, int tp, int stage) {
+  const StageLayers sl = stage_layers(*S, stage);
+  std::vector<ArgSpec> in{piece(S, tp, model::StepPlan::kTiedPiece)};
+  for (int l = sl.begin; l < sl.end; ++l) in.push_back(piece(S, tp, model::StepPlan::layer_piece(l)));
+  return in;
+}
+
+// Set-up, the fused step, evaluation, checkpoints, hashing and memory.
+void add_state_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
+  add("init", false, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
+  add("load", false, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
+  add("fused_step", true, [S](Attrs a) { return sig(S->state(tp_of(a)), state_out(S, a)); },
+      fused_step);
+  add("eval", true, [S](Attrs a) { return sig({split_f32(S->total(tp_of(a)))}, {split_f64(1)}); }, evaluate);
+  add("val_total", false, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
+  }, val_total);
+  add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}}); },
+      memory);
+  add("hash", true, [S](Attrs a) {
+    return sig({split_f32(S->total(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
+  }, weights_hash);
+  add("save", true, [S](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
+}
+
+// One kernel per plan unit kind (names: KernelNames::unit), the dp reductions and the update.
+void add_unit_kernels(const AddFn& add, const Shapes* S) {
+  using namespace kernels;
+  add("batch", false, [S](Attrs) { return sig({rep_i64(1)}, {split_i32(S->tokens())}); }, batch);
+  add("embed_fwd", false, [S](Attrs a) {
+    return sig({split_f32(S->total(tp_of(a))), split_i32(S->tokens())}, {split_f32(S->act())});
+  }, embed_fwd);
+  for (bool coll : {false, true}) {
+    const std::string sfx = coll ? "_tp" : "";
+    add("block_fwd" + sfx, coll, [S](Attrs a) {
+      const int tp = tp_of(a);
+      return sig({split_f32(S->total(tp)), split_f32(S->act())}, {split_f32(S->act()), split_f32(S->saved(tp))});
+    }, block_fwd);
+    for (bool acc : {false, true})
+      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, [S, acc](Attrs a) {
+        const int tp = tp_of(a);
+        const ArgSpec g = piece(S, tp, model::StepPlan::layer_piece(static_cast<int>(a[1])));
+        std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->saved(tp)), split_f32(S->act()),
+                                   split_f32(S->act())};
+        if (acc) in.push_back(g);
+        return sig(in, {split_f32(S->act()), g});
+      }, block_bwd);
+  }
+  for (bool acc : {false, true})
+    add(acc ? "head_acc" : "head", false, [S, acc](Attrs a) {
+      const int tp = tp_of(a);
+      std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->act()), split_i32(S->tokens())};
+      if (acc) in.push_back(tied(S, tp));
+      return sig(in, {split_f64(1), split_f32(S->act()), tied(S, tp)});
+    }, head);
+  add("embed_bwd", false, [S](Attrs a) {
+    return sig({split_i32(S->tokens()), split_f32(S->act()), tied(S, tp_of(a))}, {tied(S, tp_of(a))});
+  }, embed_bwd);
+  add("dp_allreduce", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_allreduce);
+  // Its non-blocking form (attrs: tp, size, layer): start, then finish (device.h, start_reduce).
+  add("dp_reduce_start", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_reduce_start);
+  add("dp_reduce_finish", true, [](Attrs a) {
+    return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])});
+  }, dp_reduce_finish);
+  // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
+  add("update", true, [S](Attrs a) {
+    const int tp = tp_of(a);
+    const UpdateArgs args = update_args(*S, tp);
+    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
+    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
+    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
+  }, update);
+
+}
+
+void add_replica_kernels(const AddFn& add, const Shapes* S) {
+  using namespace kernels;
+  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island; island_loss [1] =
+  // the micro-batches; replica_add [1] = the piece's size, [2] = the replicas.
+  add("fused_grads", true, [S](Attrs a) {
+    const int tp = tp_of(a);
+    std::vector<ArgSpec> out;
+    for (int i = 0; i < S->plan(tp).num_pieces(); ++i) out.push_back(piece(S, tp, i));
+    out.push_back(split_f64(1));
+    return sig(S->state(tp), out);
+  }, fused_grads);
+  add("island_loss", true, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
+  }, island_loss);
+  add("replica_add", false, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
+  }, replica_add);
+  add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
+  add("replica_update", true, [S](Attrs a) {
+    const int tp = tp_of(a);
+    const UpdateArgs args = replica_update_args(*S, tp);
+    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
+    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
+    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
+  }, replica_update);
+}
+
+void add_pipeline_kernels(const AddFn& add, const Shapes* S) {
+  using namespace kernels;
+  // The pipeline's (attrs[0] = tp; [1] = the stage, or a size or count). pipe_sqnorm sums its
+  // share over the stage's tp group (gang-scheduled).
+  add("pipe_sqnorm", true, [S](Attrs a) {
+    return sig(stage_pieces(S, tp_of(a), static_cast<int>(a[1])), {split_f64(1)});
+  }, pipe_sqnorm);
+  add("pipe_update", false, [S](Attrs a) {
+    const int tp = tp_of(a), stage = static_cast<int>(a[1]);
+    const UpdateArgs args = pipe_update_args(*S, stage);
+    const ArgSpec total = split_f64(1);
+    std::vector<ArgSpec> losses(args.losses, split_f64(1));
+    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), &total, stage_pieces(S, tp, stage), losses),
+               state_out(S, a));
+  }, pipe_update);
+  add("merge", false, [S](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(S->pipe().stages), split_f32(S->total(tp_of(a)))),
+               {split_f32(S->total(tp_of(a)))});
+  }, merge);
+  add("zeros", false, [](Attrs a) { return sig({}, {split_f32(a[1])}); }, zeros);
+  add("add", false, [](Attrs a) { return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])}); }, add_arrays);
+  add("sum", false, [](Attrs a) {
+    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
+  }, sum_scalars);
+}
+
+}  // namespace
+
+void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet> devices) {
   const Shapes* S = &devices->shapes();  // lives as long as `devices`, which every kernel captures
-  auto add = [&](const std::string& k, bool collectives, std::function<Signature(Attrs)> sigfn, Body body) {
+  const AddFn add = [&](const std::string& k, bool collectives, std::function<Signature(Attrs)> sigfn, Body body) {
     const bool step_work = counts_as_step_work(k);
     KernelFn fn = [devices, k, body, step_work](KernelContext& ctx) {
       TrainingDevice& dev = devices->at(ctx.world_rank());
@@ -197,131 +345,14 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
     KernelRegistry::global().add(
         KernelDef{names(k), collectives, [devices, sigfn](Attrs a, int) { return sigfn(a); }, std::move(fn)});
   };
-  // attrs[0] = tp everywhere; [1] = the layer, micro-batch, stage, size or count where noted.
-  auto tp_of = [](Attrs a) { return static_cast<int>(a[0]); };
-  auto state_out = [S, tp_of](Attrs a) {
-    auto out = S->state(tp_of(a));
-    out.push_back(split_f64(StepStats::kWords));
-    return out;
-  };
-  add("init", false, [S, tp_of](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
-  add("load", false, [S, tp_of](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
-  add("fused_step", true, [S, tp_of, state_out](Attrs a) { return sig(S->state(tp_of(a)), state_out(a)); },
-      fused_step);
-  add("eval", true, [S, tp_of](Attrs a) { return sig({split_f32(S->total(tp_of(a)))}, {split_f64(1)}); }, evaluate);
-  add("val_total", false, [](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
-  }, val_total);
-  add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}}); },
-      memory);
-  add("hash", true, [S, tp_of](Attrs a) {
-    return sig({split_f32(S->total(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
-  }, weights_hash);
-  add("save", true, [S, tp_of](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
+  add_state_kernels(add, S);
   // Not timed: the trace fragment is read after the last span it should contain.
   KernelRegistry::global().add(KernelDef{names("trace"), false, [](Attrs a, int) {
     return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {a[1]}}, Sharding::kSplit}});
-  }, [devices](KernelContext& ctx) { trace_dump(devices->at(ctx.world_rank()), ctx); }});
-
-  // One kernel per plan unit kind (names: KernelNames::unit).
-  add("batch", false, [S](Attrs) { return sig({rep_i64(1)}, {split_i32(S->tokens())}); }, batch);
-  add("embed_fwd", false, [S, tp_of](Attrs a) {
-    return sig({split_f32(S->total(tp_of(a))), split_i32(S->tokens())}, {split_f32(S->act())});
-  }, embed_fwd);
-  auto piece = [S](int tp, int p) { return split_f32(S->piece(tp, p)); };
-  auto tied = [piece](int tp) { return piece(tp, model::StepPlan::kTiedPiece); };
-  for (bool coll : {false, true}) {
-    const std::string sfx = coll ? "_tp" : "";
-    add("block_fwd" + sfx, coll, [S, tp_of](Attrs a) {
-      const int tp = tp_of(a);
-      return sig({split_f32(S->total(tp)), split_f32(S->act())}, {split_f32(S->act()), split_f32(S->saved(tp))});
-    }, block_fwd);
-    for (bool acc : {false, true})
-      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, [S, tp_of, piece, acc](Attrs a) {
-        const int tp = tp_of(a);
-        const ArgSpec g = piece(tp, model::StepPlan::layer_piece(static_cast<int>(a[1])));
-        std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->saved(tp)), split_f32(S->act()),
-                                   split_f32(S->act())};
-        if (acc) in.push_back(g);
-        return sig(in, {split_f32(S->act()), g});
-      }, block_bwd);
-  }
-  for (bool acc : {false, true})
-    add(acc ? "head_acc" : "head", false, [S, tp_of, tied, acc](Attrs a) {
-      const int tp = tp_of(a);
-      std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->act()), split_i32(S->tokens())};
-      if (acc) in.push_back(tied(tp));
-      return sig(in, {split_f64(1), split_f32(S->act()), tied(tp)});
-    }, head);
-  add("embed_bwd", false, [S, tp_of, tied](Attrs a) {
-    return sig({split_i32(S->tokens()), split_f32(S->act()), tied(tp_of(a))}, {tied(tp_of(a))});
-  }, embed_bwd);
-  add("dp_allreduce", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_allreduce);
-  // Its non-blocking form (attrs: tp, size, layer): start, then finish (device.h, start_reduce).
-  add("dp_reduce_start", true, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, dp_reduce_start);
-  add("dp_reduce_finish", true, [](Attrs a) {
-    return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])});
-  }, dp_reduce_finish);
-  // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
-  add("update", true, [S, tp_of, piece, state_out](Attrs a) {
-    const int tp = tp_of(a);
-    const UpdateArgs args = update_args(*S, tp);
-    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(tp, static_cast<int>(i)));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(a));
-  }, update);
-
-  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island; island_loss [1] =
-  // the micro-batches; replica_add [1] = the piece's size, [2] = the replicas.
-  add("fused_grads", true, [S, tp_of, piece](Attrs a) {
-    const int tp = tp_of(a);
-    std::vector<ArgSpec> out;
-    for (int i = 0; i < S->plan(tp).num_pieces(); ++i) out.push_back(piece(tp, i));
-    out.push_back(split_f64(1));
-    return sig(S->state(tp), out);
-  }, fused_grads);
-  add("island_loss", true, [](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
-  }, island_loss);
-  add("replica_add", false, [](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
-  }, replica_add);
-  add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
-  add("replica_update", true, [S, tp_of, piece, state_out](Attrs a) {
-    const int tp = tp_of(a);
-    const UpdateArgs args = replica_update_args(*S, tp);
-    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(tp, static_cast<int>(i)));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(a));
-  }, replica_update);
-  // The pipeline's (attrs[0] = tp; [1] = the stage, or a size or count). pipe_sqnorm sums its
-  // share over the stage's tp group (gang-scheduled).
-  auto stage_pieces = [S, piece](int tp, int stage) {
-    const StageLayers sl = stage_layers(*S, stage);
-    std::vector<ArgSpec> in{piece(tp, model::StepPlan::kTiedPiece)};
-    for (int l = sl.begin; l < sl.end; ++l) in.push_back(piece(tp, model::StepPlan::layer_piece(l)));
-    return in;
-  };
-  add("pipe_sqnorm", true, [stage_pieces, tp_of](Attrs a) {
-    return sig(stage_pieces(tp_of(a), static_cast<int>(a[1])), {split_f64(1)});
-  }, pipe_sqnorm);
-  add("pipe_update", false, [S, tp_of, stage_pieces, state_out](Attrs a) {
-    const int tp = tp_of(a), stage = static_cast<int>(a[1]);
-    const UpdateArgs args = pipe_update_args(*S, stage);
-    const ArgSpec total = split_f64(1);
-    std::vector<ArgSpec> losses(args.losses, split_f64(1));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), &total, stage_pieces(tp, stage), losses),
-               state_out(a));
-  }, pipe_update);
-  add("merge", false, [S, tp_of](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(S->pipe().stages), split_f32(S->total(tp_of(a)))),
-               {split_f32(S->total(tp_of(a)))});
-  }, merge);
-  add("zeros", false, [](Attrs a) { return sig({}, {split_f32(a[1])}); }, zeros);
-  add("add", false, [](Attrs a) { return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])}); }, add_arrays);
-  add("sum", false, [](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
-  }, sum_scalars);
+  }, [devices](KernelContext& ctx) { kernels::trace_dump(devices->at(ctx.world_rank()), ctx); }});
+  add_unit_kernels(add, S);
+  add_replica_kernels(add, S);
+  add_pipeline_kernels(add, S);
 }
 
 }  // namespace pwm::pathways::train

@@ -5,42 +5,16 @@
 //   mpirun -n 5 pathways_train --replicas 2 --stages 2 --islands 2x2 --microbatches 4
 // Flags: pathways_train --help (the workload flags are spmd_train's: train/flags.h). Start-up
 // and the run loop are the shared ones (train/bootstrap.h, train/loop.h).
-#include <fmt/format.h>
 #include <malloc.h>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
-#include "pathways/runtime.h"
 #include "pathways/train/device.h"
 #include "pathways/train/kernels.h"
 #include "pathways/train/trainer.h"
 #include "pathways/worker.h"
 
 using namespace pwm;
-using pathways::train::Trainer;
-
-namespace {
-
-// The controller: the runtime over the workers, the header, the training.
-void control(collectives::MpiEnvironment& env, const train::TrainConfig& cfg, bool resume, double peak) {
-  pathways::RuntimeOptions ro = pathways::RuntimeOptions::from_env();
-  ro.islands = cfg.mpmd.islands;
-  ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
-  pathways::Runtime rt(env.transport(), ro);
-  const auto& m = cfg.mesh;
-  const std::string replicas = m.replicas > 1 ? fmt::format(", replicas={}", m.replicas) : "";
-  const std::string layout =
-      cfg.mpmd.stages > 1
-          ? fmt::format("pipeline S={} {} of dp={} x tp={}{}", cfg.mpmd.stages, train::name(cfg.mpmd.schedule), m.dp, m.tp, replicas)
-          : fmt::format("{} replicas={} dp={} tp={}", train::name(cfg.mpmd.granularity), m.replicas, m.dp, m.tp);
-  train::print_header("pathways", fmt::format("controller + {} workers ({} islands) | {}", env.size() - 1, rt.num_islands(), layout),
-                      cfg, "", peak, "worker");
-  pathways::Client client = rt.client("trainer");
-  Trainer(cfg, client, rt.num_islands(), peak, resume).run();
-  rt.shutdown();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   // Every node of a step allocates its outputs afresh (object-store buffers are values) and
@@ -62,7 +36,7 @@ int main(int argc, char** argv) {
     collectives::Communicator world = collectives::Communicator::world(env.transport());
     const double peak = train::gemm_peak(world, s.cfg, /*controller=*/true);
     if (env.rank() == 0) {
-      control(env, s.cfg, s.resume_from.has_value(), peak);
+      pathways::train::run_controller(env.transport(), s.cfg, s.resume_from.has_value(), peak);
       return 0;
     }
     s.resume_from.reset();  // a worker's device loads the checkpoint itself (the "load" kernel)

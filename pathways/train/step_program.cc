@@ -100,110 +100,16 @@ struct PipelineGrads {
   std::vector<std::vector<Value>> layers;  // per stage: its layers' pieces, in layer order
   Value tied, loss;                        // the tied piece (on stage 0), the loss (on the last stage)
 };
-PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, Schedule schedule,
-                             std::span<const Slice> slices, std::span<const State<Value>> st, int replica) {
-  const int S = static_cast<int>(slices.size());
-  const int tp = sh.cfg().mesh.tp;           // every stage is a dp x tp slice (mesh {dp, tp})
-  const bool reduce = sh.cfg().mesh.dp > 1;  // the stage's gradient pieces are summed over its dp group
-  const StepPlan& plan = sh.plan(tp);
-  const int64_t M = plan.microbatches();
-  auto call = [&](int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
-    return b.call(k, slices[static_cast<size_t>(s)], in, std::move(attrs));
-  };
-  // Replicas: replica r's batch nodes read its rows (ReplicaAttrs::kBatchReplica).
-  auto batch_attrs = [&](int64_t m) {
-    return replica >= 0 ? std::vector<int64_t>{tp, m, replica} : std::vector<int64_t>{tp, m};
-  };
-  std::vector<Value> loss(M), dhead(M), tok0(M);
-  std::vector<std::vector<Value>> xout(S, std::vector<Value>(M)), dxout = xout;
-  std::vector<std::vector<std::vector<Value>>> xs(S, std::vector<std::vector<Value>>(M)), saved = xs;
-  std::vector<Value> gl(static_cast<size_t>(plan.layers()));  // per layer: the running sum over micro-batches
-  Value gEh, gL;  // the tied piece's head part (last stage) and lookup part (stage 0)
-  const bool overlap = sh.cfg().exec.overlap;
-  struct Started {
-    int layer;
-    Value piece, sum;
-  };
-  std::vector<std::vector<Started>> started(S);  // per stage, the dp reductions in start order
-  auto F = [&](int s, int64_t m) {
-    const StageLayers sl = stage_layers(sh, s);
-    Value x = s == 0 ? Value{} : xout[s - 1][m], tokens;
-    for (const Unit& u : plan.forward_units(m, sl.begin, sl.end)) {
-      const std::string k = names.unit(u, tp);
-      switch (u.kind) {
-        case UnitKind::kBatch:
-          tokens = call(s, k, {st[s].step}, batch_attrs(m))[0];
-          if (s == 0) tok0[m] = tokens;
-          break;
-        case UnitKind::kEmbedForward: x = call(s, k, {st[s].params, tokens}, {tp})[0]; break;
-        case UnitKind::kBlockForward: {
-          xs[s][m].push_back(x);
-          auto r = call(s, k, {st[s].params, x}, {tp, u.layer});
-          x = r[0];
-          saved[s][m].push_back(r[1]);
-          break;
-        }
-        case UnitKind::kHead: {
-          std::vector<Value> in(m > 0 ? kHeadTiedPrev + 1 : kHeadTiedPrev);
-          in[kHeadParams] = st[s].params;
-          in[kHeadX] = x;
-          in[kHeadTokens] = tokens;
-          if (m > 0) in[kHeadTiedPrev] = gEh;
-          auto h = call(s, k, in, {tp});
-          loss[m] = h[kHeadLoss];
-          dhead[m] = h[kHeadDx];  // the gradient entering the last stage's backward
-          gEh = h[kHeadTied];
-          break;
-        }
-        default: PWM_THROW("{} is not a forward unit", model::unit_kind_name(u.kind));
-      }
-    }
-    xout[s][m] = x;
-  };
-  auto B = [&](int s, int64_t m) {
-    const StageLayers sl = stage_layers(sh, s);
-    Value dx = s == S - 1 ? dhead[m] : dxout[s + 1][m];
-    for (const Unit& u : plan.backward_units(m, sl.begin, sl.end)) {
-      const std::string k = names.unit(u, tp);
-      if (u.kind == UnitKind::kBlockBackward) {
-        const size_t i = static_cast<size_t>(u.layer - sl.begin);
-        std::vector<Value> in(m > 0 ? kBwdGradPrev + 1 : kBwdGradPrev);
-        in[kBwdParams] = st[s].params;
-        in[kBwdSaved] = saved[s][m][i];
-        in[kBwdX] = xs[s][m][i];
-        in[kBwdDx] = dx;
-        if (m > 0) in[kBwdGradPrev] = gl[u.layer];
-        auto r = call(s, k, in, {tp, u.layer});
-        dx = r[kBwdDxOut];
-        gl[u.layer] = r[kBwdGrad];
-        // The layer's gradient is final after the last micro-batch: its dp sum inside the stage's
-        // slice starts right after (overlap: dp_reduce_start, finished after the stage's backward,
-        // so the sum advances while the stage computes the backward of its earlier layers;
-        // --no-overlap: the blocking dp_allreduce, the next backward unit waiting for it).
-        if (reduce && m == M - 1) {
-          const int64_t n = sh.piece(tp, StepPlan::layer_piece(u.layer));
-          if (overlap) {
-            started[s].push_back({u.layer, gl[u.layer], call(s, names("dp_reduce_start"), {gl[u.layer]}, {tp, n, u.layer})[0]});
-          } else {
-            gl[u.layer] = call(s, names("dp_allreduce"), {gl[u.layer]}, {tp, n})[0];
-          }
-        }
-      } else {  // embed_bwd, on stage 0
-        std::vector<Value> in(kEBwdTied + 1);
-        in[kEBwdTokens] = tok0[m];
-        in[kEBwdDx] = dx;
-        in[kEBwdTied] = m > 0 ? gL : call(0, names("zeros"), {}, {tp, sh.piece(tp, StepPlan::kTiedPiece)})[0];
-        gL = call(0, k, in, {tp})[0];
-      }
-    }
-    dxout[s][m] = dx;  // what stage s-1's backward starts from
-  };
-  // Per-stage order, then one global order that respects the dependencies.
-  struct Op {
-    bool fwd;
-    int64_t m;
-  };
-  std::vector<std::vector<Op>> order(S);
+
+// A forward (fwd) or a backward of micro-batch m on a stage.
+struct PipeOp {
+  bool fwd;
+  int64_t m;
+};
+
+// Each stage's order of forwards and backwards under `schedule` (S stages, M micro-batches).
+std::vector<std::vector<PipeOp>> stage_orders(Schedule schedule, int S, int64_t M) {
+  std::vector<std::vector<PipeOp>> order(S);
   for (int s = 0; s < S; ++s) {
     if (schedule == Schedule::kGpipe) {
       for (int64_t m = 0; m < M; ++m) order[s].push_back({true, m});
@@ -217,48 +123,193 @@ PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNa
       }
     }
   }
-  std::vector<size_t> next(S, 0);
-  std::vector<std::vector<char>> fdone(S, std::vector<char>(M, 0)), bdone = fdone;
-  for (bool progress = true; progress;) {
-    progress = false;
-    // One op per stage per round, so that a consumer follows its producer closely in program
-    // order (the producer's worker then sends as soon as the value exists). The workers run
-    // their nodes in this order (RunOptions::in_order): it is the schedule.
-    for (int s = 0; s < S; ++s) {
-      if (next[s] < order[s].size()) {
-        const Op op = order[s][next[s]];
-        const bool ready = op.fwd ? (s == 0 || fdone[s - 1][op.m]) : (fdone[s][op.m] && (s == S - 1 || bdone[s + 1][op.m]));
-        if (!ready) continue;
-        if (op.fwd) {
-          F(s, op.m);
-          fdone[s][op.m] = 1;
-        } else {
-          B(s, op.m);
-          bdone[s][op.m] = 1;
-        }
-        ++next[s];
-        progress = true;
+  return order;
+}
+
+// Traces one pipeline's nodes into `b`: the values in flight between the forward and backward
+// units of every stage and micro-batch, as members.
+class PipelineTracer {
+ public:
+  PipelineTracer(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, std::span<const Slice> slices,
+                 std::span<const State<Value>> st, int replica)
+      : b_(b), sh_(sh), names_(names), slices_(slices), st_(st), replica_(replica),
+        S_(static_cast<int>(slices.size())), tp_(sh.cfg().mesh.tp), reduce_(sh.cfg().mesh.dp > 1),
+        overlap_(sh.cfg().exec.overlap), plan_(sh.plan(tp_)), M_(plan_.microbatches()), loss_(M_), dhead_(M_),
+        tok0_(M_), xout_(S_, std::vector<Value>(M_)), dxout_(xout_),
+        xs_(S_, std::vector<std::vector<Value>>(M_)), saved_(xs_), gl_(static_cast<size_t>(plan_.layers())),
+        started_(S_) {}
+
+  PipelineGrads trace(Schedule schedule) {
+    run_in_order(stage_orders(schedule, S_, M_));
+    return finish();
+  }
+
+ private:
+  struct Started {  // a dp reduction started after a layer's last backward
+    int layer;
+    Value piece, sum;
+  };
+
+  std::vector<Value> call(int s, const std::string& k, std::vector<Value> in, std::vector<int64_t> attrs) {
+    return b_.call(k, slices_[static_cast<size_t>(s)], in, std::move(attrs));
+  }
+  // Replicas: replica r's batch nodes read its rows (ReplicaAttrs::kBatchReplica).
+  std::vector<int64_t> batch_attrs(int64_t m) const {
+    return replica_ >= 0 ? std::vector<int64_t>{tp_, m, replica_} : std::vector<int64_t>{tp_, m};
+  }
+  void forward(int s, int64_t m);
+  void backward(int s, int64_t m);
+  void block_backward(int s, int64_t m, const Unit& u, const StageLayers& sl, Value& dx);
+  void run_in_order(const std::vector<std::vector<PipeOp>>& order);
+  PipelineGrads finish();
+
+  ProgramBuilder& b_;
+  const Shapes& sh_;
+  const KernelNames& names_;
+  std::span<const Slice> slices_;
+  std::span<const State<Value>> st_;
+  const int replica_, S_, tp_;
+  const bool reduce_;   // the stage's gradient pieces are summed over its dp group
+  const bool overlap_;  // ... started as soon as final (dp_reduce_start), else blocking
+  const StepPlan& plan_;
+  const int64_t M_;
+  std::vector<Value> loss_, dhead_, tok0_;
+  std::vector<std::vector<Value>> xout_, dxout_;
+  std::vector<std::vector<std::vector<Value>>> xs_, saved_;
+  std::vector<Value> gl_;  // per layer: the running sum over micro-batches
+  Value gEh_, gL_;         // the tied piece's head part (last stage) and lookup part (stage 0)
+  std::vector<std::vector<Started>> started_;  // per stage, the dp reductions in start order
+};
+
+void PipelineTracer::forward(int s, int64_t m) {
+  const StageLayers sl = stage_layers(sh_, s);
+  Value x = s == 0 ? Value{} : xout_[s - 1][m], tokens;
+  for (const Unit& u : plan_.forward_units(m, sl.begin, sl.end)) {
+    const std::string k = names_.unit(u, tp_);
+    switch (u.kind) {
+      case UnitKind::kBatch:
+        tokens = call(s, k, {st_[s].step}, batch_attrs(m))[0];
+        if (s == 0) tok0_[m] = tokens;
+        break;
+      case UnitKind::kEmbedForward: x = call(s, k, {st_[s].params, tokens}, {tp_})[0]; break;
+      case UnitKind::kBlockForward: {
+        xs_[s][m].push_back(x);
+        auto r = call(s, k, {st_[s].params, x}, {tp_, u.layer});
+        x = r[0];
+        saved_[s][m].push_back(r[1]);
+        break;
       }
+      case UnitKind::kHead: {
+        std::vector<Value> in(m > 0 ? kHeadTiedPrev + 1 : kHeadTiedPrev);
+        in[kHeadParams] = st_[s].params;
+        in[kHeadX] = x;
+        in[kHeadTokens] = tokens;
+        if (m > 0) in[kHeadTiedPrev] = gEh_;
+        auto h = call(s, k, in, {tp_});
+        loss_[m] = h[kHeadLoss];
+        dhead_[m] = h[kHeadDx];  // the gradient entering the last stage's backward
+        gEh_ = h[kHeadTied];
+        break;
+      }
+      default: PWM_THROW("{} is not a forward unit", model::unit_kind_name(u.kind));
     }
   }
-  for (int s = 0; s < S; ++s) PWM_CHECK_EQ(next[s], order[s].size());
+  xout_[s][m] = x;
+}
+
+void PipelineTracer::backward(int s, int64_t m) {
+  const StageLayers sl = stage_layers(sh_, s);
+  Value dx = s == S_ - 1 ? dhead_[m] : dxout_[s + 1][m];
+  for (const Unit& u : plan_.backward_units(m, sl.begin, sl.end)) {
+    if (u.kind == UnitKind::kBlockBackward) {
+      block_backward(s, m, u, sl, dx);
+      continue;
+    }
+    // embed_bwd, on stage 0
+    std::vector<Value> in(kEBwdTied + 1);
+    in[kEBwdTokens] = tok0_[m];
+    in[kEBwdDx] = dx;
+    in[kEBwdTied] = m > 0 ? gL_ : call(0, names_("zeros"), {}, {tp_, sh_.piece(tp_, StepPlan::kTiedPiece)})[0];
+    gL_ = call(0, names_.unit(u, tp_), in, {tp_})[0];
+  }
+  dxout_[s][m] = dx;  // what stage s-1's backward starts from
+}
+
+void PipelineTracer::block_backward(int s, int64_t m, const Unit& u, const StageLayers& sl, Value& dx) {
+  const size_t i = static_cast<size_t>(u.layer - sl.begin);
+  std::vector<Value> in(m > 0 ? kBwdGradPrev + 1 : kBwdGradPrev);
+  in[kBwdParams] = st_[s].params;
+  in[kBwdSaved] = saved_[s][m][i];
+  in[kBwdX] = xs_[s][m][i];
+  in[kBwdDx] = dx;
+  if (m > 0) in[kBwdGradPrev] = gl_[u.layer];
+  auto r = call(s, names_.unit(u, tp_), in, {tp_, u.layer});
+  dx = r[kBwdDxOut];
+  gl_[u.layer] = r[kBwdGrad];
+  // The layer's gradient is final after the last micro-batch: its dp sum inside the stage's
+  // slice starts right after (overlap: dp_reduce_start, finished after the stage's backward,
+  // so the sum advances while the stage computes the backward of its earlier layers;
+  // --no-overlap: the blocking dp_allreduce, the next backward unit waiting for it).
+  if (!reduce_ || m != M_ - 1) return;
+  const int64_t n = sh_.piece(tp_, StepPlan::layer_piece(u.layer));
+  if (overlap_) {
+    started_[s].push_back({u.layer, gl_[u.layer], call(s, names_("dp_reduce_start"), {gl_[u.layer]}, {tp_, n, u.layer})[0]});
+  } else {
+    gl_[u.layer] = call(s, names_("dp_allreduce"), {gl_[u.layer]}, {tp_, n})[0];
+  }
+}
+
+// One global order that respects the dependencies: one op per stage per round, so that a
+// consumer follows its producer closely in program order (the producer's worker then sends as
+// soon as the value exists). The workers run their nodes in this order (RunOptions::in_order):
+// it is the schedule.
+void PipelineTracer::run_in_order(const std::vector<std::vector<PipeOp>>& order) {
+  std::vector<size_t> next(S_, 0);
+  std::vector<std::vector<char>> fdone(S_, std::vector<char>(M_, 0)), bdone = fdone;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < S_; ++s) {
+      if (next[s] >= order[s].size()) continue;
+      const PipeOp op = order[s][next[s]];
+      const bool ready = op.fwd ? (s == 0 || fdone[s - 1][op.m]) : (fdone[s][op.m] && (s == S_ - 1 || bdone[s + 1][op.m]));
+      if (!ready) continue;
+      if (op.fwd) {
+        forward(s, op.m);
+        fdone[s][op.m] = 1;
+      } else {
+        backward(s, op.m);
+        bdone[s][op.m] = 1;
+      }
+      ++next[s];
+      progress = true;
+    }
+  }
+  for (int s = 0; s < S_; ++s) PWM_CHECK_EQ(next[s], order[s].size());
+}
+
+PipelineGrads PipelineTracer::finish() {
   // Each stage's dp sums are finished after its whole backward, in the order they started.
-  for (int s = 0; s < S; ++s)
-    for (const Started& r : started[s])
-      gl[r.layer] = call(s, names("dp_reduce_finish"), {r.piece, r.sum},
-                         {tp, sh.piece(tp, StepPlan::layer_piece(r.layer)), r.layer})[0];
+  for (int s = 0; s < S_; ++s)
+    for (const Started& r : started_[s])
+      gl_[r.layer] = call(s, names_("dp_reduce_finish"), {r.piece, r.sum},
+                          {tp_, sh_.piece(tp_, StepPlan::layer_piece(r.layer)), r.layer})[0];
   // Tied embedding: the head's part (last stage) plus the lookup's part (stage 0), summed over
   // stage 0's dp group. The loss: the last stage's dp sum of its devices' micro-batch means.
-  const int64_t tied_n = sh.piece(tp, StepPlan::kTiedPiece);
+  const int64_t tied_n = sh_.piece(tp_, StepPlan::kTiedPiece);
   PipelineGrads out;
-  out.tied = call(0, names("add"), {gEh, gL}, {tp, tied_n})[0];
-  if (reduce) out.tied = call(0, names("dp_allreduce"), {out.tied}, {tp, tied_n})[0];
-  out.loss = call(S - 1, names("island_loss"), loss, {tp, M})[0];
-  for (int s = 0; s < S; ++s) {
-    const StageLayers sl = stage_layers(sh, s);
-    out.layers.emplace_back(gl.begin() + sl.begin, gl.begin() + sl.end);
+  out.tied = call(0, names_("add"), {gEh_, gL_}, {tp_, tied_n})[0];
+  if (reduce_) out.tied = call(0, names_("dp_allreduce"), {out.tied}, {tp_, tied_n})[0];
+  out.loss = call(S_ - 1, names_("island_loss"), loss_, {tp_, M_})[0];
+  for (int s = 0; s < S_; ++s) {
+    const StageLayers sl = stage_layers(sh_, s);
+    out.layers.emplace_back(gl_.begin() + sl.begin, gl_.begin() + sl.end);
   }
   return out;
+}
+
+PipelineGrads trace_pipeline(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, Schedule schedule,
+                             std::span<const Slice> slices, std::span<const State<Value>> st, int replica) {
+  return PipelineTracer(b, sh, names, slices, st, replica).trace(schedule);
 }
 
 }  // namespace

@@ -369,4 +369,25 @@ void Trainer::write_trace() {
   write_trace_file(cfg_.outputs.trace, fragments, "--trace");
 }
 
+void run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg, bool resume,
+                    double peak_gflops) {
+  RuntimeOptions ro = RuntimeOptions::from_env();
+  ro.islands = cfg.mpmd.islands;
+  ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
+  Runtime rt(transport, ro);
+  const auto& m = cfg.mesh;
+  const std::string replicas = m.replicas > 1 ? fmt::format(", replicas={}", m.replicas) : "";
+  const std::string layout =
+      cfg.mpmd.stages > 1 ? fmt::format("pipeline S={} {} of dp={} x tp={}{}", cfg.mpmd.stages,
+                                        pwm::train::name(cfg.mpmd.schedule), m.dp, m.tp, replicas)
+                          : fmt::format("{} replicas={} dp={} tp={}", pwm::train::name(cfg.mpmd.granularity), m.replicas,
+                                        m.dp, m.tp);
+  pwm::train::print_header(
+      "pathways", fmt::format("controller + {} workers ({} islands) | {}", transport->size() - 1, rt.num_islands(), layout),
+      cfg, "", peak_gflops, "worker");
+  Client client = rt.client("trainer");
+  Trainer(cfg, client, rt.num_islands(), peak_gflops, resume).run();
+  rt.shutdown();
+}
+
 }  // namespace pwm::pathways::train

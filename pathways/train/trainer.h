@@ -36,6 +36,12 @@ namespace pwm::pathways::train {
 // the others are the devices of the slices (dp x tp, times --stages, times --replicas).
 pwm::train::TrainerSpec trainer_spec();
 
+// The controller's whole run (world rank 0; the other ranks serve as workers, pathways::run_worker):
+// the runtime over the workers (islands and liveness from `cfg`), the header line, the training,
+// the runtime's shutdown. Blocks until the training ends.
+void run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg, bool resume,
+                    double peak_gflops);
+
 // Runs on world rank 0 (the controller) only; every call blocks until the programs it
 // dispatches have been accepted, and the statistics' fetches until the step has run.
 class Trainer final : public pwm::train::Trainer {

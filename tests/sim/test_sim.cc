@@ -161,7 +161,7 @@ TEST(SimPipeline, BubbleMatchesFormula) {
     for (int S : {1, 2, 4}) {
       for (int64_t M : {1, 4, 8}) {
         const double f = 3.0, b = 6.0;
-        const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, sched,
+        const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, pwm::train::parse_schedule(sched),
                                       [](int, int, double t) { return t; });
         double end = 0, busy = 0;
         for (int s = 0; s < S; ++s) end = std::max(end, t.end[s]), busy += t.busy[s];
@@ -177,7 +177,7 @@ TEST(SimPipeline, LinkDelayOnCriticalPath) {
   const int S = 3;
   const int64_t M = 4;
   const double f = 2.0, b = 4.0, d = 0.5;
-  const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, "gpipe",
+  const auto t = pipeline_times(std::vector<double>(S, f), std::vector<double>(S, b), M, pwm::train::Schedule::kGpipe,
                                 [&](int, int, double t) { return t + d; });
   EXPECT_NEAR(t.end[0], (M + S - 1) * (f + b) + 2 * (S - 1) * d, kTol);
 }
@@ -204,16 +204,16 @@ TEST(SimDispatch, OpByOpChain) {
   const double call = 30 + 5 + 2 * 2.5;  // 40 us
   for (double T : {0.0, 10.0, 100.0, 1000.0}) {
     const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T)) + 11;
-    EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
+    EXPECT_NEAR(simulate_chain(c, p, o, ExecMode::kOpByOp, T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
   }
   // Chained: one call, 16 nodes, then the devices run back to back.
   const double ch = (30 + 16 * 5 + 2 * 2.5) + 16 * (4 + 50.0) + 11;
-  EXPECT_NEAR(simulate_chain(c, p, o, "chained", 50), 16 / (ch * 1e-6), 1e-3);
+  EXPECT_NEAR(simulate_chain(c, p, o, ExecMode::kChained, 50), 16 / (ch * 1e-6), 1e-3);
   // The break-even of OpByOp sits where a computation outlasts a call: T + 4 >= 40 (at 95%
   // of SPMD, whose computation costs T here).
   std::vector<double> ts;
   for (double t = 1; t < 1e4; t += 1) ts.push_back(t);
-  const double be = break_even(c, p, o, "opbyop", ts);
+  const double be = break_even(c, p, o, ExecMode::kOpByOp, ts);
   EXPECT_GT(be, 36.0 - 1e-9);
   EXPECT_LT(be, 200.0);
 }
@@ -232,7 +232,7 @@ TEST(SimStep, SingleRankIsSumOfUnits) {
     const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
     want += f.fwd * 1e-6 + f.bwd * 2e-6;
   }
-  const StepPrediction r = simulate_step(c, p, cfg, "spmd");
+  const StepPrediction r = simulate_step(c, p, cfg, ExecMode::kSpmd);
   EXPECT_NEAR(r.step_us, want, 1e-6 * want);
   EXPECT_EQ(r.collectives, 0);
 }
@@ -253,15 +253,15 @@ TEST(SimStep, EmulatedNetworkCpuSlowsTheKernels) {
   c.inter = link(0, 1e12, 0);
   c.cores_per_host = 2;
   c.hosts_share_cores = true;
-  const StepPrediction free_net = simulate_step(c, p, cfg, "spmd");
+  const StepPrediction free_net = simulate_step(c, p, cfg, ExecMode::kSpmd);
   c.inter.cpu_ns_per_byte = 3.0;
-  const StepPrediction r = simulate_step(c, p, cfg, "spmd");
+  const StepPrediction r = simulate_step(c, p, cfg, ExecMode::kSpmd);
   const double params = static_cast<double>(model::ParamLayout(cfg.model, 0, 1).total());
   const double want = 2 * 4 * params * 3.0 * 1e-3;  // us
   EXPECT_NEAR(r.compute_us - free_net.compute_us, want, 1e-9 * r.compute_us);
   EXPECT_NEAR(r.step_us - free_net.step_us, want, 1e-9 * r.step_us);  // the exchange is free
   c.hosts_share_cores = false;
-  EXPECT_NEAR(simulate_step(c, p, cfg, "spmd").step_us, free_net.step_us, 1e-9 * r.step_us);
+  EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kSpmd).step_us, free_net.step_us, 1e-9 * r.step_us);
 }
 
 // BucketedAllreduce's cut: units listed from the end, buckets closed at the cap, a unit larger
@@ -346,7 +346,7 @@ TEST(SimStep, MicrobatchSizeSelectsTheRate) {
     const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
     want += f.fwd * 2000e-9 + f.bwd * 4000e-9;
   }
-  EXPECT_NEAR(simulate_step(c, p, cfg, "spmd").step_us, want, 1e-9 * want);
+  EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kSpmd).step_us, want, 1e-9 * want);
 }
 
 // The controller sharing 2 cores with 2 workers (3 processes): its work on each next call
@@ -361,12 +361,12 @@ TEST(SimDispatch, OpByOpControllerSharesCores) {
   const double call = 40;
   for (double T : {0.0, 10.0, 100.0, 1000.0}) {
     const double end = std::max(16 * call + 4 + T, call + 16 * (4 + T) + 15 * std::min(T, call)) + 11;
-    EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
+    EXPECT_NEAR(simulate_chain(c, p, o, ExecMode::kOpByOp, T), 16 / (end * 1e-6), 1e-6 * 16 / (end * 1e-6)) << T;
   }
   o.workers = 1;
   const double call1 = 30 + 5 + 2.5;
   const double end1 = std::max(16 * call1 + 4 + 100, call1 + 16 * (4 + 100.0)) + 11;
-  EXPECT_NEAR(simulate_chain(c, p, o, "opbyop", 100), 16 / (end1 * 1e-6), 1e-6 * 16 / (end1 * 1e-6));
+  EXPECT_NEAR(simulate_chain(c, p, o, ExecMode::kOpByOp, 100), 16 / (end1 * 1e-6), 1e-6 * 16 / (end1 * 1e-6));
 }
 
 // spmd_exec_us is paid once per computation by the SPMD loop, program_exec_us inside programs:
@@ -381,7 +381,7 @@ TEST(SimDispatch, ExecPerComputationByMode) {
   Profile qs = p, qp = p;
   qs.spmd_exec_us = 0.5;
   qp.program_exec_us = 0.7;
-  auto end_us = [&](const Profile& pr, const char* mode, double T) { return 16 / simulate_chain(c, pr, o, mode, T) * 1e6; };
+  auto end_us = [&](const Profile& pr, const char* mode, double T) { return 16 / simulate_chain(c, pr, o, parse_exec_mode(mode), T) * 1e6; };
   for (double T : {0.0, 100.0}) {
     for (const char* m : {"fused", "chained"}) {
       EXPECT_NEAR(end_us(qp, m, T) - end_us(p, m, T), 16 * 0.7, 1e-6) << m << " " << T;
@@ -419,9 +419,9 @@ TEST(SimStep, MicrobatchOverhead) {
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.step_overhead_us = 7, p.microbatch_overhead_us = 13;
   const Cluster c = one_host(1, link(0, 1e12, 0));
   cfg.workload.microbatches = 1;
-  const double one = simulate_step(c, p, cfg, "spmd").step_us;
+  const double one = simulate_step(c, p, cfg, ExecMode::kSpmd).step_us;
   cfg.workload.microbatches = 3;
-  const double three = simulate_step(c, p, cfg, "spmd").step_us;
+  const double three = simulate_step(c, p, cfg, ExecMode::kSpmd).step_us;
   EXPECT_NEAR(three - one, 2 * 13.0, 1e-6 * one);
 }
 
