@@ -206,6 +206,15 @@ std::vector<ArgSpec> stage_pieces(const Shapes* S, int tp, int stage) {
   return in;
 }
 
+// An update of a whole slice's pieces (update, replica_update): the inputs in `args`' order
+// (step_io.h: state, pieces 0..n-1, losses), the next state and the statistics out.
+Signature update_sig(const Shapes* S, Attrs a, const UpdateArgs& args) {
+  const int tp = tp_of(a);
+  std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
+  for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
+  return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
+}
+
 // Set-up, the fused step, evaluation, checkpoints, hashing and memory.
 void add_state_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
@@ -265,14 +274,7 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
     return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])});
   }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
-  add("update", true, [S](Attrs a) {
-    const int tp = tp_of(a);
-    const UpdateArgs args = update_args(*S, tp);
-    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
-  }, update);
-
+  add("update", true, [S](Attrs a) { return update_sig(S, a, update_args(*S, tp_of(a))); }, update);
 }
 
 void add_replica_kernels(const AddFn& add, const Shapes* S) {
@@ -293,13 +295,8 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
   }, replica_add);
   add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
-  add("replica_update", true, [S](Attrs a) {
-    const int tp = tp_of(a);
-    const UpdateArgs args = replica_update_args(*S, tp);
-    std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-    for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
-  }, replica_update);
+  add("replica_update", true, [S](Attrs a) { return update_sig(S, a, replica_update_args(*S, tp_of(a))); },
+      replica_update);
 }
 
 void add_pipeline_kernels(const AddFn& add, const Shapes* S) {
