@@ -18,25 +18,10 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 OUT="$PWM_ROOT/results/sim/profile.json"
-QUICK=0 HOSTS=1 DCN_RATE=200mbit DCN_DELAY=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT=$2; shift 2 ;;
-    --quick) QUICK=1; shift ;;
-    --no-hosts) HOSTS=0; shift ;;
-    --dcn-rate) DCN_RATE=$2; shift 2 ;;
-    --dcn-delay) DCN_DELAY=$2; shift 2 ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
-    *) echo "sim_calibrate.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-B=${PWM_SIM_BUILD:-$BUILD_DIR}
-for exe in spmd/spmd_train pathways/train/pathways_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
-  [ -x "$B/$exe" ] || { echo "sim_calibrate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train collectives_bench dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
-done
-W=$(mktemp -d)
-# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
-trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
+pwm_sim_args 2,17 0 "$@"
+pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
+# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
+pwm_sim_workdir
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 # 30 steps: a Pathways launch takes 4-6 steps to settle (one chained launch: 84, 22, 21, 16, 18,
 # 28 and then 8 ms steps; fresh buffers and the completion predictor's first runs are likely, not

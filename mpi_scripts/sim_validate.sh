@@ -12,33 +12,17 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 PROFILE="$PWM_ROOT/results/sim/profile.json"
-OUTDIR="$PWM_ROOT/results/sim"
-QUICK=0 HOSTS=1 DCN_RATE=200mbit DCN_DELAY=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --profile) PROFILE=$2; shift 2 ;;
-    --out) OUTDIR=$2; shift 2 ;;
-    --quick) QUICK=1; shift ;;
-    --no-hosts) HOSTS=0; shift ;;
-    --dcn-rate) DCN_RATE=$2; shift 2 ;;
-    --dcn-delay) DCN_DELAY=$2; shift 2 ;;
-    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
-    *) echo "sim_validate.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
+OUT="$PWM_ROOT/results/sim"  # a folder (--out)
+pwm_sim_args 2,11 1 "$@"
 [ -f "$PROFILE" ] || { echo "sim_validate.sh: error: no profile $PROFILE: run mpi_scripts/sim_calibrate.sh first" >&2; exit 1; }
-B=${PWM_SIM_BUILD:-$BUILD_DIR}
-for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
-  [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
-done
+pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
 # The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
 # the calibration model).
 read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
 [ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
-W=$(mktemp -d)
-# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
-trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
+# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
+pwm_sim_workdir
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' first, unsettled steps
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
@@ -143,8 +127,8 @@ if [ $QUICK = 0 ]; then
   done
   scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
 fi
-mkdir -p "$OUTDIR"
-PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUTDIR" "$PROFILE" "$B/sim/pwm_sim" <<'PY'
+mkdir -p "$OUT"
+PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUT" "$PROFILE" "$B/sim/pwm_sim" <<'PY'
 import json, os, subprocess, sys, time
 w, outdir, profile, pwm_sim = sys.argv[1:5]
 def med(v):
