@@ -167,3 +167,51 @@ pwm_warn_if_busy() {
     echo "pathways-mpi: warning: a compiler is running; throughput figures will be low" >&2
   fi
 }
+
+# The simulator scripts' (sim_calibrate.sh, sim_validate.sh) shared flags, binaries and work
+# directory.
+# pwm_sim_args HELP_LINES WITH_PROFILE ARGS...: parses --out, --quick, --no-hosts, --dcn-rate,
+# --dcn-delay and, with WITH_PROFILE = 1, --profile. Sets QUICK HOSTS DCN_RATE DCN_DELAY (defaults
+# 0 1 200mbit and none), and OUT and PROFILE when given (the caller sets their defaults first:
+# a file for one script, a folder for the other). -h prints the lines HELP_LINES (a sed range,
+# 2,17) of the calling script; an unknown argument exits 2.
+pwm_sim_args() {
+  local help=$1 with_profile=$2 me
+  me=$(basename "$0")
+  shift 2
+  QUICK=0 HOSTS=1 DCN_RATE=200mbit DCN_DELAY=
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --profile) [ "$with_profile" = 1 ] || pwm_sim_unknown_arg "$me" "$1"; PROFILE=$2; shift 2 ;;
+      --out) OUT=$2; shift 2 ;;
+      --quick) QUICK=1; shift ;;
+      --no-hosts) HOSTS=0; shift ;;
+      --dcn-rate) DCN_RATE=$2; shift 2 ;;
+      --dcn-delay) DCN_DELAY=$2; shift 2 ;;
+      -h|--help) sed -n "${help}p" "$0"; exit 0 ;;
+      *) pwm_sim_unknown_arg "$me" "$1" ;;
+    esac
+  done
+}
+pwm_sim_unknown_arg() {
+  echo "$1: error: unknown argument '$2' (see --help)" >&2
+  exit 2
+}
+# pwm_sim_binaries EXE...: sets B (PWM_SIM_BUILD, default BUILD_DIR) and exits 1 with the ninja
+# command to run when one of the executables B/EXE is missing (sim/pwm_sim is target pwm_sim_cli).
+pwm_sim_binaries() {
+  B=${PWM_SIM_BUILD:-$BUILD_DIR}
+  local exe targets=()
+  for exe in "$@"; do
+    case "$exe" in sim/pwm_sim) targets+=(pwm_sim_cli) ;; *) targets+=("${exe##*/}") ;; esac
+  done
+  for exe in "$@"; do
+    [ -x "$B/$exe" ] || { echo "$(basename "$0"): error: $B/$exe is missing: ninja -C $B ${targets[*]}" >&2; exit 1; }
+  done
+}
+# pwm_sim_workdir: W, a fresh temporary folder removed at exit; PWM_SIM_KEEP=DIR copies it there
+# first (the raw measurements: traces, metrics, bench JSON, probes).
+pwm_sim_workdir() {
+  W=$(mktemp -d)
+  trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
+}

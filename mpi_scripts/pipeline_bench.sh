@@ -104,50 +104,5 @@ if [ "$HOSTS" != 0 ]; then
   sweep "hosts$HOSTS" cluster bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$CLUSTER" --timeout 3600 -- \
     bash -c '$PWM_CLUSTER_MPIRUN "$@"' _
 fi
-python3 - "$OUT/pipeline_bench.json" "$HOSTS" "${DCN_RATE:-unshaped}" "${RUNS[@]}" <<'PY'
-import json, sys
-out, hosts, dcn, runs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-res = {}
-for r in runs:
-    key, path = r.split("=", 1)
-    for line in open(path):
-        j = json.loads(line)
-        if j.get("final"):
-            res[key] = j
-MiB = 1 << 20
-def table(where):
-    rows = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(where + "/")}
-    print(f"\n== {where}")
-    print(f"{'run':<16}{'tokens/s':>10}{'vs spmd':>9}{'bubble':>9}{'bound':>8}{'diff pp':>9}   peak intermediates per stage (MiB) | store high-water (MiB)")
-    for name, j in rows.items():
-        if name.startswith("spmd"):
-            print(f"{name:<16}{j['tokens_per_s']:>10.0f}")
-            continue
-        S = int(name.split("_")[0][1:])
-        ref = rows.get(f"spmd_dp{S * int(j.get('stage_dp', 1))}")
-        vs = j["tokens_per_s"] / ref["tokens_per_s"] if ref else float("nan")
-        b, bb = 100 * j["bubble"], 100 * j["bubble_bound"]
-        act = " ".join(f"{x / MiB:.1f}" for x in j["peak_intermediate_bytes"])
-        st = " ".join(f"{x / MiB:.1f}" for x in j["peak_store_bytes"])
-        isl = ",".join(str(int(i)) for i in j.get("stage_islands", []))
-        print(f"{name:<16}{j['tokens_per_s']:>10.0f}{vs:>9.3f}{b:>8.1f}%{bb:>7.1f}%{b - bb:>+9.1f}   {act} | {st}   (islands {isl})")
-    print("stage 0 peak intermediates, 1F1B / GPipe:")
-    for name, j in rows.items():
-        if name.endswith("_1f1b") and name[:-5] + "_gpipe" in rows:
-            g = rows[name[:-5] + "_gpipe"]
-            print(f"  {name[:-5]}: {j['peak_intermediate_bytes'][0] / g['peak_intermediate_bytes'][0]:.3f} "
-                  f"({j['peak_intermediate_bytes'][0] / MiB:.2f} / {g['peak_intermediate_bytes'][0] / MiB:.2f} MiB)")
-    return rows
-local = table("local")
-summary = {"runs": res, "hosts": hosts, "dcn": dcn}
-if hosts:
-    where = f"hosts{hosts}"
-    far = table(where)
-    print(f"\n{where} (DCN {dcn}) against one host, tokens/s:")
-    for name, j in far.items():
-        if name in local:
-            print(f"  {name:<16}{j['tokens_per_s'] / local[name]['tokens_per_s']:.3f}")
-json.dump(summary, open(out, "w"), indent=1)
-print(f"\nwritten: {out}")
-PY
+python3 "$PWM_ROOT/mpi_scripts/pipeline_report.py" "$OUT/pipeline_bench.json" "$HOSTS" "${DCN_RATE:-unshaped}" "${RUNS[@]}"
 echo "pipeline_bench.sh: finished in ${SECONDS} s"

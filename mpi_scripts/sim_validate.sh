@@ -12,33 +12,17 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 PROFILE="$PWM_ROOT/results/sim/profile.json"
-OUTDIR="$PWM_ROOT/results/sim"
-QUICK=0 HOSTS=1 DCN_RATE=200mbit DCN_DELAY=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --profile) PROFILE=$2; shift 2 ;;
-    --out) OUTDIR=$2; shift 2 ;;
-    --quick) QUICK=1; shift ;;
-    --no-hosts) HOSTS=0; shift ;;
-    --dcn-rate) DCN_RATE=$2; shift 2 ;;
-    --dcn-delay) DCN_DELAY=$2; shift 2 ;;
-    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
-    *) echo "sim_validate.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
+OUT="$PWM_ROOT/results/sim"  # a folder (--out)
+pwm_sim_args 2,11 1 "$@"
 [ -f "$PROFILE" ] || { echo "sim_validate.sh: error: no profile $PROFILE: run mpi_scripts/sim_calibrate.sh first" >&2; exit 1; }
-B=${PWM_SIM_BUILD:-$BUILD_DIR}
-for exe in spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim; do
-  [ -x "$B/$exe" ] || { echo "sim_validate.sh: error: $B/$exe is missing: ninja -C $B spmd_train pathways_train dispatch_bench model_bench pwm_sim_cli" >&2; exit 1; }
-done
+pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
 # The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
 # the calibration model).
 read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
 [ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
-W=$(mktemp -d)
-# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there.
-trap '[ -n "${PWM_SIM_KEEP:-}" ] && mkdir -p "$PWM_SIM_KEEP" && cp -r "$W"/. "$PWM_SIM_KEEP"/; rm -rf "$W"' EXIT
+# PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
+pwm_sim_workdir
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' first, unsettled steps
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
@@ -59,26 +43,7 @@ echo -n >"$W/list"
 # cores (two model_bench processes, then spmd_train --dp 2 for 10 steps) rescaling them made
 # the predictions worse, not better (docs/simulator.md, "Speed scaling").
 scaled_profile() {
-  python3 - "$PROFILE" "$1" "$2" <<'PY'
-import json, os, sys
-prof, probes, out = json.load(open(sys.argv[1])), [float(l.split()[0]) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]
-def med(v):
-    v = sorted(v); n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-cal = prof.get('measured', {}).get('speed_probe')
-if cal and probes:
-    g1 = med(probes)
-    s = cal['gflops_1'] / g1
-    k = prof['kernels']
-    for f in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param'): k[f] *= s
-    for r in k.get('rates', []):
-        r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
-    d = prof['dispatch']
-    for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
-        if f in d: d[f] *= s
-    prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
-json.dump(prof, open(out, 'w'), indent=1)
-PY
+  python3 "$PWM_ROOT/mpi_scripts/sim_report.py" scale "$PROFILE" "$1" "$2"
 }
 # run NAME NP CLUSTER(-|name) SIMFLAGS -- COMMAND...: one measured configuration.
 run() {
@@ -143,80 +108,5 @@ if [ $QUICK = 0 ]; then
   done
   scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
 fi
-mkdir -p "$OUTDIR"
-PWM_ROOT="$PWM_ROOT" python3 - "$W" "$OUTDIR" "$PROFILE" "$B/sim/pwm_sim" <<'PY'
-import json, os, subprocess, sys, time
-w, outdir, profile, pwm_sim = sys.argv[1:5]
-def med(v):
-    v = sorted(v); n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-def spread(v):  # the launches' range over their median
-    return (max(v) - min(v)) / med(v) if v else 0.0
-rows = []
-for line in open(os.path.join(w, 'list')):
-    name, pred, *ms = line.split()
-    finals = []
-    for m in ms:
-        f = [json.loads(l) for l in open(m) if l.strip() and json.loads(l).get('final')]
-        if f: finals.append(f[-1])
-    if not finals: continue
-    p = json.loads(open(pred).read().strip().splitlines()[-1])
-    steps = [f['step_ms_p50'] for f in finals]
-    rows.append({'config': name, 'measured': med(steps), 'predicted': p['step_ms'], 'unit': 'ms/step', 'spread': spread(steps),
-                 'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s'],
-                 'speed': json.load(open(os.path.join(w, name + '.profile.json'))).get('scaled')})
-djs = [os.path.join(w, f) for f in sorted(os.listdir(w)) if f.startswith('dispatch_') and f.endswith('.json')]
-if djs:
-    by = {}
-    for dj in djs:
-        for r in json.load(open(dj))['rows']:
-            if r['fig'] not in ('5', '6'): continue  # dispatch_bench labels T = 0 '5', T > 0 '6'
-            if os.path.basename(dj).startswith('dispatch_T_') and r['compute_us'] == 0: continue
-            by.setdefault((r['mode'], r['compute_us']), []).append(r)
-    for (mode, t), rs in by.items():
-        # The kernel's duration as dispatch_bench measured it (effective_compute_us: a loaded
-        # machine stretches the calibrated spin), the input the simulator takes for T.
-        eff = med([r.get('effective_compute_us', r['compute_us']) for r in rs])
-        dprof = os.path.join(w, 'dispatch.profile.json')
-        out = subprocess.run([pwm_sim, '--profile', dprof if os.path.exists(dprof) else profile, '--what', 'dispatch', '--workers', '2', '--compute-us', str(eff)],
-                             capture_output=True, text=True, check=True).stdout
-        p = json.loads(out.strip().splitlines()[-1])
-        # Time per computation (us) so that "lower is better" as for step times: per launch the
-        # best repetition (as dispatch_bench reports), then the lower quartile of the launches
-        # (the 3rd fastest of 11 at T = 0, the 2nd of 5 at T > 0), as the calibration's T = 0
-        # figures: slow launches come in phases of minutes, which moved the median of 11
-        # launches by up to 48% (docs/simulator.md, "The T = 0 rows").
-        per = [1e6 / r['computations_per_s'] for r in rs]
-        rows.append({'config': f"fig5_{mode}_T{t}", 'measured': sorted(per)[len(per) // 4], 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
-                     'spread': spread(per), 'launches': per})
-for r in rows:
-    r['error'] = (r['predicted'] - r['measured']) / r['measured']
-    if 'measured_tok_s' in r: r['tok_error'] = (r['predicted_tok_s'] - r['measured_tok_s']) / r['measured_tok_s']
-print(f"{'configuration':32} {'measured':>12} {'spread':>7} {'predicted':>12} {'unit':8} {'error':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}")
-for r in rows:
-    tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
-    sp = r.get('speed') or {}
-    spd = f"   speed x{sp['kernel_factor']:.2f}" if sp else ''
-    print(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
-within = sum(abs(r['error']) <= 0.10 for r in rows)
-load = os.getloadavg()
-print(f"{within}/{len(rows)} within 10% ({sum(abs(r['error']) <= 0.05 for r in rows)} within 5%); load {load[0]:.2f} {load[1]:.2f}")
-json.dump({'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'profile': profile, 'load': load, 'rows': rows},
-          open(os.path.join(outdir, 'validation.json'), 'w'), indent=1)
-# The plot: gnuplot, as mpi_scripts/dispatch_plot.py draws the dispatch figures.
-sys.path.insert(0, os.path.join(os.environ['PWM_ROOT'], 'mpi_scripts'))
-from dispatch_plot import line_plot, write_data
-series = []
-for unit, title in (('ms/step', 'step time (ms)'), ('us/comp', 'dispatch_bench Fig. 5 (us per computation)')):
-    rs = [r for r in rows if r['unit'] == unit]
-    if not rs: continue
-    data = os.path.join(w, f"v_{unit.replace('/', '_')}.dat")
-    write_data(data, [(r['measured'], r['predicted'], r['config']) for r in rs])
-    series.append(f"'{data}' using 1:2 with points pt 7 title '{title}', '' using 1:2:3 with labels offset 0,0.8 font ',7' notitle")
-if series:
-    series += ["x with lines lc 'black' title 'predicted = measured'", "1.1*x with lines dt 2 lc 'gray' title '+-10%'",
-               "0.9*x with lines dt 2 lc 'gray' notitle"]
-    line_plot(os.path.join(outdir, 'validation.png'), 'pwm_sim: predicted vs measured', 'measured', 'predicted', series,
-              'set logscale xy\nset termoption noenhanced\nset key top left')
-sys.exit(0 if within == len(rows) and rows else 1)
-PY
+mkdir -p "$OUT"
+python3 "$PWM_ROOT/mpi_scripts/sim_report.py" report "$W" "$OUT" "$PROFILE" "$B/sim/pwm_sim"

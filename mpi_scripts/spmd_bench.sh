@@ -53,40 +53,4 @@ for prec in ${PWM_BENCH_PRECISIONS:-fp32 bf16}; do
   t=$(grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2)
   DDP_TPS+=("$prec=$t")
 done
-python3 - "$OUT" "$peer" "$PROBE0" "$PROBE1" "${DDP_TPS[@]}" <<'PY'
-import json, sys
-out, peer = sys.argv[1], float(sys.argv[2])
-probes = [[float(x) for x in p.split()] for p in sys.argv[3:5]]  # [alone, per process on every core]
-ddp = {a.split("=")[0]: float(a.split("=")[1] or 0) for a in sys.argv[5:]}
-def lines(name):
-    return [json.loads(line) for line in open(f"{out}/spmd_{name}.jsonl")]
-def final(name):
-    return next(j for j in lines(name) if j.get("final"))
-def mfu(name):  # against the highest peak seen: the run's own start-up one, or a probe for its rank count
-    head, j = lines(name)[0], final(name)
-    ranks = head["ranks"]
-    peak = max([head["peak_gflops_per_rank"]] + [p[0 if ranks == 1 else 1] for p in probes])
-    return j["tokens_per_s"] * head["flops_per_token"] / (ranks * peak * 1e9), peak
-r = {n: final(n) for n in ("dp1", "dp2", "dp2_b4m_overlap", "dp2_b4m_nooverlap")}
-print(f"\n{'run':<16}{'tokens/s':>10}{'MFU':>8}{'step p50 ms':>13}{'comm share':>12}{'peak used':>11}")
-for n, j in r.items():
-    m, pk = mfu(n)
-    j["mfu_conservative"], j["mfu_peak_gflops"] = m, pk
-    print(f"{n:<18}{j['tokens_per_s']:>10.0f}{100*m:>7.1f}%{j['step_ms_p50']:>13.1f}{100*j['comm_share']:>11.1f}%{pk:>11.1f}")
-print(f"{'torch peer (2T)':<18}{peer:>10.0f}")
-print("MFU: against the highest GEMM peak per rank seen for the run's rank count (its start-up measurement, probes before and after)")
-eff = r["dp2"]["tokens_per_s"] / (2 * r["dp1"]["tokens_per_s"])
-ratio = r["dp2"]["tokens_per_s"] / peer
-print(f"\nweak-scaling efficiency dp=2 vs dp=1: {100*eff:.1f}% (bar 90%)")
-print(f"dp=2 vs PyTorch peer at 2 threads: {ratio:.2f}x (bar 1.2x)")
-print(f"overlap on vs off (dp=2, 4 MiB buckets): {r['dp2_b4m_overlap']['tokens_per_s']/r['dp2_b4m_nooverlap']['tokens_per_s']:.3f}x")
-vs_ddp = {}
-for prec, t in ddp.items():
-    ours = final(f"dp2_{prec}")["tokens_per_s"]
-    r[f"dp2_{prec}"] = final(f"dp2_{prec}")
-    vs_ddp[prec] = {"ours_tokens_per_s": ours, "ddp_tokens_per_s": t, "ratio": ours / t if t else 0.0}
-    print(f"dp=2 {prec}: spmd_train {ours:.0f} tokens/s vs PyTorch DDP {'bfloat16 autocast' if prec == 'bf16' else 'float32'} "
-          f"{t:.0f}: {vs_ddp[prec]['ratio']:.2f}x (bar 1.2x)")
-json.dump({"runs": r, "torch_peer_2threads_tokens_per_s": peer, "weak_scaling_efficiency": eff,
-           "dp2_vs_peer": ratio, "dp2_vs_ddp": vs_ddp}, open(f"{out}/spmd_bench.json", "w"), indent=1)
-PY
+python3 "$PWM_ROOT/mpi_scripts/spmd_report.py" "$OUT" "$peer" "$PROBE0" "$PROBE1" "${DDP_TPS[@]}"

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""The report of mpi_scripts/pipeline_bench.sh: a table per place the sweep ran, the summary JSON.
+
+    pipeline_report.py OUT.json HOSTS DCN WHERE/NAME=METRICS.jsonl...
+
+Each run is named WHERE/NAME: WHERE is `local` or `hosts<K>`, NAME `spmd_dp<N>` (the reference)
+or `S<S>_M<M>_<gpipe|1f1b>`; its metrics' last `final` record is its result. Prints per WHERE
+tokens/s, the ratio to the spmd_train row of the same devices, the measured bubble against the
+bound, the peak intermediates and the object store's high-water mark per stage, and stage 0's
+1F1B / GPipe ratio of peak intermediates; with HOSTS > 0 the hosts' tokens/s over one host's.
+Writes OUT.json ({"runs", "hosts", "dcn"}). Unit-tested in tests/scripts/test_pipeline_report.py.
+"""
+import json
+import sys
+
+MiB = 1 << 20
+
+
+def load_runs(runs):
+    """{WHERE/NAME: the last final record} from WHERE/NAME=PATH arguments, in their order."""
+    res = {}
+    for r in runs:
+        key, path = r.split("=", 1)
+        with open(path) as f:
+            for line in f:
+                j = json.loads(line)
+                if j.get("final"):
+                    res[key] = j
+    return res
+
+
+def stages_of(name):
+    """S of a pipeline run's name S<S>_M<M>_<schedule>."""
+    return int(name.split("_")[0][1:])
+
+
+def vs_spmd(name, j, rows):
+    """A pipeline run's tokens/s over spmd_train's on its devices (S x stage dp), nan without it."""
+    ref = rows.get(f"spmd_dp{stages_of(name) * int(j.get('stage_dp', 1))}")
+    return j["tokens_per_s"] / ref["tokens_per_s"] if ref else float("nan")
+
+
+def table(res, where):
+    """Prints WHERE's table; returns its runs by NAME."""
+    rows = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(where + "/")}
+    print(f"\n== {where}")
+    print(f"{'run':<16}{'tokens/s':>10}{'vs spmd':>9}{'bubble':>9}{'bound':>8}{'diff pp':>9}   peak intermediates per stage (MiB) | store high-water (MiB)")
+    for name, j in rows.items():
+        if name.startswith("spmd"):
+            print(f"{name:<16}{j['tokens_per_s']:>10.0f}")
+            continue
+        vs = vs_spmd(name, j, rows)
+        b, bb = 100 * j["bubble"], 100 * j["bubble_bound"]
+        act = " ".join(f"{x / MiB:.1f}" for x in j["peak_intermediate_bytes"])
+        st = " ".join(f"{x / MiB:.1f}" for x in j["peak_store_bytes"])
+        isl = ",".join(str(int(i)) for i in j.get("stage_islands", []))
+        print(f"{name:<16}{j['tokens_per_s']:>10.0f}{vs:>9.3f}{b:>8.1f}%{bb:>7.1f}%{b - bb:>+9.1f}   {act} | {st}   (islands {isl})")
+    print("stage 0 peak intermediates, 1F1B / GPipe:")
+    for name, j in rows.items():
+        if name.endswith("_1f1b") and name[:-5] + "_gpipe" in rows:
+            g = rows[name[:-5] + "_gpipe"]
+            print(f"  {name[:-5]}: {j['peak_intermediate_bytes'][0] / g['peak_intermediate_bytes'][0]:.3f} "
+                  f"({j['peak_intermediate_bytes'][0] / MiB:.2f} / {g['peak_intermediate_bytes'][0] / MiB:.2f} MiB)")
+    return rows
+
+
+def main(argv=None):
+    """pipeline_report.py OUT.json HOSTS DCN WHERE/NAME=METRICS.jsonl..."""
+    argv = sys.argv[1:] if argv is None else argv
+    out, hosts, dcn, runs = argv[0], int(argv[1]), argv[2], argv[3:]
+    res = load_runs(runs)
+    local = table(res, "local")
+    summary = {"runs": res, "hosts": hosts, "dcn": dcn}
+    if hosts:
+        where = f"hosts{hosts}"
+        far = table(res, where)
+        print(f"\n{where} (DCN {dcn}) against one host, tokens/s:")
+        for name, j in far.items():
+            if name in local:
+                print(f"  {name:<16}{j['tokens_per_s'] / local[name]['tokens_per_s']:.3f}")
+    with open(out, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""mpi_scripts/sim_fit.py against hand-computable inputs: the fits recover the parameters that
+generated their data, and the bounds hold where the data leaves the physical range."""
+import json
+import os
+import tempfile
+import unittest
+
+import sim_fit
+
+
+class Statistics(unittest.TestCase):
+    def test_median_odd_even_unsorted(self):
+        self.assertEqual(sim_fit.med([3, 1, 2]), 2)
+        self.assertEqual(sim_fit.med([4, 1, 3, 2]), 2.5)
+        self.assertEqual(sim_fit.med([7]), 7)
+
+    def test_low_quartile_is_element_len_over_4_of_the_sorted(self):
+        # 11 launches: the 3rd fastest (index 2); 5: the 2nd (index 1); 1: itself.
+        self.assertEqual(sim_fit.low_quartile([11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1]), 3)
+        self.assertEqual(sim_fit.low_quartile([5, 1, 4, 2, 3]), 2)
+        self.assertEqual(sim_fit.low_quartile([4, 3, 2, 1]), 2)
+        self.assertEqual(sim_fit.low_quartile([9.5]), 9.5)
+
+    def test_med_json_takes_the_numeric_fields(self):
+        ds = [{'a': 1.0, 'b': 10, 'name': 'x'}, {'a': 3.0, 'b': 30, 'name': 'y'}, {'a': 2.0, 'b': 20, 'name': 'z'}]
+        self.assertEqual(sim_fit.med_json(ds), {'a': 2.0, 'b': 20})
+
+
+def allreduce_rows(lat_us, us_per_byte, sizes, ring_slower_by=0.0):
+    """collectives_bench rows of 2 ranks following t(S) = 2 L + S us_per_byte exactly (hd), the
+    ring slower by a fixed amount, and `auto` at 4 bytes taking 2 L + 4 us_per_byte."""
+    rows = []
+    for s in sizes:
+        t = 2 * lat_us + s * us_per_byte
+        rows.append({'op': 'allreduce', 'algo': 'hd', 'bytes': s, 'time_us': t})
+        rows.append({'op': 'allreduce', 'algo': 'ring', 'bytes': s, 'time_us': t + ring_slower_by})
+        rows.append({'op': 'allreduce', 'algo': 'auto', 'bytes': s, 'time_us': t + 50})
+    return rows
+
+
+class FitLink(unittest.TestCase):
+    SIZES = [4, 64, 1024, 16384, 65536, 262144, 1 << 20]
+
+    def test_a_line_through_known_points(self):
+        # L = 5 us, 0.001 us/byte = 1 GB/s; the ring 3 us slower everywhere: hd's points are kept.
+        link = sim_fit.fit_link(allreduce_rows(5.0, 0.001, self.SIZES, ring_slower_by=3.0))
+        self.assertAlmostEqual(link['gbytes_per_s'], 1.0, places=9)
+        # The intercept gives 2 L = 10, so L = 5; auto's 4-byte AllReduce (60 us) is slower.
+        self.assertAlmostEqual(link['latency_us'], 5.0, places=6)
+        self.assertEqual(link['overhead_us'], 0.0)
+        # Kept where the wire time S/2 x 0.001 >= 2 L = 10 us: S >= 20000 bytes; each message
+        # (S/2 bytes) at 1 GB/s.
+        curve = link['gbytes_per_s_by_bytes']
+        self.assertEqual([b for b, _ in curve], [32768.0, 131072.0, 524288.0])
+        for _, gbs in curve:
+            self.assertAlmostEqual(gbs, 1.0, places=6)
+
+    def test_the_faster_of_ring_and_hd_per_size(self):
+        # The ring faster by 2 us at every size: its line is the fitted one (L = 4).
+        link = sim_fit.fit_link(allreduce_rows(5.0, 0.001, self.SIZES, ring_slower_by=-2.0))
+        self.assertAlmostEqual(link['latency_us'], 4.0, places=6)
+
+    def test_a_faster_small_allreduce_bounds_the_latency(self):
+        rows = allreduce_rows(5.0, 0.001, self.SIZES)
+        rows.append({'op': 'allreduce', 'algo': 'auto', 'bytes': 8, 'time_us': 3.0})
+        self.assertEqual(sim_fit.fit_link(rows)['latency_us'], 3.0)
+
+    def test_a_negative_intercept_takes_the_small_allreduce(self):
+        rows = allreduce_rows(-1.0, 0.001, self.SIZES)  # 2 L = -2: no physical intercept
+        rows.append({'op': 'allreduce', 'algo': 'auto', 'bytes': 4, 'time_us': 7.0})
+        self.assertEqual(sim_fit.fit_link(rows)['latency_us'], 7.0)
+
+
+class Kernels(unittest.TestCase):
+    def test_step_overhead_line(self):
+        # ov(M) = 100 + 20 (M - 1) at M = 1, 2, 4.
+        step, mb = sim_fit.fit_step_overhead([1, 2, 4], [100.0, 120.0, 160.0])
+        self.assertAlmostEqual(step, 100.0)
+        self.assertAlmostEqual(mb, 20.0)
+
+    def test_step_overhead_negative_slope_is_held_at_zero(self):
+        step, mb = sim_fit.fit_step_overhead([1, 2, 4], [160.0, 120.0, 100.0])
+        self.assertEqual(mb, 0.0)
+        self.assertAlmostEqual(step, 380.0 / 3)  # the mean, with no slope
+
+    def test_rates_by_tokens_of_a_micro_batch(self):
+        kmb = {mb: {'fwd_us_per_gflop': 10.0 * mb, 'bwd_us_per_gflop': 20.0 * mb} for mb in (1, 2, 4)}
+        rates = sim_fit.kernel_rates(kmb, batch=8, seq_len=64)
+        self.assertEqual([r['tokens'] for r in rates], [128, 256, 512])
+        self.assertEqual(rates[0], {'tokens': 128, 'fwd_us_per_gflop': 40.0, 'bwd_us_per_gflop': 80.0})
+
+
+def per_comp_times(ar, se, pe, call, node, msg, fetch, k):
+    """The simulator's T = 0 formulas (sim/dispatch.cc) for 2 workers at chain k, L = ar."""
+    L, X = ar, call + node + 2 * msg
+    return {'spmd': ar + se,
+            'fused': ar + pe + (X + L + fetch) / k,
+            'chained': ar + pe + (X + (k - 1) * node + L + fetch) / k,
+            'opbyop': X + (L + ar + pe + fetch) / k}
+
+
+class FitDispatch(unittest.TestCase):
+    C1, C2 = 64, 256
+
+    def fit(self, truth, fused_shift=0.0):
+        ts = {k: per_comp_times(**truth, k=k) for k in (self.C1, self.C2)}
+        pf = {k: ts[k]['fused'] + fused_shift / k for k in ts}
+        pc = {k: ts[k]['chained'] + fused_shift / k for k in ts}
+        po = {k: ts[k]['opbyop'] for k in ts}
+        po1 = po[self.C1] - truth['msg']  # one worker: one run message less
+        return sim_fit.fit_dispatch(ts[self.C2]['spmd'], truth['ar'], self.C1, self.C2, pf, pc, po, po1)
+
+    def test_recovers_the_costs_with_a_fetch(self):
+        truth = dict(ar=1.0, se=0.5, pe=0.2, call=3.5, node=0.5, msg=1.0, fetch=2.0)
+        d = self.fit(truth)
+        for field, want in (('spmd_exec_us', 0.5), ('program_exec_us', 0.2), ('call_us', 3.5), ('node_us', 0.5),
+                            ('msg_us', 1.0), ('fetch_rtt_us', 2.0)):
+            self.assertAlmostEqual(d[field], want, places=9, msg=field)
+        self.assertEqual(d['exec_us'], 0.0)
+        self.assertEqual(d['step_kernel_us'], 0.0)
+
+    def test_a_fused_line_below_opbyop_gives_no_fetch(self):
+        # The fused constant 4 us too low (X + L + F = 5.5 where X = 6.5): X stays OpByOp's, F = 0.
+        truth = dict(ar=1.0, se=0.5, pe=0.2, call=4.0, node=0.5, msg=1.0, fetch=0.0)
+        d = self.fit(truth, fused_shift=-4.0)
+        self.assertEqual(d['fetch_rtt_us'], 0.0)
+        self.assertAlmostEqual(d['call_us'] + d['node_us'] + 2 * d['msg_us'], 6.5, places=9)
+
+    def test_an_spmd_chain_below_the_allreduce_costs_nothing(self):
+        truth = dict(ar=1.0, se=-0.3, pe=0.2, call=3.5, node=0.5, msg=1.0, fetch=2.0)
+        self.assertEqual(self.fit(truth)['spmd_exec_us'], 0.0)
+
+    def test_per_comp_is_the_low_quartile_of_the_launches(self):
+        # 5 launches at 1e6, 5e5, 2.5e5, 2e5, 1e5 computations/s: 1, 2, 4, 5, 10 us; the 2nd fastest.
+        ds = [{'rows': [{'mode': 'fused', 'compute_us': 0, 'computations_per_s': r},
+                        {'mode': 'fused', 'compute_us': 100, 'computations_per_s': 1.0}]}
+              for r in (2.5e5, 1e6, 1e5, 5e5, 2e5)]
+        self.assertEqual(sim_fit.per_comp(ds, 'fused', 0), 2.0)
+        self.assertIsNone(sim_fit.rate(ds[0]['rows'], 'opbyop', 0))
+
+
+class FitTrainers(unittest.TestCase):
+    def test_contention_factor(self):
+        pred = {'step_ms': 10.0, 'compute_ms': 4.0}
+        self.assertEqual(sim_fit.contention_factor(14.0, pred), 2.0)  # (14 - 6) / 4
+        self.assertEqual(sim_fit.contention_factor(6.5, pred), 0.5)   # 0.125, held at 0.5
+
+    def test_three_ranks_two_points(self):
+        # excess = K + f3 compute: K = 2, f3 = 1.5 at compute 8 and 4.
+        self.assertEqual(sim_fit.fit_three_ranks(1.0, 14.0, 8.0, 8.0, 4.0), (1.5, 2.0))
+
+    def test_three_ranks_below_the_two_rank_factor(self):
+        # f3 = 1.5 < f2 = 2: f3 = 2 and K the mean of 20 - 16 and 14 - 8.
+        self.assertEqual(sim_fit.fit_three_ranks(2.0, 20.0, 8.0, 14.0, 4.0), (2.0, 5.0))
+
+    def test_three_ranks_negative_constant(self):
+        # f3 = 1.5, K = -2: K = 0 and f3 = 10 / 8.
+        self.assertEqual(sim_fit.fit_three_ranks(1.0, 10.0, 8.0, 4.0, 4.0), (1.25, 0.0))
+
+    def test_node_costs_two_points(self):
+        self.assertEqual(sim_fit.fit_node_costs([35.0, 65.0], [10, 20]), (3.0, 5.0))
+
+    def test_node_costs_bounds(self):
+        self.assertEqual(sim_fit.fit_node_costs([65.0, 35.0], [10, 20]), (0.0, 50.0))
+        self.assertEqual(sim_fit.fit_node_costs([10.0, 40.0], [10, 20]), (1.5, 0.0))
+
+
+class Files(unittest.TestCase):
+    def test_final_is_the_median_launch_of_the_last_final_records(self):
+        with tempfile.TemporaryDirectory() as w:
+            for r, ms in ((1, 12.0), (2, 10.0), (3, 11.0)):
+                with open(os.path.join(w, f'mf_{r}.jsonl'), 'w') as f:
+                    f.write(json.dumps({'step': 1}) + '\n\n')
+                    f.write(json.dumps({'final': True, 'step_ms_p50': 99.0}) + '\n')
+                    f.write(json.dumps({'final': True, 'step_ms_p50': ms}) + '\n')
+            m = sim_fit.Measurements(w, 3, 1)
+            self.assertEqual(m.final('mf'), {'step_ms_p50': 11.0})
+            self.assertIsNone(m.load('c_inter.json'))
+
+
+if __name__ == '__main__':
+    unittest.main()

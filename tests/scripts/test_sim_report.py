@@ -1,0 +1,152 @@
+"""mpi_scripts/sim_report.py against hand-computable inputs: the speed scaling, the dispatch rows'
+statistic, and the report's pass/fail against its tolerance (end to end with a stand-in pwm_sim)."""
+import contextlib
+import io
+import json
+import os
+import stat
+import sys
+import tempfile
+import unittest
+
+import sim_report
+
+
+def profile():
+    return {'kernels': {'fwd_us_per_gflop': 10.0, 'bwd_us_per_gflop': 20.0, 'opt_us_per_param': 0.5,
+                        'contention': [[2, 1.3]], 'rates': [{'tokens': 128, 'fwd_us_per_gflop': 1.0, 'bwd_us_per_gflop': 2.0}]},
+            'dispatch': {'call_us': 3.0, 'node_us': 1.0, 'fetch_rtt_us': 7.0, 'train_node_us': 4.0},
+            'measured': {'speed_probe': {'kind': 'model_step', 'gflops_1': 200.0}}}
+
+
+class ScaleProfile(unittest.TestCase):
+    def test_costs_scale_by_calibration_over_now(self):
+        # Probes median 100 against 200 at calibration: the machine is half as fast, costs x2.
+        p = sim_report.scale_profile(profile(), [90.0, 110.0, 100.0])
+        self.assertEqual(p['scaled'], {'probe_now': 100.0, 'kernel_factor': 2.0})
+        self.assertEqual((p['kernels']['fwd_us_per_gflop'], p['kernels']['bwd_us_per_gflop'], p['kernels']['opt_us_per_param']),
+                         (20.0, 40.0, 1.0))
+        self.assertEqual(p['kernels']['rates'][0], {'tokens': 128, 'fwd_us_per_gflop': 2.0, 'bwd_us_per_gflop': 4.0})
+        self.assertEqual((p['dispatch']['call_us'], p['dispatch']['node_us'], p['dispatch']['train_node_us']), (6.0, 2.0, 8.0))
+        # Not the fetch round trip, the contention factors, or fields the profile lacks.
+        self.assertEqual(p['dispatch']['fetch_rtt_us'], 7.0)
+        self.assertEqual(p['kernels']['contention'], [[2, 1.3]])
+        self.assertNotIn('msg_us', p['dispatch'])
+
+    def test_unchanged_without_probes_or_a_calibration_probe(self):
+        self.assertEqual(sim_report.scale_profile(profile(), []), profile())
+        p = profile()
+        del p['measured']
+        self.assertEqual(sim_report.scale_profile(p, [100.0]), {k: v for k, v in profile().items() if k != 'measured'})
+
+    def test_scale_command_reads_the_first_field_of_each_probe_line(self):
+        with tempfile.TemporaryDirectory() as d:
+            src, probes, out = (os.path.join(d, n) for n in ('p.json', 'probes', 'out.json'))
+            with open(src, 'w') as f:
+                json.dump(profile(), f)
+            with open(probes, 'w') as f:
+                f.write('50 999\n\n50\n')
+            self.assertEqual(sim_report.main(['scale', src, probes, out]), 0)
+            with open(out) as f:
+                self.assertEqual(json.load(f)['scaled']['kernel_factor'], 4.0)
+
+
+class Rows(unittest.TestCase):
+    def test_spread(self):
+        self.assertAlmostEqual(sim_report.spread([9.0, 12.0, 10.0]), 0.3)
+        self.assertEqual(sim_report.spread([]), 0.0)
+
+    def test_errors_within_and_passed(self):
+        rows = sim_report.add_errors([{'measured': 100.0, 'predicted': 105.0}, {'measured': 100.0, 'predicted': 90.0},
+                                      {'measured': 100.0, 'predicted': 111.0},
+                                      {'measured': 10.0, 'predicted': 10.0, 'measured_tok_s': 200.0, 'predicted_tok_s': 150.0}])
+        self.assertEqual([r['error'] for r in rows], [0.05, -0.1, 0.11, 0.0])
+        self.assertEqual(rows[3]['tok_error'], -0.25)
+        self.assertEqual(sim_report.within(rows), 3)       # 10% (the edge included)
+        self.assertEqual(sim_report.within(rows, 0.05), 2)
+        self.assertFalse(sim_report.passed(rows))
+        self.assertTrue(sim_report.passed(rows, 0.2))
+        self.assertFalse(sim_report.passed([]))            # nothing measured is no pass
+
+    def test_dispatch_rows_by_the_lower_quartile_of_the_launches(self):
+        with tempfile.TemporaryDirectory() as d:
+            files = []
+            for name, rows in (('dispatch_0_1.json', [('fused', 0, 1e6, '5'), ('fused', 0, 2.5e5, '5')]),
+                               ('dispatch_0_2.json', [('fused', 0, 5e5, '5'), ('fused', 0, 2e5, '5'), ('fused', 4, 1e3, '7')]),
+                               ('dispatch_T_1.json', [('fused', 0, 1.0, '5'), ('fused', 100, 5e3, '6')])):
+                files.append(os.path.join(d, name))
+                with open(files[-1], 'w') as f:
+                    json.dump({'rows': [{'mode': m, 'compute_us': t, 'computations_per_s': r, 'fig': fig,
+                                         'effective_compute_us': t + 1} for m, t, r, fig in rows]}, f)
+            by = sim_report.group_dispatch(files)
+            # Fig. 7 rows and the T = 0 rows of a T > 0 launch are left out.
+            self.assertEqual(sorted(by), [('fused', 0), ('fused', 100)])
+            self.assertEqual(len(by[('fused', 0)]), 4)
+            asked = []
+            rows = sim_report.dispatch_rows(by, lambda eff: asked.append(eff) or {'fused': 2.5e5})
+            self.assertEqual(asked, [1, 101])   # the launches' effective T
+            # 1, 4, 2, 5 us per computation: sorted 1, 2, 4, 5, element 4 // 4 = 1.
+            self.assertEqual(rows[0]['config'], 'fig5_fused_T0')
+            self.assertEqual((rows[0]['measured'], rows[0]['predicted'], rows[0]['unit']), (2.0, 4.0, 'us/comp'))
+            self.assertEqual(rows[1]['measured'], 200.0)
+
+
+FAKE_SIM = """#!{python}
+import json
+print("a line before the result")
+print(json.dumps({{"spmd": 1e6, "fused": {fused}, "chained": 1e5, "opbyop": 1e5}}))
+"""
+
+
+class Report(unittest.TestCase):
+    """report() end to end: one trainer configuration and one dispatch point, the exit code by
+    whether both are within 10%."""
+
+    def run_report(self, fused_rate):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        d = tmp.name
+        w, out = os.path.join(d, 'w'), os.path.join(d, 'out')
+        os.mkdir(w); os.mkdir(out)
+        sim = os.path.join(d, 'pwm_sim')
+        with open(sim, 'w') as f:
+            f.write(FAKE_SIM.format(python=sys.executable, fused=fused_rate))
+        os.chmod(sim, os.stat(sim).st_mode | stat.S_IXUSR)
+        for r, (ms, tok) in enumerate(((10.0, 1000.0), (12.0, 900.0), (11.0, 950.0)), 1):
+            with open(os.path.join(w, f'spmd_{r}.jsonl'), 'w') as f:
+                f.write(json.dumps({'step': 1}) + '\n' + json.dumps({'final': True, 'step_ms_p50': ms, 'tokens_per_s': tok}) + '\n')
+        with open(os.path.join(w, 'spmd.pred'), 'w') as f:
+            f.write('noise\n' + json.dumps({'step_ms': 11.5, 'tokens_per_s': 900.0}) + '\n')
+        with open(os.path.join(w, 'spmd.profile.json'), 'w') as f:
+            json.dump({'scaled': {'probe_now': 100.0, 'kernel_factor': 1.25}}, f)
+        with open(os.path.join(w, 'list'), 'w') as f:
+            f.write(f"spmd {w}/spmd.pred {w}/spmd_1.jsonl {w}/spmd_2.jsonl {w}/spmd_3.jsonl\n")
+        with open(os.path.join(w, 'dispatch_0_1.json'), 'w') as f:
+            json.dump({'rows': [{'mode': 'fused', 'compute_us': 0, 'computations_per_s': 5e5, 'fig': '5'}]}, f)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+            code = sim_report.report(w, out, os.path.join(d, 'none.json'), sim)
+        with open(os.path.join(out, 'validation.json')) as f:
+            doc = json.load(f)
+        # The table, without what the plot printed after it.
+        return code, [l for l in stdout.getvalue().splitlines() if not l.startswith('wrote ')], doc
+
+    def test_all_within_passes(self):
+        code, lines, doc = self.run_report(fused_rate=4.8e5)  # 2.0833 us against 2.0 measured: +4.2%
+        self.assertEqual(code, 0)
+        trainer, fused = doc['rows']
+        self.assertEqual((trainer['measured'], trainer['predicted'], trainer['measured_tok_s']), (11.0, 11.5, 950.0))
+        self.assertAlmostEqual(trainer['error'], 0.5 / 11)
+        self.assertAlmostEqual(fused['error'], 1 / 24)
+        self.assertIn('speed x1.25', lines[1])
+        self.assertTrue(lines[-1].startswith('2/2 within 10% (2 within 5%); load '), lines[-1])
+
+    def test_one_outside_fails(self):
+        code, lines, doc = self.run_report(fused_rate=4e5)  # 2.5 us against 2.0: +25%
+        self.assertEqual(code, 1)
+        self.assertAlmostEqual(doc['rows'][1]['error'], 0.25)
+        self.assertTrue(lines[-1].startswith('1/2 within 10% (1 within 5%)'), lines[-1])
+
+
+if __name__ == '__main__':
+    unittest.main()
