@@ -3,7 +3,7 @@
 // statistics a step's last kernel writes and the controller reads.
 //
 // The program builder (step_program.cc, trainer.cc) and the kernels (kernels.cc,
-// unit_kernels.cc, pipeline_kernels.cc) both use these structs: neither computes the other's
+// step_kernels.cc, pipeline_kernels.cc) both use these structs: neither computes the other's
 // positions. Shapes come from the workload only (no device, no MPI): the controller checks and
 // lowers programs with them, the workers run the kernels with the same ones.
 #pragma once

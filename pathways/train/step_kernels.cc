@@ -1,7 +1,7 @@
 // The kernels of a training step on a dp x tp slice: the whole step in one kernel (fused), one
 // kernel per unit kind of the step plan (chained, opbyop, and the pipeline's stages), the dp
 // reduction of a gradient piece and the update. Every one calls the model functions the plan's
-// executor in model/train_step.cc calls, on the same values, so all granularities compute the
+// executor in train/step.cc calls, on the same values, so all granularities compute the
 // same bits as spmd_train.
 #include <cstring>
 
