@@ -15,7 +15,7 @@ bool bf16_gemm_available();
 // and shape give the same bits (one primitive per shape, cached per thread; a fixed ISA).
 // Returns false (C untouched) when oneDNN has no bf16 matmul for this CPU (2.6 needs AVX-512:
 // on AVX2 it has none) or pwm_model was built without it: the caller then multiplies
-// bf16-rounded copies of the operands with the fp32 GEMM (kernels.cc), the same contract.
+// bf16-rounded copies of the operands with the fp32 GEMM (kernels_gemm.cc), the same contract.
 bool gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
