@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # spmd_train throughput on the reference config (issue 4's benchmark), all in one run:
-# dp=1 (batch 16), dp=2 (batch 32: weak scaling, 16 sequences per rank; default 25 MiB bucket),
+# dp=1 (batch 16), dp=2 (batch 32: weak scaling, 16 sequences per rank; buckets sized from the model),
 # dp=2 with 4 MiB buckets and overlap on and off,
 # and the PyTorch peer at two threads for reference; then (issue 18) dp=2 in both precisions
 # against PyTorch DDP (torch_ddp_bench.py, gloo, one thread per rank, batch 32) in float32 and
