@@ -12,16 +12,22 @@
 // buffers and waits for all, as a trainer's gradient buckets overlap on the wire; time is the
 // iteration's over K (per AllReduce), so algbw is what the K together move. (Over the emulated
 // 200 Mbit/s DCN, 4 or 16 in flight moved no more than one at a time: docs/simulator.md, "The
-// shaped DCN".)
+//
+// main parses the flags; run() resolves the modes into enums (resolve), sweeps the sizes (sweep:
+// measure and check_row per algorithm, print_rows per size) and ends with print_summary and
+// write_json. The columns, the footer and the JSON are read by mpi_scripts/ (sim_calibrate.sh)
+// and tests/collectives: keep their format.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <map>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -37,6 +43,7 @@ using pwm::collectives::testing::input_value;
 
 namespace {
 
+// -b/-e: bytes from a number with an optional K, M or G suffix (powers of two).
 size_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
@@ -50,6 +57,7 @@ size_t parse_size(const std::string& s) {
   return static_cast<size_t>(v * mult);
 }
 
+// --algo's comma list, empty items skipped.
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -62,8 +70,109 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// The collective a run sweeps (--op). The algorithms of AllReduce are collectives::Algorithm.
+enum class Op { kAllreduce, kReduceScatter, kAllgather, kBroadcast, kReduce };
+
+Op parse_op(const std::string& s) {
+  if (s == "allreduce") return Op::kAllreduce;
+  if (s == "reduce_scatter") return Op::kReduceScatter;
+  if (s == "allgather") return Op::kAllgather;
+  if (s == "broadcast") return Op::kBroadcast;
+  if (s == "reduce") return Op::kReduce;
+  PWM_THROW("unknown --op '{}': use allreduce, reduce_scatter, allgather, broadcast or reduce", s);
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllreduce: return "allreduce";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kAllgather: return "allgather";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kReduce: return "reduce";
+  }
+  return "?";
+}
+
+// AllGather and ReduceScatter: a row's size is the gathered or scattered total, n times the
+// count of elements each rank sends or receives (nccl-tests' convention).
+bool sized_by_total(Op op) { return op == Op::kAllgather || op == Op::kReduceScatter; }
+
+// The algo column: AllReduce's algorithm; the other ops run their one algorithm.
+std::string algo_label(Op op, Algorithm a) {
+  switch (op) {
+    case Op::kAllreduce: return algorithm_name(a);
+    case Op::kBroadcast:
+    case Op::kReduce: return "tree";
+    case Op::kReduceScatter:
+    case Op::kAllgather: break;
+  }
+  return "ring";
+}
+
+// The flags. The *_s strings are bound to the flags as typed; resolve() parses them, on every
+// rank, into the fields below them.
+struct Options {
+  std::string min_s = "8", max_s = "64M", op_s = "allreduce", algos_s = "ring,hd,rd,auto,mpi",
+              dtype_s = "float", redop_s = "sum", json_path;
+  double factor = 2;
+  int iters = 20, warmup = 5, check = 1, inflight = 1;
+  bool in_place = false;
+  double timeout = 300;
+  // Set by resolve().
+  Op op = Op::kAllreduce;
+  std::vector<Algorithm> algos;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;
+  size_t minb = 0, maxb = 0;
+};
+
+// nccl-tests' flags (-b -e -f -n -w -c -d -o) and this bench's own.
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("-b,--minbytes", o.min_s, "smallest size (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max_s, "largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(1.01, 1e6));
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per row")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", o.check, "check every row's result (0/1)")->capture_default_str();
+  app.add_option("--op", o.op_s, "allreduce|reduce_scatter|allgather|broadcast|reduce")->capture_default_str()
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"}));
+  app.add_option("--algo", o.algos_s, "comma list of ring,hd,rd,auto,mpi (AllReduce; other ops use their one algorithm)")->capture_default_str();
+  app.add_option("-d,--datatype", o.dtype_s, "float|double|int32|int64")->capture_default_str();
+  app.add_option("-o,--op_type", o.redop_s, "sum|max|min")->capture_default_str();
+  app.add_flag("--inplace", o.in_place, "in-place operation (default out of place)");
+  app.add_option("--inflight", o.inflight, "AllReduces in flight at once per iteration (time per AllReduce)")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--json", o.json_path, "also write the rows as JSON to this file");
+  app.add_option("--coll-timeout", o.timeout, "collective watchdog timeout in seconds")->capture_default_str();
+}
+
+// Parses the modes and sizes of `o` and checks they go together. On every rank, inside
+// run_mpi_main, so that a mistake ends the run with one error line; --json's file is probed by
+// rank 0 here, to fail before the sweep rather than after it.
+void resolve(Options& o, bool root) {
+  o.op = parse_op(o.op_s);
+  o.dtype = parse_dtype(o.dtype_s);
+  o.redop = parse_reduce_op(o.redop_s);
+  if (o.op == Op::kAllreduce) {
+    for (auto& a : split(o.algos_s)) o.algos.push_back(parse_algorithm(a));
+  } else {
+    o.algos.push_back(Algorithm::kAuto);  // the op's own algorithm
+  }
+  if (o.inflight > 1 && (o.op != Op::kAllreduce || o.in_place))
+    PWM_THROW("--inflight {} needs --op allreduce out of place (got --op {}{})", o.inflight, op_name(o.op),
+              o.in_place ? " --inplace" : "");
+  o.minb = parse_size(o.min_s);
+  o.maxb = parse_size(o.max_s);
+  if (o.minb > o.maxb) PWM_THROW("-b {} is larger than -e {}", o.min_s, o.max_s);
+  if (!o.json_path.empty() && root) {
+    std::ofstream probe(o.json_path + ".tmp");
+    if (!probe) PWM_THROW("cannot write --json {}: check the directory exists and is writable", o.json_path);
+  }
+}
+
 struct Row {
-  std::string op, algo;
+  Op op;
+  Algorithm algo;
   DataType dtype;
   ReduceOp redop;
   size_t bytes, count;
@@ -71,9 +180,10 @@ struct Row {
   size_t wrong;
 };
 
+// The collective of a run on one communicator: its sizes, bus factor, call, inputs and check.
 struct Bench {
   Communicator& comm;
-  std::string op;
+  Op op;
   DataType t;
   ReduceOp redop;
   bool in_place;
@@ -84,13 +194,15 @@ struct Bench {
   // scattered total for AllGather/ReduceScatter).
   size_t count_for(size_t bytes) const {
     size_t c = bytes / dtype_size(t);
-    if (op == "allgather" || op == "reduce_scatter") c /= comm.size();
+    if (sized_by_total(op)) c /= comm.size();
     return c;
   }
+  // busbw = algbw x this: what each rank sends per byte of the row's size, so that busbw is
+  // comparable across rank counts (nccl-tests' definition).
   double bus_factor() const {
     const double n = comm.size();
-    if (op == "allreduce") return 2 * (n - 1) / n;
-    if (op == "allgather" || op == "reduce_scatter") return (n - 1) / n;
+    if (op == Op::kAllreduce) return 2 * (n - 1) / n;
+    if (sized_by_total(op)) return (n - 1) / n;
     return 1.0;
   }
 
@@ -112,211 +224,224 @@ struct Bench {
   void run(Algorithm a, std::vector<std::byte>& send, std::vector<std::byte>& recv, size_t count) {
     void* s = send.data();
     void* r = in_place ? s : recv.data();
-    if (op == "allreduce") comm.allreduce(s, r, count, t, redop, a);
-    else if (op == "reduce_scatter") comm.reduce_scatter(s, recv.data(), count, t, redop);
-    else if (op == "allgather") comm.allgather(s, recv.data(), count, t);
-    else if (op == "broadcast") comm.broadcast(s, count, t, root);
-    else if (op == "reduce") comm.reduce(s, recv.data(), count, t, redop, root);
+    switch (op) {
+      case Op::kAllreduce: comm.allreduce(s, r, count, t, redop, a); break;
+      case Op::kReduceScatter: comm.reduce_scatter(s, recv.data(), count, t, redop); break;
+      case Op::kAllgather: comm.allgather(s, recv.data(), count, t); break;
+      case Op::kBroadcast: comm.broadcast(s, count, t, root); break;
+      case Op::kReduce: comm.reduce(s, recv.data(), count, t, redop, root); break;
+    }
   }
 
+  // Inputs whose exact result is known (tests/collectives/reference.h); receive buffers -7.
   void fill(std::vector<std::byte>& send, std::vector<std::byte>& recv, size_t count) {
     const int r = comm.rank(), n = comm.size();
-    size_t send_n = op == "reduce_scatter" ? count * n : count;
-    size_t recv_n = op == "allgather" ? count * n : count;
-    if (op == "broadcast")
+    size_t send_n = op == Op::kReduceScatter ? count * n : count;
+    size_t recv_n = op == Op::kAllgather ? count * n : count;
+    if (op == Op::kBroadcast)
       send = testing::make_buffer(t, send_n, [&](size_t i) { return r == root ? input_value(root, i) : -7; });
     else
       send = testing::make_buffer(t, send_n, [&](size_t i) { return input_value(r, i); });
     recv = testing::make_buffer(t, recv_n, [](size_t) { return -7; });
   }
 
+  // This rank's wrong elements after run() on fill()'s inputs.
   size_t check(std::vector<std::byte>& send, std::vector<std::byte>& recv, size_t count) {
     const int r = comm.rank(), n = comm.size();
-    if (op == "allreduce")
-      return testing::count_wrong(t, in_place ? send : recv, count, [&](size_t i) { return expected_value(redop, n, i); });
-    if (op == "reduce_scatter")
-      return testing::count_wrong(t, recv, count, [&](size_t i) { return expected_value(redop, n, r * count + i); });
-    if (op == "allgather")
-      return testing::count_wrong(t, recv, count * n, [&](size_t i) { return input_value(static_cast<int>(i / count), i % count); });
-    if (op == "broadcast")
-      return testing::count_wrong(t, send, count, [&](size_t i) { return input_value(root, i); });
-    if (op == "reduce" && r == root)
-      return testing::count_wrong(t, recv, count, [&](size_t i) { return expected_value(redop, n, i); });
+    switch (op) {
+      case Op::kAllreduce:
+        return testing::count_wrong(t, in_place ? send : recv, count, [&](size_t i) { return expected_value(redop, n, i); });
+      case Op::kReduceScatter:
+        return testing::count_wrong(t, recv, count, [&](size_t i) { return expected_value(redop, n, r * count + i); });
+      case Op::kAllgather:
+        return testing::count_wrong(t, recv, count * n, [&](size_t i) { return input_value(static_cast<int>(i / count), i % count); });
+      case Op::kBroadcast:
+        return testing::count_wrong(t, send, count, [&](size_t i) { return input_value(root, i); });
+      case Op::kReduce:
+        if (r == root)
+          return testing::count_wrong(t, recv, count, [&](size_t i) { return expected_value(redop, n, i); });
+        break;
+    }
     return 0;
   }
 };
+
+// One size's buffers: send and receive, and the K receive buffers of --inflight K.
+struct Buffers {
+  std::vector<std::byte> send, recv;
+  std::vector<std::vector<std::byte>> recvs;
+};
+
+// -c 1: the elements wrong on any rank after algorithm `a`. With --inflight, every buffer of the
+// last timed iteration; then one more call on fresh inputs, as the timed calls ran on inputs
+// that earlier calls may have overwritten (in place, or a reduction into the send buffer).
+// Leaves the buffers refilled for the next algorithm. Every rank must call.
+size_t check_row(Bench& b, const Options& o, Algorithm a, Buffers& buf, size_t count) {
+  int64_t wrong = 0;
+  if (o.inflight > 1) {
+    for (auto& r : buf.recvs) wrong += static_cast<int64_t>(b.check(buf.send, r, count));
+    for (auto& r : buf.recvs) r = buf.recv;
+  }
+  b.fill(buf.send, buf.recv, count);
+  b.run(a, buf.send, buf.recv, count);
+  wrong += static_cast<int64_t>(b.check(buf.send, buf.recv, count));
+  b.comm.allreduce(&wrong, &wrong, 1, DataType::kInt64, ReduceOp::kSum, Algorithm::kMpi);
+  b.fill(buf.send, buf.recv, count);
+  return static_cast<size_t>(wrong);
+}
+
+// One row: `warmup` untimed then `iters` timed iterations of algorithm `a` after a barrier. The
+// time is the slowest rank's average per collective (per AllReduce with --inflight), as
+// nccl-tests reports it. Every rank must call.
+Row measure(Bench& b, const Options& o, Algorithm a, Buffers& buf, size_t count, size_t bytes) {
+  auto once = [&] {
+    if (o.inflight > 1) b.run_inflight(a, buf.send, buf.recvs, count);
+    else b.run(a, buf.send, buf.recv, count);
+  };
+  for (int i = 0; i < o.warmup; ++i) once();
+  b.comm.barrier();
+  const double t0 = now_s();
+  for (int i = 0; i < o.iters; ++i) once();
+  double t_us = (now_s() - t0) * 1e6 / o.iters / o.inflight;
+  b.comm.allreduce(&t_us, &t_us, 1, DataType::kFloat64, ReduceOp::kMax, Algorithm::kMpi);  // slowest rank
+  const size_t wrong = o.check ? check_row(b, o, a, buf, count) : 0;
+  const double algbw = t_us > 0 ? bytes / t_us * 1e-3 : 0;  // GB/s
+  return {o.op, a, b.t, b.redop, bytes, count, t_us, algbw, algbw * b.bus_factor(), wrong};
+}
+
+// The run's settings and the column heads, as nccl-tests prints them.
+void print_header(const Options& o, int ranks, size_t segment_bytes) {
+  fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B, in flight {}\n",
+             ranks, op_name(o.op), dtype_name(o.dtype), reduce_op_name(o.redop),
+             o.in_place ? "in-place" : "out-of-place", o.iters, o.warmup, segment_bytes, o.inflight);
+  fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "size", "count",
+             "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "vs_mpi");
+  fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "(B)", "(elements)", "",
+             "", "", "", "(GB/s)", "(GB/s)", "", "(busbw)");
+}
+
+// One size's rows, printed once all are measured, each with its busbw as a ratio to MPI's at
+// that size (when mpi is among --algo); flushed, so a long sweep shows its progress.
+void print_rows(std::span<const Row> rows) {
+  double mpi_busbw = 0;
+  for (const Row& r : rows)
+    if (r.algo == Algorithm::kMpi) mpi_busbw = r.busbw;
+  for (const Row& r : rows) {
+    std::string vs = mpi_busbw > 0 && r.algo != Algorithm::kMpi ? fmt::format("{:.2f}x", r.busbw / mpi_busbw) : "";
+    fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} {:>10.2f} {:>8.3f} {:>8.3f} {:>7} {:>7}\n", r.bytes, r.count,
+               dtype_name(r.dtype), reduce_op_name(r.redop), algo_label(r.op, r.algo), r.time_us, r.algbw,
+               r.busbw, r.wrong, vs);
+    std::fflush(stdout);
+  }
+}
+
+// The size sweep, -b to -e by a factor of -f, every algorithm of --algo at each size. Rank 0
+// prints the rows (`root_prints`). Every rank must call.
+std::vector<Row> sweep(Bench& b, const Options& o, bool root_prints) {
+  std::vector<Row> rows;
+  for (double sz = static_cast<double>(o.minb); sz <= static_cast<double>(o.maxb) * 1.0000001; sz *= o.factor) {
+    const size_t count = b.count_for(static_cast<size_t>(sz));
+    const size_t bytes = count * dtype_size(b.t) * (sized_by_total(o.op) ? b.comm.size() : 1);
+    Buffers buf;
+    b.fill(buf.send, buf.recv, count);
+    buf.recvs.assign(o.inflight > 1 ? static_cast<size_t>(o.inflight) : 0, buf.recv);
+    const size_t first = rows.size();
+    for (Algorithm a : o.algos) rows.push_back(measure(b, o, a, buf, count, bytes));
+    if (root_prints) print_rows(std::span<const Row>(rows).subspan(first));
+    if (count == 0 && sz == 0) break;
+  }
+  return rows;
+}
+
+// The geometric mean over the sizes in [lo, hi] bytes of algorithm a's time (use_time) or busbw
+// as a ratio to MPI_Allreduce's at the same size; 0 when the sweep has no such size.
+double geomean_vs_mpi(const std::vector<Row>& rows, Algorithm a, size_t lo, size_t hi, bool use_time) {
+  double prod = 1;
+  int k = 0;
+  for (auto& r : rows) {
+    if (r.algo != a || r.bytes < lo || r.bytes > hi) continue;
+    for (auto& m : rows)
+      if (m.algo == Algorithm::kMpi && m.bytes == r.bytes && m.time_us > 0 && r.time_us > 0) {
+        prod *= use_time ? r.time_us / m.time_us : r.busbw / m.busbw;
+        ++k;
+      }
+  }
+  return k ? std::pow(prod, 1.0 / k) : 0.0;
+}
+
+// The footer: each algorithm's average busbw; for an AllReduce sweep that includes mpi, the
+// acceptance ratios of issue 2 (large-message busbw, small-message time); the wrong elements.
+void print_summary(const Options& o, const std::vector<Row>& rows, size_t total_wrong) {
+  fmt::print("#\n# Avg bus bandwidth per algorithm (GB/s):");
+  for (Algorithm a : o.algos) {
+    double sum = 0;
+    int k = 0;
+    for (auto& r : rows)
+      if (r.algo == a) sum += r.busbw, ++k;
+    fmt::print(" {} {:.3f}", algo_label(o.op, a), k ? sum / k : 0.0);
+  }
+  fmt::print("\n");
+  if (o.op == Op::kAllreduce && std::find(o.algos.begin(), o.algos.end(), Algorithm::kMpi) != o.algos.end()) {
+    for (Algorithm a : o.algos) {
+      if (a == Algorithm::kMpi) continue;
+      double big = geomean_vs_mpi(rows, a, 4u << 20, 64u << 20, false);
+      double small = geomean_vs_mpi(rows, a, 4, 4096, true);
+      fmt::print("# {:>4}: busbw / MPI_Allreduce's, 4 MiB-64 MiB (geomean): {}   time / MPI_Allreduce's, 4 B-4 KiB (geomean): {}\n",
+                 algorithm_name(a), big > 0 ? fmt::format("{:.2f}x", big) : "n/a",
+                 small > 0 ? fmt::format("{:.2f}x", small) : "n/a");
+    }
+  }
+  fmt::print("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
+}
+
+// --json: the rows, written to a .tmp file and renamed, so a reader never sees half a file.
+void write_json(const Options& o, int ranks, const std::vector<Row>& rows) {
+  nlohmann::json j;
+  j["ranks"] = ranks;
+  j["inflight"] = o.inflight;
+  j["rows"] = nlohmann::json::array();
+  for (auto& r : rows)
+    j["rows"].push_back({{"op", op_name(r.op)}, {"algo", algo_label(r.op, r.algo)}, {"dtype", dtype_name(r.dtype)},
+                         {"bytes", r.bytes}, {"time_us", r.time_us}, {"algbw_gbps", r.algbw},
+                         {"busbw_gbps", r.busbw}, {"wrong", r.wrong}});
+  {
+    std::ofstream f(o.json_path + ".tmp");
+    f << j.dump(1) << "\n";
+    if (!f) PWM_THROW("writing {} failed", o.json_path);
+  }
+  if (std::rename((o.json_path + ".tmp").c_str(), o.json_path.c_str()) != 0)
+    PWM_THROW("cannot rename {}.tmp to {}", o.json_path, o.json_path);
+}
+
+// The run on every rank, once the flags are read: throws on a bad flag or any wrong element.
+int run(MpiEnvironment& env, Options& o) {
+  CommOptions opts = CommOptions::from_env();
+  opts.timeout_s = o.timeout;
+  Communicator comm = Communicator::world(env.transport(), opts);
+  const bool root_prints = env.rank() == 0;
+  resolve(o, root_prints);
+  Bench b{comm, o.op, o.dtype, o.redop, o.in_place};
+  if (root_prints) print_header(o, comm.size(), opts.segment_bytes);
+  const std::vector<Row> rows = sweep(b, o, root_prints);
+  size_t total_wrong = 0;
+  for (const Row& r : rows) total_wrong += r.wrong;
+  if (root_prints) print_summary(o, rows, total_wrong);
+  if (!o.json_path.empty() && root_prints) write_json(o, comm.size(), rows);
+  if (total_wrong) PWM_THROW("{} wrong elements", total_wrong);
+  return 0;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   MpiEnvironment env(&argc, &argv);
   CLI::App app{"collectives_bench: nccl-tests-style sweep of the pathways-mpi collectives against MPI"};
-  std::string min_s = "8", max_s = "64M", op = "allreduce", algos_s = "ring,hd,rd,auto,mpi",
-              dtype_s = "float", redop_s = "sum", json_path;
-  double factor = 2;
-  int iters = 20, warmup = 5, check = 1, inflight = 1;
-  bool in_place = false;
-  double timeout = 300;
-  app.add_option("-b,--minbytes", min_s, "smallest size (K/M/G suffixes)")->capture_default_str();
-  app.add_option("-e,--maxbytes", max_s, "largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(1.01, 1e6));
-  app.add_option("-n,--iters", iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", warmup, "untimed iterations per row")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", check, "check every row's result (0/1)")->capture_default_str();
-  app.add_option("--op", op, "allreduce|reduce_scatter|allgather|broadcast|reduce")->capture_default_str()
-      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"}));
-  app.add_option("--algo", algos_s, "comma list of ring,hd,rd,auto,mpi (AllReduce; other ops use their one algorithm)")->capture_default_str();
-  app.add_option("-d,--datatype", dtype_s, "float|double|int32|int64")->capture_default_str();
-  app.add_option("-o,--op_type", redop_s, "sum|max|min")->capture_default_str();
-  app.add_flag("--inplace", in_place, "in-place operation (default out of place)");
-  app.add_option("--inflight", inflight, "AllReduces in flight at once per iteration (time per AllReduce)")
-      ->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--json", json_path, "also write the rows as JSON to this file");
-  app.add_option("--coll-timeout", timeout, "collective watchdog timeout in seconds")->capture_default_str();
+  Options o;
+  add_flags(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = env.rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 1 : 0);
-    return rc;
+    return env.rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 1 : 0);
   }
-
-  return run_mpi_main(env, [&]() -> int {
-    CommOptions opts = CommOptions::from_env();
-    opts.timeout_s = timeout;
-    Communicator comm = Communicator::world(env.transport(), opts);
-    Bench b{comm, op, parse_dtype(dtype_s), parse_reduce_op(redop_s), in_place};
-    std::vector<Algorithm> algos;
-    if (op == "allreduce") {
-      for (auto& a : split(algos_s)) algos.push_back(parse_algorithm(a));
-    } else {
-      algos.push_back(Algorithm::kAuto);  // the op's own algorithm
-    }
-    if (inflight > 1 && (op != "allreduce" || in_place))
-      PWM_THROW("--inflight {} needs --op allreduce out of place (got --op {}{})", inflight, op, in_place ? " --inplace" : "");
-    const size_t minb = parse_size(min_s), maxb = parse_size(max_s);
-    if (minb > maxb) PWM_THROW("-b {} is larger than -e {}", min_s, max_s);
-    if (!json_path.empty() && env.rank() == 0) {  // fail before the sweep, not after
-      std::ofstream probe(json_path + ".tmp");
-      if (!probe) PWM_THROW("cannot write --json {}: check the directory exists and is writable", json_path);
-    }
-    const bool root_prints = env.rank() == 0;
-    auto op_algo_name = [&](Algorithm a) -> std::string {
-      if (op == "allreduce") return algorithm_name(a);
-      if (op == "broadcast" || op == "reduce") return "tree";
-      return "ring";
-    };
-    if (root_prints) {
-      fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B, in flight {}\n",
-                 comm.size(), op, dtype_name(b.t), reduce_op_name(b.redop), in_place ? "in-place" : "out-of-place",
-                 iters, warmup, opts.segment_bytes, inflight);
-      fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "size", "count",
-                 "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "vs_mpi");
-      fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "(B)", "(elements)", "",
-                 "", "", "", "(GB/s)", "(GB/s)", "", "(busbw)");
-    }
-    std::vector<Row> rows;
-    size_t total_wrong = 0;
-    for (double sz = static_cast<double>(minb); sz <= static_cast<double>(maxb) * 1.0000001; sz *= factor) {
-      const size_t count = b.count_for(static_cast<size_t>(sz));
-      const size_t bytes = count * dtype_size(b.t) * ((op == "allgather" || op == "reduce_scatter") ? comm.size() : 1);
-      std::vector<std::byte> send, recv;
-      b.fill(send, recv, count);
-      std::vector<std::vector<std::byte>> recvs(inflight > 1 ? inflight : 0, recv);
-      auto once = [&](Algorithm a) {
-        if (inflight > 1) b.run_inflight(a, send, recvs, count);
-        else b.run(a, send, recv, count);
-      };
-      std::map<Algorithm, double> busbw_of;
-      for (Algorithm a : algos) {
-        for (int i = 0; i < warmup; ++i) once(a);
-        comm.barrier();
-        const double t0 = now_s();
-        for (int i = 0; i < iters; ++i) once(a);
-        double t_us = (now_s() - t0) * 1e6 / iters / inflight;
-        comm.allreduce(&t_us, &t_us, 1, DataType::kFloat64, ReduceOp::kMax, Algorithm::kMpi);  // slowest rank
-        int64_t wrong = 0;
-        if (check && inflight > 1) {  // every buffer of the last timed iteration
-          for (auto& r : recvs) wrong += static_cast<int64_t>(b.check(send, r, count));
-          for (auto& r : recvs) r = recv;
-        }
-        if (check) {
-          b.fill(send, recv, count);
-          b.run(a, send, recv, count);
-          wrong += static_cast<int64_t>(b.check(send, recv, count));
-          comm.allreduce(&wrong, &wrong, 1, DataType::kInt64, ReduceOp::kSum, Algorithm::kMpi);
-          b.fill(send, recv, count);
-        }
-        total_wrong += static_cast<size_t>(wrong);
-        const double algbw = t_us > 0 ? bytes / t_us * 1e-3 : 0;  // GB/s
-        busbw_of[a] = algbw * b.bus_factor();
-        rows.push_back({op, op_algo_name(a), b.t, b.redop, bytes, count, t_us, algbw, busbw_of[a],
-                        static_cast<size_t>(wrong)});
-      }
-      // Print the size's rows once all are measured, with each one's ratio to MPI's.
-      for (size_t k = rows.size() - algos.size(); k < rows.size() && root_prints; ++k) {
-        const Row& r = rows[k];
-        const Algorithm a = algos[k - (rows.size() - algos.size())];
-        const bool have_mpi = busbw_of.count(Algorithm::kMpi) && busbw_of[Algorithm::kMpi] > 0;
-        std::string vs = have_mpi && a != Algorithm::kMpi ? fmt::format("{:.2f}x", r.busbw / busbw_of[Algorithm::kMpi]) : "";
-        fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} {:>10.2f} {:>8.3f} {:>8.3f} {:>7} {:>7}\n", r.bytes, r.count,
-                   dtype_name(r.dtype), reduce_op_name(r.redop), r.algo, r.time_us, r.algbw, r.busbw, r.wrong, vs);
-        std::fflush(stdout);
-      }
-      if (count == 0 && sz == 0) break;
-    }
-    if (root_prints) {
-      fmt::print("#\n# Avg bus bandwidth per algorithm (GB/s):");
-      for (Algorithm a : algos) {
-        double sum = 0;
-        int k = 0;
-        for (auto& r : rows)
-          if (r.algo == op_algo_name(a)) sum += r.busbw, ++k;
-        fmt::print(" {} {:.3f}", op_algo_name(a), k ? sum / k : 0.0);
-      }
-      fmt::print("\n");
-      // The acceptance ratios of issue 2, when the sweep covers them and includes mpi.
-      auto ratio = [&](const std::string& algo, size_t lo, size_t hi, bool use_time) {
-        double prod = 1;
-        int k = 0;
-        for (auto& r : rows) {
-          if (r.algo != algo || r.bytes < lo || r.bytes > hi) continue;
-          for (auto& m : rows)
-            if (m.algo == "mpi" && m.bytes == r.bytes && m.time_us > 0 && r.time_us > 0) {
-              prod *= use_time ? r.time_us / m.time_us : r.busbw / m.busbw;
-              ++k;
-            }
-        }
-        return k ? std::pow(prod, 1.0 / k) : 0.0;
-      };
-      if (op == "allreduce" && std::find(algos.begin(), algos.end(), Algorithm::kMpi) != algos.end()) {
-        for (Algorithm a : algos) {
-          if (a == Algorithm::kMpi) continue;
-          double big = ratio(algorithm_name(a), 4u << 20, 64u << 20, false);
-          double small = ratio(algorithm_name(a), 4, 4096, true);
-          fmt::print("# {:>4}: busbw / MPI_Allreduce's, 4 MiB-64 MiB (geomean): {}   time / MPI_Allreduce's, 4 B-4 KiB (geomean): {}\n",
-                     algorithm_name(a), big > 0 ? fmt::format("{:.2f}x", big) : "n/a",
-                     small > 0 ? fmt::format("{:.2f}x", small) : "n/a");
-        }
-      }
-      fmt::print("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
-    }
-    if (!json_path.empty() && root_prints) {
-      nlohmann::json j;
-      j["ranks"] = comm.size();
-      j["inflight"] = inflight;
-      j["rows"] = nlohmann::json::array();
-      for (auto& r : rows)
-        j["rows"].push_back({{"op", r.op}, {"algo", r.algo}, {"dtype", dtype_name(r.dtype)}, {"bytes", r.bytes},
-                             {"time_us", r.time_us}, {"algbw_gbps", r.algbw}, {"busbw_gbps", r.busbw}, {"wrong", r.wrong}});
-      {
-        std::ofstream f(json_path + ".tmp");
-        f << j.dump(1) << "\n";
-        if (!f) PWM_THROW("writing {} failed", json_path);
-      }
-      if (std::rename((json_path + ".tmp").c_str(), json_path.c_str()) != 0)
-        PWM_THROW("cannot rename {}.tmp to {}", json_path, json_path);
-    }
-    if (total_wrong) PWM_THROW("{} wrong elements", total_wrong);
-    return 0;
-  });
+  return run_mpi_main(env, [&]() -> int { return run(env, o); });
 }

@@ -4,13 +4,20 @@
 // gradient norm, clipping and the AdamW update. Prints tokens/s, achieved GFLOP/s (PaLM's
 // flops_per_token from Config) and the MFU against the GEMM peak measured here through the same
 // gemm<float> path the model uses. --json FILE writes the figures for scripts.
+//
+// main -> run: the flags (parse_flags), the model (TrainState), the timed steps (time_steps,
+// train_step), then the report (print_report, print_profile with --profile, write_json with
+// --json). mpi_scripts/ (model_bench.sh, env.sh) parse the printed lines and the JSON keys: keep
+// their format.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
-#include <ctime>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -38,17 +45,34 @@ double gemm_gflops(int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, 
   return pwm::train::measure_gemm_gflops(M, N, K, reps, trans_a, trans_b);
 }
 
-struct Profile {
-  double embed = 0, block_f = 0, head_f = 0, head_b = 0, block_b = 0, embed_b = 0, optim = 0;
-};
+// The 1024^3 GEMM that MFU is measured against (and --peak-only prints).
+double peak_gflops(int reps) { return gemm_gflops(1024, 1024, 1024, false, false, reps); }
 
-int run(int argc, char** argv) {
-  CLI::App app{"model_bench: one-process training-step throughput and MFU of the model"};
+// This thread's CPU time: on a shared machine it does not count the time other processes hold
+// the core (it still counts their cache pollution).
+double thread_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The flags, with the modes (--gemm, --precision) parsed once into their enums.
+struct Options {
   Config cfg;
   int64_t batch = 16;
   int steps = 10, warmup = 3, peak_reps = 10;
-  std::string json_path, backend = gemm_backend_name(gemm_backend());
-  bool profile = false;
+  std::string json_path;
+  GemmBackend backend = GemmBackend::kEigen;
+  Precision precision = Precision::kFp32;
+  bool profile = false, peak_only = false, info_only = false;
+};
+
+// Reads the flags into `o`. Returns CLI11's exit code when the run ends here (--help, a bad
+// flag), nothing otherwise; throws on an unknown --gemm.
+std::optional<int> parse_flags(int argc, char** argv, Options& o) {
+  CLI::App app{"model_bench: one-process training-step throughput and MFU of the model"};
+  std::string backend = gemm_backend_name(gemm_backend()), precision = "fp32";
+  Config& cfg = o.cfg;
   app.add_option("--d-model", cfg.d_model, "C")->capture_default_str();
   app.add_option("--layers", cfg.n_layers, "L")->capture_default_str();
   app.add_option("--heads", cfg.n_heads, "H (query heads)")->capture_default_str();
@@ -56,167 +80,249 @@ int run(int argc, char** argv) {
   app.add_option("--d-ff", cfg.d_ff, "F (SwiGLU hidden)")->capture_default_str();
   app.add_option("--vocab", cfg.vocab, "V")->capture_default_str();
   app.add_option("--seq", cfg.seq_len, "T")->capture_default_str();
-  app.add_option("--batch", batch, "B sequences per step")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--batch", o.batch, "B sequences per step")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
   app.add_option("--gemm", backend, "avx512 | blas | eigen")->capture_default_str();
-  std::string precision = "fp32";
   app.add_option("--precision", precision, "fp32, or bf16 (bf16 products with fp32 sums, oneDNN)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
-  app.add_option("--json", json_path, "write the figures to this JSON file");
-  bool peak_only = false;
-  app.add_option("--peak-reps", peak_reps, "sgemm 1024^3 repetitions before and after the steps, for MFU (0: no peak, no MFU)")
+  app.add_option("--json", o.json_path, "write the figures to this JSON file");
+  app.add_option("--peak-reps", o.peak_reps, "sgemm 1024^3 repetitions before and after the steps, for MFU (0: no peak, no MFU)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_flag("--peak-only", peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
-  bool info_only = false;
-  app.add_flag("--bf16-info", info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
-  app.add_flag("--profile", profile, "time each piece of the step (adds a little overhead)");
-  CLI11_PARSE(app, argc, argv);
-  set_gemm_backend(parse_gemm_backend(backend));
-  set_precision(parse_precision(precision));
-  if (info_only) {
+  app.add_flag("--peak-only", o.peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
+  app.add_flag("--bf16-info", o.info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
+  app.add_flag("--profile", o.profile, "time each piece of the step (adds a little overhead)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  o.backend = parse_gemm_backend(backend);
+  o.precision = parse_precision(precision);
+  return std::nullopt;
+}
+
+// Everything a step touches: the model's parameters, gradients and AdamW moments (one process,
+// the whole model), a workspace for `batch` sequences and one fixed batch of random tokens.
+struct TrainState {
+  TrainState(const Config& cfg, int64_t batch_)
+      : layout(cfg, 0, 1), P(static_cast<size_t>(layout.total())), batch(batch_), params(P),
+        grads(P), m(P, 0.0f), v(P, 0.0f),
+        tokens(static_cast<size_t>(batch * (cfg.seq_len + 1))), ws(layout, batch) {
+    init_params(layout, cfg.seed, params.data());
+    std::mt19937 rng(0);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab - 1));
+    for (auto& t : tokens) t = tok(rng);
+  }
+  const ParamLayout layout;
+  const size_t P;
+  const int64_t batch;
+  std::vector<float> params, grads, m, v;
+  std::vector<int32_t> tokens;  // [batch, T+1]
+  Workspace<float> ws;
+  AdamWConfig opt;  // lr 1e-3, wd 0.1, clipping at 1 (the torch peer: AdamW(lr=1e-3, wd=0.1))
+};
+
+// Seconds spent in each piece of the steps since the last reset (--profile).
+struct Profile {
+  double embed = 0, block_f = 0, head_f = 0, head_b = 0, block_b = 0, embed_b = 0, optim = 0;
+};
+
+// forward_backward taken apart into the pieces it runs, each timed into `prof`: the same work,
+// plus a clock read per piece.
+float profiled_forward_backward(TrainState& st, Profile& prof) {
+  const ParamLayout& layout = st.layout;
+  const float* p = st.params.data();
+  float* g = st.grads.data();
+  const int32_t* tokens = st.tokens.data();
+  auto& ws = st.ws;
+  const int L = static_cast<int>(layout.config().n_layers);
+  double t = pwm::now_s();
+  auto lap = [&](double& acc) { const double n = pwm::now_s(); acc += n - t; t = n; };
+  embed_forward<float>(layout, p, tokens, ws.act);
+  lap(prof.embed);
+  for (int l = 0; l < L; ++l) block_forward<float>(layout, p, l, ws.act, ws.scratch, {});
+  lap(prof.block_f);
+  const float loss = head_forward<float>(layout, p, tokens, ws.act);
+  lap(prof.head_f);
+  head_backward<float>(layout, p, g, tokens, 1.0f, ws.act, ws.scratch);
+  lap(prof.head_b);
+  for (int l = L - 1; l >= 0; --l) block_backward<float>(layout, p, g, l, ws.act, ws.scratch, {});
+  lap(prof.block_b);
+  embed_backward<float>(layout, g, tokens, ws.act);
+  lap(prof.embed_b);
+  return loss;
+}
+
+// One step `s` as a trainer runs it: zero the gradients, forward_backward, the gradient norm,
+// clipping and the AdamW update. Profiled piece by piece when `prof` is given.
+float train_step(TrainState& st, int64_t s, Profile* prof) {
+  std::fill(st.grads.begin(), st.grads.end(), 0.0f);
+  const float loss = prof ? profiled_forward_backward(st, *prof)
+                          : forward_backward<float>(st.layout, st.params.data(), st.grads.data(),
+                                                    st.tokens.data(), st.batch, 1.0f, st.ws, {});
+  const double t0 = pwm::now_s();
+  const double clip = clip_factor(st.opt, sq_norm(st.grads.data(), st.P));
+  adamw_step(st.opt, st.layout, s, lr_at(st.opt, s), clip, st.params.data(), st.grads.data(),
+             st.m.data(), st.v.data());
+  if (prof) prof->optim += pwm::now_s() - t0;
+  return loss;
+}
+
+// The timed steps: wall and CPU time of each, the last loss, and (--profile) the GEMM totals and
+// the pieces' times, both over the timed steps only.
+struct StepTimes {
+  std::vector<double> wall, cpu;
+  float loss = 0;
+  GemmStats gemm;
+  Profile prof;
+};
+
+// `warmup` untimed steps, then `steps` timed ones. The CPU time beside the wall time: on a
+// shared machine it tells a slow step from a step that waited for the core.
+StepTimes time_steps(TrainState& st, const Options& o) {
+  StepTimes r;
+  Profile* prof = o.profile ? &r.prof : nullptr;
+  for (int s = 0; s < o.warmup; ++s) train_step(st, s, prof);
+  r.prof = Profile{};
+  set_gemm_profiling(o.profile);
+  reset_gemm_stats();
+  for (int s = 0; s < o.steps; ++s) {
+    const double t0 = pwm::now_s(), c0 = thread_cpu_s();
+    r.loss = train_step(st, o.warmup + s, prof);
+    r.wall.push_back(pwm::now_s() - t0);
+    r.cpu.push_back(thread_cpu_s() - c0);
+  }
+  set_gemm_profiling(false);
+  r.gemm = gemm_stats();
+  return r;
+}
+
+// The headline figures: median step, tokens/s, achieved GFLOP/s (PaLM's flops_per_token) and
+// MFU against the GEMM peak (0 when --peak-reps 0).
+struct Figures {
+  double step_s, tokens_per_s, gflops, peak, mfu;
+};
+
+Figures figures(const Options& o, const StepTimes& t, double peak) {
+  Figures f;
+  f.step_s = median(t.wall);
+  f.tokens_per_s = static_cast<double>(o.batch * o.cfg.seq_len) / f.step_s;
+  f.gflops = f.tokens_per_s * o.cfg.flops_per_token() / 1e9;
+  f.peak = peak;
+  f.mfu = peak > 0 ? f.gflops / peak : 0.0;
+  return f;
+}
+
+// What gemm<float> calls under the chosen backend and precision, for the report.
+std::string gemm_library(const Options& o) {
+  if (o.precision == Precision::kBf16) return "oneDNN matmul, bf16 operands, fp32 sums";
+  switch (o.backend) {
+    case GemmBackend::kBlas: return blas_info();
+    case GemmBackend::kAvx512: return "pwm AVX-512 sgemm (model/gemm_avx512.cc)";
+    case GemmBackend::kEigen: break;
+  }
+  return "Eigen";
+}
+
+// The report's lines that every run prints (scripts grep "tokens/s=" and "achieved GFLOP/s=").
+void print_report(const Options& o, const StepTimes& t, const Figures& f) {
+  const Config& cfg = o.cfg;
+  std::printf("model_bench: %s batch=%lld params=%lld gemm=%s precision=%s threads=1\n",
+              cfg.to_string().c_str(), static_cast<long long>(o.batch),
+              static_cast<long long>(cfg.num_params()), gemm_backend_name(o.backend),
+              precision_name(o.precision));
+  std::printf("%s\n", bf16_info().c_str());
+  std::printf("gemm library: %s\n", gemm_library(o).c_str());
+  std::printf("step_ms median=%.1f min=%.1f max=%.1f  loss=%.4f\n", f.step_s * 1e3,
+              *std::min_element(t.wall.begin(), t.wall.end()) * 1e3,
+              *std::max_element(t.wall.begin(), t.wall.end()) * 1e3, t.loss);
+  std::printf("step_cpu_ms median=%.1f (this thread's CPU time; tokens/s by it %.0f)\n",
+              median(t.cpu) * 1e3, static_cast<double>(o.batch * cfg.seq_len) / median(t.cpu));
+  std::printf("tokens/s=%.0f  achieved GFLOP/s=%.2f  (flops/token=%.3fM)\n", f.tokens_per_s,
+              f.gflops, cfg.flops_per_token() / 1e6);
+  if (o.peak_reps > 0)
+    std::printf("gemm peak GFLOP/s=%.2f (%s 1024^3, best of 2x%d)  MFU=%.1f%%\n", f.peak,
+                o.precision == Precision::kBf16 ? "bf16 gemm" : "sgemm", o.peak_reps,
+                100.0 * f.mfu);
+  else
+    std::printf("gemm peak not measured (--peak-reps 0): no MFU\n");
+}
+
+// --profile: where a step's time goes, by piece of the model and by GEMM shape, and the GEMM
+// rate at the model's own shapes beside the 1024^3 peak (small shapes run below it).
+void print_profile(const Options& o, const ParamLayout& layout, const StepTimes& t) {
+  const double n = o.steps;
+  const Profile& p = t.prof;
+  const GemmStats& gs = t.gemm;
+  std::printf(
+      "profile ms/step: embed_f=%.2f blocks_f=%.2f head_f=%.2f head_b=%.2f blocks_b=%.2f "
+      "embed_b=%.2f optim=%.2f\n",
+      1e3 * p.embed / n, 1e3 * p.block_f / n, 1e3 * p.head_f / n, 1e3 * p.head_b / n,
+      1e3 * p.block_b / n, 1e3 * p.embed_b / n, 1e3 * p.optim / n);
+  std::printf("gemm: %.1f calls/step, %.2f GFLOP/step, %.1f ms/step in gemm (%.1f GFLOP/s), "
+              "%.1f ms/step outside\n",
+              gs.calls / n, gs.flops / n / 1e9, 1e3 * gs.seconds / n, gs.flops / gs.seconds / 1e9,
+              1e3 * (median(t.wall) - gs.seconds / n));
+  std::printf("gemm by shape (op(A) op(B) MxNxK): calls/step, ms/step, GFLOP/s\n");
+  for (const auto& s : gemm_stats_by_shape())
+    std::printf("  %-22s %7.1f %7.2f %6.1f\n", s.shape.c_str(), s.stats.calls / n,
+                1e3 * s.stats.seconds / n, s.stats.flops / s.stats.seconds / 1e9);
+  const int64_t N = o.batch * o.cfg.seq_len, C = o.cfg.d_model;
+  std::printf("gemm GFLOP/s at model shapes: w_in fwd %.1f | w_out fwd %.1f | dW_in %.1f | "
+              "d(h) %.1f\n",
+              gemm_gflops(N, layout.w_in_rows(), C, false, true, 5),
+              gemm_gflops(N, C, layout.w_out_rows(), false, false, 5),
+              gemm_gflops(layout.w_in_rows(), C, N, true, false, 5),
+              gemm_gflops(N, C, layout.w_in_rows(), false, false, 5));
+}
+
+// --json: the figures for scripts (model_bench.sh reads tokens_per_s, mfu, peak_gflops and
+// bf16_info).
+void write_json(const Options& o, const Figures& f) {
+  const Config& cfg = o.cfg;
+  nlohmann::json j = {{"tokens_per_s", f.tokens_per_s}, {"gflops", f.gflops},
+                      {"peak_gflops", f.peak},          {"mfu", f.mfu},
+                      {"flops_per_token", cfg.flops_per_token()},
+                      {"params", cfg.num_params()},     {"step_ms", f.step_s * 1e3},
+                      {"gemm", gemm_backend_name(o.backend)}, {"config", cfg.to_string()},
+                      {"batch", o.batch},
+                      {"gemm_library", gemm_library(o)}, {"precision", precision_name(o.precision)},
+                      {"bf16_info", bf16_info()}};
+  std::ofstream out(o.json_path);
+  if (!out) PWM_THROW("cannot write --json file {}", o.json_path);
+  out << j.dump(2) << "\n";
+}
+
+// The tool: the flags, then --bf16-info or --peak-only alone, or the peak, the steps and the
+// report.
+int run(int argc, char** argv) {
+  Options o;
+  if (const auto rc = parse_flags(argc, argv, o)) return *rc;
+  set_gemm_backend(o.backend);
+  set_precision(o.precision);
+  if (o.info_only) {
     std::printf("%s\n", bf16_info().c_str());
     return 0;
   }
-  if (peak_only) {
-    std::printf("%.2f\n", gemm_gflops(1024, 1024, 1024, false, false, 10));
+  if (o.peak_only) {
+    std::printf("%.2f\n", peak_gflops(10));
     return 0;
   }
-  if (steps < 1) PWM_THROW("--steps must be >= 1 (got {})", steps);
+  if (o.steps < 1) PWM_THROW("--steps must be >= 1 (got {})", o.steps);
 
-  const ParamLayout layout(cfg, 0, 1);
-  const size_t P = static_cast<size_t>(layout.total());
-  std::vector<float> params(P), grads(P), m(P, 0.0f), v(P, 0.0f);
-  init_params(layout, cfg.seed, params.data());
-  std::vector<int32_t> tokens(static_cast<size_t>(batch * (cfg.seq_len + 1)));
-  std::mt19937 rng(0);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab - 1));
-  for (auto& t : tokens) t = tok(rng);
-  Workspace<float> ws(layout, batch);
-  AdamWConfig opt;  // lr 1e-3, wd 0.1, clipping at 1 (the torch peer: AdamW(lr=1e-3, wd=0.1))
-  const int L = static_cast<int>(cfg.n_layers);
-
-  Profile prof;
-  auto step = [&](int64_t s) {
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    float loss;
-    if (!profile) {
-      loss = forward_backward<float>(layout, params.data(), grads.data(), tokens.data(), batch,
-                                     1.0f, ws, {});
-    } else {
-      double t = pwm::now_s();
-      auto lap = [&](double& acc) { const double n = pwm::now_s(); acc += n - t; t = n; };
-      embed_forward<float>(layout, params.data(), tokens.data(), ws.act);
-      lap(prof.embed);
-      for (int l = 0; l < L; ++l) block_forward<float>(layout, params.data(), l, ws.act, ws.scratch, {});
-      lap(prof.block_f);
-      loss = head_forward<float>(layout, params.data(), tokens.data(), ws.act);
-      lap(prof.head_f);
-      head_backward<float>(layout, params.data(), grads.data(), tokens.data(), 1.0f, ws.act, ws.scratch);
-      lap(prof.head_b);
-      for (int l = L - 1; l >= 0; --l)
-        block_backward<float>(layout, params.data(), grads.data(), l, ws.act, ws.scratch, {});
-      lap(prof.block_b);
-      embed_backward<float>(layout, grads.data(), tokens.data(), ws.act);
-      lap(prof.embed_b);
-    }
-    const double t0 = pwm::now_s();
-    const double clip = clip_factor(opt, sq_norm(grads.data(), P));
-    adamw_step(opt, layout, s, lr_at(opt, s), clip, params.data(), grads.data(), m.data(), v.data());
-    prof.optim += pwm::now_s() - t0;
-    return loss;
-  };
-
+  TrainState st(o.cfg, o.batch);
   // The GEMM peak is measured before and after the steps and the best kept: on a shared machine
   // this keeps the MFU conservative (a slow moment lowers the step rate, not the peak).
   // (--peak-reps 0: a speed probe of the step alone, pwm_step_probe in env.sh.)
-  double peak = peak_reps > 0 ? gemm_gflops(1024, 1024, 1024, false, false, peak_reps) : 0.0;
-  for (int s = 0; s < warmup; ++s) step(s);
-  prof = Profile{};
-  set_gemm_profiling(profile);
-  reset_gemm_stats();
-  std::vector<double> times, cpu_times;
-  // This thread's CPU time per step, beside the wall time: on a shared machine it does not count
-  // the time other processes hold the core (it still counts their cache pollution).
-  auto cpu_now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  };
-  float loss = 0;
-  for (int s = 0; s < steps; ++s) {
-    const double t0 = pwm::now_s(), c0 = cpu_now();
-    loss = step(warmup + s);
-    times.push_back(pwm::now_s() - t0);
-    cpu_times.push_back(cpu_now() - c0);
-  }
-  set_gemm_profiling(false);
-  const GemmStats gs = gemm_stats();
-  const double step_s = median(times);
-  const double tokens_per_s = static_cast<double>(batch * cfg.seq_len) / step_s;
-  const double gflops = tokens_per_s * cfg.flops_per_token() / 1e9;
+  double peak = o.peak_reps > 0 ? peak_gflops(o.peak_reps) : 0.0;
+  const StepTimes t = time_steps(st, o);
+  if (o.peak_reps > 0) peak = std::max(peak, peak_gflops(o.peak_reps));
+  const Figures f = figures(o, t, peak);
 
-  if (peak_reps > 0) peak = std::max(peak, gemm_gflops(1024, 1024, 1024, false, false, peak_reps));
-  const double mfu = peak > 0 ? gflops / peak : 0.0;
-
-  std::printf("model_bench: %s batch=%lld params=%lld gemm=%s precision=%s threads=1\n",
-              cfg.to_string().c_str(), static_cast<long long>(batch),
-              static_cast<long long>(cfg.num_params()), backend.c_str(), precision.c_str());
-  const std::string gemm_lib = precision == "bf16"   ? "oneDNN matmul, bf16 operands, fp32 sums"
-                               : backend == "blas"   ? blas_info()
-                               : backend == "avx512" ? "pwm AVX-512 sgemm (model/gemm_avx512.cc)"
-                                                     : "Eigen";
-  std::printf("%s\n", bf16_info().c_str());
-  std::printf("gemm library: %s\n", gemm_lib.c_str());
-  std::printf("step_ms median=%.1f min=%.1f max=%.1f  loss=%.4f\n", step_s * 1e3,
-              *std::min_element(times.begin(), times.end()) * 1e3,
-              *std::max_element(times.begin(), times.end()) * 1e3, loss);
-  std::printf("step_cpu_ms median=%.1f (this thread's CPU time; tokens/s by it %.0f)\n",
-              median(cpu_times) * 1e3,
-              static_cast<double>(batch * cfg.seq_len) / median(cpu_times));
-  std::printf("tokens/s=%.0f  achieved GFLOP/s=%.2f  (flops/token=%.3fM)\n", tokens_per_s, gflops,
-              cfg.flops_per_token() / 1e6);
-  if (peak_reps > 0)
-    std::printf("gemm peak GFLOP/s=%.2f (%s 1024^3, best of 2x%d)  MFU=%.1f%%\n", peak,
-                precision == "bf16" ? "bf16 gemm" : "sgemm", peak_reps, 100.0 * mfu);
-  else
-    std::printf("gemm peak not measured (--peak-reps 0): no MFU\n");
-  if (profile) {
-    const double n = steps;
-    std::printf(
-        "profile ms/step: embed_f=%.2f blocks_f=%.2f head_f=%.2f head_b=%.2f blocks_b=%.2f "
-        "embed_b=%.2f optim=%.2f\n",
-        1e3 * prof.embed / n, 1e3 * prof.block_f / n, 1e3 * prof.head_f / n, 1e3 * prof.head_b / n,
-        1e3 * prof.block_b / n, 1e3 * prof.embed_b / n, 1e3 * prof.optim / n);
-    std::printf("gemm: %.1f calls/step, %.2f GFLOP/step, %.1f ms/step in gemm (%.1f GFLOP/s), "
-                "%.1f ms/step outside\n",
-                gs.calls / n, gs.flops / n / 1e9, 1e3 * gs.seconds / n, gs.flops / gs.seconds / 1e9,
-                1e3 * (median(times) - gs.seconds / n));
-    std::printf("gemm by shape (op(A) op(B) MxNxK): calls/step, ms/step, GFLOP/s\n");
-    for (const auto& s : gemm_stats_by_shape())
-      std::printf("  %-22s %7.1f %7.2f %6.1f\n", s.shape.c_str(), s.stats.calls / n,
-                  1e3 * s.stats.seconds / n, s.stats.flops / s.stats.seconds / 1e9);
-    const int64_t N = batch * cfg.seq_len, C = cfg.d_model;
-    std::printf("gemm GFLOP/s at model shapes: w_in fwd %.1f | w_out fwd %.1f | dW_in %.1f | "
-                "d(h) %.1f\n",
-                gemm_gflops(N, layout.w_in_rows(), C, false, true, 5),
-                gemm_gflops(N, C, layout.w_out_rows(), false, false, 5),
-                gemm_gflops(layout.w_in_rows(), C, N, true, false, 5),
-                gemm_gflops(N, C, layout.w_in_rows(), false, false, 5));
-  }
-  if (!json_path.empty()) {
-    nlohmann::json j = {{"tokens_per_s", tokens_per_s}, {"gflops", gflops},
-                        {"peak_gflops", peak},          {"mfu", mfu},
-                        {"flops_per_token", cfg.flops_per_token()},
-                        {"params", cfg.num_params()},   {"step_ms", step_s * 1e3},
-                        {"gemm", backend},              {"config", cfg.to_string()},
-                        {"batch", batch},
-                        {"gemm_library", gemm_lib},     {"precision", precision},
-                        {"bf16_info", bf16_info()}};
-    std::ofstream f(json_path);
-    if (!f) PWM_THROW("cannot write --json file {}", json_path);
-    f << j.dump(2) << "\n";
-  }
+  print_report(o, t, f);
+  if (o.profile) print_profile(o, st.layout, t);
+  if (!o.json_path.empty()) write_json(o, f);
   return 0;
 }
 
