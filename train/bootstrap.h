@@ -25,8 +25,8 @@ struct TrainerSpec {
   std::string program;      // "spmd_train": names the errors ("spmd_train: error: ...") and --help
   std::string description;  // --help's first line
   FlagSet flags = FlagSet::kCommon;
-  // World rank 0 is a controller that holds no tensors (pathways_train): it neither checks the
-  // memory nor measures the GEMM peak, and the other ranks are the compute ranks.
+  // World rank 0 is a controller that holds no tensors (pathways_train): it does not check the
+  // memory, and the other ranks are the compute ranks (pass the same to gemm_peak).
   bool controller = false;
   // The trainer's own checks, on every rank: must call cfg.validate(compute ranks) and throw
   // pwm::Error with one line for a setting it cannot run. `world`: every rank of the job.

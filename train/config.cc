@@ -97,7 +97,10 @@ void check_same_config(const std::vector<std::string>& canonical_by_rank) {
     if (canonical_by_rank[r] != canonical_by_rank[0]) odd.push_back(static_cast<int>(r));
   if (odd.empty()) return;
   std::string ranks;
-  for (size_t i = 0; i < odd.size() && i < 8; ++i) ranks += (i ? "," : "") + std::to_string(odd[i]);
+  for (size_t i = 0; i < odd.size() && i < 8; ++i) {
+    if (i) ranks += ',';
+    ranks += std::to_string(odd[i]);
+  }
   if (odd.size() > 8) ranks += ",...";
   PWM_THROW("rank{} {} started with other flags than rank 0 (rank {} vs rank 0: {}): start every rank with the "
             "same flags and config file",

@@ -31,8 +31,9 @@ struct MeshConfig {
   bool fsdp = false;
 };
 
-// What is trained on and for how long (with the model and the optimizer: the workload's identity,
-// TrainConfig::workload_json, except microbatches, steps' evaluation cadence).
+// What is trained on and for how long. With the model and the optimizer (whose total_steps is
+// --steps) the batch, data, seed and split are the workload's identity (workload_json); the
+// micro-batches and the evaluation cadence are not.
 struct WorkloadConfig {
   int64_t global_batch = 16;  // sequences per optimizer step, over all dp ranks
   int64_t microbatches = 1;   // gradient accumulation steps per dp rank
@@ -122,7 +123,7 @@ struct TrainConfig {
   // runs with equal workload_json() train identically; a checkpoint stores it and --resume
   // refuses another. Excludes mesh, outputs and execution settings.
   std::string workload_json() const;
-  std::string to_json() const;  // everything but outputs, hooks and MPMD settings: the metrics header
+  std::string to_json() const;  // the identity, mesh, micro-batches, steps, evaluation, bucket, overlap, replica reduce, precision: the metrics header
   // Every field, as sorted-key JSON: equal texts <=> equal configurations. The ranks of a job
   // compare its hash before training (a rank started with other flags is named). With `mpmd`,
   // the MPMD settings too, under "trainer".

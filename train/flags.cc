@@ -157,8 +157,8 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
   // --config first, so that flags on the command line override the file.
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) load_train_config_file(argv[i + 1], cfg, set);
-    else if (a.rfind("--config=", 0) == 0) load_train_config_file(a.substr(9), cfg, set);
+    if (a == "--config" && i + 1 < argc) load_train_config_file(argv[i + 1], cfg);
+    else if (a.rfind("--config=", 0) == 0) load_train_config_file(a.substr(9), cfg);
   }
   CLI::App app{description, program};
   std::string config_path;

@@ -23,7 +23,8 @@ enum class FlagSet { kCommon, kMpmd };
 // parse_train_config below.
 void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
 
-// Parses argv into a TrainConfig: loads --config FILE first if given, then applies the flags.
+// Parses argv into a TrainConfig: loads --config FILE first if given (the common flags' keys: a
+// file is shared by every trainer), then applies the flags of `set`.
 // Returns false if the program should exit (--help printed): `exit_code` is then set.
 // Throws pwm::Error on a bad flag, a bad file or an invalid value.
 // `more_flags` registers a program's own flags (the simulator's) on the same parser.

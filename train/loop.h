@@ -19,7 +19,7 @@ namespace pwm::train {
 // One execution model's training, as the run loop sees it. The calls below come from the ranks
 // that run the loop (SPMD: every rank, collectively; Pathways: the controller alone), in this
 // order: start, then step / pause / drain / evaluate / save as the schedule says, then
-// before_final, evaluate, save, finish.
+// drain, before_final, evaluate, save, finish.
 class Trainer {
  public:
   virtual ~Trainer() = default;

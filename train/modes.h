@@ -1,5 +1,6 @@
 // The trainers' modes as enums, each parsed from its flag's text in one place (modes.cc) and
-// named back for outputs. Nothing else compares a mode's text.
+// named back for outputs. Nothing in the trainers compares a mode's text (the simulator parses
+// its own --granularity, which adds "spmd", in sim/modes.cc).
 #pragma once
 
 #include <string>

@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   collectives::MpiEnvironment env(&argc, &argv);
   train::Startup s;
   if (const auto code = train::bootstrap(argc, argv, env, pathways::train::trainer_spec(), s)) return *code;
+  // The checkpoint was read to check it; the workers' "load" kernel reads it again into their
+  // devices, so no rank keeps the whole model's copy through the run.
+  const bool resume = s.resume_from.has_value();
+  s.resume_from.reset();
   return collectives::run_mpi_main(env, [&] {
     if (env.rank() == 0) s.data.reset();  // the controller never touches tensor data
     // Every rank registers the kernels (the controller for their signatures); a worker also holds
@@ -36,10 +40,9 @@ int main(int argc, char** argv) {
     collectives::Communicator world = collectives::Communicator::world(env.transport());
     const double peak = train::gemm_peak(world, s.cfg, /*controller=*/true);
     if (env.rank() == 0) {
-      pathways::train::run_controller(env.transport(), s.cfg, s.resume_from.has_value(), peak);
+      pathways::train::run_controller(env.transport(), s.cfg, resume, peak);
       return 0;
     }
-    s.resume_from.reset();  // a worker's device loads the checkpoint itself (the "load" kernel)
     const auto attached = devices->attach(env.transport(), s.data);
     pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
     wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
