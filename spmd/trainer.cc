@@ -5,10 +5,8 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "collectives/strings.h"
 #include "common/check.h"
