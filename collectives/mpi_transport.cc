@@ -452,7 +452,7 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv, const std::function<void
   try {
     transport_ = std::make_shared<MpiTransport>();
   } catch (const std::exception& e) {
-    abort_job(fmt::format("error: [rank {}] {}", rank_, e.what()), 1);
+    abort_job(fmt::format("error: [rank {}] {}", rank_, error_line(e)), 1);
   }
 }
 
@@ -511,7 +511,7 @@ int run_mpi_main(MpiEnvironment& env, const std::function<int()>& body) {
   try {
     return body();
   } catch (const std::exception& e) {
-    MpiEnvironment::abort_job(fmt::format("error: [rank {}] {}", env.rank(), e.what()), 1);
+    MpiEnvironment::abort_job(fmt::format("error: [rank {}] {}", env.rank(), error_line(e)), 1);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "collectives/strings.h"
 
+#include "common/check.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -39,7 +41,7 @@ bool agree_on_errors(Communicator& comm, const std::string& program, const std::
   try {
     fn();
   } catch (const std::exception& e) {
-    err = e.what();
+    err = error_line(e);
     if (err.empty()) err = "unknown error";
   }
   for (const std::string& e : allgather_strings(comm, err))

@@ -3,6 +3,7 @@
 #include "common/env.h"
 
 #include <cstdio>
+#include <new>
 
 namespace pwm::detail {
 
@@ -24,6 +25,14 @@ void throw_check(const char* file, int line, const std::string& msg) {
 
 namespace pwm {
 
+std::string error_line(const std::exception& e) {
+  if (dynamic_cast<const Error*>(&e) != nullptr) return e.what();
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+    return "out of memory: this process could not allocate what the run needs; use a smaller model, batch or data, "
+           "fewer ranks per host, or more hosts";
+  return fmt::format("internal error: {} (a bug, not your input: please report it with the command line)", e.what());
+}
+
 int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char**)) {
   if (const std::string bad = check_environment(); !bad.empty()) {
     std::fprintf(stderr, "%s: error: %s\n", tool, bad.c_str());
@@ -32,7 +41,7 @@ int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char
   try {
     return body(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", tool, error_line(e).c_str());
     return 1;
   }
 }

@@ -23,6 +23,12 @@ namespace detail {
 [[noreturn]] void throw_check(const char* file, int line, const std::string& msg);
 }  // namespace detail
 
+// The one line a program prints for an exception that ends it: a pwm::Error's own message (the
+// project's words); for the C++ library's std::bad_alloc, what ran out and what to do; for any
+// other exception (a library's or the standard library's, which no bad input should reach), its
+// text marked as an internal error to report.
+std::string error_line(const std::exception& e);
+
 // The main() of a single-process tool: returns body(argc, argv), or prints "<tool>: error: <what>"
 // on stderr and returns 1 when it throws. (MPI programs use collectives::run_mpi_main.)
 int run_tool_main(const char* tool, int argc, char** argv, int (*body)(int, char**));

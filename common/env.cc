@@ -144,4 +144,11 @@ std::string check_environment() {
   return "";
 }
 
+std::vector<std::pair<std::string, std::string>> settings_in_effect() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Setting& s : kSettings)
+    if (const char* v = value_of(s.name)) out.emplace_back(s.name, v);
+  return out;
+}
+
 }  // namespace pwm

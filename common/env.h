@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pwm {
 
@@ -25,5 +27,9 @@ std::string env_string(const char* name);
 
 // Every registered setting that is set, checked: the first bad one as one line ("" = all good).
 std::string check_environment();
+
+// The registered settings that are set, as (name, value) in the table's order: what the
+// trainers add to the configuration every rank must share (train/config.h canonical_json).
+std::vector<std::pair<std::string, std::string>> settings_in_effect();
 
 }  // namespace pwm

@@ -18,26 +18,31 @@ bool parse(int argc, char** argv, int rank, const TrainerSpec& spec, TrainConfig
   return parse_train_config(argc, argv, spec.program, spec.description, cfg, exit_code, rank == 0, {}, spec.flags);
 }
 
-// Everything that can be checked before training, on every rank: the configuration, the memory
-// this host's compute ranks need, the output paths (rank 0), the data and the resume checkpoint.
-void check_inputs(collectives::MpiEnvironment& env, const TrainerSpec& spec, Startup& s) {
-  TrainConfig& cfg = s.cfg;
+// Everything that can be checked before training without opening a file, on every rank: the
+// configuration, every path (common/paths.h), the memory this host's ranks need. Rank 0 also
+// probes that each output can be created.
+void check_inputs(collectives::MpiEnvironment& env, const TrainerSpec& spec, TrainConfig& cfg,
+                  const std::vector<std::string>& hosts) {
   spec.validate(cfg, env.size());
   cfg.validate_kill_rank(env.size());
   apply_precision(cfg);
+  const std::vector<NamedPath> outputs = output_paths(cfg, spec.more_outputs ? spec.more_outputs() : std::vector<NamedPath>{});
+  const double data_bytes = static_cast<double>(check_paths(cfg, outputs));
   const bool compute = !(spec.controller && env.rank() == 0);
   if (compute) {
-    const std::string& me = s.hosts[static_cast<size_t>(env.rank())];
+    const std::string& me = hosts[static_cast<size_t>(env.rank())];
     const int first = spec.controller ? 1 : 0;  // the controller holds no tensors
-    const int here = static_cast<int>(std::count(s.hosts.begin() + first, s.hosts.end(), me));
-    check_memory(cfg, here);
+    const int here = static_cast<int>(std::count(hosts.begin() + first, hosts.end(), me));
+    const int processes = static_cast<int>(std::count(hosts.begin(), hosts.end(), me));  // each holds the data
+    check_memory(cfg, here, data_bytes * processes);
   }
-  if (env.rank() == 0) {
-    check_output_paths(cfg);
-    if (spec.check_outputs) spec.check_outputs();
-  }
-  s.data = open_training_data(cfg);
-  s.resume_from = load_resume_checkpoint(cfg);
+  if (env.rank() == 0) check_output_paths(outputs);
+}
+
+// What the run reads, once every rank has accepted every path.
+void open_inputs(Startup& s) {
+  s.data = open_training_data(s.cfg);
+  s.resume_from = load_resume_checkpoint(s.cfg);
 }
 
 }  // namespace
@@ -60,7 +65,9 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
         check_same_config(collectives::gather_if_different(world, out.cfg.canonical_json(mpmd)));
       }))
     return 1;
-  if (!collectives::agree_on_errors(world, spec.program, [&] { check_inputs(env, spec, out); })) return 1;
+  if (!collectives::agree_on_errors(world, spec.program, [&] { check_inputs(env, spec, out.cfg, out.hosts); }))
+    return 1;
+  if (!collectives::agree_on_errors(world, spec.program, [&] { open_inputs(out); })) return 1;
   return std::nullopt;
 }
 

@@ -14,6 +14,7 @@
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
 #include "train/checkpoint.h"
+#include "train/checks.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/flags.h"
@@ -31,8 +32,9 @@ struct TrainerSpec {
   // The trainer's own checks, on every rank: must call cfg.validate(compute ranks) and throw
   // pwm::Error with one line for a setting it cannot run. `world`: every rank of the job.
   std::function<void(const TrainConfig& cfg, int world)> validate;
-  // Extra output paths to check on rank 0 before training (e.g. a runtime's own trace). May be empty.
-  std::function<void()> check_outputs;
+  // The trainer's own output files as (setting, path), e.g. ("PWM_PW_TRACE", "rt.json"): checked
+  // with --metrics, --trace and --ckpt (train/checks.h check_output_paths). May be empty.
+  std::function<std::vector<NamedPath>()> more_outputs;
 };
 
 // What start-up hands the trainer.
@@ -44,8 +46,10 @@ struct Startup {
 };
 
 // Parses argv, checks that every rank parsed the same configuration, validates it (TrainConfig
-// and spec.validate), checks memory and output paths, opens the data and reads the resume
-// checkpoint. Returns the code main should return (0 after --help, 1 after a bad input, which
+// and spec.validate), checks every path without opening it (inputs are regular files that fit in
+// memory, outputs are distinct and overwrite no input) and the memory, and only when every rank
+// has passed, opens the data and reads the resume checkpoint (so no rank blocks opening what
+// another refused). Returns the code main should return (0 after --help, 1 after a bad input, which
 // rank 0 has reported in one line), or nullopt to go on with `out` filled.
 std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment& env, const TrainerSpec& spec,
                              Startup& out);

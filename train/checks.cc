@@ -6,11 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
 #include "common/atomic_file.h"
 #include "common/check.h"
+#include "common/paths.h"
 #include "common/time.h"
 #include "model/kernels.h"
 
@@ -20,7 +22,8 @@ using namespace pwm::model;  // the Transformer's types and kernels
 
 std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
   struct stat st;
-  if (!cfg.outputs.resume || cfg.outputs.ckpt.empty() || ::stat(cfg.outputs.ckpt.c_str(), &st) != 0) return std::nullopt;
+  if (!cfg.outputs.resume || cfg.outputs.ckpt.empty() || ::lstat(cfg.outputs.ckpt.c_str(), &st) != 0) return std::nullopt;
+  check_input_file("--resume: --ckpt", cfg.outputs.ckpt, UINTMAX_MAX);  // never a FIFO, whoever calls
   Checkpoint ck = load_checkpoint(cfg.outputs.ckpt);
   check_compatible(ck, cfg.model);
   if (ck.train_config_json != cfg.workload_json()) {
@@ -60,10 +63,59 @@ std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg) {
   return data;
 }
 
-void check_output_paths(const TrainConfig& cfg) {
-  if (!cfg.outputs.metrics.empty()) check_output_path("--metrics", cfg.outputs.metrics);
-  if (!cfg.outputs.trace.empty()) check_output_path("--trace", cfg.outputs.trace);
-  if (!cfg.outputs.ckpt.empty()) check_output_path("--ckpt", cfg.outputs.ckpt);
+std::vector<NamedPath> output_paths(const TrainConfig& cfg, const std::vector<NamedPath>& more) {
+  std::vector<NamedPath> out;
+  if (!cfg.outputs.metrics.empty()) out.emplace_back("--metrics", cfg.outputs.metrics);
+  if (!cfg.outputs.trace.empty()) out.emplace_back("--trace", cfg.outputs.trace);
+  if (!cfg.outputs.ckpt.empty()) out.emplace_back("--ckpt", cfg.outputs.ckpt);
+  for (const NamedPath& p : more)
+    if (!p.second.empty()) out.push_back(p);
+  return out;
+}
+
+namespace {
+
+// An output that would overwrite an input, or land in the data directory (where the next run
+// would read it as training data), is refused before anything is written.
+void check_not_an_input(const NamedPath& o, const TrainConfig& cfg) {
+  const std::string& data = cfg.workload.data;
+  if (same_file(o.second, data))
+    PWM_THROW("{} {} is the training data (--data {}): it would be overwritten; write the output elsewhere", o.first,
+              o.second, data);
+  if (inside_directory(o.second, data))
+    PWM_THROW("{} {} lies inside the training data directory (--data {}), where the next run would read it as "
+              "training data: write the output elsewhere",
+              o.first, o.second, data);
+  if (!cfg.config_file.empty() && same_file(o.second, cfg.config_file))
+    PWM_THROW("{} {} is the config file (--config {}): it would be overwritten; write the output elsewhere", o.first,
+              o.second, cfg.config_file);
+}
+
+}  // namespace
+
+uint64_t check_paths(TrainConfig& cfg, const std::vector<NamedPath>& outputs) {
+  if (cfg.workload.data.empty()) cfg.workload.data = default_corpus_path();
+  const uint64_t data_bytes = TextDataset::size_on_disk(cfg.workload.data);
+  struct stat st;
+  const std::string& ck = cfg.outputs.ckpt;
+  if (cfg.outputs.resume && !ck.empty() && ::lstat(ck.c_str(), &st) == 0) {
+    // Read whole, then parsed into tensors: about twice its size while it loads.
+    const double have = available_memory_bytes();
+    const uintmax_t cap = have > 0 ? static_cast<uintmax_t>(have / 2) : UINTMAX_MAX;
+    check_input_file("--resume: --ckpt", ck, cap);
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (same_file(outputs[i].second, outputs[j].second))
+        PWM_THROW("{} {} and {} {} are the same file: give each output its own path", outputs[j].first,
+                  outputs[j].second, outputs[i].first, outputs[i].second);
+    check_not_an_input(outputs[i], cfg);
+  }
+  return data_bytes;
+}
+
+void check_output_paths(const std::vector<NamedPath>& outputs) {
+  for (const auto& [flag, path] : outputs) check_output_path(flag, path);
 }
 
 double estimated_memory_bytes(const TrainConfig& cfg) {
@@ -99,15 +151,16 @@ double available_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : -1.0;
 }
 
-void check_memory(const TrainConfig& cfg, int ranks_on_host) {
-  const double per_rank = estimated_memory_bytes(cfg), need = per_rank * std::max(ranks_on_host, 1);
+void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes) {
+  const double per_rank = estimated_memory_bytes(cfg), need = per_rank * std::max(ranks_on_host, 1) + data_bytes;
   const double have = available_memory_bytes();
   if (have < 0 || need <= have) return;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   PWM_THROW("this run needs about {:.1f} GiB of memory ({:.1f} GiB per rank x {} ranks on this host: parameters, "
-            "gradients, AdamW moments and activations) but this host has {:.1f} GiB available: use a smaller "
-            "--seq-len, --batch or model, more --microbatches, or more hosts",
-            need / GiB, per_rank / GiB, ranks_on_host, have / GiB);
+            "gradients, AdamW moments and activations; {:.1f} GiB of training data held by the ranks) but this host "
+            "has {:.1f} GiB available: use a smaller --seq-len, --batch, model or --data, more --microbatches, or "
+            "more hosts",
+            need / GiB, per_rank / GiB, ranks_on_host, data_bytes / GiB, have / GiB);
 }
 
 double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps, bool trans_a, bool trans_b) {

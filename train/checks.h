@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -22,9 +25,22 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg);
 // The dataset of `cfg` (the default corpus when cfg.workload.data is empty, which it then names), checked
 // to fit one sequence and one validation batch; throws pwm::Error with one line otherwise.
 std::unique_ptr<TextDataset> open_training_data(TrainConfig& cfg);
-// Checks that --metrics, --trace and --ckpt can be written: not a directory or special file, the
-// parent directory exists, a file can be created there (common/atomic_file.h check_output_path).
-void check_output_paths(const TrainConfig& cfg);
+// A path and the flag or setting that gave it: ("--metrics", "m.jsonl").
+using NamedPath = std::pair<std::string, std::string>;
+
+// The run's output files: --metrics, --trace and --ckpt where given, then `more`.
+std::vector<NamedPath> output_paths(const TrainConfig& cfg, const std::vector<NamedPath>& more = {});
+// Every path of the run checked without opening anything (every rank calls it, so each makes the
+// same decision): the data (cfg.workload.data, the default corpus named when empty) is a regular
+// file or a directory of them; the resume checkpoint, if --resume finds one, a regular file that
+// fits in memory; each output is distinct from the others and from every input (the data or a
+// file inside its directory, the --config file), compared by the file they resolve to. Throws
+// pwm::Error with one line. Returns the bytes the data will take in memory.
+uint64_t check_paths(TrainConfig& cfg, const std::vector<NamedPath>& outputs);
+// Checks that each output can be written: not a directory or special file, the parent directory
+// exists, a file can be created there (common/atomic_file.h check_output_path; it creates and
+// removes a probe file, so one rank calls it).
+void check_output_paths(const std::vector<NamedPath>& outputs);
 
 // A lower estimate of one compute rank's memory (bytes): parameters, gradients and AdamW
 // moments of its tp shard, and the activations of one micro-batch. Computed in doubles (no
@@ -32,9 +48,10 @@ void check_output_paths(const TrainConfig& cfg);
 double estimated_memory_bytes(const TrainConfig& cfg);
 // MemAvailable from /proc/meminfo (sysconf's available pages elsewhere); -1 if unknown.
 double available_memory_bytes();
-// Throws pwm::Error with one line giving both numbers if `ranks_on_host` ranks of this config
-// need more than this host has available. Call before allocating anything large.
-void check_memory(const TrainConfig& cfg, int ranks_on_host);
+// Throws pwm::Error with one line giving both numbers if `ranks_on_host` compute ranks of this
+// config, plus `data_bytes` (the training data every process on this host holds), need more than
+// this host has available. Call before allocating anything large.
+void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes = 0);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
 // `reps`: the peak MFU is measured against.

@@ -4,14 +4,70 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include <fmt/format.h>
 
 
 #include "common/check.h"
+#include "common/env.h"
 
 namespace pwm::train {
 
 using namespace pwm::model;  // the Transformer's types and kernels
+
+namespace {
+
+// A real-valued flag's accepted range; `open_lo` / `open_hi` exclude the bound itself, an
+// infinite bound is none. Every value must also be finite.
+struct Range {
+  const char* flag;
+  double value, lo, hi;
+  bool open_lo = false, open_hi = false;
+};
+
+void check_range(const Range& r) {
+  const double v = r.value;
+  const bool ok = std::isfinite(v) && (r.open_lo ? v > r.lo : v >= r.lo) && (r.open_hi ? v < r.hi : v <= r.hi);
+  if (ok) return;
+  if (std::isinf(r.hi))
+    PWM_THROW("{} must be a finite number {} {} (got {})", r.flag, r.open_lo ? ">" : ">=", r.lo, v);
+  PWM_THROW("{} must be in {}{}, {}{} (got {})", r.flag, r.open_lo ? "(" : "[", r.lo, r.hi, r.open_hi ? ")" : "]", v);
+}
+
+// The real-valued flags, by their flag names (model::Config and AdamWConfig check the same
+// fields under their own names, for callers without flags).
+void check_real_flags(const TrainConfig& c) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const Range ranges[] = {
+      {"--lr", c.optim.lr, 0, inf},
+      {"--beta1", c.optim.beta1, 0, 1, false, true},
+      {"--beta2", c.optim.beta2, 0, 1, false, true},
+      {"--eps", c.optim.eps, 0, inf, true},
+      {"--weight-decay", c.optim.weight_decay, 0, inf},
+      {"--max-grad-norm", c.optim.max_grad_norm, -inf, inf},
+      {"--min-lr-frac", c.optim.min_lr_frac, 0, 1},
+      {"--z-loss", c.model.z_loss, 0, inf},
+      {"--rope-base", c.model.rope_base, 1, inf, true},
+      {"--val-fraction", c.workload.val_fraction, 0, 1, true, true},
+      {"--coll-timeout", c.exec.coll_timeout, 0, 1e9, true},
+      {"--peak-gflops", c.exec.peak_gflops, 0, inf},
+  };
+  for (const Range& r : ranges) check_range(r);
+  // --max-grad-norm: any finite value (<= 0 turns clipping off), so its check is finiteness only.
+  const std::pair<const char*, int64_t> sizes[] = {{"--d-model", c.model.d_model}, {"--layers", c.model.n_layers},
+                                                   {"--heads", c.model.n_heads},   {"--head-dim", c.model.head_dim},
+                                                   {"--d-ff", c.model.d_ff},       {"--vocab", c.model.vocab},
+                                                   {"--seq-len", c.model.seq_len}};
+  for (const auto& [flag, v] : sizes)
+    if (v < 1) PWM_THROW("{} must be at least 1 (got {})", flag, v);
+  if (c.model.head_dim % 2 != 0) PWM_THROW("--head-dim must be even for rotary embeddings (got {})", c.model.head_dim);
+  if (c.model.vocab > 65536) PWM_THROW("--vocab must be at most 65536 (got {})", c.model.vocab);
+  if (c.optim.warmup_steps < 0) PWM_THROW("--warmup-steps must be >= 0 (got {})", c.optim.warmup_steps);
+}
+
+}  // namespace
 
 void TrainConfig::validate(int world_size) const {
   const MeshConfig& m = mesh;
@@ -20,6 +76,7 @@ void TrainConfig::validate(int world_size) const {
   // The flags first: optim.total_steps is --steps, and the optimizer's own check would name it
   // by its internal name.
   if (w.steps < 1) PWM_THROW("--steps must be at least 1 (got {})", w.steps);
+  check_real_flags(*this);
   if (optim.warmup_steps > w.steps)
     PWM_THROW("--warmup-steps {} is more than --steps {}: use fewer warm-up steps", optim.warmup_steps, w.steps);
   model.validate();
@@ -37,15 +94,12 @@ void TrainConfig::validate(int world_size) const {
   if (w.global_batch % (static_cast<int64_t>(data_parallel()) * w.microbatches) != 0)
     PWM_THROW("--batch {} is not divisible by --replicas {} x --dp {} x --microbatches {}: choose a multiple of {}",
               w.global_batch, m.replicas, m.dp, w.microbatches, static_cast<int64_t>(data_parallel()) * w.microbatches);
-  if (!(w.val_fraction > 0 && w.val_fraction < 1))
-    PWM_THROW("--val-fraction must be in (0, 1) (got {})", w.val_fraction);
   if (w.eval_every < 0 || w.eval_batches < 1 || o.log_every < 1 || o.ckpt_every < 0)
     PWM_THROW("--eval-every/--ckpt-every must be >= 0 and --eval-batches/--log-every >= 1");
   if (o.ckpt_every > 0 && o.ckpt.empty()) PWM_THROW("--ckpt-every needs --ckpt PATH");
   if (o.resume && o.ckpt.empty()) PWM_THROW("--resume needs --ckpt PATH");
   if (exec.bucket_bytes != 0 && exec.bucket_bytes < 1024)
     PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", exec.bucket_bytes);
-  if (!(exec.coll_timeout > 0)) PWM_THROW("--coll-timeout must be positive (got {})", exec.coll_timeout);
   if (hooks.step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", hooks.step_sleep_ms);
 }
 
@@ -78,6 +132,10 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   j["kill_step"] = hooks.kill_step;
   j["kill_rank"] = hooks.kill_rank;
   j["step_sleep_ms"] = hooks.step_sleep_ms;
+  // The PWM_* settings each rank runs with (common/env.h): a difference is named like a flag's.
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [name, value] : settings_in_effect()) env[name] = value;
+  j["env"] = env;
   if (mpmd_settings)  // as texts, as the flags were given
     j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
                     {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},

@@ -66,7 +66,7 @@ struct ExecConfig {
   bool overlap = true;            // overlap the bucket AllReduces with backward compute
   // spmd_train, replicas > 1: how the gradient crosses the replicas (train/modes.h).
   ReplicaReduce replica_reduce = ReplicaReduce::kHierarchical;
-  double coll_timeout = 300;      // collectives watchdog, seconds
+  double coll_timeout = 300;      // collectives watchdog, seconds (parse_train_config: PWM_COLL_TIMEOUT, then the flag)
   double peak_gflops = 0;         // per-rank GEMM peak for MFU; 0 = measure at start-up
   // Matrix products: fp32, or bf16 operands with fp32 sums through oneDNN (model/kernels.h
   // Precision). Master weights, AdamW, norms, softmax and loss stay fp32, so a checkpoint
@@ -105,6 +105,9 @@ struct TrainConfig {
   ExecConfig exec;
   MpmdConfig mpmd;
   TestHooks hooks;
+  // The --config file this configuration was read from ("" if none): an input the outputs may
+  // not overwrite. Not part of the configuration the ranks compare.
+  std::string config_file;
 
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
   // number of compute ranks (replicas * dp * tp must equal it).
@@ -126,7 +129,8 @@ struct TrainConfig {
   std::string to_json() const;  // the identity, mesh, micro-batches, steps, evaluation, bucket, overlap, replica reduce, precision: the metrics header
   // Every field, as sorted-key JSON: equal texts <=> equal configurations. The ranks of a job
   // compare its hash before training (a rank started with other flags is named). With `mpmd`,
-  // the MPMD settings too, under "trainer".
+  // the MPMD settings too, under "trainer"; the PWM_* settings that are set, under "env" (a
+  // rank started with another PWM_COLL_TIMEOUT is named as env/PWM_COLL_TIMEOUT).
   std::string canonical_json(bool mpmd = false) const;
 };
 

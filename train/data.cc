@@ -113,7 +113,10 @@ RowRange batch_rows(int64_t global_batch, int64_t dp_rank, int64_t dp_size, int6
   return {begin, begin + m};
 }
 
-TextDataset TextDataset::open(const std::string& path, double val_fraction) {
+namespace {
+
+// The status of a data path, refused in one line unless it is a regular file or a directory.
+fs::file_status data_path_status(const std::string& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) {
@@ -132,6 +135,26 @@ TextDataset TextDataset::open(const std::string& path, double val_fraction) {
                                                    : "not a regular file";
     PWM_THROW("data {}: is {}, not a regular file; {}", path, kind, kDataHint);
   }
+  return st;
+}
+
+}  // namespace
+
+uint64_t TextDataset::size_on_disk(const std::string& path) {
+  const fs::file_status st = data_path_status(path);
+  const std::vector<fs::path> files = fs::is_directory(st) ? directory_files(path) : std::vector<fs::path>{path};
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const uintmax_t n = fs::file_size(f, ec);
+    if (ec) PWM_THROW("data {}: cannot read the size of {}: {}; {}", path, f.string(), ec.message(), kDataHint);
+    total += n;
+  }
+  return total;
+}
+
+TextDataset TextDataset::open(const std::string& path, double val_fraction) {
+  const fs::file_status st = data_path_status(path);
   std::string bytes;
   if (fs::is_directory(st)) {
     for (const auto& f : directory_files(path)) append_file(f, &bytes);

@@ -39,6 +39,10 @@ class TextDataset {
   // The last `val_fraction` of the bytes (rounded down) form the validation split, the rest the
   // training split. Missing, unreadable or empty input throws pwm::Error naming the path.
   static TextDataset open(const std::string& path, double val_fraction = 0.1);
+  // The bytes open(path) would read, from the files' sizes without opening them: the run checks
+  // it against the memory it has before any rank reads. Throws open()'s errors for a missing,
+  // special or unlistable path.
+  static uint64_t size_on_disk(const std::string& path);
 
   // Same, from bytes in memory; `source` names them in error messages.
   TextDataset(std::string bytes, std::string source, double val_fraction = 0.1);

@@ -1,6 +1,7 @@
 #include "train/flags.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -8,6 +9,9 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/cli.h"
+#include "common/env.h"
+#include "common/paths.h"
 
 namespace pwm::train {
 
@@ -92,7 +96,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   const char* E = "Execution";
   app.add_option("--bucket-bytes", c.exec.bucket_bytes, "gradient AllReduce bucket (fusion buffer) size in bytes (0: sized from the model)")->group(E);
   app.add_flag("--overlap,!--no-overlap", c.exec.overlap, "overlap bucket AllReduces with backward")->group(E);
-  app.add_option("--coll-timeout", c.exec.coll_timeout, "collectives watchdog timeout, seconds")->group(E);
+  app.add_option("--coll-timeout", c.exec.coll_timeout, "collectives watchdog and liveness timeout, seconds (default: PWM_COLL_TIMEOUT, else 300)")->group(E);
   app.add_option("--peak-gflops", c.exec.peak_gflops, "per-rank GEMM peak for MFU (0: measure)")->group(E);
   add_mode(app, "--precision", [&c](const std::string& s) { c.exec.precision = model::parse_precision(s); },
            {"fp32", "bf16"}, "matrix products: fp32, or bf16 with fp32 sums (oneDNN)",
@@ -108,17 +112,31 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
 
 namespace {
 
-// JSON config -> "--key=value" arguments, so that the file and the flags share one parser.
-std::vector<std::string> json_to_args(std::string_view text, const std::string& path) {
+// Flags a config file cannot set: the file itself and --help.
+bool reserved_key(const std::string& key) { return key == "config" || key == "help" || key == "h"; }
+
+// JSON config -> "--key=value" arguments, so that the file and the flags share one parser. Every
+// key must be a flag of `app` (the trainer's own set), named without its dashes.
+std::vector<std::string> json_to_args(std::string_view text, const std::string& path, const CLI::App& app,
+                                      const std::string& program) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    PWM_THROW("--config {} is not valid JSON: {}", path, e.what());
+  } catch (const nlohmann::json::parse_error& e) {
+    const std::string where = e.byte >= text.size() ? "it ends early" : fmt::format("at byte {}", e.byte);
+    PWM_THROW("--config {} is not valid JSON ({}): it must hold one object such as {{\"lr\": 3e-4, \"steps\": 100}}",
+              path, where);
+  } catch (const std::exception&) {
+    PWM_THROW("--config {} is not valid JSON: it must hold one object such as {{\"lr\": 3e-4, \"steps\": 100}}", path);
   }
   if (!j.is_object()) PWM_THROW("--config {} must hold one JSON object of flag names to values", path);
   std::vector<std::string> args;
   for (auto& [key, v] : j.items()) {
+    if (reserved_key(key)) PWM_THROW("--config {}: key '{}' cannot be set from a config file", path, key);
+    if (app.get_option_no_throw("--" + key) == nullptr)
+      PWM_THROW("--config {}: key '{}' is not a flag of {} (keys are flag names without the dashes, e.g. "
+                "\"seq-len\"; see {} --help)",
+                path, key, program, program);
     std::string val;
     if (v.is_string()) val = v.get<std::string>();
     else if (v.is_boolean()) val = v.get<bool>() ? "true" : "false";
@@ -129,50 +147,54 @@ std::vector<std::string> json_to_args(std::string_view text, const std::string& 
   return args;
 }
 
-}  // namespace
+// A config file is read whole on every rank: a regular file of at most this size, checked before
+// it is opened (a FIFO would block the rank in open(2) while the others have refused it).
+constexpr uintmax_t kMaxConfigBytes = 1 << 20;
 
-void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set) {
+std::string read_config_file(const std::string& path) {
+  check_input_file("--config", path, kMaxConfigBytes);
   std::ifstream in(path);
   if (!in) PWM_THROW("cannot read --config {}: check the path", path);
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   if (in.bad()) PWM_THROW("cannot read --config {}: check the path", path);
-  parse_train_config_text(text, path, cfg, set);
+  return text;
 }
 
-void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg, FlagSet set) {
-  CLI::App app;
+}  // namespace
+
+void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set, const std::string& program) {
+  parse_train_config_text(read_config_file(path), path, cfg, set, program);
+}
+
+void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg, FlagSet set,
+                             const std::string& program) {
+  CLI::App app{"", program};
   add_train_flags(app, cfg, set);
-  auto args = json_to_args(text, path);
+  auto args = json_to_args(text, path, app, program);
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    PWM_THROW("--config {}: {}", path, e.what());
-  }
+  parse_arguments(app, std::move(args), "--config " + path);
 }
 
 bool parse_train_config(int argc, char** argv, const std::string& program, const std::string& description,
                         TrainConfig& cfg, int& exit_code, bool print_help,
                         const std::function<void(CLI::App&)>& more_flags, FlagSet set) {
+  // The environment's settings are the defaults, a config file overrides them, and flags on
+  // the command line override both. This is the one place a trainer resolves them.
+  cfg.exec.coll_timeout = env_double("PWM_COLL_TIMEOUT", cfg.exec.coll_timeout);
   // --config first, so that flags on the command line override the file.
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) load_train_config_file(argv[i + 1], cfg);
-    else if (a.rfind("--config=", 0) == 0) load_train_config_file(a.substr(9), cfg);
+    if (a == "--config" && i + 1 < argc) cfg.config_file = argv[i + 1];
+    else if (a.rfind("--config=", 0) == 0) cfg.config_file = a.substr(9);
+    else continue;
+    load_train_config_file(cfg.config_file, cfg, set, program);
   }
   CLI::App app{description, program};
   std::string config_path;
   app.add_option("--config", config_path, "JSON file of flag values (flags override it)");
   add_train_flags(app, cfg, set);
   if (more_flags) more_flags(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    exit_code = print_help ? app.exit(e) : 0;
-    return false;
-  } catch (const CLI::ParseError& e) {
-    PWM_THROW("{} (see {} --help)", e.what(), program);
-  }
+  if (!parse_command_line(app, argc, argv, program, print_help, exit_code)) return false;
   cfg.optim.total_steps = cfg.workload.steps;
   return true;
 }

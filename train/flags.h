@@ -23,8 +23,8 @@ enum class FlagSet { kCommon, kMpmd };
 // parse_train_config below.
 void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
 
-// Parses argv into a TrainConfig: loads --config FILE first if given (the common flags' keys: a
-// file is shared by every trainer), then applies the flags of `set`.
+// Parses argv into a TrainConfig: loads --config FILE first if given (keys: the flags of `set`),
+// then applies the flags of `set`. Numbers are read strictly (common/cli.h).
 // Returns false if the program should exit (--help printed): `exit_code` is then set.
 // Throws pwm::Error on a bad flag, a bad file or an invalid value.
 // `more_flags` registers a program's own flags (the simulator's) on the same parser.
@@ -32,11 +32,14 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
                         TrainConfig& cfg, int& exit_code, bool print_help,
                         const std::function<void(CLI::App&)>& more_flags = {}, FlagSet set = FlagSet::kCommon);
 
-// Loads a JSON config file (the keys are the long flag names without "--", those of `set`).
-// Throws pwm::Error naming the file and the bad key.
-void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
+// Loads a JSON config file (the keys are the long flag names without "--", those of `set`;
+// `config` and `help` are refused). The file must be a regular file of at most 1 MiB, checked
+// before it is opened. Throws pwm::Error naming the file and the bad key or value; `program`
+// names the trainer in those lines.
+void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set = FlagSet::kCommon,
+                            const std::string& program = "this trainer");
 // The same on the file's text already in memory; `path` only names it in errors.
 void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg,
-                             FlagSet set = FlagSet::kCommon);
+                             FlagSet set = FlagSet::kCommon, const std::string& program = "this trainer");
 
 }  // namespace pwm::train

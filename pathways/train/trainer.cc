@@ -59,9 +59,8 @@ pwm::train::TrainerSpec trainer_spec() {
   s.validate = validate;
   // The runtime's own trace (PWM_PW_TRACE) is written at shutdown, after the training: check its
   // path now, read where the runtime reads it.
-  s.check_outputs = [] {
-    const std::string rt_trace = RuntimeOptions::from_env().trace_path;
-    if (!rt_trace.empty()) check_output_path("PWM_PW_TRACE", rt_trace);
+  s.more_outputs = [] {
+    return std::vector<pwm::train::NamedPath>{{"PWM_PW_TRACE", RuntimeOptions::from_env().trace_path}};
   };
   return s;
 }
