@@ -464,8 +464,8 @@ void check_finite(const Checkpoint& ckpt, bool moments) {
     for (const TensorData& t : tensors)
       for (size_t i = 0; i < t.values.size(); ++i)
         if (!std::isfinite(t.values[i]))
-          PWM_THROW("checkpoint {} holds a non-finite value ({}) in {} {}, element {}: it was saved from a diverged "
-                    "run; resume from an earlier checkpoint or start a new run",
+          PWM_THROW("checkpoint {} holds a non-finite value ({}) in {} {}, element {} (saved from a diverged run, "
+                    "or altered): use an earlier checkpoint or start a new run",
                     name, std::isnan(t.values[i]) ? "nan" : t.values[i] > 0 ? "inf" : "-inf", kind, t.name, i);
   };
   check(ckpt.params, "parameter");
