@@ -234,9 +234,15 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   if (cfg_.data_parallel() > 1)
     flat_comm_.allreduce(&red[0], &red[0], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   comm_s_ += (now_us() - tr0) * 1e-6;
-  const double loss = red[0] / cfg_.data_parallel();
+  double loss = red[0] / cfg_.data_parallel();
+  // A non-finite loss or gradient norm (the same global values on every rank): no update, the
+  // step counted as taken; the report decides whether the run goes on (--skip-nonfinite).
+  const bool skip = train::nonfinite_step(cfg_.hooks, step, &loss, &red[1]);
   train::UpdateResult upd;
-  if (fsdp_) {
+  if (skip) {
+    upd.lr = model::lr_at(cfg_.optim, step);
+    upd.grad_norm = std::sqrt(red[1]);
+  } else if (fsdp_) {
     upd.lr = model::lr_at(cfg_.optim, step);
     upd.grad_norm = std::sqrt(red[1]);
     fsdp_->adamw(step, upd.lr, model::clip_factor(cfg_.optim, red[1]), params_.data(), grads_.data(), m_.data(),
@@ -302,13 +308,14 @@ bool Trainer::step(int64_t step) {
   train_step(step, rec_);
   if (output_failed_) return false;  // a metrics write failed: reported by fail(), on every rank at once
   report_.step(rec_);
-  return true;
+  return !report_.stopped();  // a non-finite step beyond --skip-nonfinite: the same verdict on every rank
 }
 
 bool Trainer::save(int64_t steps_done) { return agreed_write([&] { save_checkpoint(steps_done); }); }
 
 void Trainer::fail() {
   agreed_write([&] {
+    if (report_.stopped()) throw Error(report_.stop());  // rank 0 ends the metrics with the stopped line
     if (report_.failed()) throw Error(report_.error());
     throw Error("another rank's output failed");
   });

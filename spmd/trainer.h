@@ -64,9 +64,12 @@ class Trainer final : public train::Trainer {
 
   // Trains from the checkpoint's step (when resuming) to cfg.workload.steps through the shared
   // run loop (train/loop.h); writes metrics, trace and checkpoints as configured. Returns the hex
-  // weights hash, or nullopt when an output could not be written: rank 0 has then printed one
-  // line ("spmd_train: error: ...") and every rank stopped at the same step (the failure travels
-  // with the step's statistics); no output is left half-written.
+  // weights hash, or nullopt when an output could not be written or a step was non-finite
+  // beyond --skip-nonfinite: rank 0 has then printed one line ("spmd_train: error: ...") and
+  // every rank stopped at the same step (an output failure travels with the step's statistics,
+  // a non-finite loss or norm is the same on every rank after the step's reductions); no output
+  // is left half-written (a non-finite stop keeps the metrics up to the step before, and the last
+  // checkpoint).
   std::optional<std::string> run();
 
   // train::Trainer: every call is collective over the world.

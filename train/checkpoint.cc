@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -455,6 +456,22 @@ void check_compatible(const Checkpoint& ckpt, const Config& expected) {
   field("rope_base", c.rope_base, expected.rope_base);
   field("norm", std::string(norm_name(c.norm)), std::string(norm_name(expected.norm)));
   field("seed", c.seed, expected.seed);
+}
+
+void check_finite(const Checkpoint& ckpt, bool moments) {
+  const std::string name = ckpt.path.empty() ? "(in memory)" : ckpt.path;
+  auto check = [&](const std::vector<TensorData>& tensors, const char* kind) {
+    for (const TensorData& t : tensors)
+      for (size_t i = 0; i < t.values.size(); ++i)
+        if (!std::isfinite(t.values[i]))
+          PWM_THROW("checkpoint {} holds a non-finite value ({}) in {} {}, element {} (saved from a diverged run, "
+                    "or altered): use an earlier checkpoint or start a new run",
+                    name, std::isnan(t.values[i]) ? "nan" : t.values[i] > 0 ? "inf" : "-inf", kind, t.name, i);
+  };
+  check(ckpt.params, "parameter");
+  if (!moments) return;
+  check(ckpt.adam_m, "AdamW first moment");
+  check(ckpt.adam_v, "AdamW second moment");
 }
 
 }  // namespace pwm::train

@@ -64,6 +64,13 @@ Checkpoint parse_checkpoint(std::span<const unsigned char> bytes, const std::str
 // "checkpoint run/x.ckpt was written for d_model=128 but this run has d_model=256".
 void check_compatible(const Checkpoint& ckpt, const model::Config& expected);
 
+// Throws pwm::Error with one line if a parameter (or, with `moments`, an AdamW moment) holds a
+// NaN or an infinity, naming the file, the tensor and the element, e.g. "checkpoint c.ckpt holds
+// a non-finite value (nan) in parameter layers.0.wq, element 17: ...". A trainer writes no
+// checkpoint from a non-finite step (docs/train.md); such a file was written by an older build or
+// altered. Resuming needs both (load_resume_checkpoint), evaluating the parameters (pwm_eval).
+void check_finite(const Checkpoint& ckpt, bool moments);
+
 // The on-disk format version this build writes and reads.
 inline constexpr uint32_t kCheckpointVersion = 1;
 

@@ -39,6 +39,7 @@ std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg) {
   }
   if (!ck.has_optimizer_state())
     PWM_THROW("checkpoint {} has no optimizer state: it cannot resume training", cfg.outputs.ckpt);
+  check_finite(ck, /*moments=*/true);
   if (ck.step > cfg.workload.steps)
     PWM_THROW("checkpoint {} is at step {}, beyond --steps {}", cfg.outputs.ckpt, ck.step, cfg.workload.steps);
   return ck;

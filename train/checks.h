@@ -18,7 +18,8 @@ namespace pwm::train {
 
 // The checkpoint a run with `cfg` resumes from: nullopt unless cfg.outputs.resume and cfg.outputs.ckpt exists.
 // Throws pwm::Error with one line if the file is corrupt, was written for another model config
-// or another workload (TrainConfig::workload_json), or has no optimizer state. Both trainers
+// or another workload (TrainConfig::workload_json), has no optimizer state, or holds a
+// non-finite parameter or moment (check_finite). Both trainers
 // call it on every rank before training, so a mismatch is reported before anything runs.
 std::optional<Checkpoint> load_resume_checkpoint(const TrainConfig& cfg);
 

@@ -101,12 +101,15 @@ void TrainConfig::validate(int world_size) const {
   if (exec.bucket_bytes != 0 && exec.bucket_bytes < 1024)
     PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", exec.bucket_bytes);
   if (hooks.step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", hooks.step_sleep_ms);
+  if (w.skip_nonfinite < 0) PWM_THROW("--skip-nonfinite must be >= 0 (got {})", w.skip_nonfinite);
 }
 
 void apply_precision(const TrainConfig& cfg) { set_precision(cfg.exec.precision); }
 
 void TrainConfig::validate_kill_rank(int ranks) const {
   const int64_t steps = workload.steps;
+  if (hooks.nan_step >= steps)
+    PWM_THROW("--nan-step {} is never reached: the run has --steps {} (steps 0..{})", hooks.nan_step, steps, steps - 1);
   if (hooks.kill_step < 0) return;
   if (hooks.kill_step >= steps)
     PWM_THROW("--kill-step {} is never reached: the run has --steps {} (steps 0..{})", hooks.kill_step, steps, steps - 1);
@@ -132,6 +135,7 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   j["kill_step"] = hooks.kill_step;
   j["kill_rank"] = hooks.kill_rank;
   j["step_sleep_ms"] = hooks.step_sleep_ms;
+  j["nan_step"] = hooks.nan_step;
   // The PWM_* settings each rank runs with (common/env.h): a difference is named like a flag's.
   nlohmann::json env = nlohmann::json::object();
   for (const auto& [name, value] : settings_in_effect()) env[name] = value;
@@ -206,6 +210,7 @@ std::string TrainConfig::to_json() const {
   j["steps"] = workload.steps;
   j["eval_every"] = workload.eval_every;
   j["eval_batches"] = workload.eval_batches;
+  j["skip_nonfinite"] = workload.skip_nonfinite;
   j["bucket_bytes"] = exec.bucket_bytes;
   j["overlap"] = exec.overlap;
   j["precision"] = precision_name(exec.precision);

@@ -43,6 +43,11 @@ struct WorkloadConfig {
   double val_fraction = 0.1;
   int64_t eval_every = 0;     // validation loss every N steps (0: only at the end)
   int64_t eval_batches = 4;   // validation batches (of global_batch sequences) per evaluation
+  // A step whose loss or gradient norm is non-finite is skipped (no update of the parameters or
+  // the AdamW moments; it counts as taken, so the data order stays): up to this many in a run,
+  // the next one ends it (train/report.h). 0: the first one ends the run. Not part of the
+  // workload's identity (a run may resume with another budget).
+  int64_t skip_nonfinite = 0;
 };
 
 // What a run writes.
@@ -91,6 +96,9 @@ struct TestHooks {
   int kill_rank = 0;
   // Sleep this long at the end of every step (to give an outside kill a window).
   int64_t step_sleep_ms = 0;
+  // Step nan_step's loss and gradient norm are made NaN after their reductions, before the
+  // update, on every rank: a bad batch on demand (-1: never). train::nonfinite_step applies it.
+  int64_t nan_step = -1;
 
   // True when world rank `rank` is to die during `step`.
   bool kill_now(int64_t step, int rank) const { return step == kill_step && rank == kill_rank; }
@@ -112,8 +120,9 @@ struct TrainConfig {
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
   // number of compute ranks (replicas * dp * tp must equal it).
   void validate(int world_size) const;
-  // Checks the testing hook: --kill-step within the run and --kill-rank in [0, ranks) (ranks:
-  // every world rank, a Pathways controller included). Throws pwm::Error with one line.
+  // Checks the testing hooks: --kill-step and --nan-step within the run and --kill-rank in
+  // [0, ranks) (ranks: every world rank, a Pathways controller included). Throws pwm::Error with
+  // one line.
   void validate_kill_rank(int ranks) const;
   // Data-parallel ranks over all replicas; compute ranks of the mesh.
   int data_parallel() const { return mesh.replicas * mesh.dp; }

@@ -84,6 +84,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.add_option("--val-fraction", c.workload.val_fraction, "share of the data held out for validation")->group(W);
   app.add_option("--eval-every", c.workload.eval_every, "validation loss every N steps (0: at the end only)")->group(W);
   app.add_option("--eval-batches", c.workload.eval_batches, "validation batches per evaluation")->group(W);
+  app.add_option("--skip-nonfinite", c.workload.skip_nonfinite,
+                 "skip up to N steps whose loss or gradient norm is non-finite (no update); the next ends the run")
+      ->group(W);
 
   const char* U = "Outputs";
   app.add_option("--log-every", c.outputs.log_every, "progress line every N steps (rank 0)")->group(U);
@@ -107,6 +110,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.add_option("--kill-step", c.hooks.kill_step, "SIGKILL --kill-rank in the middle of this step")->group(T);
   app.add_option("--kill-rank", c.hooks.kill_rank)->group(T);
   app.add_option("--step-sleep-ms", c.hooks.step_sleep_ms, "sleep after every step (kill tests)")->group(T);
+  app.add_option("--nan-step", c.hooks.nan_step, "make this step's loss and gradient norm NaN (non-finite tests)")->group(T);
   if (set == FlagSet::kMpmd) add_mpmd_flags(app, c.mpmd);
 }
 

@@ -17,12 +17,15 @@ bool every(int64_t n, int64_t done, int64_t steps) { return n > 0 && done % n ==
 
 std::optional<std::string> run(Trainer& t, const TrainConfig& cfg, int rank) {
   const int64_t steps = cfg.workload.steps;
+  // An output failed somewhere, or a step was non-finite beyond --skip-nonfinite: every rank
+  // stops at the same step, before any evaluation or checkpoint of that state.
+  auto stop = [&t] {
+    t.fail();
+    return std::nullopt;
+  };
   t.start();
   for (int64_t step = t.first_step(); step < steps; ++step) {
-    if (!t.step(step)) {  // an output failed somewhere: every rank stops here, at the same step
-      t.fail();
-      return std::nullopt;
-    }
+    if (!t.step(step)) return stop();
     // Testing hooks. A compute rank dies inside its step (SPMD: after the head's forward, its
     // peers blocked in the collectives; a Pathways worker: in its step kernel, before the update);
     // this one is for a rank that only dispatches (a Pathways controller), which dies with the
@@ -36,12 +39,12 @@ std::optional<std::string> run(Trainer& t, const TrainConfig& cfg, int rank) {
     const bool eval_now = every(cfg.workload.eval_every, done, steps);
     const bool ckpt_now = !cfg.outputs.ckpt.empty() && every(cfg.outputs.ckpt_every, done, steps);
     if (!eval_now && !ckpt_now) continue;
-    t.drain();
+    if (!t.drain()) return stop();
     if (eval_now) t.report().validation(step, t.evaluate());
     if (ckpt_now && !t.save(done)) return std::nullopt;
     t.pause();
   }
-  t.drain();
+  if (!t.drain()) return stop();
   t.before_final();
   t.report().validation(steps - 1, t.evaluate());
   if (!cfg.outputs.ckpt.empty() && !t.save(steps)) return std::nullopt;

@@ -30,10 +30,11 @@ class Trainer {
   virtual void start() {}
   // Takes step `step`. A trainer may return with the step still running (Pathways keeps two in
   // flight) and report it later; drain() finishes them. Returns false when an output failed on
-  // some rank: the loop then calls fail() and ends the run.
+  // some rank or a step it reported was non-finite beyond --skip-nonfinite (report().stopped()):
+  // the loop then calls fail() and ends the run.
   virtual bool step(int64_t step) = 0;
-  // Every step taken has finished and is in the report.
-  virtual void drain() {}
+  // Every step taken has finished and is in the report. False as step().
+  virtual bool drain() { return true; }
   // What happens until the next step (an evaluation, a checkpoint, a sleep) is not part of it.
   virtual void pause() = 0;
   // The validation loss of the current parameters.
@@ -46,14 +47,16 @@ class Trainer {
   // The weights hash, with every figure, the trace and the report's last line written; nullopt
   // when an output could not be written (already reported).
   virtual std::optional<std::string> finish() = 0;
-  // After step() returned false: reports the failed output (one line) on every rank.
+  // After step() or drain() returned false: reports the failed output or the non-finite step
+  // (one line; TrainReport::stop() ends the metrics of a non-finite stop) on every rank.
   virtual void fail() {}
   virtual TrainReport& report() = 0;
 };
 
 // Trains `t` to cfg.workload.steps (above). `rank`: this process's world rank, for the kill
 // hook (a Pathways controller is world rank 0). Returns the weights hash, or nullopt when an
-// output could not be written: one line has then been printed and every rank stopped together.
+// output could not be written or a step was non-finite beyond --skip-nonfinite: fail() has then
+// reported it and no evaluation or checkpoint followed the step.
 std::optional<std::string> run(Trainer& t, const TrainConfig& cfg, int rank);
 
 }  // namespace pwm::train

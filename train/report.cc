@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 
 #include "common/check.h"
@@ -18,7 +19,32 @@ nlohmann::json summary_json(const std::vector<double>& v) {
   RankSummary s = summarize_ranks(v);
   return {{"min", s.min}, {"median", s.median}, {"max", s.max}, {"slowest_rank", s.argmax}};
 }
+
+// "nan", "inf", "-inf" or the number (a NaN's sign says nothing).
+std::string shown(double x) { return std::isnan(x) ? "nan" : fmt::format("{}", x); }
+
+// Why the run stops at non-finite step `r`: the step, which value, the likely cause and what to
+// change, in one line.
+std::string nonfinite_message(const TrainConfig& cfg, const StepRecord& r, int64_t skipped) {
+  std::string what = !std::isfinite(r.loss)
+                         ? fmt::format("the training loss is {} (gradient norm {})", shown(r.loss), shown(r.grad_norm))
+                         : fmt::format("the gradient norm is {} (loss {})", shown(r.grad_norm), shown(r.loss));
+  if (cfg.workload.skip_nonfinite > 0)
+    what += fmt::format(", after {} skipped non-finite step{} (--skip-nonfinite {})", skipped, skipped == 1 ? "" : "s",
+                        cfg.workload.skip_nonfinite);
+  if (r.step == cfg.hooks.nan_step) return fmt::format("step {}: {}: made NaN by the test hook --nan-step {}", r.step, what, r.step);
+  std::vector<std::string> fixes{fmt::format("lower --lr (now {:g})", cfg.optim.lr)};
+  if (cfg.optim.max_grad_norm <= 0) fixes.push_back("enable --max-grad-norm");
+  fixes.push_back("check the data");
+  if (cfg.exec.precision != Precision::kFp32) fixes.push_back("try --precision fp32");
+  if (cfg.workload.skip_nonfinite == 0) fixes.push_back("skip rare bad batches with --skip-nonfinite N");
+  fixes.back() = "or " + fixes.back();
+  return fmt::format("step {}: {}: training diverged or the data/precision produced a non-finite value; {}", r.step,
+                     what, fmt::join(fixes, ", "));
+}
 }  // namespace
+
+bool StepRecord::nonfinite() const { return !std::isfinite(loss) || !std::isfinite(grad_norm); }
 
 TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
                          bool is_reporter)
@@ -55,7 +81,17 @@ void TrainReport::write(const std::string& line) {
 }
 
 void TrainReport::step(const StepRecord& r) {
-  last_loss_ = r.loss;
+  const bool skipped = r.nonfinite();
+  if (skipped) {
+    if (skipped_ >= cfg_.workload.skip_nonfinite) {  // the run ends: no line from a non-finite state
+      stop_error_ = nonfinite_message(cfg_, r, skipped_);
+      stop_step_ = r.step;
+      return;
+    }
+    ++skipped_;
+  } else {
+    last_loss_ = r.loss;
+  }
   if (!reporter_) return;
   const double tps = tokens_per_s(r.step_ms);
   std::vector<double> share(r.comm_ms.size());
@@ -70,12 +106,19 @@ void TrainReport::step(const StepRecord& r) {
                       {"mfu", mfu(tps)},        {"comm_share", comm_share},
                       {"compute_ms", summary_json(r.compute_ms)},
                       {"comm_ms", summary_json(r.comm_ms)},
-                      {"wait_ms", summary_json(r.wait_ms)}};
-  write(j.dump());
-  if ((r.step + 1) % cfg_.outputs.log_every == 0 || r.step + 1 == cfg_.workload.steps) {
+                      {"wait_ms", summary_json(r.wait_ms)},
+                      {"skipped", skipped}};
+  write(j.dump());  // (a skipped step's non-finite loss and norm are written as null)
+  if (skipped) {
+    fmt::print("[{}] step {:>5}/{} | skipped: loss {}, gradient norm {} (non-finite; {} of --skip-nonfinite {})\n",
+               trainer_, r.step + 1, cfg_.workload.steps, shown(r.loss), shown(r.grad_norm), skipped_,
+               cfg_.workload.skip_nonfinite);
+    std::fflush(stdout);
+  } else if ((r.step + 1) % cfg_.outputs.log_every == 0 || r.step + 1 == cfg_.workload.steps) {
     const RankSummary c = summarize_ranks(r.compute_ms);
-    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}\n",
-               trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax);
+    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}\n",
+               trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax,
+               skipped_ > 0 ? fmt::format(" | skipped {}", skipped_) : "");
     std::fflush(stdout);
   }
 }
@@ -102,6 +145,7 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"comm_share", median(comm_share_)},
                       {"final_loss", last_loss_},
                       {"final_val_loss", last_val_},
+                      {"skipped_nonfinite", skipped_},
                       {"weights_hash", weights_hash}};
   for (auto& [k, v] : extra_) j[k] = v;
   for (auto& [k, v] : extra_lists_) j[k] = v;
@@ -113,9 +157,30 @@ void TrainReport::finish(const std::string& weights_hash) {
   }
   for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
   for (auto& [k, v] : extra_lists_) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(v, ", "));
-  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, weights {}\n",
-             trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_, weights_hash);
+  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, {}weights {}\n",
+             trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_,
+             skipped_ > 0 ? fmt::format("{} non-finite steps skipped, ", skipped_) : "", weights_hash);
   std::fflush(stdout);
+}
+
+std::string TrainReport::stop() {
+  PWM_CHECK(stopped(), "TrainReport::stop() without a non-finite step");
+  if (!reporter_ || !out_) return stop_error_;
+  write(nlohmann::json{{"stopped", true},
+                       {"step", stop_step_},
+                       {"error", stop_error_},
+                       {"skipped_nonfinite", skipped_},
+                       {"steps", static_cast<int64_t>(step_ms_.size())}}
+            .dump());
+  if (!failed()) {
+    try {
+      out_->commit();
+    } catch (const Error& e) {
+      error_ = e.what();
+    }
+  }
+  out_.reset();
+  return failed() ? fmt::format("{} (and --metrics was not written: {})", stop_error_, error_) : stop_error_;
 }
 
 }  // namespace pwm::train

@@ -20,6 +20,8 @@ struct StepRecord {
   double loss = 0;   // mean training loss of the global batch
   double lr = 0;
   double grad_norm = 0;         // before clipping
+  // The verdict of train::nonfinite_step on these values: the ranks skipped the update.
+  bool nonfinite() const;
   double step_ms = 0;           // wall time of the step (rank 0)
   std::vector<double> compute_ms, comm_ms, wait_ms;  // per rank
 };
@@ -36,8 +38,20 @@ class TrainReport {
               bool is_reporter);
   ~TrainReport();
 
+  // A finite step: its line (and the progress line every --log-every steps). A non-finite one
+  // (the ranks skipped its update): while --skip-nonfinite allows, its line with "skipped": true
+  // and a progress line at once; past it, no line at all and stopped() becomes true. Every rank
+  // calls it with the same values, so every rank reaches the same verdict at the same step.
   void step(const StepRecord& r);
   void validation(int64_t step, double val_loss);
+  // The run must end: a non-finite step beyond --skip-nonfinite was reported.
+  bool stopped() const { return !stop_error_.empty(); }
+  // After stopped(): writes the metrics' last line ({"stopped": true, "step", "error",
+  // "skipped_nonfinite", "steps"}: the step lines end at the last finite or skipped step) and
+  // moves the file into place; prints nothing. Returns the one line that says why the run
+  // stopped (with the metrics' own failure appended when they could not be written), for the
+  // trainer to print once as "<program>: error: <line>".
+  std::string stop();
   // Writes the final line, prints the summary, and moves the metrics file into place. Throws
   // pwm::Error with one line (nothing left under the final name) if any write failed.
   void finish(const std::string& weights_hash);
@@ -54,7 +68,8 @@ class TrainReport {
 
   double tokens_per_s(double step_ms) const;
   double mfu(double tokens_per_s) const;
-  double last_loss() const { return last_loss_; }
+  double last_loss() const { return last_loss_; }  // the last finite step's
+  int64_t skipped_nonfinite() const { return skipped_; }
   double last_val_loss() const { return last_val_; }
 
  private:
@@ -67,6 +82,9 @@ class TrainReport {
   bool reporter_;
   std::unique_ptr<AtomicFile> out_;
   std::string error_;  // the first failed write
+  std::string stop_error_;  // why the run stopped (a non-finite step beyond --skip-nonfinite)
+  int64_t stop_step_ = -1;
+  int64_t skipped_ = 0;     // non-finite steps skipped so far
   std::vector<double> step_ms_, tokens_per_s_, comm_share_;
   double last_loss_ = 0, last_val_ = -1;
   std::vector<std::pair<std::string, double>> extra_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 #include "common/time.h"
@@ -89,6 +90,14 @@ UpdateResult apply_update_into(const TrainConfig& cfg, const ParamLayout& layout
   adamw_step_into(cfg.optim, layout, step, r.lr, clip_factor(cfg.optim, global_sq_norm), params, grads, m, v,
                   params_out, m_out, v_out);
   return r;
+}
+
+bool nonfinite_step(const TestHooks& hooks, int64_t step, double* loss, double* grad_sq_norm) {
+  if (step == hooks.nan_step) {
+    if (loss) *loss = std::numeric_limits<double>::quiet_NaN();
+    *grad_sq_norm = std::numeric_limits<double>::quiet_NaN();
+  }
+  return (loss && !std::isfinite(*loss)) || !std::isfinite(*grad_sq_norm);
 }
 
 int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data) {

@@ -51,6 +51,16 @@ UpdateResult apply_update_into(const TrainConfig& cfg, const model::ParamLayout&
                                const float* m, const float* v, float* params_out, float* m_out,
                                float* v_out);
 
+// The rule for a non-finite step, the same on every rank and in every trainer: after the step's
+// reductions (the loss over dp, the squared gradient norm over tp and dp), applies the --nan-step
+// hook (both made NaN at that step) and returns true when the loss or the squared norm is not
+// finite. The caller then skips the update (parameters and AdamW moments unchanged, the step
+// counted as taken) and reports the step; the report decides whether the run goes on
+// (--skip-nonfinite, train/report.h). `loss` may be null where it is not known (a pipeline's
+// stages before the last: the norm alone decides there; backpropagation carries a non-finite
+// loss into the gradient, so the verdict is the same).
+bool nonfinite_step(const TestHooks& hooks, int64_t step, double* loss, double* grad_sq_norm);
+
 // Sum over this dp rank's rows of validation batches 0..n-1 of (mean micro-batch loss x rows);
 // divide the dp sum by n * global_batch for the validation loss. n = validation_batches(...).
 double validation_loss_sum(const TrainConfig& cfg, const model::ParamLayout& layout, const TextDataset& data,

@@ -9,6 +9,8 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
+#include "collectives/strings.h"
+#include "common/check.h"
 #include "pathways/train/device.h"
 #include "pathways/train/kernels.h"
 #include "pathways/train/trainer.h"
@@ -39,14 +41,20 @@ int main(int argc, char** argv) {
     pathways::train::register_train_kernels(pathways::train::KernelNames{}, devices);
     collectives::Communicator world = collectives::Communicator::world(env.transport());
     const double peak = train::gemm_peak(world, s.cfg, /*controller=*/true);
+    // A run stopped at a non-finite step: the controller has ended the metrics and shut the
+    // runtime down; it prints the line once and every rank exits 1, as a bad start-up does.
+    std::string stopped;
     if (env.rank() == 0) {
-      pathways::train::run_controller(env.transport(), s.cfg, resume, peak);
-      return 0;
+      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume, peak);
+    } else {
+      const auto attached = devices->attach(env.transport(), s.data);
+      pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
+      wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
+      pathways::run_worker(env.transport(), wo);
     }
-    const auto attached = devices->attach(env.transport(), s.data);
-    pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
-    wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
-    pathways::run_worker(env.transport(), wo);
-    return 0;
+    const bool ok = collectives::agree_on_errors(world, "pathways_train", [&] {
+      if (!stopped.empty()) throw Error(stopped);
+    });
+    return ok ? 0 : 1;
   });
 }

@@ -7,6 +7,7 @@
 
 #include "common/time.h"
 #include "model/optim.h"
+#include "train/step.h"
 #include "pathways/train/kernels.h"
 
 namespace pwm::pathways::train::kernels {
@@ -69,7 +70,15 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const StageLayers sl = stage_layers(dev.shapes(), stage);
   const int L = static_cast<int>(dev.cfg().model.n_layers);
   const int64_t step = ctx.in<int64_t>(kStep)[0];
-  const double total_sq = ctx.in<double>(args.sq())[0];
+  double total_sq = ctx.in<double>(args.sq())[0];
+  // The last stage's loss: each replica's island_loss (the dp sum of its devices' means), summed
+  // in replica order and made the mean here.
+  double loss = 0;
+  for (size_t r = 0; r < args.losses; ++r) loss += ctx.in<double>(args.loss(r))[0];
+  if (args.losses > 0) loss /= static_cast<double>(pp.dp) * static_cast<double>(args.losses);
+  // A non-finite step passes the state through, on every stage (the norm is the whole model's;
+  // the stages before the last have no loss: train::nonfinite_step).
+  const bool skip = pwm::train::nonfinite_step(dev.cfg().hooks, step, args.losses > 0 ? &loss : nullptr, &total_sq);
   model::GradView grads;
   grads.add(plan.piece_ranges(model::StepPlan::kTiedPiece), ctx.in<float>(args.piece(0)).data());
   for (int l = sl.begin; l < sl.end; ++l)
@@ -85,7 +94,7 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
     float* pout = ctx.out<float>(kParams).data() + p.offset;
     float* mout = ctx.out<float>(kAdamM).data() + p.offset;
     float* vout = ctx.out<float>(kAdamV).data() + p.offset;
-    if (mine) {
+    if (mine && !skip) {
       model::adamw_span_into(cfg, step, lr, clip, p.weight_decay, pin, grads.at(p.offset, p.size), min, vin, pout, mout,
                              vout, n);
     } else {
@@ -94,11 +103,6 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
       std::memcpy(vout, vin, sizeof(float) * n);
     }
   }
-  // The last stage's loss: each replica's island_loss (the dp sum of its devices' means), summed
-  // in replica order and made the mean here.
-  double loss = 0;
-  for (size_t r = 0; r < args.losses; ++r) loss += ctx.in<double>(args.loss(r))[0];
-  if (args.losses > 0) loss /= static_cast<double>(pp.dp) * static_cast<double>(args.losses);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, pwm::train::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
 }

@@ -3,6 +3,7 @@
 // reduction of a gradient piece and the update. Every one calls the model functions the plan's
 // executor in train/step.cc calls, on the same values, so all granularities compute the
 // same bits as spmd_train.
+#include <cmath>
 #include <cstring>
 
 #include "collectives/bucketed_allreduce.h"
@@ -45,6 +46,14 @@ pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, co
   *comm_s += now_s() - t0;
   *loss_out = red[0] / (replicas_loss_sum ? dev.cfg().data_parallel() : p.dp);
   const auto in = [&](size_t i) { return ctx.in<float>(i).data(); };
+  // A non-finite loss or gradient norm: no update (the state passes through), as spmd_train.
+  if (pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1])) {
+    for (size_t i : {kParams, kAdamM, kAdamV}) {
+      auto out = ctx.out<float>(i);
+      std::memcpy(out.data(), in(i), sizeof(float) * out.size());
+    }
+    return pwm::train::UpdateResult{model::lr_at(dev.cfg().optim, step), std::sqrt(red[1])};
+  }
   return pwm::train::apply_update_into(dev.cfg(), layout, step, red[1], in(kParams), grads, in(kAdamM), in(kAdamV),
                                   ctx.out<float>(kParams).data(), ctx.out<float>(kAdamM).data(),
                                   ctx.out<float>(kAdamV).data());

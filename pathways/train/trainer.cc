@@ -88,10 +88,10 @@ Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_isl
 
 Trainer::~Trainer() = default;
 
-std::string Trainer::run() {
+std::optional<std::string> Trainer::run() {
   // The loop's kill hook for world rank 0 is the controller's (a worker kills itself inside its
   // step kernel: step_kernels.cc).
-  return *pwm::train::run(*this, cfg_, 0);
+  return pwm::train::run(*this, cfg_, 0);
 }
 
 void Trainer::place_slices(int num_islands) {
@@ -189,15 +189,21 @@ bool Trainer::step(int64_t step) {
   // would have its predecessor's statistics fetched only when it ends, and the next step
   // dispatched only after that round trip: the devices would idle for it every step.
   constexpr size_t kInFlight = 2;
-  if (pending_.size() > kInFlight) drain_one();
-  return true;  // a failed metrics write throws from drain_one (the controller's error ends the job)
+  // A failed metrics write throws from drain_one (the controller's error ends the job); a
+  // non-finite step beyond --skip-nonfinite returns false (the steps after it, in flight, are
+  // never reported: the run ends before anything else).
+  return pending_.size() <= kInFlight || drain_one();
 }
 
-void Trainer::drain() {
-  while (!pending_.empty()) drain_one();
+bool Trainer::drain() {
+  while (!pending_.empty())
+    if (!drain_one()) return false;
+  return true;
 }
 
-void Trainer::drain_one() {
+void Trainer::fail() { stop_error_ = report_.stop(); }
+
+bool Trainer::drain_one() {
   Pending p = std::move(pending_.front());
   pending_.pop_front();
   std::vector<std::vector<double>> per_slice;
@@ -232,6 +238,7 @@ void Trainer::drain_one() {
   // A failed metrics write (a full disk) ends the run now rather than after the last step; the
   // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
   if (report_.failed()) throw Error(report_.error());
+  return !report_.stopped();
 }
 
 void Trainer::record_overlap(const std::vector<StepStats>& devices) {
@@ -368,8 +375,8 @@ void Trainer::write_trace() {
   write_trace_file(cfg_.outputs.trace, fragments, "--trace");
 }
 
-void run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg, bool resume,
-                    double peak_gflops) {
+std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
+                           bool resume, double peak_gflops) {
   RuntimeOptions ro = RuntimeOptions::from_env();
   ro.islands = cfg.mpmd.islands;
   ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
@@ -385,8 +392,13 @@ void run_controller(std::shared_ptr<collectives::Transport> transport, const pwm
       "pathways", fmt::format("controller + {} workers ({} islands) | {}", transport->size() - 1, rt.num_islands(), layout),
       cfg, "", peak_gflops, "worker");
   Client client = rt.client("trainer");
-  Trainer(cfg, client, rt.num_islands(), peak_gflops, resume).run();
-  rt.shutdown();
+  std::string stopped;
+  {
+    Trainer trainer(cfg, client, rt.num_islands(), peak_gflops, resume);
+    if (!trainer.run()) stopped = trainer.stop_error();
+  }
+  rt.shutdown();  // (after the trainer has dropped its arrays: the steps still in flight end first)
+  return stopped;
 }
 
 }  // namespace pwm::pathways::train

@@ -38,9 +38,11 @@ pwm::train::TrainerSpec trainer_spec();
 
 // The controller's whole run (world rank 0; the other ranks serve as workers, pathways::run_worker):
 // the runtime over the workers (islands and liveness from `cfg`), the header line, the training,
-// the runtime's shutdown. Blocks until the training ends.
-void run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg, bool resume,
-                    double peak_gflops);
+// the runtime's shutdown. Blocks until the training ends. Returns "" or, when the run stopped at
+// a non-finite step (--skip-nonfinite), the one line saying why, with the workers released: the
+// caller prints it once and every rank exits non-zero (main.cc).
+std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
+                           bool resume, double peak_gflops);
 
 // Runs on world rank 0 (the controller) only; every call blocks until the programs it
 // dispatches have been accepted, and the statistics' fetches until the step has run.
@@ -53,18 +55,22 @@ class Trainer final : public pwm::train::Trainer {
           const KernelNames& names = {});
   ~Trainer() override;
 
-  // Trains through the shared run loop; returns the weights hash (throws pwm::Error when an
-  // output cannot be written or the replicas diverged: the controller's error ends the job).
-  std::string run();
+  // Trains through the shared run loop; returns the weights hash, or nullopt when a step was
+  // non-finite beyond --skip-nonfinite (stop_error() says why; the metrics end with their
+  // stopped line). Throws pwm::Error when an output cannot be written or the replicas diverged:
+  // the controller's error ends the job.
+  std::optional<std::string> run();
+  const std::string& stop_error() const { return stop_error_; }
 
   // pwm::train::Trainer.
   int64_t first_step() const override { return first_step_; }
   bool step(int64_t step) override;
-  void drain() override;
+  bool drain() override;
   void pause() override { last_end_us_ = -1; }
   double evaluate() override;
   bool save(int64_t steps_done) override;
   std::optional<std::string> finish() override;
+  void fail() override;  // (only a non-finite stop: a failed write throws)
   pwm::train::TrainReport& report() override { return report_; }
 
  private:
@@ -84,7 +90,7 @@ class Trainer final : public pwm::train::Trainer {
   Program single(const std::string& kernel, const Slice& s, const std::vector<Array>& in, std::vector<int64_t> attrs) const;
   Array merged(Array ArrayState::*which, int replica = 0);  // a pipeline's stages merged
   std::string hash_of(int replica);
-  void drain_one();
+  bool drain_one();  // false: the report stopped the run (a non-finite step)
   void record_overlap(const std::vector<StepStats>& devices);
   void report_layout_and_memory();
   void write_trace();
@@ -106,6 +112,7 @@ class Trainer final : public pwm::train::Trainer {
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause
   std::vector<double> bubbles_, exposed_, tails_;
+  std::string stop_error_;
 };
 
 }  // namespace pwm::pathways::train

@@ -151,6 +151,24 @@ TEST(CheckpointFile, WithoutOptimizerState) {
   expect_bitwise_equal(r.params, c.params);
 }
 
+// Issue 42: the file stores non-finite values bit for bit (above), but a run does not resume
+// from them: check_finite names the file, the tensor and the element.
+TEST(CheckpointFinite, NonFiniteParametersAndMomentsAreNamed) {
+  TempDir dir;
+  Checkpoint c = sample();
+  save_checkpoint(dir.file("nan.ckpt"), c);
+  const Checkpoint r = load_checkpoint(dir.file("nan.ckpt"));
+  EXPECT_NE(error_of([&] { check_finite(r, false); })
+                .find("checkpoint " + dir.file("nan.ckpt") + " holds a non-finite value (inf) in parameter odd, element 2"),
+            std::string::npos);
+  c.params[2].values = std::vector<float>(c.params[2].values.size(), 0.5f);
+  EXPECT_NO_THROW(check_finite(c, true));
+  c.adam_v[3].values[0] = from_bits(0xFFC00000u);  // a negative NaN
+  EXPECT_NO_THROW(check_finite(c, false));         // (the parameters alone: pwm_eval)
+  EXPECT_NE(error_of([&] { check_finite(c, true); }).find("(nan) in AdamW second moment scalar, element 0"),
+            std::string::npos);
+}
+
 TEST(CheckpointFile, TruncatedFileIsRefused) {
   TempDir dir;
   const std::string good = dir.file("good.ckpt");

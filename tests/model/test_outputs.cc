@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -164,6 +165,51 @@ TEST(TrainReport, MetricsAppearOnlyWhenComplete) {
   TrainReport r(c, "test", 1, 1.0, true);
   r.finish("0");
   EXPECT_NE(slurp(c.outputs.metrics).find("\"final\":true"), std::string::npos);
+}
+
+// Issue 42: a non-finite step is skipped while --skip-nonfinite allows (its line marked, the
+// final loss the last finite one), the next one stops the run: no line for it, and stop() ends
+// the metrics with the stopped line and moves them into place.
+TEST(TrainReport, NonFiniteStepsAreSkippedThenStopTheRun) {
+  TempDir dir;
+  TrainConfig c;
+  c.outputs.metrics = dir.file("m.jsonl");
+  c.workload.steps = 4;
+  c.workload.skip_nonfinite = 1;
+  c.optim.lr = 0.5;
+  TrainReport r(c, "test", 1, 1.0, true);
+  StepRecord s;
+  s.compute_ms = s.comm_ms = s.wait_ms = {1.0};
+  s.loss = 2.5;
+  s.grad_norm = 1;
+  r.step(s);
+  s.step = 1;
+  s.loss = 3.0;
+  s.grad_norm = std::numeric_limits<double>::infinity();  // a finite loss, an infinite norm: skipped
+  r.step(s);
+  EXPECT_FALSE(r.stopped());
+  EXPECT_EQ(r.skipped_nonfinite(), 1);
+  EXPECT_EQ(r.last_loss(), 2.5);
+  s.step = 2;
+  s.loss = std::numeric_limits<double>::quiet_NaN();
+  r.step(s);
+  ASSERT_TRUE(r.stopped());
+  const std::string line = r.stop();
+  EXPECT_EQ(line, "step 2: the training loss is nan (gradient norm inf), after 1 skipped non-finite step "
+                  "(--skip-nonfinite 1): training diverged or the data/precision produced a non-finite value; "
+                  "lower --lr (now 0.5), or check the data");
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(slurp(c.outputs.metrics));
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 4u);  // header, step 0, step 1 (skipped), the stopped line
+  EXPECT_FALSE(lines[1]["skipped"].get<bool>());
+  EXPECT_TRUE(lines[2]["skipped"].get<bool>());
+  EXPECT_TRUE(lines[2]["grad_norm"].is_null());
+  EXPECT_TRUE(lines[3]["stopped"].get<bool>());
+  EXPECT_EQ(lines[3]["step"], 2);
+  EXPECT_EQ(lines[3]["skipped_nonfinite"], 1);
+  EXPECT_EQ(lines[3]["error"], line);
+  EXPECT_TRUE(dir.listing().size() == 1);  // no temporary file left
 }
 
 // Moves the tensor table entry of params tensor `name` to `offset` (same number of digits, so

@@ -455,6 +455,25 @@ def case_full_disk_leaves_nothing():
     assert not sc.temp_leftovers(small) and not sc.temp_leftovers(sc.TMP), "temporary files left"
 
 
+def case_nonfinite_stops_the_run():
+    # As spmd_train (tests/spmd, nonfinite_stops_the_run): the controller sees the step's loss
+    # with up to two later steps in flight; the run still ends at the first non-finite step, no
+    # evaluation or checkpoint after it, the workers released and every rank non-zero.
+    sc.check_nonfinite_stop(3, ["--replicas", "2"], "pathways", "pw_diverged_replicas")
+    sc.check_nonfinite_stop(3, ["--dp", "2", "--granularity", "chained"], "pathways", "pw_diverged_chained")
+    # --skip-nonfinite: the skipped step passes the state through on every worker, as spmd_train
+    # skips its update: the same bits.
+    ref = sc.nan_step_runs(2, ["--dp", "2"], "spmd", "spmd_nan")
+    for mesh in (["--dp", "2", "--granularity", "fused"], ["--dp", "2", "--granularity", "chained"],
+                 ["--dp", "2", "--granularity", "opbyop"], ["--replicas", "2"]):
+        got = sc.train(3, "pw_nan" + "".join(mesh), mesh + ["--nan-step", "2", "--skip-nonfinite", "1"], exe="pathways")
+        assert got[2]["skipped_nonfinite"] == 1 and got[0][2]["skipped"] and got[0][2]["loss"] is None, got[0][2]
+        assert_bitwise(ref, got, f"pathways {' '.join(mesh)} --nan-step 2 --skip-nonfinite 1")
+    # The pipeline: every stage skips (the norm is the whole model's; the last stage also has the
+    # loss), so the run stops or skips as the others.
+    sc.nan_step_runs(3, ["--stages", "2", "--microbatches", "2"], "pathways", "pw_nan_pipe")
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"pw_{case}_")

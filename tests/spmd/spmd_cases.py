@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 BUILD = None
 TMP = None
@@ -568,6 +569,127 @@ def case_resume_across_meshes():
             assert got[0][s][k] == ref4[0][s][k], f"same-mesh resume: step {s} {k}"
     assert got[2]["weights_hash"] == ref4[2]["weights_hash"], "same-mesh resume: final weights differ"
     print("R2xD2 fsdp -> R2xD2 fsdp: bitwise equal to the uninterrupted run")
+
+
+# ---- issue 42: nothing silent - non-finite training ends the run ---------------------------------
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+import read_checkpoint  # noqa: E402  (the independent reader of docs/checkpoint-format.md)
+
+
+def metrics_lines(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f]
+
+
+def finite_checkpoint(path):
+    """The checkpoint's step, after checking (independently of the C++ reader) that it is valid
+    and every parameter and moment is finite."""
+    ck = read_checkpoint.read_checkpoint(path)
+    for t in ck["tensors"]:
+        assert all(math.isfinite(v) for v in t["values"]), f"{path}: {t['group']} {t['name']} is not finite"
+    return ck["step"]
+
+
+def poison_checkpoint(src, dst, group, name, index):
+    """Copies checkpoint `src` to `dst` with element `index` of tensor `name` of `group` made NaN
+    and the CRC-32 recomputed (docs/checkpoint-format.md), so that only the finite check can
+    refuse it."""
+    data = bytearray(open(src, "rb").read())
+    _, _, header_bytes, data_offset, _ = read_checkpoint.PREAMBLE.unpack_from(data, 0)
+    header = json.loads(bytes(data[read_checkpoint.PREAMBLE.size:read_checkpoint.PREAMBLE.size + header_bytes]))
+    (e,) = [e for e in header["tensors"] if e["group"] == group and e["name"] == name]
+    struct_pos = data_offset + e["offset"] + 4 * index
+    data[struct_pos:struct_pos + 4] = (0x7FC00000).to_bytes(4, "little")  # a quiet NaN
+    crc = zlib.crc32(bytes(data[:-4])) & 0xFFFFFFFF
+    data[-4:] = crc.to_bytes(4, "little")
+    open(dst, "wb").write(bytes(data))
+    read_checkpoint.read_checkpoint(dst)  # still a valid file
+
+
+def check_nonfinite_stop(n, mesh, exe, label):
+    """--lr 1e6 without clipping diverges within a few steps: the run ends at the first non-finite
+    step with one line naming it, every rank non-zero; the metrics end at the step before with the
+    stopped line; the checkpoint of the step before (--ckpt-every 1) is intact and finite. The old
+    code trained every step at loss nan, exited 0 and wrote a NaN checkpoint."""
+    prefix = f"{'spmd' if exe == 'spmd' else 'pathways'}_train: error:"
+    ck, m = os.path.join(TMP, label + ".ckpt"), os.path.join(TMP, label + ".jsonl")
+    args = [a for a in TINY] + mesh + ["--lr", "1e6", "--max-grad-norm", "0", "--ckpt", ck, "--ckpt-every", "1",
+                                       "--metrics", m]
+    p = run(n, args, expect_ok=False, exe=exe)
+    line = one_error_line(p, "the training loss is nan", prefix)
+    bad = int(line.split("error: step ")[1].split(":")[0])
+    assert 0 < bad < 6, f"{label}: stopped at step {bad}"
+    for what in ("lower --lr (now 1e+06)", "enable --max-grad-norm", "--skip-nonfinite"):
+        assert what in line, f"{label}: the line does not say {what!r}: {line}"
+    lines = metrics_lines(m)
+    steps = [j["step"] for j in lines if "loss" in j]
+    assert steps == list(range(bad)), f"{label}: step lines {steps}, expected 0..{bad - 1}"
+    assert all(math.isfinite(j["loss"]) and math.isfinite(j["grad_norm"]) for j in lines if "loss" in j)
+    last = lines[-1]
+    assert last.get("stopped") and last["step"] == bad and last["error"] in line, f"{label}: last line {last}"
+    assert not any(j.get("final") for j in lines), f"{label}: a stopped run wrote a final line"
+    assert finite_checkpoint(ck) == bad, f"{label}: the checkpoint is not the one after step {bad - 1}"
+    assert not temp_leftovers(TMP), f"{label}: temporary files left: {temp_leftovers(TMP)}"
+    print(f"{label}: stopped at step {bad}; metrics and the step-{bad} checkpoint intact")
+
+
+def nan_step_runs(n, mesh, exe, label):
+    """--nan-step 2: stops the run at step 2 by default; with --skip-nonfinite 1 the step is
+    skipped, counted and the run finishes. Returns the finished run's metrics."""
+    prefix = f"{'spmd' if exe == 'spmd' else 'pathways'}_train: error:"
+    m = os.path.join(TMP, label + "_stop.jsonl")
+    p = run(n, TINY + mesh + ["--nan-step", "2", "--metrics", m], expect_ok=False, exe=exe)
+    line = one_error_line(p, "step 2: the training loss is nan (gradient norm nan)", prefix)
+    assert "--nan-step 2" in line, line
+    assert [j["step"] for j in metrics_lines(m) if "loss" in j] == [0, 1]
+    # One allowed, one happens: the run goes on; the step's line is marked and its loss is null.
+    got = train(n, label + "_skip", mesh + ["--nan-step", "2", "--skip-nonfinite", "1"], exe=exe)
+    steps, _, final = got
+    assert sorted(steps) == list(range(6)), sorted(steps)
+    assert steps[2]["skipped"] and steps[2]["loss"] is None and steps[2]["grad_norm"] is None, steps[2]
+    assert not any(steps[s]["skipped"] for s in steps if s != 2)
+    assert final["skipped_nonfinite"] == 1 and math.isfinite(final["final_loss"]), final
+    # One allowed, two happen: diverged weights stay diverged, so the step after the skipped one
+    # is non-finite too, and the run stops there.
+    p = run(n, TINY + mesh + ["--lr", "1e6", "--max-grad-norm", "0", "--skip-nonfinite", "1"], expect_ok=False, exe=exe)
+    one_error_line(p, "after 1 skipped non-finite step (--skip-nonfinite 1)", prefix)
+    return got
+
+
+def case_nonfinite_stops_the_run():
+    check_nonfinite_stop(2, ["--dp", "2"], "spmd", "diverged")
+    ref = train(2, "nan_ref", ["--dp", "2"])
+    got = nan_step_runs(2, ["--dp", "2"], "spmd", "nan_dp2")
+    # The skipped step changed nothing: steps 0, 1 are the reference's; the weights then differ
+    # (one update fewer, the later steps' learning rates and bias corrections the same).
+    for s in (0, 1):
+        assert got[0][s]["loss"] == ref[0][s]["loss"]
+    assert got[2]["weights_hash"] != ref[2]["weights_hash"]
+    assert got[2]["final_loss"] == got[0][5]["loss"]
+    # The same with --fsdp (its own update path).
+    fs = train(2, "nan_fsdp", ["--dp", "2", "--fsdp", "--nan-step", "2", "--skip-nonfinite", "1"])
+    assert fs[2]["skipped_nonfinite"] == 1 and fs[0][2]["skipped"]
+    # A checkpoint holding a NaN (in a parameter, then in a moment; the file otherwise valid) is
+    # refused on --resume, naming the file and the tensor; the clean one resumes.
+    ck = os.path.join(TMP, "clean.ckpt")
+    killed = run(2, TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "3", "--kill-rank", "1"],
+                 expect_ok=False)
+    assert killed.returncode != 0 and finite_checkpoint(ck) == 2
+    for group, name, kind in (("params", "layers.0.wq", "parameter"), ("adam_v", "embed", "AdamW second moment")):
+        bad = os.path.join(TMP, f"nan_{group}.ckpt")
+        poison_checkpoint(ck, bad, group, name, 5)
+        line = one_error_line(run(2, TINY + ["--dp", "2", "--ckpt", bad, "--resume"], expect_ok=False),
+                              f"checkpoint {bad} holds a non-finite value (nan) in {kind} {name}, element 5")
+        assert "use an earlier checkpoint" in line, line
+    resumed = train(2, "clean_resume", ["--dp", "2", "--ckpt", ck, "--resume"])
+    assert min(resumed[0]) == 2 and resumed[2]["weights_hash"] == ref[2]["weights_hash"]
+    # pwm_eval refuses a NaN parameter too (it printed a NaN loss).
+    bad = os.path.join(TMP, "nan_params.ckpt")
+    p = subprocess.run([os.path.join(BUILD, "train", "tools", "pwm_eval"), "--checkpoint", bad, "--text",
+                        "/usr/share/common-licenses/GPL-3", "--max-windows", "2"], capture_output=True, text=True)
+    assert p.returncode != 0 and "parameter layers.0.wq" in p.stderr, (p.returncode, p.stderr)
+    print("NaN checkpoints refused by --resume and pwm_eval:", p.stderr.strip())
 
 
 def main():

@@ -37,6 +37,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const Checkpoint ckpt = load_checkpoint(ckpt_path);
+  check_finite(ckpt, /*moments=*/false);  // a NaN parameter would print a NaN loss
   const ParamLayout layout(ckpt.config, 0, 1);
   const std::vector<float> params = params_from_checkpoint(ckpt, layout);
   const EvalResult r = evaluate_bytes(layout, params.data(), read_file(text_path), batch, max_windows);
