@@ -9,6 +9,7 @@
 #include <thread>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <map>
 #include <vector>
 
@@ -467,14 +468,53 @@ void MpiEnvironment::refuse_bad_environment(const char* argv0) {
     first = mine;
   else
     wait_startup(req, "every rank's check of its PWM_* environment (an allreduce)");
-  if (first == size_) return;
+  const char* slash = argv0 ? std::strrchr(argv0, '/') : nullptr;
+  const char* program = argv0 ? (slash ? slash + 1 : argv0) : "error";
+  std::string differs;
+  if (first == size_) {
+    differs = settings_difference();
+    if (differs.empty()) return;
+    first = 0;
+  }
   if (rank_ == first) {
-    const char* slash = argv0 ? std::strrchr(argv0, '/') : nullptr;
-    std::fprintf(stderr, "%s: error: %s\n", argv0 ? (slash ? slash + 1 : argv0) : "error", bad.c_str());
+    std::fprintf(stderr, "%s: error: %s\n", program, (bad.empty() ? differs : bad).c_str());
     std::fflush(stderr);
   }
   PWM_MPI_REPORT(MPI_Finalize());  // on the way to exit(1) with the line above: report, go on
   std::exit(1);
+}
+
+std::string MpiEnvironment::settings_difference() {
+  // The ranks must share every PWM_* setting: one that differs changes what the ranks do (a
+  // fingerprinted collective on one rank only, another timeout) and would surface later as "the
+  // ranks called different collectives". Compared before anything reads one, by a hash (two
+  // 8-byte allreduces); the texts are gathered only to name the difference.
+  std::string mine;
+  for (const auto& [name, value] : settings_in_effect()) mine += name + "=" + value + "\n";
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : mine) h = (h ^ c) * 1099511628211ull;
+  uint64_t lo = h, hi = h;
+  std::vector<MPI_Request> reqs(2);
+  PWM_MPI(MPI_Iallreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &reqs[0]));
+  PWM_MPI(MPI_Iallreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &reqs[1]));
+  wait_startup(reqs, "every rank's PWM_* settings (an allreduce)");
+  if (lo == hi) return "";
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size_)), offs(static_cast<size_t>(size_));
+  MPI_Request r;
+  PWM_MPI(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD, &r));
+  wait_startup(r, "every rank's PWM_* settings (an allgather)");
+  int total = 0;
+  for (int i = 0; i < size_; ++i) offs[static_cast<size_t>(i)] = std::exchange(total, total + lens[static_cast<size_t>(i)]);
+  std::string all(static_cast<size_t>(total), '\0');
+  PWM_MPI(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, MPI_COMM_WORLD, &r));
+  wait_startup(r, "every rank's PWM_* settings (an allgatherv)");
+  auto of = [&](int rank) { return all.substr(static_cast<size_t>(offs[static_cast<size_t>(rank)]), static_cast<size_t>(lens[static_cast<size_t>(rank)])); };
+  int odd = 1;
+  while (odd < size_ && of(odd) == of(0)) ++odd;
+  return fmt::format("rank {} runs with other PWM_* settings than rank 0 ({}): export the same settings to every rank "
+                     "(mpirun -x NAME=VALUE, or unset them)",
+                     odd, describe_settings_difference(of(odd), of(0)));
 }
 
 // A destructor: failures are reported, not thrown (std::terminate), and the process ends anyway.

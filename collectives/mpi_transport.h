@@ -39,6 +39,9 @@ class MpiEnvironment {
   // A bad PWM_* setting on any rank: one line (from the lowest such rank) and exit(1) on every
   // rank, after MPI_Finalize. Collective over the world.
   void refuse_bad_environment(const char* argv0);
+  // "" when every rank has the same PWM_* settings; else the line naming the first difference.
+  // Collective over MPI_COMM_WORLD (raw MPI: it runs before the transport exists).
+  std::string settings_difference();
 
   int rank_ = 0;
   int size_ = 1;

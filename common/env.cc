@@ -151,4 +151,26 @@ std::vector<std::pair<std::string, std::string>> settings_in_effect() {
   return out;
 }
 
+std::string describe_settings_difference(const std::string& a, const std::string& b) {
+  auto value = [](const std::string& lines, const char* name) -> std::string {
+    const std::string key = std::string(name) + "=";
+    for (size_t at = 0; at < lines.size();) {
+      const size_t end = lines.find('\n', at);
+      const std::string line = lines.substr(at, end == std::string::npos ? std::string::npos : end - at);
+      if (line.rfind(key, 0) == 0) return line.substr(key.size());
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    return "(unset)";
+  };
+  std::string out;
+  int shown = 0;
+  for (const Setting& s : kSettings) {
+    const std::string va = value(a, s.name), vb = value(b, s.name);
+    if (va == vb || shown == 3) continue;
+    out += fmt::format("{}{}={} vs {}", shown++ ? ", " : "", s.name, va, vb);
+  }
+  return out;
+}
+
 }  // namespace pwm

@@ -31,5 +31,8 @@ std::string check_environment();
 // The registered settings that are set, as (name, value) in the table's order: what the
 // trainers add to the configuration every rank must share (train/config.h canonical_json).
 std::vector<std::pair<std::string, std::string>> settings_in_effect();
+// Two ranks' settings, each as "NAME=VALUE\n" lines in the table's order: the first few names
+// whose values differ, as "PWM_X=a vs (unset), ..." (A first).
+std::string describe_settings_difference(const std::string& a, const std::string& b);
 
 }  // namespace pwm

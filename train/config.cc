@@ -11,7 +11,6 @@
 
 
 #include "common/check.h"
-#include "common/env.h"
 
 namespace pwm::train {
 
@@ -136,10 +135,6 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   j["kill_rank"] = hooks.kill_rank;
   j["step_sleep_ms"] = hooks.step_sleep_ms;
   j["nan_step"] = hooks.nan_step;
-  // The PWM_* settings each rank runs with (common/env.h): a difference is named like a flag's.
-  nlohmann::json env = nlohmann::json::object();
-  for (const auto& [name, value] : settings_in_effect()) env[name] = value;
-  j["env"] = env;
   if (mpmd_settings)  // as texts, as the flags were given
     j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
                     {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},

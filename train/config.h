@@ -138,8 +138,8 @@ struct TrainConfig {
   std::string to_json() const;  // the identity, mesh, micro-batches, steps, evaluation, bucket, overlap, replica reduce, precision: the metrics header
   // Every field, as sorted-key JSON: equal texts <=> equal configurations. The ranks of a job
   // compare its hash before training (a rank started with other flags is named). With `mpmd`,
-  // the MPMD settings too, under "trainer"; the PWM_* settings that are set, under "env" (a
-  // rank started with another PWM_COLL_TIMEOUT is named as env/PWM_COLL_TIMEOUT).
+  // the MPMD settings too, under "trainer". The effective values are compared (coll_timeout after
+  // PWM_COLL_TIMEOUT); the PWM_* settings themselves are compared earlier, by MpiEnvironment.
   std::string canonical_json(bool mpmd = false) const;
 };
 

@@ -33,6 +33,7 @@
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
 #include "common/check.h"
+#include "common/cli.h"
 #include "common/time.h"
 #include "tests/collectives/reference.h"
 
@@ -438,10 +439,11 @@ int main(int argc, char** argv) {
   CLI::App app{"collectives_bench: nccl-tests-style sweep of the pathways-mpi collectives against MPI"};
   Options o;
   add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return env.rank() == 0 ? app.exit(e) : (e.get_exit_code() != 0 ? 1 : 0);
+  try {  // every rank parses the same argv and reaches the same verdict; rank 0 says it
+    if (int code = 0; !parse_command_line(app, argc, argv, "collectives_bench", env.rank() == 0, code)) return code;
+  } catch (const Error& e) {
+    if (env.rank() == 0) std::fprintf(stderr, "collectives_bench: error: %s\n", e.what());
+    return 1;
   }
   return run_mpi_main(env, [&]() -> int { return run(env, o); });
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/cli.h"
 #include "common/time.h"
 #include "train/checks.h"
 #include "train/full_state.h"
@@ -92,11 +93,7 @@ std::optional<int> parse_flags(int argc, char** argv, Options& o) {
   app.add_flag("--peak-only", o.peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
   app.add_flag("--bf16-info", o.info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
   app.add_flag("--profile", o.profile, "time each piece of the step (adds a little overhead)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int code = 0; !pwm::parse_command_line(app, argc, argv, "model_bench", true, code)) return code;
   o.backend = parse_gemm_backend(backend);
   o.precision = parse_precision(precision);
   return std::nullopt;

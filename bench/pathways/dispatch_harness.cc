@@ -1,5 +1,6 @@
 #include "bench/pathways/dispatch_harness.h"
 
+#include <cstdio>
 #include <CLI/CLI.hpp>
 
 #include <sys/resource.h>
@@ -8,6 +9,7 @@
 
 #include "bench/pathways/bench_kernels.h"
 #include "common/check.h"
+#include "common/cli.h"
 #include "common/time.h"
 #include "pathways/backoff.h"
 #include "pathways/tags.h"
@@ -94,10 +96,11 @@ std::optional<int> parse_options(int argc, char** argv, int rank, BenchOptions* 
   app.add_option("--fig8-us", fig8_us_s, "Fig. 8: comma-separated compute times per program (us)");
   app.add_option("--fig8-reps", o->fig8_reps, "Fig. 8: rounds per T (the best is reported)");
   app.add_option("--fig8-seconds", o->fig8_seconds, "Fig. 8: approximate length of one row's measurement");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+  try {  // every rank parses the same argv and reaches the same verdict; rank 0 says it
+    if (int code = 0; !pwm::parse_command_line(app, argc, argv, "dispatch_bench", rank == 0, code)) return code;
+  } catch (const Error& e) {
+    if (rank == 0) std::fprintf(stderr, "dispatch_bench: error: %s\n", e.what());
+    return 1;
   }
   const std::vector<int64_t> figs = parse_list(figs_s);
   auto fig_on = [&](int f) { return std::find(figs.begin(), figs.end(), f) != figs.end(); };

@@ -65,7 +65,7 @@ def case_bitwise_equal_to_spmd_bf16():
     # A bad value: one line, every rank exits non-zero, no output left.
     m = os.path.join(sc.TMP, "bad_precision.jsonl")
     for exe, n in (("spmd", 2), ("pathways", 3)):
-        sc.expect_error(n, sc.TINY + ["--precision", "fp16", "--metrics", m], "--precision: fp16 not in {fp32,bf16}",
+        sc.expect_error(n, sc.TINY + ["--precision", "fp16", "--metrics", m], "--precision 'fp16': expected one of fp32, bf16",
                         [m], exe=exe)
 
 

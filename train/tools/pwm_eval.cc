@@ -8,6 +8,8 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/cli.h"
+#include "common/paths.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
 #include "model/params.h"
@@ -34,7 +36,8 @@ int run(int argc, char** argv) {
   app.add_option("--max-windows", max_windows, "evaluate at most this many windows (0: all)");
   app.add_flag("--precise", precise,
                "print the losses with 17 significant digits (the double round-trips: compare at 1e-7 and below)");
-  CLI11_PARSE(app, argc, argv);
+  if (int code = 0; !pwm::parse_command_line(app, argc, argv, "pwm_eval", true, code)) return code;
+  pwm::check_input_file("--ckpt", ckpt_path, UINTMAX_MAX);  // never open a FIFO or a device
 
   const Checkpoint ckpt = load_checkpoint(ckpt_path);
   check_finite(ckpt, /*moments=*/false);  // a NaN parameter would print a NaN loss
