@@ -19,7 +19,11 @@
 #   PWM_CLUSTER_NAME, PWM_CLUSTER_HOSTS, PWM_CLUSTER_DCN (the shaping, or "none")
 # Names are unique per cluster (pwm<pid>), so two clusters never collide; `up` undoes what it made
 # if it fails or is interrupted, a one-shot `run --hosts` tears its cluster down on exit, error
-# and signal, and every launch is bounded by --timeout (default 600 s).
+# and signal, and every launch is bounded by --timeout (default 600 s, then exit 124).
+# Every launch is watched (mpi_scripts/launch_watch.sh): once the job reports its end (a lost rank
+# or host: "...; aborting the job"), the launcher gets a grace (PWM_LAUNCH_GRACE, default half the
+# --coll-timeout within [5, 30] s) and, if still there, is ended with its daemons on every host,
+# one line saying so (exit 3); no process of a launch outlives `run` (docs/cluster.md).
 # Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); without it, one line says so and the exit code is 77.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -174,7 +178,12 @@ run_in() {
   fi
   export PWM_CLUSTER_MPIRUN="$launcher" PWM_CLUSTER_NAME="$name" PWM_CLUSTER_HOSTS="$hosts"
   export PWM_CLUSTER_DCN="${rate:-none}${delay:+, delay $delay}"
-  timeout --kill-after=10 "$timeout_s" ip netns exec "$name-h0" nsenter --uts="$dir/h0.uts" "${CMD[@]}"
+  # The launch is watched (launch_watch.sh): its output passes through as it comes; once the job
+  # reports its end (a lost rank or host, an error), the launcher gets a grace period and is then
+  # ended with its daemons on every host, with one line saying so (exit 3); and no process of the
+  # launch outlives it, whichever way it ends.
+  exec bash "$PWM_ROOT/mpi_scripts/launch_watch.sh" --who cluster.sh -- \
+    timeout --kill-after=10 "$timeout_s" ip netns exec "$name-h0" nsenter --uts="$dir/h0.uts" "${CMD[@]}"
 }
 
 # ---- status / down --------------------------------------------------------------------------
@@ -198,10 +207,21 @@ status() {
 # teardown NAME: kills what runs in the cluster's namespaces and removes them, the UTS files
 # and the state directory. Safe on a half-made cluster.
 teardown() {
-  local n=$1 dir="$STATE_ROOT/$1" ns pids
+  local n=$1 dir="$STATE_ROOT/$1" ns pids all=""
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$n-(h[0-9]+|sw)$"); do
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+    all="$all $pids"
+  done
+  # Gone before the namespaces are (up to 5 s): no daemon outlives the script.
+  local i p s alive
+  for ((i = 0; i < 50; i++)); do
+    alive=0
+    for p in $all; do
+      s=$(cat "/proc/$p/stat" 2>/dev/null) && s=${s##*) } && [ "${s%% *}" != Z ] && alive=1
+    done
+    [ $alive = 0 ] && break
+    sleep 0.1
   done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$n-(h[0-9]+|sw)$"); do
     ip netns del "$ns" 2>/dev/null || true
@@ -244,11 +264,11 @@ case "$verb" in
       name=$( (CMD=(); up) ) || exit $?
       trap 'teardown "$name"' EXIT
       # The command runs in the background so that a signal is handled at once (bash runs traps
-      # only between foreground commands); the EXIT trap's teardown kills whatever still runs
-      # in the cluster's namespaces.
+      # only between foreground commands): the watch gets the signal and ends the launch, then
+      # the EXIT trap's teardown kills whatever still runs in the cluster's namespaces.
       run_in &
       child=$!
-      trap 'kill -TERM $child 2>/dev/null; exit 130' INT TERM
+      trap 'kill -TERM $child 2>/dev/null; wait $child; exit 130' INT TERM
       set +e
       wait $child
       exit $?

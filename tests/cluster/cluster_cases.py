@@ -192,6 +192,84 @@ def case_watchdog_names_stopped_rank_and_host():
     print(m.group(0))
 
 
+def network_cut_ends_the_job(exe, n):
+    # One host's link goes down mid-run (the switch's end of host 1's veth): the ranks on host 0
+    # report the lost rank after --coll-timeout, and the whole `cluster.sh run` has ended, non-zero,
+    # with no MPI daemon and no namespace of its cluster left. OpenMPI's mpirun alone stays in "abort
+    # is already in progress" for minutes (it waits for the cut host's orted); cluster.sh's watch
+    # (mpi_scripts/launch_watch.sh) ends it after a grace period. Ranks round-robin over 2 hosts of
+    # 1 slot, so the job spans the cut.
+    timeout = 5
+    # The bound, from the cut: the report comes `timeout` after it (the watchdog; measured 5.1-5.2 s),
+    # then the launcher gets the grace (half the timeout, at least 5 s: 5 s here), then the watch
+    # ends it, its daemons and the cluster (measured 0.3-0.7 s): 10.5-10.9 s in all, against 8.4 s
+    # where the launcher's own abort works (a rank stopped instead of cut) and 94-240 s without the
+    # watch (until cluster.sh's --timeout). 2x the timeout + 5 s of slack for a machine whose 2 cores
+    # are shared with other work.
+    bound = 2 * timeout + 5
+    flags = ["--coll-timeout", str(timeout), "--steps", "400", "--step-sleep-ms", "50", "--log-every", "1"]
+    flags += ["--dp", str(n)] if exe == "spmd" else ["--dp", str(n - 1), "--islands", f"1x{n - 1}"]
+    args = " ".join(sc.TINY[:-2] + flags)
+    cmd = cluster_cmd(2, 1, f"$PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}", timeout=150)
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    name = f"pwm{proc.pid}"
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not any(re.search(r"step +\d+/", x) for x in lines[:]):
+        time.sleep(0.2)
+    if proc.poll() == SKIP:
+        sys.exit(SKIP)
+    assert any(re.search(r"step +\d+/", x) for x in lines[:]), "no training step was logged:\n" + "".join(lines)
+    subprocess.run(["ip", "-n", f"{name}-sw", "link", "set", f"{name}-p1", "down"], check=True)
+    cut = time.time()
+    try:
+        proc.wait(timeout=200)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    took = time.time() - cut
+    reader.join(timeout=10)
+    out = "".join(lines)
+    report = re.search(r"(collective watchdog|pathways liveness): .*on " + re.escape(name) + r"-h1.*aborting the job", out)
+    assert report, f"no report of the rank lost on {name}-h1:\n{out[-3000:]}"
+    print(f"{exe}: the report: {report.group(0)[:200]}")
+    ended = re.search(r"cluster\.sh: the job reported its end .*", out)
+    print(f"{exe}: cluster.sh ended with {proc.returncode} {took:.1f} s after the cut; " +
+          (ended.group(0) if ended else "the launcher ended by itself"))
+    assert proc.returncode != 0, "the job cut from a host exited 0"
+    assert took <= bound, f"cluster.sh run ended {took:.1f} s after the cut (bound {bound} s):\n{out[-3000:]}"
+    # What is left: a live MPI daemon (or launcher, or rank) of this cluster (they carry its
+    # name in their environment), or its namespaces. A zombie is dead: it waits for PID 1 to reap it.
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                mine = f"PWM_CLUSTER_NAME={name}".encode() in f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if mine and state != "Z":
+            left.append(f"{pid} {comm}")
+    assert not left, f"processes of {name} left: {left}"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not re.search(rf"^{name}-", netns, re.M), f"namespaces of {name} left:\n{netns}"
+
+
+def case_network_cut_ends_the_job():
+    network_cut_ends_the_job("spmd", 2)
+
+
+def case_network_cut_ends_the_pathways_job():
+    # The controller and worker 2 on host 0, worker 1 on host 1: the controller's liveness and
+    # worker 2's watchdog report the lost worker.
+    network_cut_ends_the_job("pathways", 3)
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory(prefix="pwm_cluster_") as tmp:
