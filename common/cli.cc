@@ -2,11 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 
 #include "common/check.h"
+#include "common/parse.h"
 
 namespace pwm {
 
@@ -23,40 +21,12 @@ NumberKind kind_of(const CLI::Option* o) {
   return NumberKind::kNone;
 }
 
-// "" if `s` is a whole number as CLI11 should read it; else what is wrong.
-std::string check_whole(const std::string& s, bool negative_ok) {
-  size_t i = 0;
-  if (i < s.size() && (s[i] == '-' || s[i] == '+')) {
-    if (s[i] == '-' && !negative_ok) return fmt::format("'{}' is negative; expected a whole number >= 0", s);
-    ++i;
-  }
-  bool digits = i < s.size();
-  for (size_t j = i; j < s.size(); ++j) digits = digits && s[j] >= '0' && s[j] <= '9';
-  if (!digits) return fmt::format("'{}' is not a whole number (decimal digits, e.g. 100)", s);
-  if (s.size() - i > 1 && s[i] == '0') return fmt::format("'{}' has a leading zero; write it in decimal without one", s);
-  errno = 0;
-  if (negative_ok) (void)std::strtoll(s.c_str(), nullptr, 10);
-  else (void)std::strtoull(s.c_str(), nullptr, 10);
-  if (errno == ERANGE) return fmt::format("'{}' is too large for a 64-bit whole number", s);
-  return "";
-}
-
-std::string check_real(const std::string& s) {
-  char* end = nullptr;
-  errno = 0;
-  const double d = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size()) return fmt::format("'{}' is not a number (e.g. 0.5 or 3e-4)", s);
-  if (!std::isfinite(d)) return fmt::format("'{}' is not a finite number", s);
-  if (errno == ERANGE) return fmt::format("'{}' is outside the range of a double", s);
-  return "";
-}
-
 void harden(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     const NumberKind k = kind_of(o);
     if (k == NumberKind::kNone) continue;
     o->check(CLI::Validator(
-        [k](std::string& s) { return k == NumberKind::kReal ? check_real(s) : check_whole(s, k == NumberKind::kSigned); },
+        [k](std::string& s) { return k == NumberKind::kReal ? check_real_number(s) : check_whole_number(s, k == NumberKind::kSigned); },
         "", ""));
   }
   for (CLI::App* sub : app.get_subcommands({})) harden(*sub);

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "common/check.h"
+#include "common/parse.h"
 #include "pathways/tags.h"
 
 namespace pwm::pathways {
@@ -15,6 +16,15 @@ std::vector<int> SliceInfo::world_ranks() const {
   std::vector<int> r;
   for (int d : devices) r.push_back(d + 1);
   return r;
+}
+
+std::pair<int, int> ResourceManager::parse_islands(const std::string& islands) {
+  const size_t x = islands.find('x');
+  const std::string what = fmt::format("--islands {} (KxM: K islands of M devices, e.g. 2x2)", islands);
+  if (x == std::string::npos) PWM_THROW("{}: no 'x' between K and M", what);
+  const int k = static_cast<int>(parse_whole(what, islands.substr(0, x), 1, 1 << 20));
+  const int m = static_cast<int>(parse_whole(what, islands.substr(x + 1), 1, 1 << 20));
+  return {k, m};
 }
 
 ResourceManager::ResourceManager(std::vector<std::string> hosts, const std::string& islands) {
@@ -30,10 +40,7 @@ ResourceManager::ResourceManager(std::vector<std::string> hosts, const std::stri
     }
     n_islands_ = static_cast<int>(by_host.size());
   } else {
-    int k = 0, m = 0;
-    char x = 0;
-    if (std::sscanf(islands.c_str(), "%d%c%d", &k, &x, &m) != 3 || x != 'x' || k <= 0 || m <= 0)
-      PWM_THROW("--islands '{}': expected KxM (K islands of M devices), e.g. 2x2", islands);
+    const auto [k, m] = parse_islands(islands);
     if (k * m != n)
       PWM_THROW("--islands {}: {} x {} = {} devices but there are {} workers; run with {} ranks",
                 islands, k, m, k * m, n, k * m + 1);

@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pwm::pathways {
@@ -51,6 +52,9 @@ class ResourceManager {
  public:
   // `hosts[d]`: the host name of device d. `islands`: "" (by host) or "KxM".
   ResourceManager(std::vector<std::string> hosts, const std::string& islands);
+  // "KxM" -> {K, M}, each a whole number >= 1 and nothing else; throws pwm::Error with one line.
+  // (The trainer checks --islands with it at start-up, on every rank.)
+  static std::pair<int, int> parse_islands(const std::string& islands);
 
   int num_devices() const;
   int num_islands() const;

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/check.h"
+#include "common/parse.h"
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "train/config.h"
@@ -36,11 +37,7 @@ std::vector<double> parse_list(const std::string& s, const char* flag) {
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    try {
-      v.push_back(std::stod(item));
-    } catch (...) {
-      PWM_THROW("{} '{}': expected comma-separated numbers", flag, s);
-    }
+    v.push_back(parse_real(fmt::format("{} {} (comma-separated numbers)", flag, s), item));
   }
   if (v.empty()) PWM_THROW("{}: give at least one number", flag);
   std::sort(v.begin(), v.end());

@@ -54,7 +54,8 @@ size_t parse_size(const std::string& s) {
   else if (suf == "M" || suf == "m") mult = 1 << 20;
   else if (suf == "G" || suf == "g") mult = 1 << 30;
   else if (!suf.empty()) PWM_THROW("bad size '{}': use a number with an optional K, M or G suffix", s);
-  if (end == s.c_str() || v < 0) PWM_THROW("bad size '{}'", s);
+  if (end == s.c_str() || !(v >= 0) || v * mult > 1e15)
+    PWM_THROW("bad size '{}': use a number of bytes in [0, 1e15] with an optional K, M or G suffix", s);
   return static_cast<size_t>(v * mult);
 }
 

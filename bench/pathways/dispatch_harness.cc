@@ -9,6 +9,7 @@
 
 #include "bench/pathways/bench_kernels.h"
 #include "common/check.h"
+#include "common/parse.h"
 #include "common/cli.h"
 #include "common/time.h"
 #include "pathways/backoff.h"
@@ -25,7 +26,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
   while (p < s.size()) {
     size_t q = s.find(',', p);
     if (q == std::string::npos) q = s.size();
-    v.push_back(std::stoll(s.substr(p, q - p)));
+    v.push_back(parse_whole(fmt::format("'{}' (comma-separated whole numbers)", s), s.substr(p, q - p), 0));
     p = q + 1;
   }
   return v;

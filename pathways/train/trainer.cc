@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/stats.h"
 #include "common/time.h"
+#include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
 #include "pathways/train/step_program.h"
 #include "train/full_state.h"
@@ -33,6 +34,7 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
   if (cfg.mesh.fsdp) PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
+  if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
     PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);
   if (p.stages == 1) return cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
