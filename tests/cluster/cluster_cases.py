@@ -199,6 +199,13 @@ def network_cut_ends_the_job(exe, n):
     # is already in progress" for minutes (it waits for the cut host's orted); cluster.sh's watch
     # (mpi_scripts/launch_watch.sh) ends it after a grace period. Ranks round-robin over 2 hosts of
     # 1 slot, so the job spans the cut.
+    if os.environ.get("PWM_MPI_FLAVOR", "openmpi") == "mpich":
+        # Measured: under MPICH the ranks of two emulated hosts hold no TCP connection to each other
+        # (only the proxies' PMI connection crosses the bridge; the namespaces share one kernel), so
+        # the cut is not seen by the job until MPI_Finalize, which waits for the cut host's proxy;
+        # cluster.sh's --timeout ends that (docs/cluster.md). Nothing here to test under MPICH.
+        print("SKIP: under MPICH the ranks' traffic does not cross the emulated link (docs/cluster.md)")
+        sys.exit(SKIP)
     timeout = 5
     # The bound, from the cut: the report comes `timeout` after it (the watchdog; measured 5.1-5.2 s),
     # then the launcher gets the grace (half the timeout, at least 5 s: 5 s here), then the watch
