@@ -16,10 +16,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "common/check.h"
 #include "common/parse.h"
+#include "common/paths.h"
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "train/config.h"
@@ -32,16 +32,34 @@ using nlohmann::json;
 
 namespace {
 
-std::vector<double> parse_list(const std::string& s, const char* flag) {
+// A comma-separated list of numbers in [lo, hi] (whole numbers when `whole`), sorted.
+std::vector<double> parse_list(const std::string& s, const char* flag, double lo, double hi, bool whole = false) {
   std::vector<double> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    v.push_back(parse_real(fmt::format("{} {} (comma-separated numbers)", flag, s), item));
+  size_t p = 0;
+  while (p <= s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    const std::string what = fmt::format("{} {} (comma-separated {} in [{}, {}])", flag, s,
+                                         whole ? "whole numbers" : "numbers", lo, hi);
+    const std::string item = s.substr(p, q - p);
+    const double x = whole ? static_cast<double>(parse_whole(what, item)) : parse_real(what, item);
+    if (!(x >= lo && x <= hi)) PWM_THROW("{}: {} is outside [{}, {}]", what, item, lo, hi);
+    v.push_back(x);
+    p = q + 1;
   }
-  if (v.empty()) PWM_THROW("{}: give at least one number", flag);
   std::sort(v.begin(), v.end());
   return v;
+}
+
+// A JSON file given by `flag` (checked before it is opened); syntax errors in the project's words.
+json read_json_file(const std::string& path, const char* flag) {
+  if (path.empty()) PWM_THROW("{} is required with --what kernels: give the trainer's file", flag);
+  check_input_file(flag, path, uintmax_t{1} << 30);
+  std::ifstream in(path);
+  if (!in) PWM_THROW("{} {}: cannot open it; check the path and its permissions", flag, path);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) PWM_THROW("{} {} is not valid JSON: give the file spmd_train --trace wrote", flag, path);
+  return j;
 }
 
 double median(std::vector<double> v) {
@@ -52,30 +70,44 @@ double median(std::vector<double> v) {
 
 // The kernels section of a profile from a trainer's --trace and --metrics at dp = 1.
 json calibrate_kernels(const train::TrainConfig& cfg, const std::string& trace, const std::string& metrics) {
-  std::ifstream tin(trace);
-  if (!tin) PWM_THROW("cannot read --trace {}", trace);
-  const json t = json::parse(tin);
-  const json& ev = t.is_object() ? t.at("traceEvents") : t;
+  const json t = read_json_file(trace, "--sim-trace");
+  if (t.is_object() && !(t.contains("traceEvents") && t["traceEvents"].is_array()))
+    PWM_THROW("--sim-trace {} has no traceEvents array: record it with spmd_train --trace", trace);
+  if (!t.is_object() && !t.is_array())
+    PWM_THROW("--sim-trace {} is not a trace (a JSON object or array of events): record it with spmd_train --trace", trace);
+  const json& ev = t.is_object() ? t["traceEvents"] : t;
   std::vector<double> fwd, bwd, opt;
   for (const auto& e : ev) {
-    if (e.value("ph", "") != "X") continue;
-    const std::string n = e.value("name", "");
-    const double d = e.value("dur", 0.0);
+    if (!e.is_object() || !e.contains("ph") || e["ph"] != "X" || !e.contains("name") || !e["name"].is_string()) continue;
+    if (!e.contains("dur") || !e["dur"].is_number())
+      PWM_THROW("--sim-trace {}: a complete event without a numeric dur: record it with spmd_train --trace", trace);
+    const std::string n = e["name"].get<std::string>();
+    const double d = e["dur"].get<double>();
     if (n == "forward") fwd.push_back(d);
     else if (n == "backward") bwd.push_back(d);
     else if (n == "optimizer") opt.push_back(d);
   }
   if (fwd.empty() || bwd.empty() || opt.empty())
-    PWM_THROW("--trace {} has no forward/backward/optimizer spans: record it with spmd_train --trace", trace);
+    PWM_THROW("--sim-trace {} has no forward/backward/optimizer spans: record it with spmd_train --trace", trace);
+  if (metrics.empty()) PWM_THROW("--sim-metrics is required with --what kernels: give the trainer's --metrics file");
+  check_input_file("--sim-metrics", metrics, uintmax_t{1} << 30);
   std::ifstream min(metrics);
-  if (!min) PWM_THROW("cannot read --metrics {}", metrics);
+  if (!min) PWM_THROW("--sim-metrics {}: cannot open it; check the path and its permissions", metrics);
   double step_ms = 0;
+  int64_t line_no = 0;
   for (std::string line; std::getline(min, line);) {
+    ++line_no;
     if (line.empty()) continue;
-    const json j = json::parse(line);
-    if (j.value("final", false)) step_ms = j.at("step_ms_p50");
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object())
+      PWM_THROW("--sim-metrics {}: line {} is not a JSON object: give the file spmd_train --metrics wrote", metrics, line_no);
+    if (j.contains("final") && j["final"] == true) {
+      if (!j.contains("step_ms_p50") || !j["step_ms_p50"].is_number())
+        PWM_THROW("--sim-metrics {}: the final line (line {}) has no numeric step_ms_p50", metrics, line_no);
+      step_ms = j["step_ms_p50"].get<double>();
+    }
   }
-  if (!(step_ms > 0)) PWM_THROW("--metrics {} has no final line with step_ms_p50", metrics);
+  if (!(step_ms > 0)) PWM_THROW("--sim-metrics {} has no final line with step_ms_p50 > 0", metrics);
   const model::ParamLayout layout(cfg.model, 0, 1);
   const model::StepPlan plan(layout, cfg.workload.microbatches);
   const sim::UnitFlops f = sim::micro_flops(cfg.model, plan, cfg.micro_batch());
@@ -130,6 +162,36 @@ struct SimFlags {
   }
 };
 
+// The most devices a dispatch simulation takes (its time grows about quadratically: 4096
+// workers take some 10 s) and the most stages of a program (its transfers' tags).
+constexpr int kMaxDevices = 8192, kMaxStages = 4096;
+
+// Every number of the simulator's flags by name, before a file is read. The caps keep a typo
+// (--workers 1000000000) from running for hours or overflowing a count.
+void check_flags(const SimFlags& f, What w) {
+  auto in = [](const char* flag, double v, double lo, double hi) {
+    if (!(v >= lo && v <= hi)) PWM_THROW("{} must be in [{}, {}] (got {})", flag, lo, hi, v);
+  };
+  in("--workers", f.workers, 1, kMaxDevices);
+  in("--chain", f.chain, 1, 1 << 20);
+  in("--stage-us", f.stage_us, 0, 1e9);
+  in("--stages", f.stages, w == What::kPipeline ? 1 : 0, kMaxStages);
+  switch (w) {
+    case What::kDispatch: parse_list(f.compute_s, "--compute-us", 0, 1e9); break;
+    case What::kClients:
+      parse_list(f.compute_s, "--compute-us", 0, 1e9);
+      parse_list(f.clients_s, "--clients", 1, 4096, true);
+      break;
+    case What::kFig6: parse_list(f.hosts_s, "--hosts-list", 1, kMaxDevices, true); break;
+    case What::kStages:  // the pipeline lengths come in --compute-us here (default 1,2,4,8,16)
+      if (f.compute_s != "0,10,20,50,100,200,500,1000,2000,5000") parse_list(f.compute_s, "--compute-us", 1, kMaxStages, true);
+      break;
+    default: break;
+  }
+  if (w != What::kKernels && f.profile_path.empty())
+    PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
+}
+
 void out(const json& j) { fmt::print("{}\n", j.dump()); }
 
 void step_rows(const sim::Cluster& c, const sim::Profile& p, const train::TrainConfig& cfg, const SimFlags& f, What w) {
@@ -147,7 +209,11 @@ void fig6_rows(const sim::Cluster& c, const sim::Profile& p, const sim::Dispatch
   using sim::ExecMode;
   std::vector<double> ts;
   for (double t = 1; t <= 2e5; t *= 1.1) ts.push_back(t);
-  for (double h : parse_list(f.hosts_s, "--hosts-list")) {
+  for (double h : parse_list(f.hosts_s, "--hosts-list", 1, kMaxDevices, true))
+    if (h * c.devices_per_host > kMaxDevices)
+      PWM_THROW("--hosts-list {}: {} hosts x {} devices per host is more than the {} devices the simulator takes",
+                f.hosts_s, h, c.devices_per_host, kMaxDevices);
+  for (double h : parse_list(f.hosts_s, "--hosts-list", 1, kMaxDevices, true)) {
     sim::Cluster ch = c;
     ch.hosts = static_cast<int>(h);
     sim::DispatchOptions oh = o;
@@ -163,7 +229,7 @@ void chain_rows(const sim::Cluster& c, const sim::Profile& p, const sim::Dispatc
   using sim::ExecMode;
   if (w == What::kDispatch) {
     const sim::ChainInputs pre = sim::prepare_chain(c, p, o);
-    for (double t : parse_list(f.compute_s, "--compute-us")) {
+    for (double t : parse_list(f.compute_s, "--compute-us", 0, 1e9)) {
       json row = {{"what", "dispatch"}, {"workers", f.workers}, {"compute_us", t}};
       for (ExecMode m : {ExecMode::kSpmd, ExecMode::kOpByOp, ExecMode::kChained, ExecMode::kFused})
         row[sim::name(m)] = sim::simulate_chain(c, p, o, m, t, &pre);
@@ -171,14 +237,14 @@ void chain_rows(const sim::Cluster& c, const sim::Profile& p, const sim::Dispatc
     }
   } else if (w == What::kStages) {
     const std::string& ks = f.compute_s == "0,10,20,50,100,200,500,1000,2000,5000" ? "1,2,4,8,16" : f.compute_s;
-    for (double k : parse_list(ks, "--compute-us")) {
+    for (double k : parse_list(ks, "--compute-us", 1, kMaxStages, true)) {
       const int s = static_cast<int>(k);
       out({{"what", "stages"}, {"stages", s}, {"parallel_s", sim::simulate_stages(c, p, o, s, f.stage_us, false)},
            {"sequential_s", sim::simulate_stages(c, p, o, s, f.stage_us, true)}});
     }
   } else {  // clients
-    for (double t : parse_list(f.compute_s, "--compute-us"))
-      for (double n : parse_list(f.clients_s, "--clients"))
+    for (double t : parse_list(f.compute_s, "--compute-us", 0, 1e9))
+      for (double n : parse_list(f.clients_s, "--clients", 1, 4096, true))
         out({{"what", "clients"}, {"compute_us", t}, {"clients", static_cast<int>(n)},
              {"per_s", sim::simulate_clients(c, p, o, static_cast<int>(n), t)},
              {"spmd_per_s", sim::simulate_chain(c, p, o, ExecMode::kSpmd, t)}});
@@ -193,11 +259,21 @@ int body(int argc, char** argv) {
                                             cfg, exit_code, true, [&](CLI::App& app) { f.add(app); });
   if (!go) return exit_code;
   const What w = parse_what(f.what);
+  check_flags(f, w);
+  // The trainers' own checks of their flags, the simulated job being the mesh (--dp 0 would
+  // divide by zero, a batch not divisible by the mesh would simulate a step no trainer runs).
+  const train::MeshConfig& m = cfg.mesh;
+  if (m.replicas < 1 || m.dp < 1 || m.tp < 1)
+    PWM_THROW("--replicas, --dp and --tp must be at least 1 (got replicas={} dp={} tp={})", m.replicas, m.dp, m.tp);
+  const double ranks = static_cast<double>(m.replicas) * m.dp * m.tp;  // no int overflow
+  if (ranks > kMaxDevices)
+    PWM_THROW("mesh --replicas {} x --dp {} x --tp {} = {} ranks is more than the {} devices the simulator takes",
+              m.replicas, m.dp, m.tp, ranks, kMaxDevices);
+  cfg.validate(static_cast<int>(cfg.mesh_ranks()));
   if (w == What::kKernels) {
     fmt::print("{}\n", calibrate_kernels(cfg, f.trace, f.metrics).dump());
     return 0;
   }
-  if (f.profile_path.empty()) PWM_THROW("--profile is required (make one with mpi_scripts/sim_calibrate.sh)");
   const sim::Profile p = sim::Profile::load(f.profile_path);
   const int need = w == What::kStep ? static_cast<int>(cfg.mesh.dp) : w == What::kPipeline ? f.stages : f.workers;
   const sim::Cluster c = f.cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(f.cluster_path, p);

@@ -1,11 +1,14 @@
-// Profile and Cluster as JSON. Unknown keys are ignored; a missing required key is one error
-// line naming the file and the key.
+// Profile and Cluster as JSON. Unknown keys are ignored; a missing required key, a value of
+// the wrong type or a file that is not JSON is one error line naming the file and the key (its
+// dotted path, e.g. kernels.fwd_us_per_gflop), never nlohmann's own text.
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "common/paths.h"
 #include "sim/sim.h"
 
 namespace pwm::sim {
@@ -14,13 +17,89 @@ using nlohmann::json;
 
 namespace {
 
+// A profile or cluster description is a few kilobytes; anything far larger is the wrong file.
+constexpr uintmax_t kMaxJsonBytes = 64u << 20;
+
+// "kernels.fwd_us_per_gflop": the key's path for messages.
+std::string key_path(const std::string& where, const std::string& key) { return where.empty() ? key : where + "." + key; }
+
+// A short rendering of a JSON value for messages.
+std::string shown(const json& v) {
+  std::string t = v.dump();
+  return t.size() > 40 ? t.substr(0, 37) + "..." : t;
+}
+
+const json& object(const json& v, const std::string& where) {
+  if (!v.is_object()) PWM_THROW("{} must be a JSON object {{...}} (got {})", where.empty() ? "the top level" : where, shown(v));
+  return v;
+}
+
+// obj[key], which must be there.
+const json& need(const json& obj, const std::string& where, const char* key) {
+  object(obj, where);
+  const auto it = obj.find(key);
+  if (it == obj.end()) PWM_THROW("missing key {}", key_path(where, key));
+  return *it;
+}
+
+double as_number(const json& v, const std::string& name) {
+  if (!v.is_number()) PWM_THROW("{} must be a number (got {})", name, shown(v));
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) PWM_THROW("{} must be a finite number (got {})", name, shown(v));
+  return x;
+}
+
+double number(const json& obj, const std::string& where, const char* key) {
+  return as_number(need(obj, where, key), key_path(where, key));
+}
+double number_or(const json& obj, const std::string& where, const char* key, double fallback) {
+  object(obj, where);
+  return obj.contains(key) ? number(obj, where, key) : fallback;
+}
+int whole(const json& obj, const std::string& where, const char* key) {
+  const json& v = need(obj, where, key);
+  if (!v.is_number_integer()) PWM_THROW("{} must be a whole number (got {})", key_path(where, key), shown(v));
+  const int64_t x = v.get<int64_t>();
+  if (x < -(1 << 30) || x > (1 << 30)) PWM_THROW("{} is out of range (got {})", key_path(where, key), x);
+  return static_cast<int>(x);
+}
+int whole_or(const json& obj, const std::string& where, const char* key, int fallback) {
+  object(obj, where);
+  return obj.contains(key) ? whole(obj, where, key) : fallback;
+}
+bool flag_or(const json& obj, const std::string& where, const char* key, bool fallback) {
+  object(obj, where);
+  if (!obj.contains(key)) return fallback;
+  if (!obj[key].is_boolean()) PWM_THROW("{} must be true or false (got {})", key_path(where, key), shown(obj[key]));
+  return obj[key].get<bool>();
+}
+std::string text_or(const json& obj, const std::string& where, const char* key) {
+  object(obj, where);
+  if (!obj.contains(key)) return "";
+  if (!obj[key].is_string()) PWM_THROW("{} must be a string (got {})", key_path(where, key), shown(obj[key]));
+  return obj[key].get<std::string>();
+}
+// obj[key] as an array (empty when absent).
+json array_or(const json& obj, const std::string& where, const char* key) {
+  object(obj, where);
+  if (!obj.contains(key)) return json::array();
+  if (!obj[key].is_array()) PWM_THROW("{} must be a JSON array [...] (got {})", key_path(where, key), shown(obj[key]));
+  return obj[key];
+}
+// A [a, b] pair of numbers, element i of the array `name`.
+std::pair<double, double> pair_of(const json& e, const std::string& name, size_t i) {
+  const std::string at = fmt::format("{}[{}]", name, i);
+  if (!e.is_array() || e.size() != 2) PWM_THROW("{} must be a pair [a, b] of numbers (got {})", at, shown(e));
+  return {as_number(e[0], at + "[0]"), as_number(e[1], at + "[1]")};
+}
+
 json link_json(const Link& l) {
   json j = {{"latency_us", l.latency_us}, {"gbytes_per_s", l.gbytes_per_s}, {"overhead_us", l.overhead_us}};
   if (!l.gbytes_per_s_by_bytes.empty()) j["gbytes_per_s_by_bytes"] = l.gbytes_per_s_by_bytes;
   if (l.cpu_ns_per_byte > 0) j["cpu_ns_per_byte"] = l.cpu_ns_per_byte;
   return j;
 }
-Link link_from(const json& j, const Profile* p, const char* what) {
+Link link_from(const json& j, const Profile* p, const std::string& what) {
   if (j.is_string()) {
     const std::string s = j.get<std::string>();
     if (p != nullptr && s == "measured:intra") return p->intra;
@@ -29,14 +108,15 @@ Link link_from(const json& j, const Profile* p, const char* what) {
     PWM_THROW("link '{}' of {}: expected an object or measured:intra|measured:inter|measured:inter_shaped", s, what);
   }
   Link l;
-  l.latency_us = j.at("latency_us").get<double>();
-  l.gbytes_per_s = j.at("gbytes_per_s").get<double>();
-  l.overhead_us = j.value("overhead_us", 0.0);
-  l.cpu_ns_per_byte = j.value("cpu_ns_per_byte", 0.0);
+  l.latency_us = number(j, what, "latency_us");
+  l.gbytes_per_s = number(j, what, "gbytes_per_s");
+  l.overhead_us = number_or(j, what, "overhead_us", 0.0);
+  l.cpu_ns_per_byte = number_or(j, what, "cpu_ns_per_byte", 0.0);
   if (!(l.gbytes_per_s > 0) || l.latency_us < 0 || l.cpu_ns_per_byte < 0)
     PWM_THROW("link {}: gbytes_per_s must be > 0, latency_us and cpu_ns_per_byte >= 0", what);
-  for (const auto& e : j.value("gbytes_per_s_by_bytes", json::array())) {
-    const double bytes = e.at(0), gbps = e.at(1);
+  const json by_bytes = array_or(j, what, "gbytes_per_s_by_bytes");
+  for (size_t i = 0; i < by_bytes.size(); ++i) {
+    const auto [bytes, gbps] = pair_of(by_bytes[i], key_path(what, "gbytes_per_s_by_bytes"), i);
     if (!(bytes > 0) || !(gbps > 0) ||
         (!l.gbytes_per_s_by_bytes.empty() && bytes <= l.gbytes_per_s_by_bytes.back().first))
       PWM_THROW("link {}: gbytes_per_s_by_bytes must be [bytes, GB/s] pairs, both > 0, bytes increasing", what);
@@ -44,14 +124,35 @@ Link link_from(const json& j, const Profile* p, const char* what) {
   }
   return l;
 }
-json read_json(const std::string& path, const char* what) {
+// The JSON file given by `flag`, checked before it is opened (a regular file of sane size: a
+// FIFO would block, a directory or a huge file is the wrong path). A syntax error names the line
+// and column, in the project's words.
+json read_json(const std::string& path, const char* flag) {
+  check_input_file(flag, path, kMaxJsonBytes);
   std::ifstream in(path);
-  if (!in) PWM_THROW("cannot read the {} {}: give an existing JSON file", what, path);
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    PWM_THROW("the {} {} is not valid JSON: {}", what, path, e.what());
+  if (!in) PWM_THROW("{} {}: cannot open it; check the path and its permissions", flag, path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Where the parser stopped: parse again with exceptions for the byte offset only.
+    size_t byte = 0;
+    try {
+      (void)json::parse(text);
+    } catch (const json::parse_error& e) {
+      byte = e.byte;
+    }
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i + 1 < byte && i < text.size(); ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+      PWM_THROW("{} {} is empty: give a JSON file", flag, path);
+    PWM_THROW("{} {} is not valid JSON (line {}, column {}): fix the file or give another", flag, path, line, col);
   }
+  return j;
 }
 
 }  // namespace
@@ -116,83 +217,94 @@ json Profile::to_json() const {
 
 Profile Profile::from_json(const json& j) {
   Profile p;
-  p.machine = j.value("machine", "");
-  const json& k = j.at("kernels");
-  p.fwd_us_per_gflop = k.at("fwd_us_per_gflop");
-  p.bwd_us_per_gflop = k.at("bwd_us_per_gflop");
-  p.opt_us_per_param = k.at("opt_us_per_param");
-  p.step_overhead_us = k.at("step_overhead_us");
-  p.microbatch_overhead_us = k.value("microbatch_overhead_us", 0.0);
-  for (const auto& e : k.value("contention", json::array())) p.contention.push_back({e.at(0), e.at(1)});
-  for (const auto& e : k.value("rates", json::array())) {
-    const KernelRate r{e.at("tokens").get<double>(), e.at("fwd_us_per_gflop").get<double>(), e.at("bwd_us_per_gflop").get<double>()};
+  p.machine = text_or(j, "", "machine");
+  const json& k = need(j, "", "kernels");
+  p.fwd_us_per_gflop = number(k, "kernels", "fwd_us_per_gflop");
+  p.bwd_us_per_gflop = number(k, "kernels", "bwd_us_per_gflop");
+  p.opt_us_per_param = number(k, "kernels", "opt_us_per_param");
+  p.step_overhead_us = number(k, "kernels", "step_overhead_us");
+  p.microbatch_overhead_us = number_or(k, "kernels", "microbatch_overhead_us", 0.0);
+  const json contention = array_or(k, "kernels", "contention");
+  for (size_t i = 0; i < contention.size(); ++i) {
+    const auto [r, x] = pair_of(contention[i], "kernels.contention", i);
+    p.contention.push_back({static_cast<int>(r), x});
+  }
+  const json rates = array_or(k, "kernels", "rates");
+  for (size_t i = 0; i < rates.size(); ++i) {
+    const std::string at = fmt::format("kernels.rates[{}]", i);
+    const KernelRate r{number(rates[i], at, "tokens"), number(rates[i], at, "fwd_us_per_gflop"),
+                       number(rates[i], at, "bwd_us_per_gflop")};
     if (!(r.tokens > 0) || !(r.fwd_us_per_gflop > 0) || !(r.bwd_us_per_gflop > 0))
       PWM_THROW("kernels.rates: tokens and both rates must be > 0 (regenerate the profile with mpi_scripts/sim_calibrate.sh)");
     if (!p.rates.empty() && !(r.tokens > p.rates.back().tokens))
       PWM_THROW("kernels.rates: list the sizes once each in increasing tokens");
     p.rates.push_back(r);
   }
-  const json& l = j.at("links");
-  p.reduce_ns_per_byte = l.at("reduce_ns_per_byte");
-  p.intra = link_from(l.at("intra"), nullptr, "links.intra");
-  p.inter = link_from(l.at("inter"), nullptr, "links.inter");
-  p.inter_shaped = link_from(l.value("inter_shaped", l.at("inter")), nullptr, "links.inter_shaped");
-  const json& d = j.at("dispatch");
-  p.call_us = d.at("call_us");
-  p.node_us = d.at("node_us");
-  p.msg_us = d.at("msg_us");
-  p.exec_us = d.at("exec_us");
-  p.spmd_exec_us = d.at("spmd_exec_us");
-  p.program_exec_us = d.value("program_exec_us", p.spmd_exec_us);  // profiles before it: one cost for both
-  p.fetch_rtt_us = d.at("fetch_rtt_us");
-  p.step_kernel_us = d.value("step_kernel_us", 0.0);
-  p.node_step_us = d.value("node_step_us", 0.0);
-  p.train_node_us = d.value("train_node_us", 0.0);
+  const json& l = need(j, "", "links");
+  p.reduce_ns_per_byte = number(l, "links", "reduce_ns_per_byte");
+  p.intra = link_from(need(l, "links", "intra"), nullptr, "links.intra");
+  p.inter = link_from(need(l, "links", "inter"), nullptr, "links.inter");
+  p.inter_shaped = link_from(l.contains("inter_shaped") ? l["inter_shaped"] : l["inter"], nullptr,
+                             l.contains("inter_shaped") ? "links.inter_shaped" : "links.inter");
+  const json& d = need(j, "", "dispatch");
+  p.call_us = number(d, "dispatch", "call_us");
+  p.node_us = number(d, "dispatch", "node_us");
+  p.msg_us = number(d, "dispatch", "msg_us");
+  p.exec_us = number(d, "dispatch", "exec_us");
+  p.spmd_exec_us = number(d, "dispatch", "spmd_exec_us");
+  p.program_exec_us = number_or(d, "dispatch", "program_exec_us", p.spmd_exec_us);  // profiles before it: one cost for both
+  p.fetch_rtt_us = number(d, "dispatch", "fetch_rtt_us");
+  p.step_kernel_us = number_or(d, "dispatch", "step_kernel_us", 0.0);
+  p.node_step_us = number_or(d, "dispatch", "node_step_us", 0.0);
+  p.train_node_us = number_or(d, "dispatch", "train_node_us", 0.0);
   return p;
 }
 
 Profile Profile::load(const std::string& path) {
-  const json j = read_json(path, "profile");
+  const json j = read_json(path, "--profile");
   try {
     return from_json(j);
-  } catch (const json::exception& e) {
-    PWM_THROW("profile {}: {} (regenerate it with mpi_scripts/sim_calibrate.sh)", path, e.what());
+  } catch (const Error& e) {
+    PWM_THROW("--profile {}: {} (regenerate it with mpi_scripts/sim_calibrate.sh)", path, e.what());
   }
 }
 
 Cluster Cluster::from_json(const json& j, const Profile& p) {
   Cluster c;
-  c.name = j.value("name", "");
-  c.hosts = j.at("hosts");
-  c.devices_per_host = j.at("devices_per_host");
-  c.intra = link_from(j.at("intra"), &p, "intra");
-  c.inter = link_from(j.at("inter"), &p, "inter");
-  c.compute_scale = j.value("compute_scale", 1.0);
+  c.name = text_or(j, "", "name");
+  c.hosts = whole(j, "", "hosts");
+  c.devices_per_host = whole(j, "", "devices_per_host");
+  c.intra = link_from(need(j, "", "intra"), &p, "intra");
+  c.inter = link_from(need(j, "", "inter"), &p, "inter");
+  c.compute_scale = number_or(j, "", "compute_scale", 1.0);
   if (j.contains("device_gflops")) {
     // A device of this many effective GFLOP/s against the profile's measured rate (its
     // forward and backward weighted 1:2, as a step's FLOPs are).
     const double us_per_gflop = (p.fwd_us_per_gflop + 2.0 * p.bwd_us_per_gflop) / 3.0;
     if (!(us_per_gflop > 0)) PWM_THROW("cluster {}: device_gflops needs a profile with measured kernels", c.name);
-    c.compute_scale = j.at("device_gflops").get<double>() * us_per_gflop * 1e-6;
+    c.compute_scale = number(j, "", "device_gflops") * us_per_gflop * 1e-6;
   }
   if (j.contains("controller_link")) {
     c.has_controller_link = true;
     c.controller_link = link_from(j.at("controller_link"), &p, "controller_link");
   }
-  c.dispatch_scale = j.value("dispatch_scale", 1.0);
-  c.cores_per_host = j.value("cores_per_host", 0);
-  c.hosts_share_cores = j.value("hosts_share_cores", false);
-  if (c.hosts < 1 || c.devices_per_host < 1 || !(c.compute_scale > 0) || !(c.dispatch_scale > 0))
-    PWM_THROW("cluster {}: hosts and devices_per_host must be >= 1, the scales > 0", c.name);
+  c.dispatch_scale = number_or(j, "", "dispatch_scale", 1.0);
+  c.cores_per_host = whole_or(j, "", "cores_per_host", 0);
+  c.hosts_share_cores = flag_or(j, "", "hosts_share_cores", false);
+  if (c.hosts < 1 || c.devices_per_host < 1 || !(c.compute_scale > 0) || !(c.dispatch_scale > 0) || c.cores_per_host < 0)
+    PWM_THROW("cluster {}: hosts and devices_per_host must be >= 1, the scales > 0, cores_per_host >= 0", c.name);
+  if (static_cast<int64_t>(c.hosts) * c.devices_per_host > (1 << 20))
+    PWM_THROW("cluster {}: {} hosts x {} devices is more than the simulator handles (at most 2^20 devices)", c.name,
+              c.hosts, c.devices_per_host);
   return c;
 }
 
 Cluster Cluster::load(const std::string& path, const Profile& p) {
-  const json j = read_json(path, "cluster");
+  const json j = read_json(path, "--cluster");
   try {
     return from_json(j, p);
-  } catch (const json::exception& e) {
-    PWM_THROW("cluster {}: {}", path, e.what());
+  } catch (const Error& e) {
+    PWM_THROW("--cluster {}: {}", path, e.what());
   }
 }
 
