@@ -13,13 +13,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/check.h"
 #include "common/cli.h"
 #include "common/time.h"
@@ -89,7 +89,7 @@ std::optional<int> parse_flags(int argc, char** argv, Options& o) {
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--json", o.json_path, "write the figures to this JSON file");
   app.add_option("--peak-reps", o.peak_reps, "sgemm 1024^3 repetitions before and after the steps, for MFU (0: no peak, no MFU)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->capture_default_str();
   app.add_flag("--peak-only", o.peak_only, "print the GEMM peak (GFLOP/s, 1024^3 sgemm) and exit");
   app.add_flag("--bf16-info", o.info_only, "print the CPU's bf16 instructions and oneDNN's ISA, and exit");
   app.add_flag("--profile", o.profile, "time each piece of the step (adds a little overhead)");
@@ -97,6 +97,36 @@ std::optional<int> parse_flags(int argc, char** argv, Options& o) {
   o.backend = parse_gemm_backend(backend);
   o.precision = parse_precision(precision);
   return std::nullopt;
+}
+
+// Every number by its flag, the memory the run needs and --json's file, before anything runs
+// (a mistake must not cost the peak measurement and the steps first).
+void check_options(const Options& o) {
+  const Config& c = o.cfg;
+  const std::pair<const char*, int64_t> sizes[] = {{"--d-model", c.d_model}, {"--layers", c.n_layers},
+                                                   {"--heads", c.n_heads},   {"--head-dim", c.head_dim},
+                                                   {"--d-ff", c.d_ff},       {"--vocab", c.vocab},
+                                                   {"--seq", c.seq_len},     {"--batch", o.batch},
+                                                   {"--steps", o.steps}};
+  for (const auto& [flag, v] : sizes)
+    if (v < 1) PWM_THROW("{} must be at least 1 (got {})", flag, v);
+  if (c.head_dim % 2 != 0) PWM_THROW("--head-dim must be even for rotary embeddings (got {})", c.head_dim);
+  if (c.vocab > 65536) PWM_THROW("--vocab must be at most 65536 (got {})", c.vocab);
+  c.validate();
+  if (o.warmup < 0) PWM_THROW("--warmup must be >= 0 (got {})", o.warmup);
+  if (o.peak_reps < 0) PWM_THROW("--peak-reps must be >= 0 (got {})", o.peak_reps);
+  TrainConfig tc;
+  tc.model = c;
+  tc.workload.global_batch = o.batch;
+  tc.workload.microbatches = 1;
+  const double need = estimated_memory_bytes(tc), have = available_memory_bytes();
+  if (have >= 0 && need > have) {
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    PWM_THROW("this run needs about {:.1f} GiB of memory (parameters, gradients, AdamW moments and activations) "
+              "but this host has {:.1f} GiB available: use a smaller --seq, --batch or model",
+              need / GiB, have / GiB);
+  }
+  if (!o.json_path.empty()) pwm::check_output_path("--json", o.json_path);
 }
 
 // Everything a step touches: the model's parameters, gradients and AdamW moments (one process,
@@ -286,9 +316,7 @@ void write_json(const Options& o, const Figures& f) {
                       {"batch", o.batch},
                       {"gemm_library", gemm_library(o)}, {"precision", precision_name(o.precision)},
                       {"bf16_info", bf16_info()}};
-  std::ofstream out(o.json_path);
-  if (!out) PWM_THROW("cannot write --json file {}", o.json_path);
-  out << j.dump(2) << "\n";
+  pwm::write_file_atomic(o.json_path, j.dump(2) + "\n", "--json");
 }
 
 // The tool: the flags, then --bf16-info or --peak-only alone, or the peak, the steps and the
@@ -296,6 +324,7 @@ void write_json(const Options& o, const Figures& f) {
 int run(int argc, char** argv) {
   Options o;
   if (const auto rc = parse_flags(argc, argv, o)) return *rc;
+  if (!o.info_only && !o.peak_only) check_options(o);
   set_gemm_backend(o.backend);
   set_precision(o.precision);
   if (o.info_only) {
@@ -306,8 +335,6 @@ int run(int argc, char** argv) {
     std::printf("%.2f\n", peak_gflops(10));
     return 0;
   }
-  if (o.steps < 1) PWM_THROW("--steps must be >= 1 (got {})", o.steps);
-
   TrainState st(o.cfg, o.batch);
   // The GEMM peak is measured before and after the steps and the best kept: on a shared machine
   // this keeps the MFU conservative (a slow moment lowers the step rate, not the peak).
