@@ -25,15 +25,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
+#include "collectives/strings.h"
+#include "common/atomic_file.h"
 #include "common/check.h"
 #include "common/cli.h"
+#include "common/parse.h"
 #include "common/time.h"
 #include "tests/collectives/reference.h"
 
@@ -44,19 +46,39 @@ using pwm::collectives::testing::input_value;
 
 namespace {
 
-// -b/-e: bytes from a number with an optional K, M or G suffix (powers of two).
-size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  std::string suf = end ? end : "";
+// -b/-e: bytes from a number with an optional K, M or G suffix (powers of two), for `flag`.
+size_t parse_size(const char* flag, const std::string& s) {
+  std::string num = s;
   double mult = 1;
-  if (suf == "K" || suf == "k") mult = 1 << 10;
-  else if (suf == "M" || suf == "m") mult = 1 << 20;
-  else if (suf == "G" || suf == "g") mult = 1 << 30;
-  else if (!suf.empty()) PWM_THROW("bad size '{}': use a number with an optional K, M or G suffix", s);
-  if (end == s.c_str() || !(v >= 0) || v * mult > 1e15)
-    PWM_THROW("bad size '{}': use a number of bytes in [0, 1e15] with an optional K, M or G suffix", s);
-  return static_cast<size_t>(v * mult);
+  if (!num.empty()) {
+    switch (num.back()) {
+      case 'K': case 'k': mult = 1 << 10; break;
+      case 'M': case 'm': mult = 1 << 20; break;
+      case 'G': case 'g': mult = 1 << 30; break;
+      default: break;
+    }
+    if (mult > 1) num.pop_back();
+  }
+  const std::string what = fmt::format("{} {}: use a number of bytes with an optional K, M or G suffix (e.g. 64M)", flag, s);
+  std::string bad = check_real_number(num);
+  if (bad.empty() && num.find_first_not_of("0123456789.eE+-") != std::string::npos)
+    bad = fmt::format("'{}' is not a decimal number", num);  // strtod's hex and the like
+  if (num.empty() || !bad.empty()) PWM_THROW("{}{}", what, bad.empty() ? "" : " (" + bad + ")");
+  const double v = std::strtod(num.c_str(), nullptr) * mult;
+  if (!(v >= 0) || v > 1e15) PWM_THROW("{} {}: must be in [0, 1e15] bytes", flag, s);
+  return static_cast<size_t>(v);
+}
+
+// MemAvailable of /proc/meminfo in bytes; -1 when unknown.
+double available_memory() {
+  long long kb = -1;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    std::fclose(f);
+  }
+  return kb < 0 ? -1.0 : 1024.0 * static_cast<double>(kb);
 }
 
 // --algo's comma list, empty items skipped.
@@ -132,9 +154,9 @@ struct Options {
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("-b,--minbytes", o.min_s, "smallest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", o.max_s, "largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(1.01, 1e6));
-  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per row")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-f,--stepfactor", o.factor, "size multiplier between rows")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per row")->capture_default_str();
   app.add_option("-c,--check", o.check, "check every row's result (0/1)")->capture_default_str();
   app.add_option("--op", o.op_s, "allreduce|reduce_scatter|allgather|broadcast|reduce")->capture_default_str()
       ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"}));
@@ -143,7 +165,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("-o,--op_type", o.redop_s, "sum|max|min")->capture_default_str();
   app.add_flag("--inplace", o.in_place, "in-place operation (default out of place)");
   app.add_option("--inflight", o.inflight, "AllReduces in flight at once per iteration (time per AllReduce)")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+      ->capture_default_str();
   app.add_option("--json", o.json_path, "also write the rows as JSON to this file");
   app.add_option("--coll-timeout", o.timeout, "collective watchdog timeout in seconds")->capture_default_str();
 }
@@ -151,25 +173,42 @@ void add_flags(CLI::App& app, Options& o) {
 // Parses the modes and sizes of `o` and checks they go together. On every rank, inside
 // run_mpi_main, so that a mistake ends the run with one error line; --json's file is probed by
 // rank 0 here, to fail before the sweep rather than after it.
-void resolve(Options& o, bool root) {
+void resolve(Options& o, bool root, int ranks_here) {
+  auto named = [](const char* flag, auto parse) {  // the flag in front of a parser's message
+    try {
+      return parse();
+    } catch (const Error& e) {
+      PWM_THROW("{}: {}", flag, e.what());
+    }
+  };
   o.op = parse_op(o.op_s);
-  o.dtype = parse_dtype(o.dtype_s);
-  o.redop = parse_reduce_op(o.redop_s);
+  o.dtype = named("-d/--datatype", [&] { return parse_dtype(o.dtype_s); });
+  o.redop = named("-o/--op_type", [&] { return parse_reduce_op(o.redop_s); });
+  if (!(o.factor >= 1.01 && o.factor <= 1e6)) PWM_THROW("-f/--stepfactor must be in [1.01, 1e6] (got {})", o.factor);
+  if (o.iters < 1) PWM_THROW("-n/--iters must be at least 1 (got {})", o.iters);
+  if (o.warmup < 0) PWM_THROW("-w/--warmup_iters must be >= 0 (got {})", o.warmup);
+  if (o.inflight < 1 || o.inflight > 64) PWM_THROW("--inflight must be in [1, 64] (got {})", o.inflight);
+  if (o.check != 0 && o.check != 1) PWM_THROW("-c/--check must be 0 or 1 (got {})", o.check);
+  if (!(o.timeout > 0 && o.timeout <= 1e9)) PWM_THROW("--coll-timeout must be > 0 seconds (got {})", o.timeout);
   if (o.op == Op::kAllreduce) {
-    for (auto& a : split(o.algos_s)) o.algos.push_back(parse_algorithm(a));
+    for (auto& a : split(o.algos_s)) o.algos.push_back(named("--algo", [&] { return parse_algorithm(a); }));
+    if (o.algos.empty()) PWM_THROW("--algo '{}' names no algorithm: give a comma list of ring,hd,rd,auto,mpi", o.algos_s);
   } else {
     o.algos.push_back(Algorithm::kAuto);  // the op's own algorithm
   }
   if (o.inflight > 1 && (o.op != Op::kAllreduce || o.in_place))
     PWM_THROW("--inflight {} needs --op allreduce out of place (got --op {}{})", o.inflight, op_name(o.op),
               o.in_place ? " --inplace" : "");
-  o.minb = parse_size(o.min_s);
-  o.maxb = parse_size(o.max_s);
+  o.minb = parse_size("-b/--minbytes", o.min_s);
+  o.maxb = parse_size("-e/--maxbytes", o.max_s);
   if (o.minb > o.maxb) PWM_THROW("-b {} is larger than -e {}", o.min_s, o.max_s);
-  if (!o.json_path.empty() && root) {
-    std::ofstream probe(o.json_path + ".tmp");
-    if (!probe) PWM_THROW("cannot write --json {}: check the directory exists and is writable", o.json_path);
-  }
+  // The largest row's buffers on every rank of this host: send, receive and the in-flight ones
+  // (AllGather's receive and ReduceScatter's send are the row's size already).
+  const double need = static_cast<double>(o.maxb) * (2.0 + (o.inflight > 1 ? o.inflight : 0)) * ranks_here;
+  if (const double have = available_memory(); have > 0 && need > have)
+    PWM_THROW("-e {}: the largest row needs about {:.1f} GiB on this host ({} ranks) but {:.1f} GiB is available: "
+              "use a smaller -e", o.max_s, need / (1 << 30), ranks_here, have / (1 << 30));
+  if (!o.json_path.empty() && root) check_output_path("--json", o.json_path);
 }
 
 struct Row {
@@ -406,13 +445,7 @@ void write_json(const Options& o, int ranks, const std::vector<Row>& rows) {
     j["rows"].push_back({{"op", op_name(r.op)}, {"algo", algo_label(r.op, r.algo)}, {"dtype", dtype_name(r.dtype)},
                          {"bytes", r.bytes}, {"time_us", r.time_us}, {"algbw_gbps", r.algbw},
                          {"busbw_gbps", r.busbw}, {"wrong", r.wrong}});
-  {
-    std::ofstream f(o.json_path + ".tmp");
-    f << j.dump(1) << "\n";
-    if (!f) PWM_THROW("writing {} failed", o.json_path);
-  }
-  if (std::rename((o.json_path + ".tmp").c_str(), o.json_path.c_str()) != 0)
-    PWM_THROW("cannot rename {}.tmp to {}", o.json_path, o.json_path);
+  write_file_atomic(o.json_path, j.dump(1) + "\n", "--json");
 }
 
 // The run on every rank, once the flags are read: throws on a bad flag or any wrong element.
@@ -421,7 +454,11 @@ int run(MpiEnvironment& env, Options& o) {
   opts.timeout_s = o.timeout;
   Communicator comm = Communicator::world(env.transport(), opts);
   const bool root_prints = env.rank() == 0;
-  resolve(o, root_prints);
+  // Every rank resolves the flags and agrees on the verdict: a mistake (or rank 0's --json check)
+  // is one line and a non-zero exit everywhere, before the sweep.
+  const std::vector<std::string> hosts = allgather_strings(comm, env.processor_name());
+  const int here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(comm.rank())]));
+  if (!agree_on_errors(comm, "collectives_bench", [&] { resolve(o, root_prints, here); })) return 1;
   Bench b{comm, o.op, o.dtype, o.redop, o.in_place};
   if (root_prints) print_header(o, comm.size(), opts.segment_bytes);
   const std::vector<Row> rows = sweep(b, o, root_prints);
