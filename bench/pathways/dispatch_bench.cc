@@ -12,6 +12,7 @@
 #include "bench/pathways/dispatch_harness.h"
 #include "bench/pathways/dispatch_report.h"
 #include "bench/pathways/figures.h"
+#include "collectives/strings.h"
 #include "common/time.h"
 
 using namespace pwm;
@@ -22,12 +23,19 @@ int main(int argc, char** argv) {
   return collectives::run_mpi_main(env, [&]() -> int {
     BenchOptions opt;
     if (std::optional<int> code = parse_options(argc, argv, env.rank(), &opt)) return *code;
+    // Every number, list and output checked on every rank before any round: a mistake is one
+    // line from rank 0 and a non-zero exit everywhere, before the sweep rather than after it.
+    {
+      collectives::Communicator world = collectives::Communicator::world(env.transport());
+      if (!collectives::agree_on_errors(world, "dispatch_bench",
+                                        [&] { check_options(&opt, env.size() - 1, env.rank() == 0); }))
+        return 1;
+    }
     Bench b = start_bench(env, std::move(opt));
     if (env.rank() != 0) {
       run_workers(b);
       return 0;
     }
-    probe_json_path(b.opt.json_path);  // fail before the sweep, not after
     Results res;
     const double wall0 = now_s(), cpu0 = cpu_seconds();
     run_chains(&b, &res.rows);         // Fig. 5/6

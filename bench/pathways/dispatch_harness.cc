@@ -10,9 +10,11 @@
 #include "bench/pathways/bench_kernels.h"
 #include "common/check.h"
 #include "common/parse.h"
+#include "common/atomic_file.h"
 #include "common/cli.h"
 #include "common/time.h"
 #include "pathways/backoff.h"
+#include "pathways/resource_manager.h"
 #include "pathways/tags.h"
 #include "pathways/worker.h"
 
@@ -20,13 +22,15 @@ namespace pwm::pathways::bench {
 
 namespace {
 
-std::vector<int64_t> parse_list(const std::string& s) {
+// A comma-separated list of whole numbers in [lo, hi], at least one, for `flag`.
+std::vector<int64_t> parse_list(const char* flag, const std::string& s, int64_t lo, int64_t hi) {
   std::vector<int64_t> v;
   size_t p = 0;
-  while (p < s.size()) {
+  while (p <= s.size()) {
     size_t q = s.find(',', p);
     if (q == std::string::npos) q = s.size();
-    v.push_back(parse_whole(fmt::format("'{}' (comma-separated whole numbers)", s), s.substr(p, q - p), 0));
+    v.push_back(parse_whole(fmt::format("{} {} (comma-separated whole numbers in [{}, {}])", flag, s, lo, hi),
+                            s.substr(p, q - p), lo, hi));
     p = q + 1;
   }
   return v;
@@ -81,20 +85,18 @@ int BenchOptions::fig8_chain(int64_t t) const {
 
 std::optional<int> parse_options(int argc, char** argv, int rank, BenchOptions* o) {
   CLI::App app{"dispatch_bench: Pathways dispatch overhead against SPMD (paper Fig. 5-7)"};
-  std::string ts_s = "0,10,20,30,50,75,100,150,200,230,300,500,1000", stages_s = "1,2,4,8,16,32,64,128";
   app.add_option("--chain", o->chain, "computations per chain (Fig. 5/6)");
-  app.add_option("--compute-us", ts_s, "comma-separated compute times T per computation (us)");
+  app.add_option("--compute-us", o->ts_s, "comma-separated compute times T per computation (us)");
   app.add_option("--reps", o->reps, "timed repetitions per row (the best is reported)");
-  app.add_option("--stages", stages_s, "comma-separated pipeline lengths (Fig. 7)");
+  app.add_option("--stages", o->stages_s, "comma-separated pipeline lengths (Fig. 7)");
   app.add_option("--stage-us", o->stage_us, "compute per pipeline stage (us)");
   app.add_option("--json", o->json_path, "also write the rows as JSON to this file");
   app.add_option("--islands", o->islands,
                  "the runtime's islands: KxM (e.g. 1x4: one island over the workers of several hosts, as a "
                  "TPU pod spans its hosts); default one island per host");
-  std::string figs_s = "5,6,7,8", clients_s = "1,2,4,8,16", fig8_us_s = "40,330,1000,2400";
-  app.add_option("--figs", figs_s, "which figures to run (5,6: the --compute-us sweep; 7; 8)");
-  app.add_option("--clients", clients_s, "Fig. 8: comma-separated numbers of concurrent clients");
-  app.add_option("--fig8-us", fig8_us_s, "Fig. 8: comma-separated compute times per program (us)");
+  app.add_option("--figs", o->figs_s, "which figures to run (5,6: the --compute-us sweep; 7; 8)");
+  app.add_option("--clients", o->clients_s, "Fig. 8: comma-separated numbers of concurrent clients");
+  app.add_option("--fig8-us", o->fig8_us_s, "Fig. 8: comma-separated compute times per program (us)");
   app.add_option("--fig8-reps", o->fig8_reps, "Fig. 8: rounds per T (the best is reported)");
   app.add_option("--fig8-seconds", o->fig8_seconds, "Fig. 8: approximate length of one row's measurement");
   try {  // every rank parses the same argv and reaches the same verdict; rank 0 says it
@@ -103,13 +105,36 @@ std::optional<int> parse_options(int argc, char** argv, int rank, BenchOptions* 
     if (rank == 0) std::fprintf(stderr, "dispatch_bench: error: %s\n", e.what());
     return 1;
   }
-  const std::vector<int64_t> figs = parse_list(figs_s);
-  auto fig_on = [&](int f) { return std::find(figs.begin(), figs.end(), f) != figs.end(); };
-  if (fig_on(5) || fig_on(6)) o->ts = parse_list(ts_s);
-  if (fig_on(7)) o->stages = parse_list(stages_s);
-  o->clients = parse_list(clients_s);
-  if (fig_on(8)) o->fig8_ts = parse_list(fig8_us_s);
   return std::nullopt;
+}
+
+void check_options(BenchOptions* o, int workers, bool root) {
+  if (workers < 1) PWM_THROW("dispatch_bench needs at least 2 ranks (a controller and a worker)");
+  auto in = [](const char* flag, double v, double lo, double hi) {
+    if (!(v >= lo && v <= hi)) PWM_THROW("{} must be in [{}, {}] (got {})", flag, lo, hi, v);
+  };
+  in("--chain", o->chain, 1, 1 << 20);
+  in("--reps", o->reps, 1, 10000);
+  in("--fig8-reps", o->fig8_reps, 1, 10000);
+  in("--stage-us", static_cast<double>(o->stage_us), 0, 1e7);
+  if (!(o->fig8_seconds > 0 && o->fig8_seconds <= 3600))
+    PWM_THROW("--fig8-seconds must be > 0 and at most 3600 (got {})", o->fig8_seconds);
+  const std::vector<int64_t> figs = parse_list("--figs", o->figs_s, 5, 8);
+  auto fig_on = [&](int f) { return std::find(figs.begin(), figs.end(), f) != figs.end(); };
+  o->ts.clear();
+  o->stages.clear();
+  o->fig8_ts.clear();
+  if (fig_on(5) || fig_on(6)) o->ts = parse_list("--compute-us", o->ts_s, 0, 10000000);
+  if (fig_on(7)) o->stages = parse_list("--stages", o->stages_s, 1, 100000);
+  o->clients = parse_list("--clients", o->clients_s, 1, 256);
+  if (fig_on(8)) o->fig8_ts = parse_list("--fig8-us", o->fig8_us_s, 0, 10000000);
+  if (!o->islands.empty()) {
+    const auto [k, m] = ResourceManager::parse_islands(o->islands);
+    if (static_cast<int64_t>(k) * m != workers)
+      PWM_THROW("--islands {}: {} x {} = {} devices but there are {} workers; run with {} ranks", o->islands, k, m,
+                static_cast<int64_t>(k) * m, workers, static_cast<int64_t>(k) * m + 1);
+  }
+  if (root && !o->json_path.empty()) check_output_path("--json", o->json_path);
 }
 
 RuntimeOptions Bench::runtime_options() const {
@@ -122,7 +147,7 @@ Bench start_bench(collectives::MpiEnvironment& env, BenchOptions opt) {
   Bench b;
   b.workers = env.size() - 1;
   if (b.workers < 1) PWM_THROW("dispatch_bench needs at least 2 ranks (a controller and a worker)");
-  if (opt.chain < 1 || opt.reps < 1) PWM_THROW("--chain and --reps must be positive");
+  if (opt.chain < 1 || opt.reps < 1 || opt.fig8_reps < 1) PWM_THROW("--chain, --reps and --fig8-reps must be >= 1");
   b.opt = std::move(opt);
   register_bench_kernels();
   b.transport = env.transport();

@@ -50,6 +50,9 @@ struct BenchOptions {
   int fig8_reps = 5;
   double fig8_seconds = 0.25;
   std::string json_path, islands;
+  // The lists as typed; check_options() parses them into the vectors above.
+  std::string ts_s = "0,10,20,30,50,75,100,150,200,230,300,500,1000", stages_s = "1,2,4,8,16,32,64,128";
+  std::string figs_s = "5,6,7,8", clients_s = "1,2,4,8,16", fig8_us_s = "40,330,1000,2400";
 
   // Fig. 8's SPMD chain at T: about as long as a client row (--fig8-seconds), at least --chain.
   int fig8_chain(int64_t t) const;
@@ -58,6 +61,11 @@ struct BenchOptions {
 // Parses the flags (every rank). Returns the exit code when main should return at once (--help,
 // a bad flag: rank 0 prints), else nothing.
 std::optional<int> parse_options(int argc, char** argv, int rank, BenchOptions* o);
+
+// Range-checks every number and list of `o` by flag name, parses the lists of the figures that
+// run (--figs), checks --islands against the `workers`, and on rank 0 (`root`) that --json can be
+// written. Throws pwm::Error with one line. Every rank, before any round.
+void check_options(BenchOptions* o, int workers, bool root);
 
 // What every phase needs. Made on every rank by start_bench.
 struct Bench {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bench/pathways/figures.h"
+#include "common/atomic_file.h"
 #include "common/check.h"
 
 namespace pwm::pathways::bench {
@@ -38,12 +39,6 @@ double Results::one_client(int64_t t) const {
 double Results::median_util(const Row& r) const {
   const double base = spmd_rate(r.compute_us, true, true);
   return base > 0 ? r.median_per_s / base : 0.0;
-}
-
-void probe_json_path(const std::string& json_path) {
-  if (json_path.empty()) return;
-  std::ofstream probe(json_path + ".tmp");
-  if (!probe) PWM_THROW("cannot write --json {}: check the directory exists and is writable", json_path);
 }
 
 namespace {
@@ -94,12 +89,7 @@ void write_json(const Bench& b, const Results& res, const ChainSummary& chains, 
   if (!fig8.worst.empty()) j["fig8_worst_utilization_4plus_clients"] = fig8.worst;
   if (!fig8.worst_median.empty()) j["fig8_worst_median_utilization_4plus_clients"] = fig8.worst_median;
   if (chains.fused_min < 1e9) j["fused_vs_spmd_at_1ms_worst"] = chains.fused_min;
-  {
-    std::ofstream f(path + ".tmp");
-    f << j.dump(2) << "\n";
-    if (!f) PWM_THROW("writing {} failed", path);
-  }
-  if (std::rename((path + ".tmp").c_str(), path.c_str()) != 0) PWM_THROW("cannot rename {}.tmp", path);
+  write_file_atomic(path, j.dump(2) + "\n", "--json");
 }
 
 }  // namespace

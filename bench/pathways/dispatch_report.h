@@ -33,7 +33,4 @@ class Results {
 // the measurements.
 int report(const Bench& b, const Results& res, double wall, double cpu);
 
-// Throws now, before the sweep, if --json cannot be written.
-void probe_json_path(const std::string& json_path);
-
 }  // namespace pwm::pathways::bench
