@@ -31,7 +31,9 @@ std::string check_real_number(const std::string& s) {
   char* end = nullptr;
   errno = 0;
   const double d = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size()) return fmt::format("'{}' is not a number (e.g. 0.5 or 3e-4)", s);
+  // strtod also reads hexadecimal ("0x10", "0x1p-3"): not a way anyone writes a flag's value.
+  const bool hex = s.find_first_of("xX") != std::string::npos;
+  if (s.empty() || hex || end != s.c_str() + s.size()) return fmt::format("'{}' is not a number (e.g. 0.5 or 3e-4)", s);
   if (!std::isfinite(d)) return fmt::format("'{}' is not a finite number", s);
   if (errno == ERANGE) return fmt::format("'{}' is outside the range of a double", s);
   return "";

@@ -45,7 +45,7 @@ TEST(StrictNumbers, WholeNumbers) {
 
 TEST(StrictNumbers, RealNumbers) {
   for (const char* ok : {"0.5", "3e-4", "-2", "1", "1e308"}) EXPECT_EQ(check_real_number(ok), "") << ok;
-  for (const char* bad : {"", "inf", "-inf", "nan", "NaN", "1e400", "1e-3junk", "0.5 ", "x"})
+  for (const char* bad : {"", "inf", "-inf", "nan", "NaN", "1e400", "1e-3junk", "0.5 ", "x", "0x10", "0x1p-3"})
     EXPECT_NE(check_real_number(bad), "") << bad;
   EXPECT_DOUBLE_EQ(parse_real("--x", "0.25"), 0.25);
   EXPECT_THROW(parse_real("--x", "1,5"), Error);
