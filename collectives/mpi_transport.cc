@@ -16,6 +16,7 @@
 #include "collectives/clock_sync.h"
 #include "common/check.h"
 #include "common/env.h"
+#include "common/hash.h"
 #include "common/time.h"
 
 namespace pwm::collectives {
@@ -491,8 +492,7 @@ std::string MpiEnvironment::settings_difference() {
   // 8-byte allreduces); the texts are gathered only to name the difference.
   std::string mine;
   for (const auto& [name, value] : settings_in_effect()) mine += name + "=" + value + "\n";
-  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (unsigned char c : mine) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = fnv1a64(mine);
   uint64_t lo = h, hi = h;
   std::vector<MPI_Request> reqs(2);
   PWM_MPI(MPI_Iallreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &reqs[0]));

@@ -1,11 +1,12 @@
 #include "collectives/strings.h"
 
-#include "common/check.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+
+#include "common/check.h"
+#include "common/hash.h"
 
 namespace pwm::collectives {
 
@@ -27,9 +28,7 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
 }
 
 std::vector<std::string> gather_if_different(Communicator& comm, const std::string& mine) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a 64: the same bits on every rank
-  for (unsigned char c : mine) h = (h ^ c) * 1099511628211ull;
-  int64_t word = static_cast<int64_t>(h);
+  int64_t word = static_cast<int64_t>(fnv1a64(mine));  // the same bits on every rank
   std::vector<int64_t> all(static_cast<size_t>(comm.size()));
   comm.allgather(&word, all.data(), 1, DataType::kInt64);
   if (std::all_of(all.begin(), all.end(), [&](int64_t x) { return x == all[0]; })) return {};

@@ -16,12 +16,13 @@ namespace pwm {
 namespace {
 
 const char* kind_of(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO (named pipe)";
   if (S_ISCHR(m)) return "a character device";
   if (S_ISBLK(m)) return "a block device";
   if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
+  return "a special file";
 }
 
 std::string real(const std::string& p) {
@@ -30,6 +31,11 @@ std::string real(const std::string& p) {
 }
 
 }  // namespace
+
+std::string file_kind(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? kind_of(st.st_mode) : "";
+}
 
 std::string size_text(uintmax_t bytes) {
   constexpr double MiB = 1024.0 * 1024.0;

@@ -14,6 +14,11 @@
 
 namespace pwm {
 
+// What PATH is when it is not a regular file: "a directory", "a FIFO (named pipe)", "a character
+// device", ... ("not a regular file" for the rest); "a regular file" otherwise; "" if it cannot be
+// stat'ed. Does not open it.
+std::string file_kind(const std::string& path);
+
 // Throws pwm::Error (one line: `what`, PATH and the fix) unless PATH is a regular file of at
 // most `max_bytes` (or, with `directory_ok`, a directory).
 void check_input_file(const std::string& what, const std::string& path, uintmax_t max_bytes,

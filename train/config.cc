@@ -11,6 +11,7 @@
 
 
 #include "common/check.h"
+#include "common/hash.h"
 
 namespace pwm::train {
 
@@ -143,9 +144,7 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
 }
 
 uint64_t config_hash(const std::string& canonical) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (unsigned char c : canonical) h = (h ^ c) * 1099511628211ull;
-  return h;
+  return fnv1a64(canonical);
 }
 
 void check_same_config(const std::vector<std::string>& canonical_by_rank) {

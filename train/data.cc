@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/check.h"
+#include "common/paths.h"
 
 namespace pwm::train {
 
@@ -127,14 +128,8 @@ fs::file_status data_path_status(const std::string& path) {
   }
   // Never open a FIFO, socket or device: opening a FIFO blocks until a writer appears, and a
   // device may never end. fs::status does not open the path.
-  if (!fs::is_directory(st) && !fs::is_regular_file(st)) {
-    const char* kind = fs::is_fifo(st)             ? "a FIFO (named pipe)"
-                       : fs::is_socket(st)         ? "a socket"
-                       : fs::is_character_file(st) ? "a character device"
-                       : fs::is_block_file(st)     ? "a block device"
-                                                   : "not a regular file";
-    PWM_THROW("data {}: is {}, not a regular file; {}", path, kind, kDataHint);
-  }
+  if (!fs::is_directory(st) && !fs::is_regular_file(st))
+    PWM_THROW("data {}: is {}, not a regular file; {}", path, file_kind(path), kDataHint);
   return st;
 }
 

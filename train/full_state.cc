@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "common/check.h"
+#include "common/hash.h"
 #include "model/kernels.h"
 
 namespace pwm::train {
@@ -44,11 +45,8 @@ void scatter_full(const ParamLayout& layout, const std::vector<TensorData>& full
 }
 
 uint64_t weights_hash(const std::vector<TensorData>& full) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  uint64_t h = kFnv1aOffset;
+  auto mix = [&h](const void* p, size_t n) { h = fnv1a64(p, n, h); };
   for (const auto& t : full) {
     mix(t.name.data(), t.name.size());
     mix(t.shape.data(), t.shape.size() * sizeof(int64_t));

@@ -153,15 +153,11 @@ def case_pipeline_three_hosts():
                                            f"(clock errors allow {slack} us): {s} {f}"
 
 
-def case_watchdog_names_stopped_rank_and_host():
-    # A rank on host 1 is stopped (SIGSTOP) mid-training: another rank's watchdog names it and
-    # its host, and the job ends non-zero instead of hanging. The rank is stopped only once rank
-    # 0 has logged a training step (every rank is then past start-up, in the step loop).
-    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "400", "--step-sleep-ms", "50",
-                                    "--log-every", "1"])
-    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=180)
+def start_until_a_step(cmd):
+    """Starts a one-shot cluster run of a trainer and returns once rank 0 has logged a training step
+    (every rank is then past start-up): (process, cluster name, output lines so far and to come,
+    the thread reading them). Exits 77 where the cluster cannot be made."""
     proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    name = f"pwm{proc.pid}"
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -171,6 +167,17 @@ def case_watchdog_names_stopped_rank_and_host():
     if proc.poll() == SKIP:
         sys.exit(SKIP)
     assert any(re.search(r"step +\d+/", x) for x in lines[:]), "no training step was logged:\n" + "".join(lines)
+    return proc, f"pwm{proc.pid}", lines, reader
+
+
+def case_watchdog_names_stopped_rank_and_host():
+    # A rank on host 1 is stopped (SIGSTOP) mid-training: another rank's watchdog names it and
+    # its host, and the job ends non-zero instead of hanging. The rank is stopped only once rank
+    # 0 has logged a training step (every rank is then past start-up, in the step loop).
+    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "400", "--step-sleep-ms", "50",
+                                    "--log-every", "1"])
+    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=180)
+    proc, name, lines, reader = start_until_a_step(cmd)
     stopped = None
     for pid in subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True, text=True).stdout.split():
         try:
@@ -218,17 +225,7 @@ def network_cut_ends_the_job(exe, n):
     flags += ["--dp", str(n)] if exe == "spmd" else ["--dp", str(n - 1), "--islands", f"1x{n - 1}"]
     args = " ".join(sc.TINY[:-2] + flags)
     cmd = cluster_cmd(2, 1, f"$PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}", timeout=150)
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    name = f"pwm{proc.pid}"
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not any(re.search(r"step +\d+/", x) for x in lines[:]):
-        time.sleep(0.2)
-    if proc.poll() == SKIP:
-        sys.exit(SKIP)
-    assert any(re.search(r"step +\d+/", x) for x in lines[:]), "no training step was logged:\n" + "".join(lines)
+    proc, name, lines, reader = start_until_a_step(cmd)
     subprocess.run(["ip", "-n", f"{name}-sw", "link", "set", f"{name}-p1", "down"], check=True)
     cut = time.time()
     try:

@@ -7,10 +7,8 @@ Mismatched collectives between ranks, and bad PWM_* environment settings: each m
 non-zero with one clear line, never with a memory corruption, a backtrace or a hang.
 """
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
 import spmd_cases as sc  # noqa: E402  (shared helpers: MPIRUN, ENV, TINY, trainer)
@@ -74,16 +72,5 @@ def case_bad_environment_fails_cleanly():
     expect_env_error("pathways", 3, ["--dp", "2"], "PWM_PW_SCHEDULER", "lifo")
 
 
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"coll_{case}_")
-    sc.set_build(build, tmp)
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    sc.case_main(globals(), "coll")

@@ -11,11 +11,9 @@ killed from outside.
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -126,16 +124,5 @@ def case_single_worker_stopped():
                           r"\(device 0\) for [0-9.]+ s while waiting for ", "single worker stopped")
 
 
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"pw_live_{case}_")
-    sc.set_build(build, tmp)
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    sc.case_main(globals(), "pw_live")

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -245,16 +244,5 @@ def case_ranks_agree_on_settings():
         error_line(p, f"rank 1 runs with other PWM_* settings than rank 0 ({name}={value} vs (unset))")
 
 
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"inputs_{case}_")
-    sc.set_build(build, tmp)
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    sc.case_main(globals(), "inputs")

@@ -692,6 +692,19 @@ def case_nonfinite_stops_the_run():
     print("NaN checkpoints refused by --resume and pwm_eval:", p.stderr.strip())
 
 
+def case_main(cases, prefix):
+    """The main() of a case file that runs one case of `cases` (its globals()) in a fresh TMP:
+    `SCRIPT CASE BUILD_DIR`."""
+    case, build = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"{prefix}_{case}_")
+    set_build(build, tmp)
+    try:
+        cases["case_" + case]()
+        print(f"PASS {case}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     global BUILD, TMP
     case, BUILD = sys.argv[1], sys.argv[2]
