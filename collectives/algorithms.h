@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "collectives/schedule.h"
 
@@ -29,5 +30,20 @@ void broadcast_binomial(Schedule& s, int r, int n, void* buf, size_t count, int 
 void reduce_binomial(Schedule& s, int r, int n, const void* send, void* recv, size_t count, int root);
 // Dissemination barrier: ceil(log2 n) rounds of empty messages.
 void barrier_dissemination(Schedule& s, int r, int n);
+
+// AllToAll (alltoall.cc). Block i of send goes to rank i, block i of recv comes from rank i;
+// in the v-forms blocks are packed in rank order, send_counts[i] / recv_counts[i] elements each
+// (n entries; this rank's send_counts[r] == recv_counts[r]). In place (send == recv): the send
+// blocks are first copied to scratch. Zero-element blocks are not sent.
+// Pairwise exchange: step k (1 <= k < n) sends to r+k and receives from r-k once step k-1's
+// send and receive are done; the own block's copy overlaps step 1.
+void alltoallv_pairwise(Schedule& s, int r, int n, const void* send, std::span<const size_t> send_counts,
+                        void* recv, std::span<const size_t> recv_counts);
+// Linear: the pairwise messages, all posted at once (OpenMPI's basic linear).
+void alltoallv_linear(Schedule& s, int r, int n, const void* send, std::span<const size_t> send_counts,
+                      void* recv, std::span<const size_t> recv_counts);
+// Bruck, equal counts: ceil(log2 n) steps; step k sends to r+2^k the blocks whose index,
+// relative to r, has bit k set (p/2 of them, packed into one message).
+void alltoall_bruck(Schedule& s, int r, int n, const void* send, void* recv, size_t count);
 
 }  // namespace pwm::collectives::algo

@@ -106,8 +106,15 @@ Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
 Algorithm Communicator::resolve_allreduce(Algorithm a, size_t bytes) const {
+  check_algorithm(AlgorithmOp::kAllreduce, a);
   if (a != Algorithm::kAuto) return a;
   return options_.cost_model.pick_allreduce(bytes, size(), options_.segment_bytes);
+}
+
+Algorithm Communicator::resolve_alltoall(Algorithm a, size_t bytes_per_peer, bool equal_counts) const {
+  check_algorithm(equal_counts ? AlgorithmOp::kAlltoall : AlgorithmOp::kAlltoallv, a);
+  if (a != Algorithm::kAuto) return a;
+  return options_.cost_model.pick_alltoall(bytes_per_peer, size(), equal_counts);
 }
 
 CollectiveInfo Communicator::make_info(const char* op, Algorithm algo, DataType t, ReduceOp redop,
@@ -126,9 +133,7 @@ CollectiveInfo Communicator::make_info(const char* op, Algorithm algo, DataType 
   return info;
 }
 
-Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count,
-                         int root, const std::function<void(Schedule&)>& build) {
-  const CollectiveInfo info = make_info(op, algo, t, redop, count, root);
+Work Communicator::start(const CollectiveInfo& info, const std::function<void(Schedule&)>& build) {
   // Call seq - kSeqWindow has this call's tag. Complete it on this rank first: every member
   // started it before this one (same order everywhere), so it can finish, and once this rank's
   // sends and receives of it are done, MPI's non-overtaking rule pairs each later message with a
@@ -138,7 +143,7 @@ Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp re
     live.begin()->second->wait();
     live.erase(live.begin());
   }
-  Schedule s(t, redop, pool_);
+  Schedule s(info.dtype, info.redop, pool_);
   build(s);
   const int fp_tag = options_.fingerprint && size() > 1 ? make_tag(context_, info.seq, 1) : -1;
   auto e = std::make_unique<Executor>(*transport_, std::move(s), info, make_tag(context_, info.seq, 0), fp_tag,
@@ -147,22 +152,24 @@ Work Communicator::start(const char* op, Algorithm algo, DataType t, ReduceOp re
   return Work(std::move(e));
 }
 
+Work Communicator::start_native(const CollectiveInfo& info, std::unique_ptr<NativeOp> native) {
+  return Work(std::make_unique<Executor>(*transport_, std::move(native), info, options_.timeout_s));
+}
+
 Work Communicator::iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
                               Algorithm algo) {
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
   const Algorithm a = resolve_allreduce(algo, count * dtype_size(t));
   if (a == Algorithm::kMpi) {
-    const CollectiveInfo info = make_info("allreduce", a, t, op, count, -1);
     auto native = transport_->start_native_allreduce(group_, send, recv, count, t, op);
-    return Work(std::make_unique<Executor>(*transport_, std::move(native), info, options_.timeout_s));
+    return start_native(make_info("allreduce", a, t, op, count, -1), std::move(native));
   }
   const int r = rank_, n = size();
-  return start("allreduce", a, t, op, count, -1, [&](Schedule& s) {
+  return start(make_info("allreduce", a, t, op, count, -1), [&](Schedule& s) {
     switch (a) {
       case Algorithm::kRing: return algo::allreduce_ring(s, r, n, send, recv, count, seg);
       case Algorithm::kHalvingDoubling: return algo::allreduce_halving_doubling(s, r, n, send, recv, count);
-      case Algorithm::kRecursiveDoubling: return algo::allreduce_recursive_doubling(s, r, n, send, recv, count);
-      default: PWM_THROW("unsupported allreduce algorithm {}", algorithm_name(a));
+      default: return algo::allreduce_recursive_doubling(s, r, n, send, recv, count);  // (resolve checked it)
     }
   });
 }
@@ -170,14 +177,14 @@ Work Communicator::iallreduce(const void* send, void* recv, size_t count, DataTy
 Work Communicator::ireduce_scatter(const void* send, void* recv, size_t count, DataType t, ReduceOp op) {
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
   const int r = rank_, n = size();
-  return start("reduce_scatter", Algorithm::kRing, t, op, count, -1,
+  return start(make_info("reduce_scatter", Algorithm::kRing, t, op, count, -1),
                [&](Schedule& s) { algo::reduce_scatter_ring(s, r, n, send, recv, count, seg); });
 }
 
 Work Communicator::iallgather(const void* send, void* recv, size_t count, DataType t) {
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
   const int r = rank_, n = size();
-  return start("allgather", Algorithm::kRing, t, ReduceOp::kSum, count, -1,
+  return start(make_info("allgather", Algorithm::kRing, t, ReduceOp::kSum, count, -1),
                [&](Schedule& s) { algo::allgather_ring(s, r, n, send, recv, count, seg); });
 }
 
@@ -185,21 +192,73 @@ Work Communicator::ibroadcast(void* buf, size_t count, DataType t, int root) {
   if (root < 0 || root >= size()) PWM_THROW("broadcast root {} is not a rank of a group of {}", root, size());
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
   const int r = rank_, n = size();
-  return start("broadcast", Algorithm::kAuto, t, ReduceOp::kSum, count, root,
+  return start(make_info("broadcast", Algorithm::kAuto, t, ReduceOp::kSum, count, root),
                [&](Schedule& s) { algo::broadcast_binomial(s, r, n, buf, count, root, seg); });
 }
 
 Work Communicator::ireduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op, int root) {
   if (root < 0 || root >= size()) PWM_THROW("reduce root {} is not a rank of a group of {}", root, size());
   const int r = rank_, n = size();
-  return start("reduce", Algorithm::kAuto, t, op, count, root,
+  return start(make_info("reduce", Algorithm::kAuto, t, op, count, root),
                [&](Schedule& s) { algo::reduce_binomial(s, r, n, send, recv, count, root); });
 }
 
 Work Communicator::ibarrier() {
   const int r = rank_, n = size();
-  return start("barrier", Algorithm::kAuto, DataType::kInt32, ReduceOp::kSum, 0, -1,
+  return start(make_info("barrier", Algorithm::kAuto, DataType::kInt32, ReduceOp::kSum, 0, -1),
                [&](Schedule& s) { algo::barrier_dissemination(s, r, n); });
+}
+
+Work Communicator::ialltoall(const void* send, void* recv, size_t count, DataType t, Algorithm algo) {
+  const Algorithm a = resolve_alltoall(algo, count * dtype_size(t));
+  const CollectiveInfo info = make_info("alltoall", a, t, ReduceOp::kSum, count, -1);
+  if (a == Algorithm::kMpi)
+    return start_native(info, transport_->start_native_alltoall(group_, send, recv, count * dtype_size(t)));
+  const int r = rank_, n = size();
+  const std::vector<size_t> counts(static_cast<size_t>(n), count);
+  return start(info, [&](Schedule& s) {
+    switch (a) {
+      case Algorithm::kBruck: return algo::alltoall_bruck(s, r, n, send, recv, count);
+      case Algorithm::kLinear: return algo::alltoallv_linear(s, r, n, send, counts, recv, counts);
+      default: return algo::alltoallv_pairwise(s, r, n, send, counts, recv, counts);  // (resolve checked it)
+    }
+  });
+}
+
+Work Communicator::ialltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
+                              std::span<const size_t> recv_counts, DataType t, Algorithm algo) {
+  const size_t n = group_.size();
+  if (send_counts.size() != n || recv_counts.size() != n)
+    PWM_THROW("alltoallv: send_counts has {} entries and recv_counts {}, for a group of {} (one per member)",
+              send_counts.size(), recv_counts.size(), n);
+  if (send_counts[rank_] != recv_counts[rank_])
+    PWM_THROW("alltoallv: group rank {} sends {} elements to itself but receives {} from itself", rank_,
+              send_counts[rank_], recv_counts[rank_]);
+  size_t total = 0;
+  for (size_t c : send_counts) total += c;
+  const Algorithm a = resolve_alltoall(algo, total / n * dtype_size(t), /*equal_counts=*/false);
+  CollectiveInfo info = make_info("alltoallv", a, t, ReduceOp::kSum, total, -1);
+  info.send_counts = send_counts;
+  info.recv_counts = recv_counts;
+  if (a == Algorithm::kMpi) {
+    std::vector<size_t> sb(n), rb(n);
+    for (size_t i = 0; i < n; ++i) sb[i] = send_counts[i] * dtype_size(t), rb[i] = recv_counts[i] * dtype_size(t);
+    return start_native(info, transport_->start_native_alltoallv(group_, send, sb, recv, rb));
+  }
+  const int r = rank_;
+  return start(info, [&](Schedule& s) {
+    if (a == Algorithm::kLinear) return algo::alltoallv_linear(s, r, static_cast<int>(n), send, send_counts, recv, recv_counts);
+    algo::alltoallv_pairwise(s, r, static_cast<int>(n), send, send_counts, recv, recv_counts);
+  });
+}
+
+std::vector<size_t> Communicator::alltoall_counts(std::span<const size_t> send_counts) {
+  if (send_counts.size() != group_.size())
+    PWM_THROW("alltoall_counts: send_counts has {} entries for a group of {} (one per member)", send_counts.size(),
+              group_.size());
+  std::vector<int64_t> out(send_counts.size()), in(send_counts.begin(), send_counts.end());
+  alltoall(in.data(), out.data(), 1, DataType::kInt64);
+  return std::vector<size_t>(out.begin(), out.end());
 }
 
 }  // namespace pwm::collectives

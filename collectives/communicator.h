@@ -9,7 +9,8 @@
 // same order (the per-communicator sequence number). At most 256 collectives of one communicator
 // are in flight on a rank: starting the 257th first completes the oldest (the tag space repeats;
 // docs/collectives.md). Set PWM_COLL_DEBUG=1 to have every call
-// fingerprinted (op, algorithm, dtype, count, root, sequence number) and a mismatch reported.
+// fingerprinted (op, algorithm, dtype, count, root, sequence number; for alltoallv the count each
+// pair exchanges, as both sides of the pair see it) and a mismatch reported.
 //
 // Blocking: the blocking forms return when this rank's part is complete (its buffers are
 // final). The i-forms return a Work at once; the caller keeps the buffers alive and untouched
@@ -90,6 +91,9 @@ class Communicator {
   CommOptions& options() { return options_; }
   // The algorithm kAuto resolves to for an AllReduce of `bytes` bytes on this group.
   Algorithm resolve_allreduce(Algorithm a, size_t bytes) const;
+  // The algorithm kAuto resolves to for an AllToAll of `bytes_per_peer` bytes to each member
+  // (alltoallv: `equal_counts` false).
+  Algorithm resolve_alltoall(Algorithm a, size_t bytes_per_peer, bool equal_counts = true) const;
 
   // send == recv means in place. `count` is per-rank elements.
   Work iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
@@ -103,6 +107,27 @@ class Communicator {
   // recv is written on root only (may be null elsewhere).
   Work ireduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op, int root);
   Work ibarrier();
+  // AllToAll, equal counts: send holds size() * count elements, block i (count elements at
+  // i * count) goes to group rank i; recv holds size() * count, block i came from group rank i.
+  // In place (send == recv) is supported, at the price of one copy of the buffer into scratch.
+  // Algorithms: kAuto (the cost model: kBruck for small blocks, kPairwise otherwise), kPairwise,
+  // kBruck, kLinear, kMpi (MPI_Ialltoall); an AllReduce algorithm is refused (pwm::Error).
+  Work ialltoall(const void* send, void* recv, size_t count, DataType t, Algorithm algo = Algorithm::kAuto);
+  // AllToAll, variable counts: send_counts[i] elements go to group rank i, recv_counts[i] come
+  // from it; both spans have size() entries and the blocks are packed contiguously in group-rank
+  // order (block i starts at the sum of the counts before it). Every pair must agree: member a's
+  // send_counts[b] == member b's recv_counts[a] (alltoall_counts() returns recv_counts so); a
+  // pair that disagrees is a size mismatch (fatal, one line), or where one side's count is 0,
+  // waits for the watchdog (PWM_COLL_DEBUG=1 names it at once). The caller keeps both spans, like
+  // the buffers, alive and unchanged until the Work completes. In place (send == recv, holding
+  // the larger of the two totals) is supported as in ialltoall. Algorithms: kAuto (kPairwise),
+  // kPairwise, kLinear, kMpi (MPI_Ialltoallv); kBruck needs equal counts and is refused.
+  Work ialltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
+                  std::span<const size_t> recv_counts, DataType t, Algorithm algo = Algorithm::kAuto);
+  // Blocking: exchanges the counts (an equal-count AllToAll of one 64-bit integer per member) and
+  // returns recv_counts for ialltoallv: element i is what group rank i sends this rank.
+  // send_counts has size() entries.
+  std::vector<size_t> alltoall_counts(std::span<const size_t> send_counts);
 
   void allreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
                  Algorithm algo = Algorithm::kAuto) {
@@ -119,6 +144,13 @@ class Communicator {
     ireduce(send, recv, count, t, op, root).wait();
   }
   void barrier() { ibarrier().wait(); }
+  void alltoall(const void* send, void* recv, size_t count, DataType t, Algorithm algo = Algorithm::kAuto) {
+    ialltoall(send, recv, count, t, algo).wait();
+  }
+  void alltoallv(const void* send, std::span<const size_t> send_counts, void* recv,
+                 std::span<const size_t> recv_counts, DataType t, Algorithm algo = Algorithm::kAuto) {
+    ialltoallv(send, send_counts, recv, recv_counts, t, algo).wait();
+  }
 
   // Typed conveniences, in place.
   template <typename T>
@@ -133,8 +165,9 @@ class Communicator {
  private:
   CollectiveInfo make_info(const char* op, Algorithm algo, DataType t, ReduceOp redop,
                                   size_t count, int root);
-  Work start(const char* op, Algorithm algo, DataType t, ReduceOp redop, size_t count, int root,
-             const std::function<void(class Schedule&)>& build);
+  // Both take the call's sequence number: call them only once the arguments are checked.
+  Work start(const CollectiveInfo& info, const std::function<void(class Schedule&)>& build);
+  Work start_native(const CollectiveInfo& info, std::unique_ptr<NativeOp> native);
 
   std::shared_ptr<Transport> transport_;
   std::vector<int> group_;

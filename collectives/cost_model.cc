@@ -15,6 +15,15 @@ CostModel CostModel::from_env() {
   return m;
 }
 
+namespace {
+// Bruck's step `bit` sends the blocks whose index (relative to the rank) has that bit set.
+int bruck_blocks(int p, int bit) {
+  int k = 0;
+  for (int i = 0; i < p; ++i) k += (i >> bit) & 1;
+  return k;
+}
+}  // namespace
+
 double CostModel::allreduce_us(Algorithm a, size_t bytes, int p, size_t seg_bytes) const {
   if (p <= 1) return 0.0;
   const double N = static_cast<double>(bytes);
@@ -56,6 +65,35 @@ Algorithm CostModel::pick_allreduce(size_t bytes, int p, size_t seg_bytes) const
     }
   }
   return best;
+}
+
+double CostModel::alltoall_us(Algorithm a, size_t bytes_per_peer, int p) const {
+  if (p <= 1) return 0.0;
+  const double m = static_cast<double>(bytes_per_peer);
+  const double beta = beta_ns_per_byte * 1e-3, copy = 0.5 * gamma_ns_per_byte * 1e-3;
+  switch (a) {
+    case Algorithm::kPairwise:
+    case Algorithm::kLinear:
+      return (p - 1) * (alpha_us + m * beta);
+    case Algorithm::kBruck: {
+      double t = 0, packed = 0;
+      for (int bit = 0; (1 << bit) < p; ++bit) {
+        const int b = bruck_blocks(p, bit);
+        t += alpha_us + b * m * beta;
+        packed += b > 1 ? b : 0;  // a lone block is sent unpacked
+      }
+      return t + (packed + p) * m * copy;
+    }
+    default:
+      return 1e30;
+  }
+}
+
+Algorithm CostModel::pick_alltoall(size_t bytes_per_peer, int p, bool equal_counts) const {
+  if (!equal_counts) return Algorithm::kPairwise;
+  return alltoall_us(Algorithm::kBruck, bytes_per_peer, p) < alltoall_us(Algorithm::kPairwise, bytes_per_peer, p)
+             ? Algorithm::kBruck
+             : Algorithm::kPairwise;
 }
 
 }  // namespace pwm::collectives

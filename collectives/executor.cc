@@ -1,5 +1,6 @@
 #include "collectives/executor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -18,7 +19,8 @@ constexpr size_t kFingerprintWords = 8;
 constexpr uint64_t kFingerprintMagic = 0x70776d66'70000001ull;  // "pwmfp", version 1
 
 const char* kOpNames[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce",
-                          "barrier"};
+                          "barrier", "alltoall", "alltoallv"};
+constexpr uint64_t kAlltoallvCode = 7;  // its count word is the pair's count (start_fingerprint)
 
 uint64_t op_code(const char* op) {
   for (uint64_t i = 0; i < std::size(kOpNames); ++i)
@@ -90,10 +92,21 @@ void Executor::start_fingerprint(int fingerprint_tag) {
   mine[5] = info_.count;
   mine[6] = static_cast<uint64_t>(static_cast<int64_t>(info_.root));
   mine[7] = info_.seq;
+  // What each member is sent: this rank's words; for alltoallv the count word is what this rank
+  // sends that member, and what it expects back is its receive count from the member (read now:
+  // the caller's spans are not needed after the call).
+  fp_send_.assign(n * kFingerprintWords, 0);
+  fp_expect_.assign(n, info_.count);
   fp_sched_ = std::make_unique<Schedule>(DataType::kInt64, ReduceOp::kSum, nullptr);
   for (size_t p = 0; p < n; ++p) {
     if (static_cast<int>(p) == info_.group_rank) continue;
-    fp_sched_->send(static_cast<int>(p), mine, kFingerprintWords);
+    uint64_t* out = &fp_send_[p * kFingerprintWords];
+    std::copy(mine, mine + kFingerprintWords, out);
+    if (!info_.send_counts.empty()) {
+      out[5] = info_.send_counts[p];
+      fp_expect_[p] = info_.recv_counts[p];
+    }
+    fp_sched_->send(static_cast<int>(p), out, kFingerprintWords);
     fp_sched_->recv(static_cast<int>(p), &fp_buf_[p * kFingerprintWords], kFingerprintWords);
   }
   fp_state_.assign(fp_sched_->steps().size(), 0);
@@ -102,15 +115,22 @@ void Executor::start_fingerprint(int fingerprint_tag) {
 
 void Executor::check_fingerprints() {
   const auto& group = *info_.group;
-  const uint64_t* mine = &fp_buf_[info_.group_rank * kFingerprintWords];
   for (size_t p = 0; p < group.size(); ++p) {
+    if (static_cast<int>(p) == info_.group_rank) continue;
+    uint64_t want[kFingerprintWords];
+    std::copy_n(&fp_buf_[info_.group_rank * kFingerprintWords], kFingerprintWords, want);
+    want[5] = fp_expect_[p];
     const uint64_t* theirs = &fp_buf_[p * kFingerprintWords];
-    if (std::memcmp(mine, theirs, kFingerprintWords * sizeof(uint64_t)) != 0) {
+    if (std::memcmp(want, theirs, sizeof want) != 0) {
+      const std::string pair = want[1] == kAlltoallvCode && theirs[1] == kAlltoallvCode
+          ? fmt::format("; an alltoallv's count is the pair's: world rank {} receives count={} from world rank {}, "
+                        "which sends it count={}", group[info_.group_rank], want[5], group[p], theirs[5])
+          : "";
       PWM_THROW(
           "collective mismatch (PWM_COLL_DEBUG): world rank {} called {} but world rank {} "
-          "called {} (context {}, group [{}])",
-          group[info_.group_rank], describe_fingerprint(mine), group[p],
-          describe_fingerprint(theirs), info_.context, fmt::join(group, ","));
+          "called {} (context {}, group [{}]){}",
+          group[info_.group_rank], describe_fingerprint(want), group[p],
+          describe_fingerprint(theirs), info_.context, fmt::join(group, ","), pair);
     }
   }
   fp_sched_.reset();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct CollectiveInfo {
   size_t count = 0;
   int root = -1;
   const std::vector<int>* group = nullptr;  // world ranks (owned by the communicator)
+  // alltoallv: this rank's counts per group rank (the caller's; alive until the collective
+  // completes); count is the sum of send_counts. Empty for every other op.
+  std::span<const size_t> send_counts, recv_counts;
   int group_rank = 0;
   std::string describe() const;  // "allreduce(ring, float32, sum, count=..., seq=3, context=0, group=[0,1])"
 };
@@ -90,7 +94,9 @@ class Executor {
   std::vector<uint32_t> fp_active_;
   uint32_t fp_first_ = 0;
   int fp_tag_ = -1;
-  std::vector<uint64_t> fp_buf_;  // group size x kFingerprintWords
+  std::vector<uint64_t> fp_buf_;   // group size x kFingerprintWords: received (own slot: this rank's)
+  std::vector<uint64_t> fp_send_;  // group size x kFingerprintWords: sent to each member
+  std::vector<uint64_t> fp_expect_;  // per member: the count word expected from it
 
   std::unique_ptr<NativeOp> native_;
   std::shared_ptr<SeqWindow> window_;

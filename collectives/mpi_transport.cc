@@ -150,9 +150,26 @@ MPI_Op mpi_op(ReduceOp op) {
   PWM_THROW("invalid reduce op");
 }
 
+// A native collective's requests, and what MPI reads until they complete: the in-place copy of
+// the send buffer and the count and displacement arrays of the v-forms (MPI-3: unchanged until
+// the non-blocking collective completes).
+struct NativeArgs {
+  std::vector<std::byte> send_copy;
+  std::vector<int> ints;
+  std::vector<MPI_Datatype> types;  // MPI_Ialltoallw's: freed here, once MPI no longer reads the array
+  NativeArgs() = default;
+  NativeArgs(const NativeArgs&) = delete;
+  NativeArgs& operator=(const NativeArgs&) = delete;
+  ~NativeArgs() {  // a destructor: must not throw
+    for (MPI_Datatype& t : types)
+      if (t != MPI_BYTE) PWM_MPI_REPORT(MPI_Type_free(&t));
+  }
+};
+
 class MpiNativeOp : public NativeOp {
  public:
-  explicit MpiNativeOp(std::vector<MPI_Request> r) : reqs_(std::move(r)) {}
+  explicit MpiNativeOp(std::vector<MPI_Request> r, std::unique_ptr<NativeArgs> args = nullptr)
+      : reqs_(std::move(r)), args_(std::move(args)) {}
   bool test() override {
     int flag = 0;
     PWM_MPI(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE));
@@ -161,6 +178,7 @@ class MpiNativeOp : public NativeOp {
 
  private:
   std::vector<MPI_Request> reqs_;
+  std::unique_ptr<NativeArgs> args_;
 };
 
 // Messages above this many bytes take the large-count path (a derived datatype); native
@@ -336,7 +354,87 @@ class MpiTransport : public Transport {
     return std::make_unique<MpiNativeOp>(std::move(reqs));
   }
 
+  std::unique_ptr<NativeOp> start_native_alltoall(const std::vector<int>& group, const void* send, void* recv,
+                                                  size_t bytes_per_peer) override {
+    // The v-form's in-place copy (MPI_IN_PLACE would do here, but one path for both forms).
+    auto args = std::make_unique<NativeArgs>();
+    send = in_place_copy(send, recv, bytes_per_peer * group.size(), *args);
+    MPI_Comm c = group_comm(group);
+    MPI_Request req;
+    if (bytes_per_peer <= g_large_count_threshold) {
+      const int n = static_cast<int>(bytes_per_peer);
+      PWM_MPI(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, c, &req));
+    } else {
+      // One element per peer of a type whose extent is the block: MPI places block i at i x extent.
+      LargeBytes t(bytes_per_peer);
+      PWM_MPI(MPI_Ialltoall(send, 1, t.type, recv, 1, t.type, c, &req));
+    }
+    return std::make_unique<MpiNativeOp>(std::vector<MPI_Request>{req}, std::move(args));
+  }
+
+  std::unique_ptr<NativeOp> start_native_alltoallv(const std::vector<int>& group, const void* send,
+                                                   const std::vector<size_t>& send_bytes, void* recv,
+                                                   const std::vector<size_t>& recv_bytes) override {
+    const size_t n = group.size();
+    size_t stotal = 0, rtotal = 0;
+    for (size_t i = 0; i < n; ++i) stotal += send_bytes[i], rtotal += recv_bytes[i];
+    auto args = std::make_unique<NativeArgs>();
+    send = in_place_copy(send, recv, stotal, *args);
+    MPI_Comm c = group_comm(group);
+    MPI_Request req;
+    if (std::max(stotal, rtotal) > g_large_count_threshold)
+      return alltoallw_large(c, send, send_bytes, recv, recv_bytes, std::move(args));
+    // Byte counts and displacements, all below the int limit (checked above).
+    std::vector<int>& v = args->ints;
+    v.resize(4 * n);
+    int* sc = v.data(), *sd = sc + n, *rc = sd + n, *rd = rc + n;
+    for (size_t i = 0, so = 0, ro = 0; i < n; so += send_bytes[i], ro += recv_bytes[i], ++i) {
+      sc[i] = static_cast<int>(send_bytes[i]), sd[i] = static_cast<int>(so);
+      rc[i] = static_cast<int>(recv_bytes[i]), rd[i] = static_cast<int>(ro);
+    }
+    PWM_MPI(MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, c, &req));
+    return std::make_unique<MpiNativeOp>(std::vector<MPI_Request>{req}, std::move(args));
+  }
+
  private:
+  // In place: the send blocks are copied to `args` first (the receives overwrite blocks MPI has
+  // not sent yet). Returns where MPI reads the send blocks from.
+  static const void* in_place_copy(const void* send, void* recv, size_t bytes, NativeArgs& args) {
+    if (send != recv) return send;
+    args.send_copy.assign(static_cast<const std::byte*>(send), static_cast<const std::byte*>(send) + bytes);
+    return args.send_copy.data();
+  }
+
+  // An AllToAllv whose counts or displacements do not fit an int: MPI_Ialltoallw with, per peer,
+  // one element of a type that holds the whole block at its byte offset (MPI_Aint: 64 bits), so
+  // every int argument is 0 or 1. The arrays live in `args` until the op is destroyed.
+  std::unique_ptr<NativeOp> alltoallw_large(MPI_Comm c, const void* send, const std::vector<size_t>& send_bytes,
+                                            void* recv, const std::vector<size_t>& recv_bytes,
+                                            std::unique_ptr<NativeArgs> args) {
+    const size_t n = send_bytes.size();
+    std::vector<int>& v = args->ints;
+    v.assign(4 * n, 0);  // counts (0 or 1) then displacements (0), for send and receive
+    std::vector<MPI_Datatype>& types = args->types;
+    types.assign(2 * n, MPI_BYTE);
+    std::vector<std::unique_ptr<LargeBytes>> blocks;
+    auto place = [&](size_t bytes, size_t offset, int& count, MPI_Datatype& type) {
+      if (bytes == 0) return;
+      blocks.push_back(std::make_unique<LargeBytes>(bytes));
+      const int one = 1;
+      const MPI_Aint at = static_cast<MPI_Aint>(offset);
+      PWM_MPI(MPI_Type_create_hindexed(1, &one, &at, blocks.back()->type, &type));
+      PWM_MPI(MPI_Type_commit(&type));
+      count = 1;
+    };
+    for (size_t i = 0, so = 0, ro = 0; i < n; so += send_bytes[i], ro += recv_bytes[i], ++i) {
+      place(send_bytes[i], so, v[i], types[i]);
+      place(recv_bytes[i], ro, v[2 * n + i], types[n + i]);
+    }
+    MPI_Request req;
+    PWM_MPI(MPI_Ialltoallw(send, &v[0], &v[n], types.data(), recv, &v[2 * n], &v[3 * n], types.data() + n, c, &req));
+    return std::make_unique<MpiNativeOp>(std::vector<MPI_Request>{req}, std::move(args));
+  }
+
   // An MPI communicator over `group`, created on first use with MPI_Comm_create_group, which is
   // collective over the group's members only (other ranks are not involved).
   MPI_Comm group_comm(const std::vector<int>& group) {
@@ -433,6 +531,16 @@ void set_large_count_threshold_for_testing(size_t bytes) {
 
 std::unique_ptr<NativeOp> Transport::start_native_allreduce(const std::vector<int>&, const void*,
                                                             void*, size_t, DataType, ReduceOp) {
+  PWM_THROW("algorithm 'mpi' needs the MPI transport (this transport is '{}')", name());
+}
+
+std::unique_ptr<NativeOp> Transport::start_native_alltoall(const std::vector<int>&, const void*, void*, size_t) {
+  PWM_THROW("algorithm 'mpi' needs the MPI transport (this transport is '{}')", name());
+}
+
+std::unique_ptr<NativeOp> Transport::start_native_alltoallv(const std::vector<int>&, const void*,
+                                                            const std::vector<size_t>&, void*,
+                                                            const std::vector<size_t>&) {
   PWM_THROW("algorithm 'mpi' needs the MPI transport (this transport is '{}')", name());
 }
 

@@ -109,6 +109,15 @@ class Transport {
                                                            const void* send, void* recv,
                                                            size_t count, DataType dtype,
                                                            ReduceOp op);
+  // AllToAll (kMpi): block i, `bytes_per_peer` bytes at i * bytes_per_peer, to group rank i.
+  // send == recv: in place. Every member must call, as above.
+  virtual std::unique_ptr<NativeOp> start_native_alltoall(const std::vector<int>& group, const void* send,
+                                                          void* recv, size_t bytes_per_peer);
+  // AllToAllv (kMpi): send_bytes[i] bytes to group rank i, recv_bytes[i] from it, blocks packed
+  // in rank order. send == recv: in place. Every member must call, as above.
+  virtual std::unique_ptr<NativeOp> start_native_alltoallv(const std::vector<int>& group, const void* send,
+                                                           const std::vector<size_t>& send_bytes, void* recv,
+                                                           const std::vector<size_t>& recv_bytes);
 
  private:
   std::function<void()> wait_hook_;

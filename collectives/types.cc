@@ -42,8 +42,40 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::kHalvingDoubling: return "hd";
     case Algorithm::kRecursiveDoubling: return "rd";
     case Algorithm::kMpi: return "mpi";
+    case Algorithm::kPairwise: return "pairwise";
+    case Algorithm::kBruck: return "bruck";
+    case Algorithm::kLinear: return "linear";
   }
   return "?";
+}
+
+const char* algorithm_op_name(AlgorithmOp op) {
+  switch (op) {
+    case AlgorithmOp::kAllreduce: return "allreduce";
+    case AlgorithmOp::kAlltoall: return "alltoall";
+    case AlgorithmOp::kAlltoallv: return "alltoallv";
+  }
+  return "?";
+}
+
+void check_algorithm(AlgorithmOp op, Algorithm a) {
+  bool ok = a == Algorithm::kAuto || a == Algorithm::kMpi;
+  const char* takes = "";
+  switch (op) {
+    case AlgorithmOp::kAllreduce:
+      ok = ok || a == Algorithm::kRing || a == Algorithm::kHalvingDoubling || a == Algorithm::kRecursiveDoubling;
+      takes = "auto, ring, hd, rd or mpi";
+      break;
+    case AlgorithmOp::kAlltoall:
+      ok = ok || a == Algorithm::kPairwise || a == Algorithm::kBruck || a == Algorithm::kLinear;
+      takes = "auto, pairwise, bruck, linear or mpi";
+      break;
+    case AlgorithmOp::kAlltoallv:  // Bruck's steps pack blocks by position: equal counts only
+      ok = ok || a == Algorithm::kPairwise || a == Algorithm::kLinear;
+      takes = "auto, pairwise, linear or mpi (bruck needs equal counts: alltoall)";
+      break;
+  }
+  if (!ok) PWM_THROW("{} does not take algorithm '{}': use {}", algorithm_op_name(op), algorithm_name(a), takes);
 }
 
 DataType parse_dtype(const std::string& s) {
@@ -67,7 +99,11 @@ Algorithm parse_algorithm(const std::string& s) {
   if (s == "hd" || s == "halving_doubling" || s == "rabenseifner") return Algorithm::kHalvingDoubling;
   if (s == "rd" || s == "recursive_doubling") return Algorithm::kRecursiveDoubling;
   if (s == "mpi") return Algorithm::kMpi;
-  PWM_THROW("unknown algorithm '{}': use auto, ring, hd (halving-doubling), rd (recursive doubling) or mpi", s);
+  if (s == "pairwise") return Algorithm::kPairwise;
+  if (s == "bruck") return Algorithm::kBruck;
+  if (s == "linear") return Algorithm::kLinear;
+  PWM_THROW("unknown algorithm '{}': use auto, ring, hd (halving-doubling), rd (recursive doubling), mpi, or for "
+            "alltoall pairwise, bruck, linear", s);
 }
 
 namespace {

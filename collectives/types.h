@@ -12,13 +12,21 @@ enum class DataType : uint8_t { kFloat32, kFloat64, kInt32, kInt64 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 
 // kAuto picks by message and group size from the alpha-beta cost model (cost_model.h).
-// kMpi calls MPI's own MPI_Allreduce / MPI_Iallreduce on an MPI communicator of the group.
-enum class Algorithm : uint8_t { kAuto, kRing, kHalvingDoubling, kRecursiveDoubling, kMpi };
+// kMpi calls MPI's own collective (MPI_Iallreduce, MPI_Ialltoall, MPI_Ialltoallv) on an MPI
+// communicator of the group. AllReduce takes kRing, kHalvingDoubling, kRecursiveDoubling;
+// AllToAll takes kPairwise, kBruck (equal counts only), kLinear; both take kAuto and kMpi.
+enum class Algorithm : uint8_t { kAuto, kRing, kHalvingDoubling, kRecursiveDoubling, kMpi, kPairwise, kBruck, kLinear };
+
+// The collectives that take an Algorithm.
+enum class AlgorithmOp : uint8_t { kAllreduce, kAlltoall, kAlltoallv };
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);       // "float32", ...
 const char* reduce_op_name(ReduceOp op);  // "sum", "max", "min"
-const char* algorithm_name(Algorithm a);  // "auto", "ring", "hd", "rd", "mpi"
+const char* algorithm_name(Algorithm a);  // "auto", "ring", "hd", "rd", "mpi", "pairwise", "bruck", "linear"
+const char* algorithm_op_name(AlgorithmOp op);  // "allreduce", "alltoall", "alltoallv"
+// Throws pwm::Error, one line naming the algorithms `op` takes, when it does not take `a`.
+void check_algorithm(AlgorithmOp op, Algorithm a);
 
 // Parsers for flags; throw pwm::Error listing the accepted names.
 DataType parse_dtype(const std::string& s);    // float|float32|double|float64|int32|int64
