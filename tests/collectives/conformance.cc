@@ -218,3 +218,137 @@ std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& 
 }
 
 }  // namespace pwm::collectives::testing
+
+namespace pwm::collectives::testing {
+
+namespace {
+
+std::vector<Algorithm> alltoall_algorithms(const ConformanceOptions& o, bool equal_counts) {
+  std::vector<Algorithm> a = {Algorithm::kPairwise, Algorithm::kLinear, Algorithm::kAuto};
+  if (equal_counts) a.push_back(Algorithm::kBruck);
+  if (o.with_mpi) a.push_back(Algorithm::kMpi);
+  return a;
+}
+
+// The reference: rank r's send buffer (blocks to ranks 0..n-1) and what it must receive (blocks
+// from ranks 0..n-1), for the counts matrix c[from][to], by a plain loop.
+struct Expected {
+  std::vector<int64_t> send, recv;
+  std::vector<size_t> send_counts, recv_counts;
+};
+
+Expected expected_alltoall(const std::vector<std::vector<size_t>>& c, int r) {
+  Expected e;
+  const int n = static_cast<int>(c.size());
+  for (int p = 0; p < n; ++p) {
+    e.send_counts.push_back(c[r][p]);
+    e.recv_counts.push_back(c[p][r]);
+    for (size_t i = 0; i < c[r][p]; ++i) e.send.push_back(alltoall_value(r, p, i));
+    for (size_t i = 0; i < c[p][r]; ++i) e.recv.push_back(alltoall_value(p, r, i));
+  }
+  return e;
+}
+
+// One alltoall (counts all equal, `v` false) or alltoallv; returns this rank's output.
+std::vector<std::byte> run_alltoall(Communicator& comm, const Expected& e, DataType t, Algorithm a, bool v,
+                                    bool in_place, std::vector<std::string>& fails, const std::string& what) {
+  const size_t ns = e.send.size(), nr = e.recv.size();
+  auto send = make_buffer(t, ns, [&](size_t i) { return e.send[i]; });
+  auto recv = make_buffer(t, std::max(ns, nr), [](size_t) { return -7; });
+  if (in_place) std::memcpy(recv.data(), send.data(), ns * dtype_size(t));
+  const void* src = in_place ? recv.data() : send.data();
+  if (v)
+    comm.alltoallv(src, e.send_counts, recv.data(), e.recv_counts, t, a);
+  else
+    comm.alltoall(src, recv.data(), e.send_counts[0], t, a);
+  const size_t wrong = count_wrong(t, recv, nr, [&](size_t i) { return e.recv[i]; });
+  if (wrong)
+    fails.push_back(fmt::format("{} {} {} {}: {} wrong elements on rank {}", what, algorithm_name(a), dtype_name(t),
+                                in_place ? "in-place" : "out-of-place", wrong, comm.rank()));
+  recv.resize(nr * dtype_size(t));
+  return recv;
+}
+
+// The alltoallv count matrices c[from][to] of the conformance matrix, by name.
+std::vector<std::pair<std::string, std::vector<std::vector<size_t>>>> alltoallv_cases(int n) {
+  using M = std::vector<std::vector<size_t>>;
+  M zero(n, std::vector<size_t>(n, 0)), uneven = zero, edges, big = zero;
+  for (int s = 0; s < n; ++s)
+    for (int d = 0; d < n; ++d) {
+      uneven[s][d] = (s + 2 * d) % 4 == 0 ? 0 : (s * 13 + d * 7) % 29 + 1;
+      big[s][d] = 20000 + 997 * s + 331 * d;
+    }
+  edges = uneven;
+  for (int i = 0; i < n; ++i) edges[0][i] = 0, edges[i][n - 1] = 0;  // rank 0 sends nothing, n-1 gets nothing
+  return {{"zero", zero}, {"uneven", uneven}, {"sender0-receiver-last-empty", edges}, {"big", big}};
+}
+
+}  // namespace
+
+std::vector<std::string> check_alltoall(Communicator& comm, const ConformanceOptions& o) {
+  std::vector<std::string> fails;
+  const int n = comm.size(), r = comm.rank();
+  for (size_t count : o.alltoall_counts) {
+    const Expected e = expected_alltoall(std::vector<std::vector<size_t>>(n, std::vector<size_t>(n, count)), r);
+    for (DataType t : kTypes)
+      for (bool in_place : {false, true}) {
+        std::vector<std::byte> ours;
+        for (Algorithm a : alltoall_algorithms(o, true)) {
+          auto got = run_alltoall(comm, e, t, a, false, in_place, fails, fmt::format("alltoall count={}", count));
+          if (a == Algorithm::kPairwise) ours = got;
+          if (a == Algorithm::kMpi && got != ours)
+            fails.push_back(fmt::format("alltoall count={} {}: MPI_Ialltoall's bits differ from pairwise's on rank {}",
+                                        count, dtype_name(t), r));
+        }
+      }
+  }
+  for (const auto& [name, c] : alltoallv_cases(n)) {
+    const Expected e = expected_alltoall(c, r);
+    const std::vector<size_t> got_counts = comm.alltoall_counts(e.send_counts);
+    if (got_counts != e.recv_counts)
+      fails.push_back(fmt::format("alltoall_counts {}: wrong receive counts on rank {}", name, r));
+    for (DataType t : {DataType::kFloat32, DataType::kInt64})
+      for (bool in_place : {false, true}) {
+        std::vector<std::byte> ours;
+        for (Algorithm a : alltoall_algorithms(o, false)) {
+          auto got = run_alltoall(comm, e, t, a, true, in_place, fails, "alltoallv " + name);
+          if (a == Algorithm::kPairwise) ours = got;
+          if (a == Algorithm::kMpi && got != ours)
+            fails.push_back(fmt::format("alltoallv {} {}: MPI_Ialltoallv's bits differ from pairwise's on rank {}",
+                                        name, dtype_name(t), r));
+        }
+      }
+  }
+  return fails;
+}
+
+std::vector<std::string> check_alltoall_nonblocking(Communicator& comm) {
+  std::vector<std::string> fails;
+  const int n = comm.size(), r = comm.rank();
+  const size_t count = 10007;
+  const Expected eq = expected_alltoall(std::vector<std::vector<size_t>>(n, std::vector<size_t>(n, count)), r);
+  const Expected ev = expected_alltoall(alltoallv_cases(n)[1].second, r);
+  std::vector<int64_t> a2a(eq.recv.size() + 1, -7), a2av(ev.recv.size() + 1, -7), sum(count);
+  for (size_t i = 0; i < count; ++i) sum[i] = input_value(r, i);
+  std::vector<Work> w;
+  w.push_back(comm.ialltoall(eq.send.data(), a2a.data(), count, DataType::kInt64, Algorithm::kPairwise));
+  w.push_back(comm.iallreduce(sum.data(), sum.data(), count, DataType::kInt64, ReduceOp::kSum, Algorithm::kRing));
+  w.push_back(comm.ialltoallv(ev.send.data(), ev.send_counts, a2av.data(), ev.recv_counts, DataType::kInt64,
+                              Algorithm::kLinear));
+  for (size_t left = w.size(); left > 0;) {
+    left = 0;
+    for (auto& x : w) left += x.test() ? 0 : 1;
+  }
+  a2a.pop_back();
+  a2av.pop_back();
+  if (a2a != eq.recv) fails.push_back(fmt::format("non-blocking alltoall wrong on rank {}", r));
+  if (a2av != ev.recv) fails.push_back(fmt::format("non-blocking alltoallv wrong on rank {}", r));
+  for (size_t i = 0; i < count; ++i)
+    if (sum[i] != expected_value(ReduceOp::kSum, n, i)) {
+      fails.push_back(fmt::format("allreduce overlapped with alltoall: element {} wrong on rank {}", i, r));
+      break;
+    }
+  return fails;
+}
+
+}  // namespace pwm::collectives::testing

@@ -14,6 +14,8 @@ namespace pwm::collectives::testing {
 struct ConformanceOptions {
   std::vector<size_t> counts = {0, 1, 7, 131, 300007};  // 300007 floats > 1 MiB
   bool with_mpi = false;                                // also algorithm kMpi as a reference
+  // AllToAll's elements per peer (x group size per buffer); the largest spans several segments.
+  std::vector<size_t> alltoall_counts = {0, 1, 7, 131, 70001};
 };
 
 // AllReduce: every algorithm x op x dtype x count, in place and out of place, against the
@@ -24,6 +26,14 @@ std::vector<std::string> check_allreduce(Communicator& comm, const ConformanceOp
 std::vector<std::string> check_other_collectives(Communicator& comm, const ConformanceOptions& o);
 // Two non-blocking AllReduces in flight at once, progressed by test().
 std::vector<std::string> check_nonblocking(Communicator& comm);
+// AllToAll, every AllToAll algorithm and kAuto (and kMpi when with_mpi, compared bitwise with
+// pairwise's output), element by element against a plain loop over what each rank must receive:
+// equal counts (o.alltoall_counts, every dtype, in place and out of place); alltoallv with all
+// counts zero, uneven counts with zeros, a rank that sends nothing and one that receives nothing,
+// and large uneven counts, with the receive counts from alltoall_counts (checked too).
+std::vector<std::string> check_alltoall(Communicator& comm, const ConformanceOptions& o);
+// A non-blocking AllToAll and AllToAllv in flight with an AllReduce on the same communicator.
+std::vector<std::string> check_alltoall_nonblocking(Communicator& comm);
 // `calls` rounds of one small AllReduce on every communicator of `comms` (same group, distinct
 // contexts), all started before any is waited for: more calls than the tag space's window of 256
 // per communicator, contexts that share wire tags on other channels (c and c + 64) and

@@ -22,6 +22,12 @@ inline int64_t expected_value(ReduceOp op, int n, size_t i) {
   return 0;
 }
 
+// AllToAll: element i of the block rank `from` sends rank `to`; distinct for every (from, to)
+// below 256 and exact in every dtype.
+inline int64_t alltoall_value(int from, int to, size_t i) {
+  return static_cast<int64_t>(from) * 4096 + static_cast<int64_t>(to) * 16 + static_cast<int64_t>(i % 13);
+}
+
 // A typed buffer of `count` elements, filled with fn(i).
 template <typename F>
 std::vector<std::byte> make_buffer(DataType t, size_t count, F fn) {

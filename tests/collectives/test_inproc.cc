@@ -73,6 +73,104 @@ TEST_P(InProcSizes, NonBlockingOverlap) {
 
 INSTANTIATE_TEST_SUITE_P(GroupSizes, InProcSizes, ::testing::Values(1, 2, 3, 4, 5, 8));
 
+class InProcAlltoall : public ::testing::TestWithParam<int> {};
+
+TEST_P(InProcAlltoall, MatchesReference) {
+  auto fails = on_ranks(GetParam(), default_options(),
+                        [](Communicator& c) { return testing::check_alltoall(c, ConformanceOptions{}); });
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << fails.front();
+}
+
+TEST_P(InProcAlltoall, NonBlockingOverlapsAnAllreduce) {
+  auto fails = on_ranks(GetParam(), default_options(),
+                        [](Communicator& c) { return testing::check_alltoall_nonblocking(c); });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(GroupSizes, InProcAlltoall, ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8));
+
+TEST(InProcAlltoall, FingerprintsPassOnValidCalls) {
+  // Debug mode on every AllToAll of the matrix: alltoallv's per-pair counts agree, no false alarm.
+  CommOptions o = default_options();
+  o.fingerprint = true;
+  ConformanceOptions co;
+  co.alltoall_counts = {0, 5};
+  auto fails = on_ranks(3, o, [&](Communicator& c) { return testing::check_alltoall(c, co); });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
+TEST(InProcAlltoall, FingerprintNamesAPairThatDisagrees) {
+  // Rank 0 sends 3 elements to rank 1, which expects 5; rank 1 sends 4 to rank 0, which expects 6.
+  CommOptions o;
+  o.timeout_s = 5;
+  o.fingerprint = true;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_inproc(2, [&](int rank, std::shared_ptr<Transport> t) {
+    Communicator c = Communicator::world(t, o);
+    std::vector<float> x(16, 1.f), y(16);
+    const std::vector<size_t> sc = rank == 0 ? std::vector<size_t>{2, 3} : std::vector<size_t>{4, 2};
+    const std::vector<size_t> rc = rank == 0 ? std::vector<size_t>{2, 6} : std::vector<size_t>{5, 2};
+    try {
+      c.alltoallv(x.data(), sc, y.data(), rc, DataType::kFloat32, Algorithm::kPairwise);
+    } catch (const pwm::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("collective mismatch (PWM_COLL_DEBUG)"), std::string::npos) << e;
+    EXPECT_NE(e.find("alltoallv(pairwise"), std::string::npos) << e;
+    EXPECT_NE(e.find("an alltoallv's count is the pair's"), std::string::npos) << e;
+  }
+}
+
+TEST(InProcAlltoall, BadArgumentsAreOneLine) {
+  InProcFabric f(2);
+  Communicator c(f.transport(0), {0, 1}, 0, default_options());
+  float x[4] = {}, y[4] = {};
+  const std::vector<size_t> one = {1}, two = {1, 1}, mine_differs = {2, 1};
+  auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const pwm::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([&] { c.ialltoallv(x, one, y, two, DataType::kFloat32); }),
+            "alltoallv: send_counts has 1 entries and recv_counts 2, for a group of 2 (one per member)");
+  EXPECT_EQ(message([&] { c.ialltoallv(x, mine_differs, y, two, DataType::kFloat32); }),
+            "alltoallv: group rank 0 sends 2 elements to itself but receives 1 from itself");
+  EXPECT_EQ(message([&] { c.ialltoallv(x, two, y, two, DataType::kFloat32, Algorithm::kBruck); }),
+            "alltoallv does not take algorithm 'bruck': use auto, pairwise, linear or mpi (bruck needs equal counts: "
+            "alltoall)");
+  EXPECT_EQ(message([&] { c.ialltoall(x, y, 1, DataType::kFloat32, Algorithm::kRing); }),
+            "alltoall does not take algorithm 'ring': use auto, pairwise, bruck, linear or mpi");
+  EXPECT_EQ(message([&] { c.iallreduce(x, y, 1, DataType::kFloat32, ReduceOp::kSum, Algorithm::kPairwise); }),
+            "allreduce does not take algorithm 'pairwise': use auto, ring, hd, rd or mpi");
+  EXPECT_EQ(message([&] { c.alltoall_counts(one); }),
+            "alltoall_counts: send_counts has 1 entries for a group of 2 (one per member)");
+  EXPECT_EQ(message([&] { c.ialltoall(x, y, 1, DataType::kFloat32, Algorithm::kMpi); }),
+            "algorithm 'mpi' needs the MPI transport (this transport is 'inproc')");
+  EXPECT_EQ(message([&] { parse_algorithm("bruk"); }),
+            "unknown algorithm 'bruk': use auto, ring, hd (halving-doubling), rd (recursive doubling), mpi, or for "
+            "alltoall pairwise, bruck, linear");
+}
+
+TEST(CostModel, AlltoallPicksBruckForSmallBlocksOnLargerGroups) {
+  CostModel m;
+  for (int p : {2, 3}) EXPECT_EQ(m.pick_alltoall(8, p), Algorithm::kPairwise) << p;  // Bruck saves no message
+  EXPECT_EQ(m.pick_alltoall(8, 8), Algorithm::kBruck);
+  EXPECT_EQ(m.pick_alltoall(1 << 20, 8), Algorithm::kPairwise);
+  EXPECT_EQ(m.pick_alltoall(8, 8, /*equal_counts=*/false), Algorithm::kPairwise);
+  // pairwise: (p-1)(alpha + m beta); Bruck on 4: 2 steps of 2 blocks, 4 packed + 4 rotated copies.
+  const double m4 = 1000, beta = m.beta_ns_per_byte * 1e-3, copy = 0.5 * m.gamma_ns_per_byte * 1e-3;
+  EXPECT_DOUBLE_EQ(m.alltoall_us(Algorithm::kPairwise, 1000, 4), 3 * (m.alpha_us + m4 * beta));
+  EXPECT_DOUBLE_EQ(m.alltoall_us(Algorithm::kBruck, 1000, 4), 2 * (m.alpha_us + 2 * m4 * beta) + 8 * m4 * copy);
+}
+
 TEST(InProcWatchdog, NamesTheMissingRankAndFires) {
   CommOptions o;
   o.timeout_s = 0.5;

@@ -46,6 +46,20 @@ TEST(Mpi, NonBlockingOverlap) {
   EXPECT_TRUE(fails.empty()) << first(fails);
 }
 
+TEST(Mpi, AlltoallMatchesReferenceAndMpiAlltoall) {
+  Communicator comm = Communicator::world(g_env->transport());
+  testing::ConformanceOptions o;
+  o.with_mpi = true;
+  auto fails = testing::check_alltoall(comm, o);
+  EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << first(fails);
+}
+
+TEST(Mpi, AlltoallNonBlockingOverlapsAnAllreduce) {
+  Communicator comm = Communicator::world(g_env->transport());
+  auto fails = testing::check_alltoall_nonblocking(comm);
+  EXPECT_TRUE(fails.empty()) << first(fails);
+}
+
 TEST(Mpi, SubgroupsWorkWhileOtherRanksDoOtherThings) {
   // Odd world ranks form one group (in reverse order), even ranks another; each runs the
   // conformance subset concurrently with the other, on its own context.
@@ -139,6 +153,11 @@ TEST(Mpi, LargeCountPathWithALoweredThreshold) {
   o.counts = {1, 250, 251, 300007};
   o.with_mpi = true;
   auto more = testing::check_allreduce(comm, o);
+  fails.insert(fails.end(), more.begin(), more.end());
+  // AllToAll: blocks past the threshold take MPI_Ialltoall's one-element-per-peer type, and an
+  // alltoallv whose totals pass it MPI_Ialltoallw; kMpi's bits are compared with pairwise's.
+  o.alltoall_counts = {1, 250, 251, 3001};
+  more = testing::check_alltoall(comm, o);
   fails.insert(fails.end(), more.begin(), more.end());
   set_large_count_threshold_for_testing(INT32_MAX);
   EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << first(fails);
