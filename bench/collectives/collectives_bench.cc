@@ -7,6 +7,9 @@
 // Columns as nccl-tests: size count type redop algo time(us) algbw busbw #wrong, where time is
 // the slowest rank's average over -n iterations, algbw = size / time and busbw = algbw times
 // 2(n-1)/n (AllReduce), (n-1)/n (AllGather, ReduceScatter) or 1 (Broadcast, Reduce).
+// AllToAll (--op alltoall, algorithms pairwise,bruck,linear,auto,mpi): -b/-e are bytes per peer
+// and so is the size column; algbw = n x size / time (what each rank's send buffer holds) and
+// busbw = algbw x (n-1)/n (nccl-tests' convention: the bytes each rank puts on the wire).
 //
 // --inflight K (AllReduce): each iteration starts K AllReduces of the row's size at once on K
 // buffers and waits for all, as a trainer's gradient buckets overlap on the wire; time is the
@@ -95,7 +98,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 // The collective a run sweeps (--op). The algorithms of AllReduce are collectives::Algorithm.
-enum class Op { kAllreduce, kReduceScatter, kAllgather, kBroadcast, kReduce };
+enum class Op { kAllreduce, kReduceScatter, kAllgather, kBroadcast, kReduce, kAlltoall };
 
 Op parse_op(const std::string& s) {
   if (s == "allreduce") return Op::kAllreduce;
@@ -103,7 +106,8 @@ Op parse_op(const std::string& s) {
   if (s == "allgather") return Op::kAllgather;
   if (s == "broadcast") return Op::kBroadcast;
   if (s == "reduce") return Op::kReduce;
-  PWM_THROW("unknown --op '{}': use allreduce, reduce_scatter, allgather, broadcast or reduce", s);
+  if (s == "alltoall") return Op::kAlltoall;
+  PWM_THROW("unknown --op '{}': use allreduce, reduce_scatter, allgather, broadcast, reduce or alltoall", s);
 }
 
 const char* op_name(Op op) {
@@ -113,6 +117,7 @@ const char* op_name(Op op) {
     case Op::kAllgather: return "allgather";
     case Op::kBroadcast: return "broadcast";
     case Op::kReduce: return "reduce";
+    case Op::kAlltoall: return "alltoall";
   }
   return "?";
 }
@@ -121,10 +126,15 @@ const char* op_name(Op op) {
 // count of elements each rank sends or receives (nccl-tests' convention).
 bool sized_by_total(Op op) { return op == Op::kAllgather || op == Op::kReduceScatter; }
 
+// The ops that take --algo, and the one MPI call their `mpi` rows run.
+bool takes_algo(Op op) { return op == Op::kAllreduce || op == Op::kAlltoall; }
+const char* mpi_call(Op op) { return op == Op::kAlltoall ? "MPI_Alltoall" : "MPI_Allreduce"; }
+
 // The algo column: AllReduce's algorithm; the other ops run their one algorithm.
 std::string algo_label(Op op, Algorithm a) {
   switch (op) {
-    case Op::kAllreduce: return algorithm_name(a);
+    case Op::kAllreduce:
+    case Op::kAlltoall: return algorithm_name(a);
     case Op::kBroadcast:
     case Op::kReduce: return "tree";
     case Op::kReduceScatter:
@@ -141,6 +151,7 @@ struct Options {
   double factor = 2;
   int iters = 20, warmup = 5, check = 1, inflight = 1;
   bool in_place = false;
+  bool algo_given = false;  // --algo on the command line (AllToAll's default list is its own)
   double timeout = 300;
   // Set by resolve().
   Op op = Op::kAllreduce;
@@ -158,9 +169,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str();
   app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations per row")->capture_default_str();
   app.add_option("-c,--check", o.check, "check every row's result (0/1)")->capture_default_str();
-  app.add_option("--op", o.op_s, "allreduce|reduce_scatter|allgather|broadcast|reduce")->capture_default_str()
-      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"}));
-  app.add_option("--algo", o.algos_s, "comma list of ring,hd,rd,auto,mpi (AllReduce; other ops use their one algorithm)")->capture_default_str();
+  app.add_option("--op", o.op_s, "allreduce|reduce_scatter|allgather|broadcast|reduce|alltoall")->capture_default_str()
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"}));
+  app.add_option("--algo", o.algos_s,
+                 "comma list of ring,hd,rd,auto,mpi (AllReduce) or pairwise,bruck,linear,auto,mpi (AllToAll; its "
+                 "default); other ops use their one algorithm")->capture_default_str();
   app.add_option("-d,--datatype", o.dtype_s, "float|double|int32|int64")->capture_default_str();
   app.add_option("-o,--op_type", o.redop_s, "sum|max|min")->capture_default_str();
   app.add_flag("--inplace", o.in_place, "in-place operation (default out of place)");
@@ -173,7 +186,7 @@ void add_flags(CLI::App& app, Options& o) {
 // Parses the modes and sizes of `o` and checks they go together. On every rank, inside
 // run_mpi_main, so that a mistake ends the run with one error line; --json's file is probed by
 // rank 0 here, to fail before the sweep rather than after it.
-void resolve(Options& o, bool root, int ranks_here) {
+void resolve(Options& o, bool root, int ranks, int ranks_here) {
   auto named = [](const char* flag, auto parse) {  // the flag in front of a parser's message
     try {
       return parse();
@@ -190,9 +203,17 @@ void resolve(Options& o, bool root, int ranks_here) {
   if (o.inflight < 1 || o.inflight > 64) PWM_THROW("--inflight must be in [1, 64] (got {})", o.inflight);
   if (o.check != 0 && o.check != 1) PWM_THROW("-c/--check must be 0 or 1 (got {})", o.check);
   if (!(o.timeout > 0 && o.timeout <= 1e9)) PWM_THROW("--coll-timeout must be > 0 seconds (got {})", o.timeout);
-  if (o.op == Op::kAllreduce) {
-    for (auto& a : split(o.algos_s)) o.algos.push_back(named("--algo", [&] { return parse_algorithm(a); }));
-    if (o.algos.empty()) PWM_THROW("--algo '{}' names no algorithm: give a comma list of ring,hd,rd,auto,mpi", o.algos_s);
+  if (takes_algo(o.op)) {
+    const AlgorithmOp aop = o.op == Op::kAlltoall ? AlgorithmOp::kAlltoall : AlgorithmOp::kAllreduce;
+    if (o.op == Op::kAlltoall && !o.algo_given) o.algos_s = "pairwise,bruck,linear,auto,mpi";
+    for (auto& a : split(o.algos_s))
+      o.algos.push_back(named("--algo", [&] {
+        const Algorithm x = parse_algorithm(a);
+        check_algorithm(aop, x);
+        return x;
+      }));
+    if (o.algos.empty()) PWM_THROW("--algo '{}' names no algorithm: give a comma list of {}", o.algos_s,
+                                   o.op == Op::kAlltoall ? "pairwise,bruck,linear,auto,mpi" : "ring,hd,rd,auto,mpi");
   } else {
     o.algos.push_back(Algorithm::kAuto);  // the op's own algorithm
   }
@@ -203,8 +224,10 @@ void resolve(Options& o, bool root, int ranks_here) {
   o.maxb = parse_size("-e/--maxbytes", o.max_s);
   if (o.minb > o.maxb) PWM_THROW("-b {} is larger than -e {}", o.min_s, o.max_s);
   // The largest row's buffers on every rank of this host: send, receive and the in-flight ones
-  // (AllGather's receive and ReduceScatter's send are the row's size already).
-  const double need = static_cast<double>(o.maxb) * (2.0 + (o.inflight > 1 ? o.inflight : 0)) * ranks_here;
+  // (AllGather's receive and ReduceScatter's send are the row's size already; AllToAll's are
+  // the group's size times it).
+  const double per_peer = o.op == Op::kAlltoall ? static_cast<double>(ranks) : 1.0;
+  const double need = static_cast<double>(o.maxb) * per_peer * (2.0 + (o.inflight > 1 ? o.inflight : 0)) * ranks_here;
   if (const double have = available_memory(); have > 0 && need > have)
     PWM_THROW("-e {}: the largest row needs about {:.1f} GiB on this host ({} ranks) but {:.1f} GiB is available: "
               "use a smaller -e", o.max_s, need / (1 << 30), ranks_here, have / (1 << 30));
@@ -238,12 +261,14 @@ struct Bench {
     if (sized_by_total(op)) c /= comm.size();
     return c;
   }
+  // algbw = size / time x this: AllToAll's size is per peer, its algbw counts the n blocks.
+  double alg_factor() const { return op == Op::kAlltoall ? comm.size() : 1.0; }
   // busbw = algbw x this: what each rank sends per byte of the row's size, so that busbw is
   // comparable across rank counts (nccl-tests' definition).
   double bus_factor() const {
     const double n = comm.size();
     if (op == Op::kAllreduce) return 2 * (n - 1) / n;
-    if (sized_by_total(op)) return (n - 1) / n;
+    if (sized_by_total(op) || op == Op::kAlltoall) return (n - 1) / n;
     return 1.0;
   }
 
@@ -271,15 +296,18 @@ struct Bench {
       case Op::kAllgather: comm.allgather(s, recv.data(), count, t); break;
       case Op::kBroadcast: comm.broadcast(s, count, t, root); break;
       case Op::kReduce: comm.reduce(s, recv.data(), count, t, redop, root); break;
+      case Op::kAlltoall: comm.alltoall(s, r, count, t, a); break;
     }
   }
 
   // Inputs whose exact result is known (tests/collectives/reference.h); receive buffers -7.
   void fill(std::vector<std::byte>& send, std::vector<std::byte>& recv, size_t count) {
     const int r = comm.rank(), n = comm.size();
-    size_t send_n = op == Op::kReduceScatter ? count * n : count;
-    size_t recv_n = op == Op::kAllgather ? count * n : count;
-    if (op == Op::kBroadcast)
+    size_t send_n = op == Op::kReduceScatter || op == Op::kAlltoall ? count * n : count;
+    size_t recv_n = op == Op::kAllgather || op == Op::kAlltoall ? count * n : count;
+    if (op == Op::kAlltoall)  // block j of rank r: what r sends j (reference.h)
+      send = testing::make_buffer(t, send_n, [&](size_t i) { return testing::alltoall_value(r, static_cast<int>(i / count), i % count); });
+    else if (op == Op::kBroadcast)
       send = testing::make_buffer(t, send_n, [&](size_t i) { return r == root ? input_value(root, i) : -7; });
     else
       send = testing::make_buffer(t, send_n, [&](size_t i) { return input_value(r, i); });
@@ -302,6 +330,10 @@ struct Bench {
         if (r == root)
           return testing::count_wrong(t, recv, count, [&](size_t i) { return expected_value(redop, n, i); });
         break;
+      case Op::kAlltoall:
+        return testing::count_wrong(t, in_place ? send : recv, count * n, [&](size_t i) {
+          return testing::alltoall_value(static_cast<int>(i / count), r, i % count);
+        });
     }
     return 0;
   }
@@ -346,7 +378,7 @@ Row measure(Bench& b, const Options& o, Algorithm a, Buffers& buf, size_t count,
   double t_us = (now_s() - t0) * 1e6 / o.iters / o.inflight;
   b.comm.allreduce(&t_us, &t_us, 1, DataType::kFloat64, ReduceOp::kMax, Algorithm::kMpi);  // slowest rank
   const size_t wrong = o.check ? check_row(b, o, a, buf, count) : 0;
-  const double algbw = t_us > 0 ? bytes / t_us * 1e-3 : 0;  // GB/s
+  const double algbw = t_us > 0 ? bytes * b.alg_factor() / t_us * 1e-3 : 0;  // GB/s
   return {o.op, a, b.t, b.redop, bytes, count, t_us, algbw, algbw * b.bus_factor(), wrong};
 }
 
@@ -355,9 +387,9 @@ void print_header(const Options& o, int ranks, size_t segment_bytes) {
   fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B, in flight {}\n",
              ranks, op_name(o.op), dtype_name(o.dtype), reduce_op_name(o.redop),
              o.in_place ? "in-place" : "out-of-place", o.iters, o.warmup, segment_bytes, o.inflight);
-  fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "size", "count",
+  fmt::print("#\n# {:>12} {:>12} {:>8} {:>6} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "size", "count",
              "type", "redop", "algo", "time(us)", "algbw", "busbw", "#wrong", "vs_mpi");
-  fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "(B)", "(elements)", "",
+  fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>8} {:>10} {:>8} {:>8} {:>7} {:>7}\n", "(B)", "(elements)", "",
              "", "", "", "(GB/s)", "(GB/s)", "", "(busbw)");
 }
 
@@ -369,7 +401,7 @@ void print_rows(std::span<const Row> rows) {
     if (r.algo == Algorithm::kMpi) mpi_busbw = r.busbw;
   for (const Row& r : rows) {
     std::string vs = mpi_busbw > 0 && r.algo != Algorithm::kMpi ? fmt::format("{:.2f}x", r.busbw / mpi_busbw) : "";
-    fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} {:>10.2f} {:>8.3f} {:>8.3f} {:>7} {:>7}\n", r.bytes, r.count,
+    fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>8} {:>10.2f} {:>8.3f} {:>8.3f} {:>7} {:>7}\n", r.bytes, r.count,
                dtype_name(r.dtype), reduce_op_name(r.redop), algo_label(r.op, r.algo), r.time_us, r.algbw,
                r.busbw, r.wrong, vs);
     std::fflush(stdout);
@@ -395,7 +427,7 @@ std::vector<Row> sweep(Bench& b, const Options& o, bool root_prints) {
 }
 
 // The geometric mean over the sizes in [lo, hi] bytes of algorithm a's time (use_time) or busbw
-// as a ratio to MPI_Allreduce's at the same size; 0 when the sweep has no such size.
+// as a ratio to MPI's (the mpi rows) at the same size; 0 when the sweep has no such size.
 double geomean_vs_mpi(const std::vector<Row>& rows, Algorithm a, size_t lo, size_t hi, bool use_time) {
   double prod = 1;
   int k = 0;
@@ -410,8 +442,9 @@ double geomean_vs_mpi(const std::vector<Row>& rows, Algorithm a, size_t lo, size
   return k ? std::pow(prod, 1.0 / k) : 0.0;
 }
 
-// The footer: each algorithm's average busbw; for an AllReduce sweep that includes mpi, the
-// acceptance ratios of issue 2 (large-message busbw, small-message time); the wrong elements.
+// The footer: each algorithm's average busbw; for an AllReduce or AllToAll sweep that includes
+// mpi, the acceptance ratios of issue 2 (large-message busbw, small-message time; AllToAll's
+// sizes per peer); the wrong elements.
 void print_summary(const Options& o, const std::vector<Row>& rows, size_t total_wrong) {
   fmt::print("#\n# Avg bus bandwidth per algorithm (GB/s):");
   for (Algorithm a : o.algos) {
@@ -422,14 +455,14 @@ void print_summary(const Options& o, const std::vector<Row>& rows, size_t total_
     fmt::print(" {} {:.3f}", algo_label(o.op, a), k ? sum / k : 0.0);
   }
   fmt::print("\n");
-  if (o.op == Op::kAllreduce && std::find(o.algos.begin(), o.algos.end(), Algorithm::kMpi) != o.algos.end()) {
+  if (takes_algo(o.op) && std::find(o.algos.begin(), o.algos.end(), Algorithm::kMpi) != o.algos.end()) {
     for (Algorithm a : o.algos) {
       if (a == Algorithm::kMpi) continue;
       double big = geomean_vs_mpi(rows, a, 4u << 20, 64u << 20, false);
       double small = geomean_vs_mpi(rows, a, 4, 4096, true);
-      fmt::print("# {:>4}: busbw / MPI_Allreduce's, 4 MiB-64 MiB (geomean): {}   time / MPI_Allreduce's, 4 B-4 KiB (geomean): {}\n",
-                 algorithm_name(a), big > 0 ? fmt::format("{:.2f}x", big) : "n/a",
-                 small > 0 ? fmt::format("{:.2f}x", small) : "n/a");
+      fmt::print("# {:>8}: busbw / {}'s, 4 MiB-64 MiB (geomean): {}   time / {}'s, 4 B-4 KiB (geomean): {}\n",
+                 algorithm_name(a), mpi_call(o.op), big > 0 ? fmt::format("{:.2f}x", big) : "n/a",
+                 mpi_call(o.op), small > 0 ? fmt::format("{:.2f}x", small) : "n/a");
     }
   }
   fmt::print("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
@@ -458,7 +491,7 @@ int run(MpiEnvironment& env, Options& o) {
   // is one line and a non-zero exit everywhere, before the sweep.
   const std::vector<std::string> hosts = allgather_strings(comm, env.processor_name());
   const int here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(comm.rank())]));
-  if (!agree_on_errors(comm, "collectives_bench", [&] { resolve(o, root_prints, here); })) return 1;
+  if (!agree_on_errors(comm, "collectives_bench", [&] { resolve(o, root_prints, comm.size(), here); })) return 1;
   Bench b{comm, o.op, o.dtype, o.redop, o.in_place};
   if (root_prints) print_header(o, comm.size(), opts.segment_bytes);
   const std::vector<Row> rows = sweep(b, o, root_prints);
@@ -479,6 +512,7 @@ int main(int argc, char** argv) {
   add_flags(app, o);
   try {  // every rank parses the same argv and reaches the same verdict; rank 0 says it
     if (int code = 0; !parse_command_line(app, argc, argv, "collectives_bench", env.rank() == 0, code)) return code;
+    o.algo_given = app.count("--algo") > 0;
   } catch (const Error& e) {
     if (env.rank() == 0) std::fprintf(stderr, "collectives_bench: error: %s\n", e.what());
     return 1;
