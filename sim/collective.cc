@@ -25,39 +25,13 @@ double message_arrival(const Cluster& c, int from, int to, double bytes, double 
   return t + l.overhead_us + l.wire_us(bytes) + l.latency_us;
 }
 
-CollectiveResult simulate_allreduce(const Cluster& c, const Profile& p, const std::vector<int>& devices,
-                                    size_t bytes, Algorithm a, std::vector<double> start, size_t segment_bytes,
-                                    size_t max_elems) {
+namespace {
+
+// Plays every rank's schedule over the cluster's links (the message model of collective.h):
+// `scale` multiplies every step's bytes (float32 elements); fills res.done, res.end, res.messages.
+void play(const Cluster& c, const Profile& p, const std::vector<int>& devices, const std::vector<Schedule>& sch,
+          double scale, const std::vector<double>& start, CollectiveResult& res) {
   const int n = static_cast<int>(devices.size());
-  PWM_CHECK(n >= 1);
-  if (start.empty()) start.assign(n, 0.0);
-  CollectiveResult res;
-  res.algorithm = a == Algorithm::kAuto ? auto_algorithm(bytes, n, segment_bytes) : a;
-  if (a == Algorithm::kMpi) res.algorithm = Algorithm::kRing;  // MPI's own: modelled as the ring
-  res.done = start;
-  if (n == 1) {
-    res.end = start[0];
-    return res;
-  }
-  // The schedules, built at a scaled-down size when the buffer is large.
-  const size_t count = std::max<size_t>(bytes / 4, 1);
-  const size_t sim_count = std::min(count, max_elems);
-  const double scale = static_cast<double>(count) / static_cast<double>(sim_count);
-  const size_t seg = std::max<size_t>(static_cast<size_t>(static_cast<double>(segment_bytes / 4) / scale), 1);
-  auto pool = std::make_shared<collectives::ScratchPool>();
-  std::vector<float> buf(sim_count);  // shared by every rank: the builders only take addresses
-  std::vector<Schedule> sch;
-  sch.reserve(n);
-  for (int r = 0; r < n; ++r) {
-    sch.emplace_back(collectives::DataType::kFloat32, collectives::ReduceOp::kSum, pool);
-    switch (res.algorithm) {
-      case Algorithm::kRing: collectives::algo::allreduce_ring(sch[r], r, n, buf.data(), buf.data(), sim_count, seg); break;
-      case Algorithm::kHalvingDoubling:
-        collectives::algo::allreduce_halving_doubling(sch[r], r, n, buf.data(), buf.data(), sim_count);
-        break;
-      default: collectives::algo::allreduce_recursive_doubling(sch[r], r, n, buf.data(), buf.data(), sim_count); break;
-    }
-  }
   // Per-step state.
   struct St {
     std::vector<int> waiting;                 // unmet dependencies
@@ -157,6 +131,79 @@ CollectiveResult simulate_allreduce(const Cluster& c, const Profile& p, const st
   for (int r = 0; r < n; ++r)
     for (double e : st[r].end) PWM_CHECK(e >= 0, "sim: a collective's schedule did not complete (unmatched message)");
   res.end = *std::max_element(res.done.begin(), res.done.end());
+}
+
+}  // namespace
+
+CollectiveResult simulate_allreduce(const Cluster& c, const Profile& p, const std::vector<int>& devices,
+                                    size_t bytes, Algorithm a, std::vector<double> start, size_t segment_bytes,
+                                    size_t max_elems) {
+  const int n = static_cast<int>(devices.size());
+  PWM_CHECK(n >= 1);
+  if (start.empty()) start.assign(n, 0.0);
+  CollectiveResult res;
+  res.algorithm = a == Algorithm::kAuto ? auto_algorithm(bytes, n, segment_bytes) : a;
+  if (a == Algorithm::kMpi) res.algorithm = Algorithm::kRing;  // MPI's own: modelled as the ring
+  res.done = start;
+  if (n == 1) {
+    res.end = start[0];
+    return res;
+  }
+  // The schedules, built at a scaled-down size when the buffer is large.
+  const size_t count = std::max<size_t>(bytes / 4, 1);
+  const size_t sim_count = std::min(count, max_elems);
+  const double scale = static_cast<double>(count) / static_cast<double>(sim_count);
+  const size_t seg = std::max<size_t>(static_cast<size_t>(static_cast<double>(segment_bytes / 4) / scale), 1);
+  auto pool = std::make_shared<collectives::ScratchPool>();
+  std::vector<float> buf(sim_count);  // shared by every rank: the builders only take addresses
+  std::vector<Schedule> sch;
+  sch.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    sch.emplace_back(collectives::DataType::kFloat32, collectives::ReduceOp::kSum, pool);
+    switch (res.algorithm) {
+      case Algorithm::kRing: collectives::algo::allreduce_ring(sch[r], r, n, buf.data(), buf.data(), sim_count, seg); break;
+      case Algorithm::kHalvingDoubling:
+        collectives::algo::allreduce_halving_doubling(sch[r], r, n, buf.data(), buf.data(), sim_count);
+        break;
+      default: collectives::algo::allreduce_recursive_doubling(sch[r], r, n, buf.data(), buf.data(), sim_count); break;
+    }
+  }
+  play(c, p, devices, sch, scale, start, res);
+  return res;
+}
+
+CollectiveResult simulate_alltoall(const Cluster& c, const Profile& p, const std::vector<int>& devices,
+                                   size_t bytes_per_peer, Algorithm a, std::vector<double> start, size_t max_elems) {
+  const int n = static_cast<int>(devices.size());
+  PWM_CHECK(n >= 1);
+  collectives::check_algorithm(collectives::AlgorithmOp::kAlltoall, a);
+  if (start.empty()) start.assign(n, 0.0);
+  CollectiveResult res;
+  res.algorithm = a == Algorithm::kAuto ? collectives::CostModel::from_env().pick_alltoall(bytes_per_peer, n) : a;
+  if (a == Algorithm::kMpi) res.algorithm = Algorithm::kPairwise;  // MPI's own: modelled as pairwise
+  res.done = start;
+  res.end = *std::max_element(start.begin(), start.end());
+  if (n == 1 || bytes_per_peer == 0) return res;
+  // The schedules, built at a scaled-down size when the blocks are large (n blocks per buffer).
+  const size_t count = std::max<size_t>(bytes_per_peer / 4, 1);
+  const size_t sim_count = std::min(count, std::max<size_t>(max_elems / n, 1));
+  const double scale = static_cast<double>(count) / static_cast<double>(sim_count);
+  auto pool = std::make_shared<collectives::ScratchPool>();
+  std::vector<float> send(sim_count * n), recv(sim_count * n);  // shared: the builders only take addresses
+  const std::vector<size_t> counts(n, sim_count);
+  std::vector<Schedule> sch;
+  sch.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    sch.emplace_back(collectives::DataType::kFloat32, collectives::ReduceOp::kSum, pool);
+    switch (res.algorithm) {
+      case Algorithm::kBruck: collectives::algo::alltoall_bruck(sch[r], r, n, send.data(), recv.data(), sim_count); break;
+      case Algorithm::kLinear:
+        collectives::algo::alltoallv_linear(sch[r], r, n, send.data(), counts, recv.data(), counts);
+        break;
+      default: collectives::algo::alltoallv_pairwise(sch[r], r, n, send.data(), counts, recv.data(), counts); break;
+    }
+  }
+  play(c, p, devices, sch, scale, start, res);
   return res;
 }
 

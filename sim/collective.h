@@ -36,6 +36,16 @@ CollectiveResult simulate_allreduce(const Cluster& c, const Profile& p, const st
                                     std::vector<double> start = {}, size_t segment_bytes = 256 << 10,
                                     size_t max_elems = 1 << 20);
 
+// An AllToAll of `bytes_per_peer` (float32) to each of `devices`, played from the library's own
+// schedules as simulate_allreduce does: pairwise on one link of latency L and bandwidth B takes
+// (n-1)(L + m/B), Bruck ceil(log2 n) steps of ~n/2 blocks (with the packing copies at half the
+// profile's reduction cost per byte), the cost model's alltoall_us over the cluster's links.
+// kAuto picks what a Communicator picks (collectives::CostModel::from_env()); kMpi is modelled as
+// pairwise; an AllReduce algorithm is refused (pwm::Error).
+CollectiveResult simulate_alltoall(const Cluster& c, const Profile& p, const std::vector<int>& devices,
+                                   size_t bytes_per_peer, collectives::Algorithm a = collectives::Algorithm::kAuto,
+                                   std::vector<double> start = {}, size_t max_elems = 1 << 20);
+
 // The algorithm a Communicator of `n` ranks picks for an AllReduce of `bytes` with kAuto.
 collectives::Algorithm auto_algorithm(size_t bytes, int n, size_t segment_bytes = 256 << 10);
 

@@ -3,6 +3,7 @@
 // above their rounding (~1e-12 relative) and far below any modelling error worth catching.
 #include <gtest/gtest.h>
 
+#include "collectives/cost_model.h"
 #include "common/check.h"
 #include "model/params.h"
 #include "model/step_plan.h"
@@ -114,6 +115,38 @@ TEST(SimCollective, HalvingDoublingMatchesAlphaBeta) {
   const Cluster c = one_host(4, link(L, B, 0));
   const auto r = simulate_allreduce(c, p, range(4), S, Algorithm::kHalvingDoubling);
   EXPECT_NEAR(r.end, 1.5 * static_cast<double>(S) / (B * 1e3) + 4 * L, kTol);
+}
+
+// AllToAll of m bytes per peer on one link (latency L, bandwidth B, no copy cost): pairwise's
+// n-1 exchanges of m take (n-1)(L + m/B); Bruck's log2 n steps of b_k blocks, each waiting for a
+// block the previous step brought, take sum_k (L + b_k m/B). Both are the cost model's
+// alltoall_us with alpha = L, beta = 1/B and no copy cost.
+TEST(SimCollective, AlltoallMatchesTheCostModel) {
+  const double B = 2.0, L = 6.0;
+  const size_t m = 4 * 30000;
+  const Profile p = zero_profile();
+  collectives::CostModel cm;
+  cm.alpha_us = L, cm.beta_ns_per_byte = 1.0 / B, cm.gamma_ns_per_byte = 0;
+  for (int n : {2, 3, 4, 5}) {
+    const Cluster c = one_host(n, link(L, B, 0));
+    const auto r = simulate_alltoall(c, p, range(n), m, Algorithm::kPairwise);
+    EXPECT_NEAR(r.end, (n - 1) * (L + static_cast<double>(m) / (B * 1e3)), kTol) << "n=" << n;
+    EXPECT_NEAR(r.end, cm.alltoall_us(Algorithm::kPairwise, m, n), kTol) << "n=" << n;
+    EXPECT_EQ(r.messages, static_cast<size_t>(n * (n - 1)));
+    EXPECT_NEAR(simulate_alltoall(c, p, range(n), m, Algorithm::kMpi).end, r.end, kTol);  // modelled as pairwise
+  }
+  for (int n : {2, 4, 8}) {
+    const Cluster c = one_host(n, link(L, B, 0));
+    const auto r = simulate_alltoall(c, p, range(n), m, Algorithm::kBruck);
+    int steps = 0;
+    while ((1 << steps) < n) ++steps;
+    EXPECT_NEAR(r.end, steps * (L + n / 2 * static_cast<double>(m) / (B * 1e3)), kTol) << "n=" << n;
+    EXPECT_NEAR(r.end, cm.alltoall_us(Algorithm::kBruck, m, n), kTol) << "n=" << n;
+    EXPECT_EQ(r.messages, static_cast<size_t>(n * steps));
+  }
+  const Cluster c = one_host(2, link(L, B, 0));
+  EXPECT_THROW(simulate_alltoall(c, p, range(2), m, Algorithm::kRing), pwm::Error);
+  EXPECT_EQ(simulate_alltoall(one_host(1, link(L, B, 0)), p, range(1), m).end, 0.0);
 }
 
 // Two ranks: on one host the in-host link, on two hosts the cross-host link: 2 (S/2/B + L) each.
