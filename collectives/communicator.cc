@@ -211,12 +211,13 @@ Work Communicator::ibarrier() {
 
 Work Communicator::ialltoall(const void* send, void* recv, size_t count, DataType t, Algorithm algo) {
   const Algorithm a = resolve_alltoall(algo, count * dtype_size(t));
-  const CollectiveInfo info = make_info("alltoall", a, t, ReduceOp::kSum, count, -1);
-  if (a == Algorithm::kMpi)
-    return start_native(info, transport_->start_native_alltoall(group_, send, recv, count * dtype_size(t)));
+  if (a == Algorithm::kMpi) {
+    auto native = transport_->start_native_alltoall(group_, send, recv, count * dtype_size(t));
+    return start_native(make_info("alltoall", a, t, ReduceOp::kSum, count, -1), std::move(native));
+  }
   const int r = rank_, n = size();
   const std::vector<size_t> counts(static_cast<size_t>(n), count);
-  return start(info, [&](Schedule& s) {
+  return start(make_info("alltoall", a, t, ReduceOp::kSum, count, -1), [&](Schedule& s) {
     switch (a) {
       case Algorithm::kBruck: return algo::alltoall_bruck(s, r, n, send, recv, count);
       case Algorithm::kLinear: return algo::alltoallv_linear(s, r, n, send, counts, recv, counts);
@@ -237,14 +238,16 @@ Work Communicator::ialltoallv(const void* send, std::span<const size_t> send_cou
   size_t total = 0;
   for (size_t c : send_counts) total += c;
   const Algorithm a = resolve_alltoall(algo, total / n * dtype_size(t), /*equal_counts=*/false);
+  std::unique_ptr<NativeOp> native;
+  if (a == Algorithm::kMpi) {  // started before the call takes its sequence number: it may throw
+    std::vector<size_t> sb(n), rb(n);
+    for (size_t i = 0; i < n; ++i) sb[i] = send_counts[i] * dtype_size(t), rb[i] = recv_counts[i] * dtype_size(t);
+    native = transport_->start_native_alltoallv(group_, send, sb, recv, rb);
+  }
   CollectiveInfo info = make_info("alltoallv", a, t, ReduceOp::kSum, total, -1);
   info.send_counts = send_counts;
   info.recv_counts = recv_counts;
-  if (a == Algorithm::kMpi) {
-    std::vector<size_t> sb(n), rb(n);
-    for (size_t i = 0; i < n; ++i) sb[i] = send_counts[i] * dtype_size(t), rb[i] = recv_counts[i] * dtype_size(t);
-    return start_native(info, transport_->start_native_alltoallv(group_, send, sb, recv, rb));
-  }
+  if (native) return start_native(info, std::move(native));
   const int r = rank_;
   return start(info, [&](Schedule& s) {
     if (a == Algorithm::kLinear) return algo::alltoallv_linear(s, r, static_cast<int>(n), send, send_counts, recv, recv_counts);
