@@ -46,17 +46,18 @@ double sq_norm(const float* data, size_t count) {
   return s[0];
 }
 
-double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads) {
+double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads, NormPart part) {
   double total = 0.0;
   for (const ParamInfo& p : layout.params()) {
     if (p.replicated() && layout.tp_rank() != 0) continue;
+    if ((part == NormPart::kDense && p.expert) || (part == NormPart::kExperts && !p.expert)) continue;
     total += sq_norm(grads.at(p.offset, p.size), static_cast<size_t>(p.size));
   }
   return total;
 }
 
-double grad_sq_norm_tp(const ParamLayout& layout, const float* grads) {
-  return grad_sq_norm_tp(layout, GradView(layout, grads));
+double grad_sq_norm_tp(const ParamLayout& layout, const float* grads, NormPart part) {
+  return grad_sq_norm_tp(layout, GradView(layout, grads), part);
 }
 
 double clip_factor(const AdamWConfig& c, double global_sq_norm) {

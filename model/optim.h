@@ -43,8 +43,13 @@ double sq_norm(const float* data, size_t count);
 // This tp rank's contribution to the squared global norm of a gradient buffer: the sharded
 // tensors, plus the replicated ones on tp rank 0 only (they are identical on every tp rank).
 // Summing it over the tp group gives the full model's squared gradient norm.
-double grad_sq_norm_tp(const ParamLayout& layout, const float* grads);
-double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads);  // the same bits, over pieces
+// `part` restricts it to the experts' tensors (ParamInfo::expert) or to the others: under expert
+// parallelism the dense part is the same on every rank and the experts' part is summed over the
+// expert-parallel group.
+enum class NormPart { kAll, kDense, kExperts };
+double grad_sq_norm_tp(const ParamLayout& layout, const float* grads, NormPart part = NormPart::kAll);
+double grad_sq_norm_tp(const ParamLayout& layout, const GradView& grads,
+                       NormPart part = NormPart::kAll);  // the same bits, over pieces
 // min(1, max_norm / (sqrt(global_sq_norm) + 1e-6)); 1 when clipping is disabled.
 double clip_factor(const AdamWConfig& cfg, double global_sq_norm);
 

@@ -9,54 +9,72 @@
 
 namespace pwm::model {
 
-ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size)
-    : cfg_(cfg), tp_rank_(tp_rank), tp_size_(tp_size) {
-  cfg.validate_tp(tp_size);
+ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, int ep_rank, int ep_size)
+    : cfg_(cfg), tp_rank_(tp_rank), tp_size_(tp_size), ep_rank_(ep_rank), ep_size_(ep_size) {
+  cfg.validate_tp(tp_size, ep_size);
   PWM_CHECK(tp_rank >= 0 && tp_rank < tp_size, "tp_rank {} of {}", tp_rank, tp_size);
+  PWM_CHECK(ep_rank >= 0 && ep_rank < ep_size, "ep_rank {} of {}", ep_rank, ep_size);
   const int64_t C = cfg.d_model, H = cfg.n_heads, D = cfg.head_dim, F = cfg.d_ff, V = cfg.vocab;
   const int L = static_cast<int>(cfg.n_layers);
 
-  // Adds one tensor; `rows` is the full dim 0 (split over tp when `split`), `cols` = C or 0
-  // for a vector.
-  auto add = [&](std::string name, ParamKind kind, int layer, int64_t rows, int64_t cols,
-                 bool split, bool decay) {
+  // Adds one tensor of full shape `shape` (dim 0 split over tp when `split`, over ep when
+  // `expert`).
+  auto add = [&](std::string name, ParamKind kind, int layer, std::vector<int64_t> shape, bool split,
+                 bool decay, bool expert = false) {
     ParamInfo p;
     p.name = std::move(name);
     p.kind = kind;
     p.layer = layer;
-    const int64_t local_rows = split ? rows / tp_size : rows;
-    const int64_t row_len = cols > 0 ? cols : 1;
-    p.full_shape = cols > 0 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
-    p.shard_shape =
-        cols > 0 ? std::vector<int64_t>{local_rows, cols} : std::vector<int64_t>{local_rows};
-    p.split_dim = split ? 0 : -1;
+    const int parts = expert ? ep_size : split ? tp_size : 1;
+    const int part = expert ? ep_rank : split ? tp_rank : 0;
+    int64_t row_len = 1;
+    for (size_t i = 1; i < shape.size(); ++i) row_len *= shape[i];
+    const int64_t local_rows = shape[0] / parts;
+    p.full_shape = shape;
+    p.shard_shape = shape;
+    p.shard_shape[0] = local_rows;
+    p.split_dim = split || expert ? 0 : -1;
+    p.expert = expert;
     p.offset = total_;
     p.size = local_rows * row_len;
-    p.full_offset = split ? tp_rank * local_rows * row_len : 0;
-    p.full_size = rows * row_len;
+    p.full_offset = part * local_rows * row_len;
+    p.full_size = shape[0] * row_len;
     p.weight_decay = decay;
     total_ += p.size;
     params_.push_back(std::move(p));
     return params_.back().offset;
   };
 
-  add("embed", ParamKind::kEmbed, -1, V, C, false, true);
+  add("embed", ParamKind::kEmbed, -1, {V, C}, false, true);
   for (int l = 0; l < L; ++l) {
     const std::string pre = fmt::format("layers.{}.", l);
     LayerOffsets lo;
+    lo.moe = cfg.moe_layer(l);
     lo.begin = total_;
-    lo.norm = add(pre + "norm", ParamKind::kNorm, l, C, 0, false, false);
-    lo.w_in = add(pre + "wk", ParamKind::kWk, l, D, C, false, true);
-    add(pre + "wv", ParamKind::kWv, l, D, C, false, true);
-    add(pre + "wq", ParamKind::kWq, l, H * D, C, true, true);
-    add(pre + "w_gate", ParamKind::kWGate, l, F, C, true, true);
-    add(pre + "w_up", ParamKind::kWUp, l, F, C, true, true);
-    lo.w_out = add(pre + "wo", ParamKind::kWo, l, H * D, C, true, true);
-    add(pre + "w_down", ParamKind::kWDown, l, F, C, true, true);
+    lo.norm = add(pre + "norm", ParamKind::kNorm, l, {C}, false, false);
+    lo.w_in = add(pre + "wk", ParamKind::kWk, l, {D, C}, false, true);
+    add(pre + "wv", ParamKind::kWv, l, {D, C}, false, true);
+    add(pre + "wq", ParamKind::kWq, l, {H * D, C}, true, true);
+    if (!lo.moe) {
+      add(pre + "w_gate", ParamKind::kWGate, l, {F, C}, true, true);
+      add(pre + "w_up", ParamKind::kWUp, l, {F, C}, true, true);
+    }
+    lo.w_out = add(pre + "wo", ParamKind::kWo, l, {H * D, C}, true, true);
+    if (!lo.moe) {
+      add(pre + "w_down", ParamKind::kWDown, l, {F, C}, true, true);
+    } else {
+      lo.router = add(pre + "router", ParamKind::kRouter, l, {cfg.experts, C}, false, true);
+      lo.experts_begin = total_;
+      lo.expert_gate_up = add(pre + "experts.w_gate_up", ParamKind::kExpertGateUp, l, {cfg.experts, 2 * F, C}, false,
+                              true, true);
+      lo.expert_down = add(pre + "experts.w_down", ParamKind::kExpertDown, l, {cfg.experts, F, C}, false, true, true);
+    }
+    lo.rows_in = 2 * D + local_heads() * D + (lo.moe ? 0 : 2 * local_ff());
+    lo.rows_out = local_heads() * D + (lo.moe ? 0 : local_ff());
     lo.end = total_;
     layers_.push_back(lo);
   }
-  add("final_norm", ParamKind::kFinalNorm, L, C, 0, false, false);
+  add("final_norm", ParamKind::kFinalNorm, L, {C}, false, false);
 }
 
 int64_t ParamLayout::w_in_rows() const {
@@ -118,7 +136,8 @@ void init_impl(const ParamLayout& layout, uint64_t seed, S* params) {
       case ParamKind::kWo:
         scale = 1.0 / std::sqrt(static_cast<double>(c.n_heads * c.head_dim));
         break;
-      case ParamKind::kWDown: scale = 1.0 / std::sqrt(static_cast<double>(c.d_ff)); break;
+      case ParamKind::kWDown:
+      case ParamKind::kExpertDown: scale = 1.0 / std::sqrt(static_cast<double>(c.d_ff)); break;
       default: scale = 1.0 / std::sqrt(static_cast<double>(c.d_model)); break;
     }
     if (scale == 0.0) {

@@ -25,6 +25,7 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
   xs_.assign(static_cast<size_t>((l1_ - l0_ + 1) * N * C), S(0));
   dx_.assign(static_cast<size_t>(N * C), S(0));
   layers_.resize(static_cast<size_t>(l1_ - l0_));
+  moe_.resize(static_cast<size_t>(l1_ - l0_));
   x_ptr_.resize(static_cast<size_t>(l1_ - l0_ + 1));
   arena_.assign(static_cast<size_t>((l1_ - l0_) * layer_elements(layout, B)), S(0));
   unbind_all();
@@ -92,6 +93,22 @@ typename Activations<S>::Layer& Activations<S>::layer(int l) {
 template <typename S>
 const typename Activations<S>::Layer& Activations<S>::layer(int l) const {
   return const_cast<Activations<S>*>(this)->layer(l);
+}
+
+template <typename S>
+MoeState<S>& Activations<S>::moe(int l) {
+  PWM_CHECK(l >= l0_ && l < l1_, "layer {} outside this state's range [{}, {})", l, l0_, l1_);
+  return moe_[static_cast<size_t>(l - l0_)];
+}
+template <typename S>
+const MoeState<S>& Activations<S>::moe(int l) const {
+  return const_cast<Activations<S>*>(this)->moe(l);
+}
+template <typename S>
+MoeStats Activations<S>::moe_stats() const {
+  MoeStats s;
+  for (const MoeState<S>& m : moe_) s.add(m.stats);
+  return s;
 }
 
 template <typename S>
@@ -170,6 +187,7 @@ void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grad
   const int64_t T = c.seq_len, C = c.d_model, V = c.vocab, N = act.N();
   const int L = static_cast<int>(c.n_layers);
   PWM_CHECK_EQ(sc.B, act.B());
+  act.loss_scale = grad_scale;
   const S* E = params + layout.embed_offset();
   xent_backward(N, V, tokens + 1, T + 1, T, c.z_loss, act.probs.data(), act.lse.data(),
                 static_cast<S>(grad_scale / static_cast<S>(N)), sc.dlogits.data());
@@ -183,26 +201,27 @@ void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grad
 
 template <typename S>
 S forward_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
-                   int64_t B, S grad_scale, Workspace<S>& ws, const TpReduce<S>& tp_allreduce) {
+                   int64_t B, S grad_scale, Workspace<S>& ws, const TpReduce<S>& tp_allreduce,
+                   const ExpertComm<S>& ep) {
   PWM_CHECK_EQ(ws.act.B(), B);
   const int L = static_cast<int>(layout.config().n_layers);
   embed_forward(layout, params, tokens, ws.act);
-  for (int l = 0; l < L; ++l) block_forward(layout, params, l, ws.act, ws.scratch, tp_allreduce);
+  for (int l = 0; l < L; ++l) block_forward(layout, params, l, ws.act, ws.scratch, tp_allreduce, ep);
   const S loss = head_forward(layout, params, tokens, ws.act);
   head_backward(layout, params, grads, tokens, grad_scale, ws.act, ws.scratch);
   for (int l = L - 1; l >= 0; --l)
-    block_backward(layout, params, grads, l, ws.act, ws.scratch, tp_allreduce);
+    block_backward(layout, params, grads, l, ws.act, ws.scratch, tp_allreduce, ep);
   embed_backward(layout, grads, tokens, ws.act);
   return loss;
 }
 
 template <typename S>
 S forward_loss(const ParamLayout& layout, const S* params, const int32_t* tokens, int64_t B,
-               Workspace<S>& ws, const TpReduce<S>& tp_allreduce) {
+               Workspace<S>& ws, const TpReduce<S>& tp_allreduce, const ExpertComm<S>& ep) {
   PWM_CHECK_EQ(ws.act.B(), B);
   const int L = static_cast<int>(layout.config().n_layers);
   embed_forward(layout, params, tokens, ws.act);
-  for (int l = 0; l < L; ++l) block_forward(layout, params, l, ws.act, ws.scratch, tp_allreduce);
+  for (int l = 0; l < L; ++l) block_forward(layout, params, l, ws.act, ws.scratch, tp_allreduce, ep);
   return head_forward(layout, params, tokens, ws.act);
 }
 
@@ -217,9 +236,9 @@ S forward_loss(const ParamLayout& layout, const S* params, const int32_t* tokens
   template void head_backward<S>(const ParamLayout&, const S*, HeadGrads<S>, const int32_t*, S, \
                                  Activations<S>&, Scratch<S>&);                                 \
   template S forward_backward<S>(const ParamLayout&, const S*, S*, const int32_t*, int64_t, S,  \
-                                 Workspace<S>&, const TpReduce<S>&);                            \
+                                 Workspace<S>&, const TpReduce<S>&, const ExpertComm<S>&);      \
   template S forward_loss<S>(const ParamLayout&, const S*, const int32_t*, int64_t,             \
-                             Workspace<S>&, const TpReduce<S>&);
+                             Workspace<S>&, const TpReduce<S>&, const ExpertComm<S>&);
 
 PWM_INSTANTIATE_MODEL(float)
 PWM_INSTANTIATE_MODEL(double)

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/moe.h"
 #include "model/params.h"
 
 namespace pwm::model {
@@ -97,6 +98,15 @@ class Activations {
   // Points everything back at the owned memory (after a call that bound outside buffers).
   void unbind_all();
 
+  // Mixture-of-Experts state of layer l (an MoE layer of the range): routing, expert rows.
+  MoeState<S>& moe(int l);
+  const MoeState<S>& moe(int l) const;
+  // The MoE layers' statistics of the last forward over the range (summed over its MoE layers).
+  MoeStats moe_stats() const;
+  // The grad_scale of the backward under way (head_backward sets it): the MoE layers scale their
+  // aux losses' gradients by it, as the head scales the loss's.
+  S loss_scale = S(1);
+
   // Head state.
   std::vector<S> f_mean, f_rstd;  // [N]
   std::vector<S> hf;              // [N, C] final-normed x(L)
@@ -111,6 +121,7 @@ class Activations {
   std::vector<S> dx_;  // [N, C]
   std::vector<S> arena_;  // [(l1 - l0), layer_elements]
   std::vector<Layer> layers_;
+  std::vector<MoeState<S>> moe_;  // per layer of the range (empty vectors for dense layers)
   std::vector<S*> x_ptr_;  // x(l) for l in [l0, l1]
   S* dx_ptr_ = nullptr;
   int64_t D_, Hs_, Rin_, Rout_;  // head dim, local heads, fused matrix rows (for bind_layer)
@@ -131,6 +142,7 @@ class Scratch {
   std::vector<S> dk;       // [T, D]
   std::vector<S> dlogits;  // [N, V]
   std::vector<S> dhf;      // [N, C]
+  MoeScratch<S> moe;       // the MoE layers' temporaries (grown on first use)
 };
 
 // Activations for all layers plus scratch: what forward_backward needs for micro-batches of B.
@@ -149,10 +161,13 @@ struct Workspace {
 template <typename S>
 void embed_forward(const ParamLayout& layout, const S* params, const int32_t* tokens,
                    Activations<S>& act);
-// x(l+1) = x(l) + tp_allreduce(attn_partial + mlp_partial).
+// x(l+1) = x(l) + tp_allreduce(attn_partial + mlp_partial). An MoE layer's MLP branch is
+// model/moe.h's, its rows moved over `ep` when the experts are split (P > 1; then every rank of
+// the expert-parallel group must call, in the same order).
 template <typename S>
 void block_forward(const ParamLayout& layout, const S* params, int layer, Activations<S>& act,
-                   Scratch<S>& scratch, const TpReduce<S>& tp_allreduce);
+                   Scratch<S>& scratch, const TpReduce<S>& tp_allreduce,
+                   const ExpertComm<S>& ep = ExpertComm<S>{});
 // Final norm, logits, loss; returns the micro-batch mean loss. Identical on every tp rank.
 template <typename S>
 S head_forward(const ParamLayout& layout, const S* params, const int32_t* tokens,
@@ -175,7 +190,8 @@ void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grad
 // act.dx(): d/dx(l+1) -> d/dx(l); accumulates the grads of layer l. One tp_allreduce call.
 template <typename S>
 void block_backward(const ParamLayout& layout, const S* params, S* grads, int layer,
-                    Activations<S>& act, Scratch<S>& scratch, const TpReduce<S>& tp_allreduce);
+                    Activations<S>& act, Scratch<S>& scratch, const TpReduce<S>& tp_allreduce,
+                    const ExpertComm<S>& ep = ExpertComm<S>{});
 // grads["embed"][tokens[b, t]] += act.dx()[b*T + t] (the lookup's part of the tied embedding).
 template <typename S>
 void embed_backward(const ParamLayout& layout, S* grads, const int32_t* tokens,
@@ -184,13 +200,16 @@ void embed_backward(const ParamLayout& layout, S* grads, const int32_t* tokens,
 // ---- Whole micro-batch ------------------------------------------------------------------------
 
 // The composition embed -> blocks -> head -> head_backward -> blocks reversed -> embed_backward.
-// grads += grad_scale * d(mean loss)/d(params); returns the mean loss. B must equal ws's B.
+// grads += grad_scale * d(objective)/d(params), objective = mean loss + the MoE layers' aux
+// losses; returns the mean loss (without the aux losses). B must equal ws's B.
 template <typename S>
 S forward_backward(const ParamLayout& layout, const S* params, S* grads, const int32_t* tokens,
-                   int64_t B, S grad_scale, Workspace<S>& ws, const TpReduce<S>& tp_allreduce);
-// Mean loss only (evaluation).
+                   int64_t B, S grad_scale, Workspace<S>& ws, const TpReduce<S>& tp_allreduce,
+                   const ExpertComm<S>& ep = ExpertComm<S>{});
+// Mean loss only (evaluation). The MoE layers' aux losses are not in it (ws.act.moe_stats()).
 template <typename S>
 S forward_loss(const ParamLayout& layout, const S* params, const int32_t* tokens, int64_t B,
-               Workspace<S>& ws, const TpReduce<S>& tp_allreduce);
+               Workspace<S>& ws, const TpReduce<S>& tp_allreduce,
+               const ExpertComm<S>& ep = ExpertComm<S>{});
 
 }  // namespace pwm::model

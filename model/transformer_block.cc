@@ -34,7 +34,8 @@ struct Dims {
   int64_t g() const { return Hs * D; }
 };
 
-Dims dims(const ParamLayout& layout, int64_t B) {
+// Layer l's shapes: an MoE layer's fused matrices hold the attention's rows only (Fs = 0).
+Dims dims(const ParamLayout& layout, int64_t B, int l) {
   const Config& c = layout.config();
   Dims d;
   d.B = B;
@@ -43,9 +44,9 @@ Dims dims(const ParamLayout& layout, int64_t B) {
   d.C = c.d_model;
   d.D = c.head_dim;
   d.Hs = layout.local_heads();
-  d.Fs = layout.local_ff();
-  d.R_in = layout.w_in_rows();
-  d.R_out = layout.w_out_rows();
+  d.Fs = layout.layer(l).moe ? 0 : layout.local_ff();
+  d.R_in = layout.layer(l).rows_in;
+  d.R_out = layout.layer(l).rows_out;
   return d;
 }
 
@@ -53,9 +54,9 @@ Dims dims(const ParamLayout& layout, int64_t B) {
 
 template <typename S>
 void block_forward(const ParamLayout& layout, const S* params, int l, Activations<S>& act,
-                   Scratch<S>& sc, const TpReduce<S>& tp_allreduce) {
+                   Scratch<S>& sc, const TpReduce<S>& tp_allreduce, const ExpertComm<S>& ep) {
   const Config& c = layout.config();
-  const Dims d = dims(layout, act.B());
+  const Dims d = dims(layout, act.B(), l);
   PWM_CHECK_EQ(sc.B, act.B());
   const LayerOffsets& lo = layout.layer(l);
   auto& ly = act.layer(l);
@@ -73,6 +74,7 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
   // while the rows are in cache, instead of a pass over the whole [N, R_in] afterwards.
   gemm_rows<S>(false, true, d.N, d.R_in, d.C, S(1), ly.h.data(), d.C, w_in, d.C, S(0), yin, d.R_in,
                [&](int64_t i0, int64_t i1) {
+                 if (d.Fs == 0) return;  // an MoE layer: the experts are below
                  const S* y = yin + i0 * d.R_in;
                  swiglu_forward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
                                 ag + i0 * d.R_out + d.g(), d.R_out);
@@ -118,13 +120,18 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
     gemm_rows<S>(false, false, d.N, d.C, d.R_out, S(1), ag, d.R_out, w_out, d.C, S(0), y, d.C,
                  residual);
   }
+  // An MoE layer's MLP branch, added after the residual (MoE with tp > 1 is refused: ParamLayout).
+  if (layout.layer(l).moe)
+    moe_forward(layout, params, l, ly.h.data(), d.N, y, act.moe(l), sc.moe, ep);
 }
 
 template <typename S>
 void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
-                    Activations<S>& act, Scratch<S>& sc, const TpReduce<S>& tp_allreduce) {
+                    Activations<S>& act, Scratch<S>& sc, const TpReduce<S>& tp_allreduce,
+                    const ExpertComm<S>& ep) {
   const Config& c = layout.config();
-  const Dims d = dims(layout, act.B());
+  const Dims d = dims(layout, act.B(), l);
+  const bool moe = layout.layer(l).moe;
   PWM_CHECK_EQ(sc.B, act.B());
   const LayerOffsets& lo = layout.layer(l);
   auto& ly = act.layer(l);
@@ -146,6 +153,7 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
     const Bf16Hold hold_dy(dx, d.N, d.C, d.C);
     gemm_rows<S>(false, true, d.N, d.R_out, d.C, S(1), dx, d.C, w_out, d.C, S(0), dag, d.R_out,
                  [&](int64_t i0, int64_t i1) {
+                   if (d.Fs == 0) return;  // an MoE layer: no dense MLP columns
                    const S* y = yin + i0 * d.R_in;
                    S* dy = dyin + i0 * d.R_in;
                    swiglu_backward(i1 - i0, d.Fs, y + d.gate(), y + d.up(), d.R_in,
@@ -207,12 +215,13 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   };
   // Without tensor parallelism d(h) is complete when its GEMM finishes a block of rows: the norm's
   // backward runs there, while the rows are in cache (the GEMMs below neither read nor write dx
-  // or the norm's gradient). With it, after the reduction.
+  // or the norm's gradient). With it, after the reduction. An MoE layer adds the experts' and the
+  // router's d(h) before the norm's backward (which then also runs after the product).
   // In bf16, d(yin) is an operand of all three products and h of two: each rounded once.
   {
     const Bf16Hold hold_dyin(dyin, d.N, d.R_in, d.R_in);
     const Bf16Hold hold_h(ly.h.data(), d.N, d.C, d.C);
-    if (tp_allreduce)
+    if (tp_allreduce || moe)
       gemm<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red, d.C);
     else
       gemm_rows<S>(false, false, d.N, d.C, d.R_in, S(1), dyin, d.R_in, w_in, d.C, S(0), red,
@@ -222,16 +231,18 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
     gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
             d.C);
   }
+  if (moe)
+    moe_backward(layout, params, grads, l, ly.h.data(), dx, d.N, red, act.loss_scale, act.moe(l), sc.moe, ep);
   if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
   for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];
-  if (tp_allreduce) norm_rows(0, d.N);
+  if (tp_allreduce || moe) norm_rows(0, d.N);
 }
 
 #define PWM_INSTANTIATE_BLOCK(S)                                                          \
   template void block_forward<S>(const ParamLayout&, const S*, int, Activations<S>&,      \
-                                 Scratch<S>&, const TpReduce<S>&);                        \
+                                 Scratch<S>&, const TpReduce<S>&, const ExpertComm<S>&);  \
   template void block_backward<S>(const ParamLayout&, const S*, S*, int, Activations<S>&, \
-                                  Scratch<S>&, const TpReduce<S>&);
+                                  Scratch<S>&, const TpReduce<S>&, const ExpertComm<S>&);
 
 PWM_INSTANTIATE_BLOCK(float)
 PWM_INSTANTIATE_BLOCK(double)

@@ -50,7 +50,7 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint.cc writes host floats as little-endian; add byte swapping for this host");
 // Every Config field is serialized below and compared in check_compatible. A new field changes
 // the size: add it to config_to_json, config_from_json and check_compatible, then update this.
-static_assert(sizeof(Config) == 88, "Config changed: update the checkpoint (de)serialization");
+static_assert(sizeof(Config) == 144, "Config changed: update the checkpoint (de)serialization");
 
 // ---- CRC-32, slicing by 8 -----------------------------------------------------------------
 
@@ -91,7 +91,10 @@ json config_to_json(const Config& c) {
   return json{{"d_model", c.d_model},   {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
               {"head_dim", c.head_dim}, {"d_ff", c.d_ff},         {"vocab", c.vocab},
               {"seq_len", c.seq_len},   {"z_loss", c.z_loss},     {"rope_base", c.rope_base},
-              {"norm", norm_name(c.norm)}, {"seed", c.seed}};
+              {"norm", norm_name(c.norm)}, {"seed", c.seed},
+              {"experts", c.experts}, {"top_k", c.top_k}, {"moe_every", c.moe_every},
+              {"capacity_factor", c.capacity_factor}, {"aux_loss", c.aux_loss},
+              {"router_z_loss", c.router_z_loss}, {"router_skew", c.router_skew}};
 }
 
 Config config_from_json(const json& j) {
@@ -107,6 +110,14 @@ Config config_from_json(const json& j) {
   c.rope_base = j.at("rope_base").get<double>();
   c.norm = parse_norm(j.at("norm").get<std::string>());
   c.seed = j.at("seed").get<uint64_t>();
+  // Mixture of Experts (absent from a dense model's checkpoint written before them: the defaults).
+  c.experts = j.value("experts", c.experts);
+  c.top_k = j.value("top_k", c.top_k);
+  c.moe_every = j.value("moe_every", c.moe_every);
+  c.capacity_factor = j.value("capacity_factor", c.capacity_factor);
+  c.aux_loss = j.value("aux_loss", c.aux_loss);
+  c.router_z_loss = j.value("router_z_loss", c.router_z_loss);
+  c.router_skew = j.value("router_skew", c.router_skew);
   return c;
 }
 
@@ -456,6 +467,13 @@ void check_compatible(const Checkpoint& ckpt, const Config& expected) {
   field("rope_base", c.rope_base, expected.rope_base);
   field("norm", std::string(norm_name(c.norm)), std::string(norm_name(expected.norm)));
   field("seed", c.seed, expected.seed);
+  field("experts", c.experts, expected.experts);
+  field("top_k", c.top_k, expected.top_k);
+  field("moe_every", c.moe_every, expected.moe_every);
+  field("capacity_factor", c.capacity_factor, expected.capacity_factor);
+  field("aux_loss", c.aux_loss, expected.aux_loss);
+  field("router_z_loss", c.router_z_loss, expected.router_z_loss);
+  field("router_skew", c.router_skew, expected.router_skew);
 }
 
 void check_finite(const Checkpoint& ckpt, bool moments) {

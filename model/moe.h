@@ -1,0 +1,99 @@
+// Mixture of Experts: the MLP branch of an MoE block (docs/model.md "Mixture of Experts").
+//
+//   logits = h . router^T + skew            [N, E] float32 (also under bf16: no gemm<float>)
+//   p = softmax(logits);  top_k experts per token, ties to the lower index;  gate = p of a chosen
+//   expert (K = 1), renormalized over the K chosen (K > 1)
+//   capacity: choices are taken in token order (n, then k); an expert takes at most
+//   ceil(capacity_factor K N / E) rows (capacity_factor 0: dropless, no limit); a dropped
+//   choice contributes zero to the MLP branch (the token keeps its residual and attention)
+//   expert e:  z = swiglu(x . w_gate_up_e^T) . w_down_e;   out[n] += sum_k gate_k z_k
+//   aux losses, added to the objective per MoE layer (not to the reported loss):
+//     aux_loss * E sum_i f_i P_i   (f_i = choices of expert i / (N K), P_i = mean_n p_n,i)
+//     router_z_loss * mean_n logsumexp(logits_n)^2
+// N is the routing group: one micro-batch of one data-parallel rank.
+//
+// Expert parallelism: the experts are split over the P ranks of an ExpertComm (rank r holds
+// experts [r E/P, (r+1) E/P)). Each rank routes its own tokens; the rows for every expert go to
+// the expert's rank in ONE AllToAll (expert-major, so rank-major), the outputs come back in a
+// second; the backward sends the outputs' gradients and returns the inputs' the same way. With a
+// capacity every (rank, expert) block is `capacity` rows, padded with zeros (equal counts: the
+// static shapes of GShard); dropless sends the real rows and exchanges the counts first.
+//
+// Blocking: moe_forward/moe_backward call the ExpertComm (which blocks) when P > 1. One thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/params.h"
+
+namespace pwm::model {
+
+// The expert-parallel group's AllToAll, supplied by the trainer (the model never calls MPI).
+template <typename S>
+struct ExpertComm {
+  int size = 1;  // P; 1: every expert is local and the functions are not called
+  // send[p * per + j] goes to rank p; recv[p * per + j] arrives from rank p.
+  std::function<void(const int64_t* send, int64_t* recv, int64_t per)> counts;
+  // send holds send_rows[p] rows of `width` elements for each rank p, in rank order; recv
+  // receives recv_rows[p] rows from each rank p, in rank order.
+  std::function<void(const S* send, const int64_t* send_rows, S* recv, const int64_t* recv_rows, int64_t width)>
+      rows;
+};
+
+// What the MoE layers did for one micro-batch on this rank (summed over its MoE layers).
+struct MoeStats {
+  int64_t choices = 0;       // token-expert choices (N K per layer)
+  int64_t dropped = 0;       // choices over an expert's capacity
+  int64_t expert_rows = 0;   // rows the local experts computed, padding included. Over a whole
+                             // expert-parallel group, padding = expert_rows - (choices - dropped)
+  std::vector<int64_t> expert_tokens;  // [E] choices per expert, before capacity
+  double lb_loss = 0;        // E sum_i f_i P_i (unweighted; 1 when perfectly balanced)
+  double z_loss = 0;         // mean_n logsumexp^2 (unweighted)
+  void add(const MoeStats& o);
+};
+
+// What one MoE layer keeps between the forward and the backward of a micro-batch. Sized on use.
+template <typename S>
+struct MoeState {
+  std::vector<S> probs;             // [N, E]
+  std::vector<S> lse;               // [N]
+  std::vector<int32_t> choice;      // [N, K]
+  std::vector<S> gate;              // [N, K]
+  std::vector<int64_t> slot;        // [N, K] row in the dispatched buffer, -1 dropped
+  std::vector<int64_t> expert_rows; // [E] rows per expert in the dispatched buffer (expert-major)
+  std::vector<int64_t> block_rows;  // [P * El] rows the local experts got from each (rank, expert)
+  std::vector<int64_t> send_rows, recv_rows;  // [P] rows to / from each rank
+  std::vector<S> xe;                // [R, C] the local experts' input rows (rank-major, expert)
+  std::vector<S> ye;                // [R, 2F] gate | up pre-activations
+  std::vector<S> ge;                // [R, F] SwiGLU outputs
+  std::vector<S> back;              // [dispatched rows, C] the experts' outputs, back here
+  MoeStats stats;
+};
+
+// Temporaries of the MoE layers (grown on use, reused across calls).
+template <typename S>
+struct MoeScratch {
+  std::vector<S> logits, sent, z, dback, dz, dge, dye, dxe, dxback, dlogits, dgate;
+};
+
+// Routing of one group: logits [N, E] in (any values; the skew already added) -> probabilities,
+// log-sum-exp, choices, gates, slots, expert_rows, the aux losses' values and the counts in
+// st.stats (expert_rows/padding not yet). Pure; exposed for tests of capacity and dropping.
+template <typename S>
+void moe_route(const Config& c, int64_t N, const S* logits, MoeState<S>& st);
+
+// out [N, C] += the MoE branch of h [N, C] (layer l of `layout`, an MoE layer).
+template <typename S>
+void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, S* out,
+                 MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep);
+
+// dh [N, C] += d/dh of the MoE branch given dy = d/d(out) [N, C]; grads += the router's and the
+// local experts' gradients; the aux losses' gradients are scaled by `loss_scale` (the micro-
+// batch's grad_scale, as head_backward's).
+template <typename S>
+void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
+                  S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep);
+
+}  // namespace pwm::model
