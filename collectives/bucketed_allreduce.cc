@@ -11,7 +11,7 @@ BucketedAllreduce::BucketedAllreduce(Communicator* comm, std::vector<Range> unit
                                      bool overlap, OnBucketDone on_done)
     : comm_(comm), overlap_(overlap), on_done_(std::move(on_done)), units_(std::move(units)) {
   for (size_t u = 1; u < units_.size(); ++u)
-    PWM_CHECK_EQ(units_[u].second, units_[u - 1].first);  // adjacent, from the end backwards
+    PWM_CHECK(units_[u].second <= units_[u - 1].first, "units must run from the buffer's end backwards");
   if (comm_ == nullptr || comm_->size() == 1) return;
   for (const Cut& c : cut(units_, bucket_bytes)) buckets_.push_back({c.begin, c.end, c.last_unit, {}});
 }
@@ -32,17 +32,24 @@ BucketedAllreduce::Sizes BucketedAllreduce::auto_sizes(int64_t total_elements) {
 std::vector<BucketedAllreduce::Cut> BucketedAllreduce::cut(const std::vector<Range>& units, size_t bucket_bytes) {
   Sizes sz{bucket_bytes, bucket_bytes};
   if (bucket_bytes == kAutoBuckets) {
-    const int64_t total = units.empty() ? 0 : units.front().second - units.back().first;
+    int64_t total = 0;
+    for (const auto& [lo, hi] : units) total += hi - lo;
     sz = auto_sizes(total);
   }
   auto cap_of = [](size_t bytes) { return std::max<int64_t>(1, static_cast<int64_t>(bytes / sizeof(float))); };
   // Walk the units from the end of the buffer towards its start, closing a bucket whenever it
-  // reaches its cap; a unit larger than a bucket is split into several.
+  // reaches its cap, or where the next unit is not adjacent (a bucket is one contiguous range);
+  // a unit larger than a bucket is split into several.
   std::vector<Cut> out;
   int64_t cap = cap_of(sz.first);
   int64_t open_end = -1, open_begin = -1;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
     const auto [lo, hi] = units[static_cast<size_t>(u)];
+    if (open_end >= 0 && hi != open_begin) {  // a gap: the open bucket ends at the last unit
+      out.push_back({open_begin, open_end, u - 1});
+      open_end = -1;
+      cap = cap_of(sz.rest);
+    }
     for (int64_t pos = hi; pos > lo;) {
       if (open_end < 0) open_end = pos;
       const int64_t take = std::min(pos - lo, cap - (open_end - pos));

@@ -57,8 +57,10 @@ class BucketedAllreduce {
   };
   static std::vector<Cut> cut(const std::vector<Range>& units, size_t bucket_bytes);
 
-  // `comm` may be null or of size 1: then nothing is reduced. `units` must tile a contiguous
-  // range and be listed from its end towards its start (the order backward finishes them).
+  // `comm` may be null or of size 1: then nothing is reduced. `units` are listed from the
+  // buffer's end towards its start (the order backward finishes them), each ending where the
+  // previous one begins or before it: what lies between two units (the experts' gradients of an
+  // expert-parallel trainer, reduced over another group) is left alone, and no bucket spans it.
   BucketedAllreduce(Communicator* comm, std::vector<Range> units, size_t bucket_bytes, bool overlap,
                     OnBucketDone on_done = {});
   // Hierarchical: reduce-scatter in `inner`, AllReduce of the shard in `outer`, all-gather in

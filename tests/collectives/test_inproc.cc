@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -325,6 +326,49 @@ TEST(BucketedAllreduce, EveryElementReducedOnceWhateverTheBucketSize) {
               fails.push_back(fmt::format("bucket {} overlap {} element {}: {}", bucket_elems, overlap, i, buf[i]));
               break;
             }
+        }
+      });
+      EXPECT_TRUE(fails.empty()) << fails.front();
+    }
+}
+
+// Units with gaps between them (an expert-parallel trainer's dense gradient around the experts'
+// ranges): every element of a unit is summed once, every element of a gap keeps its own value,
+// flat and hierarchical, whatever the bucket size.
+TEST(BucketedAllreduce, GapsBetweenUnitsAreLeftAlone) {
+  const std::vector<BucketedAllreduce::Range> units = {{950, 1000}, {600, 900}, {590, 600}, {0, 400}};
+  auto in_unit = [&](size_t i) {
+    for (const auto& [lo, hi] : units)
+      if (static_cast<int64_t>(i) >= lo && static_cast<int64_t>(i) < hi) return true;
+    return false;
+  };
+  for (size_t bucket_elems : {7u, 100u, 2000u})
+    for (bool hierarchical : {false, true}) {
+      std::mutex mu;
+      std::vector<std::string> fails;
+      run_inproc(4, [&](int rank, std::shared_ptr<Transport> t) {
+        CommOptions o = default_options();
+        o.timeout_s = 8;
+        Communicator flat = Communicator::world(t, o);
+        Communicator inner(t, {rank / 2 * 2, rank / 2 * 2 + 1}, 5, o);
+        Communicator gather(t, {rank / 2 * 2, rank / 2 * 2 + 1}, 7, o);
+        Communicator outer(t, {rank % 2, 2 + rank % 2}, 6, o);
+        std::unique_ptr<BucketedAllreduce> br =
+            hierarchical ? std::make_unique<BucketedAllreduce>(&inner, &gather, &outer, units, bucket_elems * 4, true)
+                         : std::make_unique<BucketedAllreduce>(&flat, units, bucket_elems * 4, true);
+        std::vector<float> buf(1100);
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>((rank + 1) * (i % 5 + 1));
+        br->begin(buf.data());
+        for (int u = 0; u < br->num_units(); ++u) br->unit_done(u);
+        br->finish();
+        for (size_t i = 0; i < buf.size(); ++i) {
+          const float want = static_cast<float>((in_unit(i) ? 10 : rank + 1) * (i % 5 + 1));
+          if (buf[i] != want) {
+            std::lock_guard<std::mutex> lock(mu);
+            fails.push_back(fmt::format("bucket {} hierarchical {} element {}: {} (want {})", bucket_elems,
+                                        hierarchical, i, buf[i], want));
+            break;
+          }
         }
       });
       EXPECT_TRUE(fails.empty()) << fails.front();
