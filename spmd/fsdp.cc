@@ -234,6 +234,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
       }
       case UnitKind::kHead:
         loss_sum += model::head_forward<float>(layout_, pt, tokens, act);
+        if (hooks.moe && layout_.config().moe()) hooks.moe->add(act.moe_stats());
         t_bwd = now_us();
         span("forward", t_fwd, t_bwd);
         if (hooks.after_forward) hooks.after_forward(u.micro);

@@ -26,8 +26,10 @@ using collectives::ReduceOp;
 
 namespace {
 // Context ids: world 0, tp groups 1, dp groups 2, replica groups 3, flat data-parallel groups 4,
-// dp groups for the hierarchical exchange's all-gathers 5 (groups of one family are disjoint).
-constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4, kDpGatherContext = 5;
+// dp groups for the hierarchical exchange's all-gathers 5, expert-parallel groups 6, expert groups
+// 7 (groups of one family are disjoint).
+constexpr uint32_t kTpContext = 1, kDpContext = 2, kReplicaContext = 3, kFlatContext = 4, kDpGatherContext = 5,
+                   kEpContext = 6, kExpertContext = 7;
 
 collectives::CommOptions comm_options(const train::TrainConfig& cfg) {
   collectives::CommOptions o = collectives::CommOptions::from_env();
@@ -58,12 +60,13 @@ std::string replicas_spanning_hosts(const train::TrainConfig& cfg, const std::ve
   return fmt::format("[spmd] note: not on one host: {}; its dp/tp collectives cross hosts", fmt::join(spans, "; "));
 }
 
-Mesh Mesh::make(int world_rank, int replicas, int dp, int tp) {
+Mesh Mesh::make(int world_rank, int replicas, int dp, int tp, int ep) {
   // World rank = (replica * dp + dp_rank) * tp + tp_rank (train/config.h).
   Mesh m;
   m.replicas = replicas;
   m.dp = dp;
   m.tp = tp;
+  m.ep = ep;
   m.data_index = world_rank / tp;
   m.tp_rank = world_rank % tp;
   m.replica = m.data_index / dp;
@@ -72,6 +75,10 @@ Mesh Mesh::make(int world_rank, int replicas, int dp, int tp) {
   for (int d = 0; d < dp; ++d) m.dp_group.push_back((m.replica * dp + d) * tp + m.tp_rank);
   for (int r = 0; r < replicas; ++r) m.replica_group.push_back((r * dp + m.dp_rank) * tp + m.tp_rank);
   for (int i = 0; i < replicas * dp; ++i) m.flat_group.push_back(i * tp + m.tp_rank);
+  // Expert parallelism: ep divides dp (TrainConfig::validate), so a group never leaves its replica.
+  m.ep_rank = m.dp_rank % ep;
+  for (int j = 0; j < ep; ++j) m.ep_group.push_back((m.data_index - m.ep_rank + j) * tp + m.tp_rank);
+  for (int i = m.ep_rank; i < replicas * dp; i += ep) m.expert_group.push_back(i * tp + m.tp_rank);
   return m;
 }
 
@@ -79,14 +86,16 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
                  const train::TextDataset& data, double peak_gflops,
                  const std::optional<train::Checkpoint>& resume_from)
     : cfg_(cfg), transport_(transport), data_(data),
-      mesh_(Mesh::make(transport->rank(), cfg.mesh.replicas, cfg.mesh.dp, cfg.mesh.tp)),
+      mesh_(Mesh::make(transport->rank(), cfg.mesh.replicas, cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.ep)),
       world_(Communicator::world(transport, comm_options(cfg))),
       tp_comm_(transport, mesh_.tp_group, kTpContext, comm_options(cfg)),
       dp_comm_(transport, mesh_.dp_group, kDpContext, comm_options(cfg)),
       replica_comm_(transport, mesh_.replica_group, kReplicaContext, comm_options(cfg)),
       flat_comm_(transport, mesh_.flat_group, kFlatContext, comm_options(cfg)),
       dp_gather_comm_(transport, mesh_.dp_group, kDpGatherContext, comm_options(cfg)),
-      layout_(cfg.model, mesh_.tp_rank, cfg.mesh.tp),
+      ep_comm_(transport, mesh_.ep_group, kEpContext, comm_options(cfg)),
+      expert_comm_(transport, mesh_.expert_group, kExpertContext, comm_options(cfg)),
+      layout_(cfg.model, mesh_.tp_rank, cfg.mesh.tp, mesh_.ep_rank, cfg.mesh.ep),
       plan_(layout_, cfg.workload.microbatches),
       ws_(layout_, cfg.micro_batch()),
       tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
@@ -123,23 +132,8 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
     if (cfg_.outputs.resume && transport->rank() == 0)
       fmt::print("[spmd] --resume: no checkpoint at {} yet, starting from step 0\n", cfg_.outputs.ckpt);
   }
-  auto on_bucket = [this](int i, int64_t t0, int64_t t1, size_t bytes) {
-    trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
-  };
-  // The gradient's sum over every data-parallel rank: inside the one replica; over all of them
-  // at once (flat); or in two levels, the replicas exchanging 1/dp of it each (hierarchical).
-  if (fsdp_) {
-    // reduced inside Fsdp::accumulate
-  } else if (cfg_.mesh.replicas == 1) {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, plan_.finish_order(), cfg_.exec.bucket_bytes,
-                                                                cfg_.exec.overlap, on_bucket);
-  } else if (cfg_.exec.replica_reduce == train::ReplicaReduce::kFlat) {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, plan_.finish_order(), cfg_.exec.bucket_bytes,
-                                                                cfg_.exec.overlap, on_bucket);
-  } else {
-    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &dp_gather_comm_, &replica_comm_, plan_.finish_order(),
-                                                                cfg_.exec.bucket_bytes, cfg_.exec.overlap, on_bucket);
-  }
+  make_reducers();
+  make_expert_comm();
   if (cfg_.mesh.tp > 1) {
     tp_reduce_ = [this](float* d, size_t n) {
       const int64_t t0 = now_us();
@@ -156,10 +150,80 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
 
 Trainer::~Trainer() = default;
 
+void Trainer::make_reducers() {
+  auto on_bucket = [this](int i, int64_t t0, int64_t t1, size_t bytes) {
+    trace_.span(fmt::format("allreduce bucket {}", i), "comm", t0, t1, 1, fmt::format(R"({{"bytes":{}}})", bytes));
+  };
+  if (fsdp_) return;  // reduced inside Fsdp::accumulate
+  // With expert parallelism the experts' ranges are summed over the ranks holding the same
+  // experts only; the dense ranges around them as without.
+  std::vector<collectives::BucketedAllreduce::Range> units = plan_.finish_order();
+  if (cfg_.mesh.ep > 1) {
+    train::ExpertSplit split = train::split_experts(layout_, units);
+    units = split.dense;
+    expert_of_ = split.expert_of;
+    expert_reducer_ = std::make_unique<collectives::BucketedAllreduce>(&expert_comm_, split.experts, cfg_.exec.bucket_bytes,
+                                                                       cfg_.exec.overlap, on_bucket);
+  }
+  // The gradient's sum over every data-parallel rank: inside the one replica; over all of them
+  // at once (flat); or in two levels, the replicas exchanging 1/dp of it each (hierarchical).
+  if (cfg_.mesh.replicas == 1) {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, units, cfg_.exec.bucket_bytes,
+                                                                cfg_.exec.overlap, on_bucket);
+  } else if (cfg_.exec.replica_reduce == train::ReplicaReduce::kFlat) {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&flat_comm_, units, cfg_.exec.bucket_bytes,
+                                                                cfg_.exec.overlap, on_bucket);
+  } else {
+    reducer_ = std::make_unique<collectives::BucketedAllreduce>(&dp_comm_, &dp_gather_comm_, &replica_comm_, units,
+                                                                cfg_.exec.bucket_bytes, cfg_.exec.overlap, on_bucket);
+  }
+}
+
+void Trainer::make_expert_comm() {
+  if (cfg_.mesh.ep == 1) return;
+  expert_comm_fn_.size = cfg_.mesh.ep;
+  expert_comm_fn_.counts = [this](const int64_t* send, int64_t* recv, int64_t per) {
+    const int64_t t0 = now_us();
+    ep_comm_.alltoall(send, recv, static_cast<size_t>(per), DataType::kInt64);
+    alltoall_s_ += (now_us() - t0) * 1e-6;
+  };
+  // Rows of `width` floats: one AllToAll of equal counts under a capacity (every block the same
+  // size), the variable-count form for dropless.
+  expert_comm_fn_.rows = [this](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
+                                int64_t width) {
+    const int64_t t0 = now_us();
+    const int P = cfg_.mesh.ep;
+    bool equal = true;
+    std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
+    for (int p = 0; p < P; ++p) {
+      sc[p] = static_cast<size_t>(send_rows[p] * width);
+      rc[p] = static_cast<size_t>(recv_rows[p] * width);
+      equal = equal && sc[p] == sc[0] && rc[p] == sc[0];
+    }
+    if (equal)
+      ep_comm_.alltoall(send, recv, sc[0], DataType::kFloat32);
+    else
+      ep_comm_.alltoallv(send, sc, recv, rc, DataType::kFloat32);
+    const int64_t t1 = now_us();
+    alltoall_s_ += (t1 - t0) * 1e-6;
+    trace_.span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
+  };
+}
+
+train::MoeRecord Trainer::moe_record(const model::MoeStats& mine, const std::vector<double>& alltoall_ms) {
+  std::vector<double> v = train::pack_moe_stats(mine, cfg_.model.experts);
+  if (cfg_.data_parallel() > 1)
+    flat_comm_.allreduce(v.data(), v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  const double groups = static_cast<double>(cfg_.data_parallel() * cfg_.workload.microbatches * cfg_.model.moe_layers());
+  train::MoeRecord r = train::moe_record(v, groups);
+  r.alltoall_ms = alltoall_ms;
+  return r;
+}
+
 std::vector<train::TensorData> Trainer::full(const float* buffer) {
-  return train::gather_full(layout_, buffer, [this](const float* shard, float* out, size_t n) {
-    tp_comm_.allgather(shard, out, n, DataType::kFloat32);
-  });
+  return train::gather_full(
+      layout_, buffer, [this](const float* shard, float* out, size_t n) { tp_comm_.allgather(shard, out, n, DataType::kFloat32); },
+      [this](const float* shard, float* out, size_t n) { ep_comm_.allgather(shard, out, n, DataType::kFloat32); });
 }
 
 const float* Trainer::unsharded(const float* buffer, std::vector<float>& storage) {
@@ -183,7 +247,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   const float* p = unsharded(params_.data(), sp);
   const float* m = unsharded(m_.data(), sm);
   const float* v = unsharded(v_.data(), sv);
-  if (mesh_.dp_rank != 0) return;
+  if (mesh_.dp_rank >= cfg_.mesh.ep) return;  // the first expert-parallel group holds every expert
   const int64_t t0 = now_us();
   train::Checkpoint ck;
   ck.config = cfg_.model;
@@ -199,7 +263,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 double Trainer::evaluate() {
   double sum = fsdp_ ? fsdp_->validation_loss_sum(data_, mesh_.data_index, params_.data(), ws_, tokens_.data(), tp_reduce_)
                      : train::validation_loss_sum(cfg_, layout_, data_, mesh_.data_index, params_.data(), ws_,
-                                                  tokens_.data(), tp_reduce_);
+                                                  tokens_.data(), tp_reduce_, expert_comm_fn_);
   if (cfg_.data_parallel() > 1)
     flat_comm_.allreduce(&sum, &sum, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   return sum / static_cast<double>(train::validation_batches(cfg_, data_) * cfg_.workload.global_batch);
@@ -207,12 +271,20 @@ double Trainer::evaluate() {
 
 double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   comm_s_ = 0;
+  alltoall_s_ = 0;
   const int64_t step_t0 = now_us();
   train::StepHooks hooks;
   hooks.tp_reduce = tp_reduce_;
+  hooks.ep = expert_comm_fn_;
+  model::MoeStats moe_stats;
+  hooks.moe = &moe_stats;
   if (reducer_) {
     reducer_->begin(grads_.data());
-    hooks.unit_done = [this](int u) { reducer_->unit_done(u); };
+    if (expert_reducer_) expert_reducer_->begin(grads_.data());
+    hooks.unit_done = [this](int u) {
+      reducer_->unit_done(u);
+      if (expert_reducer_ && expert_of_[static_cast<size_t>(u)] >= 0) expert_reducer_->unit_done(expert_of_[static_cast<size_t>(u)]);
+    };
   }
   hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
   if (step == cfg_.hooks.kill_step && transport_->rank() == cfg_.hooks.kill_rank) hooks.after_forward = [](int64_t) { ::raise(SIGKILL); };
@@ -223,12 +295,19 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
     local_loss = train::accumulate_gradients(cfg_, layout_, plan_, data_, step, mesh_.data_index, params_.data(),
                                              grads_.data(), ws_, tokens_.data(), hooks);
     reducer_->finish();
+    if (expert_reducer_) expert_reducer_->finish();
   }
   const int64_t t_opt = now_us();
   // Loss of the global batch; squared gradient norm over the tp shards (grads are identical on
-  // every dp rank after the reduction) and, with --fsdp, over the dp shards.
+  // every dp rank after the reduction) and, with --fsdp, over the dp shards; with expert
+  // parallelism the dense part (the same everywhere) plus the experts' summed over the group.
   double red[2] = {local_loss, fsdp_ ? fsdp_->grad_sq_norm(grads_.data()) : model::grad_sq_norm_tp(layout_, grads_.data())};
   const int64_t tr0 = now_us();
+  if (cfg_.mesh.ep > 1) {
+    double experts = model::grad_sq_norm_tp(layout_, grads_.data(), model::NormPart::kExperts);
+    ep_comm_.allreduce(&experts, &experts, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+    red[1] = model::grad_sq_norm_tp(layout_, grads_.data(), model::NormPart::kDense) + experts;
+  }
   if (cfg_.mesh.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (fsdp_) dp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (cfg_.data_parallel() > 1)
@@ -254,7 +333,8 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   trace_.span("optimizer", "compute", t_opt, t_end);
   // Straggler accounting: this rank's compute and communication, then how long it waits for
   // the slowest rank to finish the step.
-  const double step_comm = comm_s_ + (reducer_ ? reducer_->comm_seconds() : fsdp_->comm_seconds());
+  const double step_comm = comm_s_ + alltoall_s_ + (reducer_ ? reducer_->comm_seconds() : fsdp_->comm_seconds()) +
+                           (expert_reducer_ ? expert_reducer_->comm_seconds() : 0.0);
   const double mine_compute = (t_end - step_t0) * 1e-6 - step_comm;
   const int64_t w0 = now_us();
   world_.barrier();
@@ -262,9 +342,10 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   trace_.span("wait (step end)", "sync", w0, w1);
   // The 4th word: this rank's report has failed to write (a full disk), so that every rank learns
   // it with the statistics it already exchanges, and all stop together.
-  double mine[4] = {mine_compute * 1e3, step_comm * 1e3, (w1 - w0) * 1e-3, report_.failed() ? 1.0 : 0.0};
-  std::vector<double> all(4 * world_.size());
-  world_.allgather(mine, all.data(), 4, DataType::kFloat64);
+  double mine[5] = {mine_compute * 1e3, step_comm * 1e3, (w1 - w0) * 1e-3, report_.failed() ? 1.0 : 0.0,
+                    alltoall_s_ * 1e3};
+  std::vector<double> all(5 * world_.size());
+  world_.allgather(mine, all.data(), 5, DataType::kFloat64);
   rec.step = step;
   rec.loss = loss;
   rec.lr = upd.lr;
@@ -275,12 +356,16 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   rec.comm_ms.clear();
   rec.wait_ms.clear();
   output_failed_ = false;
+  std::vector<double> alltoall_ms;
   for (int r = 0; r < world_.size(); ++r) {
-    rec.compute_ms.push_back(all[4 * r]);
-    rec.comm_ms.push_back(all[4 * r + 1]);
-    rec.wait_ms.push_back(all[4 * r + 2]);
-    output_failed_ = output_failed_ || all[4 * r + 3] != 0;
+    rec.compute_ms.push_back(all[5 * r]);
+    rec.comm_ms.push_back(all[5 * r + 1]);
+    rec.wait_ms.push_back(all[5 * r + 2]);
+    output_failed_ = output_failed_ || all[5 * r + 3] != 0;
+    alltoall_ms.push_back(all[5 * r + 4]);
   }
+  rec.moe.reset();
+  if (cfg_.model.moe()) rec.moe = moe_record(moe_stats, alltoall_ms);
   return loss;
 }
 

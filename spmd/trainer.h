@@ -38,13 +38,16 @@
 namespace pwm::spmd {
 
 struct Mesh {
-  int replicas = 1, dp = 1, tp = 1;
+  int replicas = 1, dp = 1, tp = 1, ep = 1;
   int replica = 0, dp_rank = 0, tp_rank = 0;
+  int ep_rank = 0;     // dp_rank % ep: which experts this rank holds
   int data_index = 0;  // replica * dp + dp_rank: the rank's index among all data-parallel ranks
   // World ranks: the tp group; the replica's dp group (same tp index); the replica group (same
-  // dp and tp index in every replica); every data-parallel rank with the same tp index.
-  std::vector<int> tp_group, dp_group, replica_group, flat_group;
-  static Mesh make(int world_rank, int replicas, int dp, int tp);
+  // dp and tp index in every replica); every data-parallel rank with the same tp index; the
+  // expert-parallel group (the ep consecutive dp ranks of the replica this rank is in, same tp
+  // index); the expert group (every data-parallel rank with this ep_rank: the same experts).
+  std::vector<int> tp_group, dp_group, replica_group, flat_group, ep_group, expert_group;
+  static Mesh make(int world_rank, int replicas, int dp, int tp, int ep = 1);
 };
 
 // What spmd_train's start-up checks (train/bootstrap.h): every rank computes.
@@ -91,6 +94,10 @@ class Trainer final : public train::Trainer {
   // rank; false (one line printed by rank 0) if it failed anywhere.
   bool agreed_write(const std::function<void()>& fn);
   std::vector<train::TensorData> full(const float* buffer);
+  void make_reducers();          // reducer_ (and expert_reducer_): the gradient's sums
+  void make_expert_comm();       // expert_comm_fn_ over ep_comm_
+  // The step's MoE record: this rank's statistics summed over the data-parallel ranks.
+  train::MoeRecord moe_record(const model::MoeStats& mine, const std::vector<double>& alltoall_ms);
   // A full tp-layout buffer from params_/m_/v_ (gathered over dp with --fsdp; else a copy of the
   // pointer). Collective over dp with --fsdp.
   const float* unsharded(const float* buffer, std::vector<float>& storage);
@@ -102,6 +109,7 @@ class Trainer final : public train::Trainer {
   Mesh mesh_;
   collectives::Communicator world_, tp_comm_, dp_comm_, replica_comm_, flat_comm_;
   collectives::Communicator dp_gather_comm_;  // the dp group again: the hierarchical exchange's all-gathers
+  collectives::Communicator ep_comm_, expert_comm_;  // --expert-parallel: the AllToAll group, the experts' reduction
   model::ParamLayout layout_;
   model::StepPlan plan_;  // the step's units and gradient ranges (model/step_plan.h)
   std::vector<float> params_, grads_, m_, v_;
@@ -109,6 +117,12 @@ class Trainer final : public train::Trainer {
   std::vector<int32_t> tokens_;
   Trace trace_;
   std::unique_ptr<collectives::BucketedAllreduce> reducer_;  // without --fsdp
+  // --expert-parallel: the experts' gradient ranges, summed over expert_comm_ as the backward
+  // finishes them (expert_of_: finish range -> index in its units, -1 none).
+  std::unique_ptr<collectives::BucketedAllreduce> expert_reducer_;
+  std::vector<int> expert_of_;
+  model::ExpertComm<float> expert_comm_fn_;  // the model's view of ep_comm_ (size 1: none)
+  double alltoall_s_ = 0;                     // time inside the expert AllToAlls this step
   std::unique_ptr<Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
   train::TrainReport report_;
   train::StepRecord rec_;

@@ -53,6 +53,10 @@ void check_real_flags(const TrainConfig& c) {
       {"--val-fraction", c.workload.val_fraction, 0, 1, true, true},
       {"--coll-timeout", c.exec.coll_timeout, 0, 1e9, true},
       {"--peak-gflops", c.exec.peak_gflops, 0, inf},
+      {"--capacity-factor", c.model.capacity_factor, 0, 1e6},
+      {"--aux-loss", c.model.aux_loss, 0, inf},
+      {"--router-z-loss", c.model.router_z_loss, 0, inf},
+      {"--router-skew", c.model.router_skew, -100, 100},
   };
   for (const Range& r : ranges) check_range(r);
   // --max-grad-norm: any finite value (<= 0 turns clipping off), so its check is finiteness only.
@@ -88,7 +92,13 @@ void TrainConfig::validate(int world_size) const {
     PWM_THROW("mesh --replicas {} x --dp {} x --tp {} = {} ranks, but the job has {} compute ranks: start it with {} "
               "compute ranks or change --replicas/--dp/--tp",
               m.replicas, m.dp, m.tp, mesh_ranks(), world_size, mesh_ranks());
-  model.validate_tp(m.tp);
+  if (m.ep < 1) PWM_THROW("--expert-parallel must be at least 1 (got {})", m.ep);
+  if (m.ep > 1 && m.dp % m.ep != 0)
+    PWM_THROW("--expert-parallel {} must divide --dp {} (an expert-parallel group is {} consecutive dp ranks of a "
+              "replica)",
+              m.ep, m.dp, m.ep);
+  if (m.ep > 1 && m.fsdp) PWM_THROW("--expert-parallel with --fsdp is not supported: drop one of them");
+  model.validate_tp(m.tp, m.ep);
   if (w.global_batch < 1 || w.microbatches < 1)
     PWM_THROW("--batch and --microbatches must be at least 1 (got {} and {})", w.global_batch, w.microbatches);
   if (w.global_batch % (static_cast<int64_t>(data_parallel()) * w.microbatches) != 0)
@@ -122,7 +132,10 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   const Config& m = model;  // field by field, so that a difference names the field
   j["model"] = {{"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"head_dim", m.head_dim},
                 {"d_ff", m.d_ff},       {"vocab", m.vocab},       {"seq_len", m.seq_len}, {"z_loss", m.z_loss},
-                {"rope_base", m.rope_base}, {"norm", norm_name(m.norm)}, {"seed", m.seed}};
+                {"rope_base", m.rope_base}, {"norm", norm_name(m.norm)}, {"seed", m.seed},
+                {"experts", m.experts}, {"top_k", m.top_k}, {"moe_every", m.moe_every},
+                {"capacity_factor", m.capacity_factor}, {"aux_loss", m.aux_loss},
+                {"router_z_loss", m.router_z_loss}, {"router_skew", m.router_skew}};
   j["global_batch"] = workload.global_batch;
   j["log_every"] = outputs.log_every;
   j["metrics"] = outputs.metrics;
@@ -198,6 +211,7 @@ std::string TrainConfig::to_json() const {
   j["replicas"] = mesh.replicas;
   j["dp"] = mesh.dp;
   j["tp"] = mesh.tp;
+  if (mesh.ep > 1) j["expert_parallel"] = mesh.ep;
   j["fsdp"] = mesh.fsdp;
   j["replica_reduce"] = name(exec.replica_reduce);
   j["microbatches"] = workload.microbatches;

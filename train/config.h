@@ -26,6 +26,10 @@ struct MeshConfig {
   int replicas = 1;
   int dp = 1;
   int tp = 1;
+  // Expert parallelism: each MoE layer's experts are split over `ep` consecutive dp ranks of a
+  // replica (an expert-parallel group), tokens dispatched and combined by AllToAll; the experts'
+  // gradients are summed over the ranks holding the same experts, the rest over dp as always.
+  int ep = 1;
   // The dp axis shards parameters, gradients and AdamW moments (ZeRO-3 / PaLM's sharded data
   // parallelism): weights gathered per layer, gradients reduce-scattered.
   bool fsdp = false;

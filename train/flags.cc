@@ -55,6 +55,18 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
          "layernorm | rmsnorm (default layernorm)")
       ->group(M);
   app.add_option("--seed", c.model.seed, "parameter initialization seed")->group(M);
+  const char* X = "Mixture of Experts";
+  app.add_option("--experts", c.model.experts, "experts E in each MoE layer's MLP branch (0: a dense model)")->group(X);
+  app.add_option("--top-k", c.model.top_k, "experts per token K")->group(X);
+  app.add_option("--moe-every", c.model.moe_every, "every N-th block is MoE (layers l with (l+1) % N == 0)")->group(X);
+  app.add_option("--capacity-factor", c.model.capacity_factor,
+                 "rows per expert = ceil(factor * K * tokens / E), over-capacity choices dropped (0: dropless)")
+      ->group(X);
+  app.add_option("--aux-loss", c.model.aux_loss, "load-balancing loss weight (alpha E sum f_i P_i)")->group(X);
+  app.add_option("--router-z-loss", c.model.router_z_loss, "router z-loss weight (mean logsumexp^2)")->group(X);
+  app.add_option("--router-skew", c.model.router_skew,
+                 "routing-skew knob: expert e's logit += skew * (E-1-e)/(E-1) (imbalance experiments)")
+      ->group(X);
 
   const char* O = "Optimizer (AdamW, warm-up + cosine)";
   app.add_option("--lr", c.optim.lr, "peak learning rate")->group(O);
@@ -70,6 +82,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.add_option("--replicas", c.mesh.replicas, "model replicas, one per island (data parallel across islands)")->group(W);
   app.add_option("--dp", c.mesh.dp, "data-parallel ranks inside a replica")->group(W);
   app.add_option("--tp", c.mesh.tp, "tensor-parallel ranks (adjacent world ranks)")->group(W);
+  app.add_option("--expert-parallel", c.mesh.ep,
+                 "split each MoE layer's experts over this many consecutive --dp ranks (AllToAll dispatch)")
+      ->group(W);
   app.add_flag("--fsdp,!--no-fsdp", c.mesh.fsdp, "shard parameters, gradients and AdamW moments over --dp (ZeRO-3)")->group(W);
   add_mode(app, "--replica-reduce", [&c](const std::string& s) { c.exec.replica_reduce = parse_replica_reduce(s); },
            replica_reduce_names(),

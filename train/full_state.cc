@@ -17,12 +17,15 @@ namespace pwm::train {
 using namespace pwm::model;  // the Transformer's types and kernels
 
 std::vector<TensorData> gather_full(const ParamLayout& layout, const float* buffer,
-                                    const TpGather& gather) {
+                                    const TpGather& gather, const TpGather& ep_gather) {
   std::vector<TensorData> out;
   out.reserve(layout.params().size());
   for (const ParamInfo& p : layout.params()) {
     TensorData t{p.name, p.full_shape, std::vector<float>(static_cast<size_t>(p.full_size))};
-    if (p.replicated() || layout.tp_size() == 1) {
+    if (p.expert && layout.ep_size() > 1) {
+      PWM_CHECK(ep_gather != nullptr, "expert parallelism {} needs a gather function", layout.ep_size());
+      ep_gather(buffer + p.offset, t.values.data(), static_cast<size_t>(p.size));
+    } else if (p.replicated() || p.expert || layout.tp_size() == 1) {
       std::memcpy(t.values.data(), buffer + p.offset, sizeof(float) * p.size);
     } else {
       PWM_CHECK(gather != nullptr, "tp={} needs a gather function", layout.tp_size());

@@ -18,9 +18,11 @@ namespace pwm::train {
 // once per sharded tensor, on every tp rank, in layout order. Empty for tp = 1.
 using TpGather = std::function<void(const float* shard, float* out, size_t count)>;
 
-// The full tensors of one buffer in layout order (every tp rank gets them all).
+// The full tensors of one buffer in layout order (every tp rank gets them all). Under expert
+// parallelism the experts' tensors are gathered the same way over the expert-parallel group
+// (`ep_gather`, in ep-rank order; every member calls, once per expert tensor, in layout order).
 std::vector<TensorData> gather_full(const model::ParamLayout& layout, const float* buffer,
-                                    const TpGather& gather);
+                                    const TpGather& gather, const TpGather& ep_gather = {});
 
 // Fills this tp rank's buffer from full tensors (a checkpoint's). Throws pwm::Error naming a
 // missing tensor or a shape mismatch.

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -108,6 +109,10 @@ void TrainReport::step(const StepRecord& r) {
                       {"comm_ms", summary_json(r.comm_ms)},
                       {"wait_ms", summary_json(r.wait_ms)},
                       {"skipped", skipped}};
+  if (r.moe)
+    j["moe"] = {{"dropped_share", r.moe->dropped_share}, {"padding_share", r.moe->padding_share},
+                {"max_mean_tokens", r.moe->max_mean_tokens}, {"lb_loss", r.moe->lb_loss},
+                {"z_loss", r.moe->z_loss}, {"alltoall_ms", summary_json(r.moe->alltoall_ms)}};
   write(j.dump());  // (a skipped step's non-finite loss and norm are written as null)
   if (skipped) {
     fmt::print("[{}] step {:>5}/{} | skipped: loss {}, gradient norm {} (non-finite; {} of --skip-nonfinite {})\n",
@@ -116,11 +121,40 @@ void TrainReport::step(const StepRecord& r) {
     std::fflush(stdout);
   } else if ((r.step + 1) % cfg_.outputs.log_every == 0 || r.step + 1 == cfg_.workload.steps) {
     const RankSummary c = summarize_ranks(r.compute_ms);
-    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}\n",
+    const std::string moe =
+        r.moe ? fmt::format(" | moe drop {:.1f}% pad {:.1f}% max/mean {:.2f} a2a {:.1f} ms", 100 * r.moe->dropped_share,
+                            100 * r.moe->padding_share, r.moe->max_mean_tokens, median(r.moe->alltoall_ms))
+              : "";
+    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}{}\n",
                trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax,
-               skipped_ > 0 ? fmt::format(" | skipped {}", skipped_) : "");
+               skipped_ > 0 ? fmt::format(" | skipped {}", skipped_) : "", moe);
     std::fflush(stdout);
   }
+}
+
+std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts) {
+  std::vector<double> v = {static_cast<double>(s.choices), static_cast<double>(s.dropped),
+                           static_cast<double>(s.expert_rows), s.lb_loss, s.z_loss};
+  for (int64_t e = 0; e < experts; ++e)
+    v.push_back(static_cast<size_t>(e) < s.expert_tokens.size() ? static_cast<double>(s.expert_tokens[e]) : 0.0);
+  return v;
+}
+
+MoeRecord moe_record(const std::vector<double>& v, double groups) {
+  MoeRecord r;
+  const double choices = v[0], dropped = v[1], rows = v[2];
+  r.dropped_share = choices > 0 ? dropped / choices : 0;
+  r.padding_share = rows > 0 ? std::max(0.0, 1.0 - (choices - dropped) / rows) : 0;
+  r.lb_loss = groups > 0 ? v[3] / groups : 0;
+  r.z_loss = groups > 0 ? v[4] / groups : 0;
+  double mx = 0, sum = 0;
+  for (size_t i = 5; i < v.size(); ++i) {
+    mx = std::max(mx, v[i]);
+    sum += v[i];
+  }
+  const double n = static_cast<double>(v.size() - 5);
+  r.max_mean_tokens = sum > 0 ? mx / (sum / n) : 0;
+  return r;
 }
 
 void TrainReport::validation(int64_t step, double val_loss) {

@@ -6,13 +6,28 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "model/moe.h"
 #include "train/config.h"
 
 namespace pwm::train {
+
+// A step's Mixture-of-Experts figures over all data-parallel ranks (moe_record below).
+struct MoeRecord {
+  double dropped_share = 0;    // choices over an expert's capacity / all choices
+  double padding_share = 0;    // padding rows / rows the experts computed (the capacity's waste)
+  double max_mean_tokens = 0;  // the busiest expert's choices / the mean expert's (1 = balanced)
+  double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model.md)
+  std::vector<double> alltoall_ms;  // per rank: time inside the expert AllToAlls
+};
+// A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum
+// (`groups` = ranks x micro-batches x MoE layers, for the losses' means).
+std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts);
+MoeRecord moe_record(const std::vector<double>& summed, double groups);
 
 // One step as seen by every rank (vectors are indexed by rank).
 struct StepRecord {
@@ -24,6 +39,7 @@ struct StepRecord {
   bool nonfinite() const;
   double step_ms = 0;           // wall time of the step (rank 0)
   std::vector<double> compute_ms, comm_ms, wait_ms;  // per rank
+  std::optional<MoeRecord> moe;  // Mixture-of-Experts models only
 };
 
 class TrainReport {

@@ -38,16 +38,19 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
         break;
       }
       case UnitKind::kEmbedForward: embed_forward<float>(layout, params, tokens, act); break;
-      case UnitKind::kBlockForward: block_forward<float>(layout, params, u.layer, act, scratch, hooks.tp_reduce); break;
+      case UnitKind::kBlockForward:
+        block_forward<float>(layout, params, u.layer, act, scratch, hooks.tp_reduce, hooks.ep);
+        break;
       case UnitKind::kHead:
         loss_sum += head_forward<float>(layout, params, tokens, act);
+        if (hooks.moe && layout.config().moe()) hooks.moe->add(act.moe_stats());
         t_bwd = now_us();
         span("forward", t_fwd, t_bwd);
         if (hooks.after_forward) hooks.after_forward(u.micro);
         head_backward<float>(layout, params, grads, tokens, grad_scale, act, scratch);
         break;
       case UnitKind::kBlockBackward:
-        block_backward<float>(layout, params, grads, u.layer, act, scratch, hooks.tp_reduce);
+        block_backward<float>(layout, params, grads, u.layer, act, scratch, hooks.tp_reduce, hooks.ep);
         break;
       case UnitKind::kEmbedBackward:
         embed_backward<float>(layout, grads, tokens, act);
@@ -106,16 +109,32 @@ int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data) {
 
 double validation_loss_sum(const TrainConfig& cfg, const ParamLayout& layout, const TextDataset& data,
                            int dp_rank, const float* params, Workspace<float>& ws, int32_t* tokens,
-                           const TpReduce<float>& tp_reduce) {
+                           const TpReduce<float>& tp_reduce, const ExpertComm<float>& ep) {
   const int64_t G = cfg.workload.global_batch, T = cfg.model.seq_len, b = cfg.micro_batch();
   double sum = 0;
   for (int64_t i = 0; i < validation_batches(cfg, data); ++i)
     for (int64_t mb = 0; mb < cfg.workload.microbatches; ++mb) {
       const RowRange rows = batch_rows(G, dp_rank, cfg.data_parallel(), mb, cfg.workload.microbatches);
       data.val_batch(i, G, T, rows.begin, rows.end, tokens);
-      sum += static_cast<double>(forward_loss<float>(layout, params, tokens, b, ws, tp_reduce)) * b;
+      sum += static_cast<double>(forward_loss<float>(layout, params, tokens, b, ws, tp_reduce, ep)) * b;
     }
   return sum;
+}
+
+ExpertSplit split_experts(const ParamLayout& layout, const std::vector<std::pair<int64_t, int64_t>>& finish_order) {
+  ExpertSplit s;
+  for (const auto& [lo, hi] : finish_order) {
+    int64_t cut = hi;
+    for (int l = 0; l < layout.config().n_layers; ++l) {
+      const LayerOffsets& lay = layout.layer(l);
+      if (lay.moe && lay.begin == lo && lay.end == hi) cut = lay.experts_begin;
+    }
+    PWM_CHECK(cut > lo, "a finish range [{}, {}) holds no dense gradient", lo, hi);
+    s.dense.push_back({lo, cut});
+    s.expert_of.push_back(cut < hi ? static_cast<int>(s.experts.size()) : -1);
+    if (cut < hi) s.experts.push_back({cut, hi});
+  }
+  return s;
 }
 
 }  // namespace pwm::train

@@ -18,6 +18,8 @@ namespace pwm::train {
 
 struct StepHooks {
   model::TpReduce<float> tp_reduce;                // sums over the tp group; empty for tp = 1
+  model::ExpertComm<float> ep;                     // the expert-parallel group's AllToAll (size 1: none)
+  model::MoeStats* moe = nullptr;                  // receives the MoE layers' statistics (summed); may be null
   // During the LAST micro-batch's backward: range `i` of plan.finish_order() is final. May be empty.
   std::function<void(int i)> unit_done;
   std::function<void(const char* name, int64_t start_us, int64_t end_us)> span;  // trace; may be empty
@@ -65,7 +67,18 @@ bool nonfinite_step(const TestHooks& hooks, int64_t step, double* loss, double* 
 // divide the dp sum by n * global_batch for the validation loss. n = validation_batches(...).
 double validation_loss_sum(const TrainConfig& cfg, const model::ParamLayout& layout, const TextDataset& data,
                            int dp_rank, const float* params, model::Workspace<float>& ws, int32_t* tokens,
-                           const model::TpReduce<float>& tp_reduce);
+                           const model::TpReduce<float>& tp_reduce,
+                           const model::ExpertComm<float>& ep = model::ExpertComm<float>{});
+
+// Expert parallelism: the gradient buffer's ranges of `finish_order` split into what is reduced
+// over dp (dense: each range without its layer's local experts) and what is reduced over the
+// ranks holding the same experts (experts: [experts_begin, end) of each MoE layer), both listed
+// in finish order; expert_of[i] is the index in `experts` of finish range i's experts (-1: none).
+struct ExpertSplit {
+  std::vector<std::pair<int64_t, int64_t>> dense, experts;
+  std::vector<int> expert_of;
+};
+ExpertSplit split_experts(const model::ParamLayout& layout, const std::vector<std::pair<int64_t, int64_t>>& finish_order);
 int64_t validation_batches(const TrainConfig& cfg, const TextDataset& data);
 
 }  // namespace pwm::train

@@ -34,6 +34,9 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
   if (cfg.mesh.fsdp) PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
+  if (cfg.model.moe())
+    PWM_THROW("pathways_train does not run Mixture-of-Experts models yet (--experts {}): spmd_train does", cfg.model.experts);
+  if (cfg.mesh.ep > 1) PWM_THROW("pathways_train does not run --expert-parallel yet: spmd_train does");
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
     PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);
