@@ -132,19 +132,22 @@ void moe_route(const Config& c, int64_t N, const S* logits, MoeState<S>& st) {
 
 namespace {
 
-// logits [N, E] = h . router^T + skew, in increasing c.
+// logits [N, E] = h . router^T + skew, each sum in increasing c. The E sums of a token advance
+// together (independent chains: the adds' latency overlaps), each in its own order.
 template <typename S>
 void router_logits(const Config& c, int64_t N, const S* h, const S* router, S* logits) {
   const int64_t C = c.d_model, E = c.experts;
-  for (int64_t n = 0; n < N; ++n)
+  std::vector<S> acc(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    std::fill(acc.begin(), acc.end(), S(0));
+    const S* hr = h + n * C;
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t e = 0; e < E; ++e) acc[e] += hr[i] * router[e * C + i];
     for (int64_t e = 0; e < E; ++e) {
-      S acc = 0;
-      const S* hr = h + n * C;
-      const S* wr = router + e * C;
-      for (int64_t i = 0; i < C; ++i) acc += hr[i] * wr[i];
       const double skew = E > 1 ? c.router_skew * static_cast<double>(E - 1 - e) / static_cast<double>(E - 1) : 0.0;
-      logits[n * E + e] = acc + static_cast<S>(skew);
+      logits[n * E + e] = acc[e] + static_cast<S>(skew);
     }
+  }
 }
 
 // The local experts over st.xe: per (source rank, expert) block, z rows out.
