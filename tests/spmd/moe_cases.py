@@ -117,6 +117,23 @@ def case_metrics_report_routing():
     assert all("moe" not in dense[0][s] for s in dense[0])
 
 
+def case_bf16_trains_under_expert_parallelism():
+    # bf16 products (the experts' GEMMs; the router stays float32): --expert-parallel 2 against
+    # every expert on both ranks. The same shapes per block, so the same bits where the bf16
+    # kernel's sums depend only on the shape (the fp32 fallback on CPUs without AVX-512, oneDNN's
+    # brgemm); 1e-3 covers a kernel that picks by the number of rows. bf16 must be in effect (step
+    # 0 differs from fp32) and within its bound of fp32 (docs/model.md, "bf16": 2e-3 at step 0).
+    bf = ["--precision", "bf16"]
+    a = train(2, "bf16_ep1", ["--dp", "2"] + MOE + bf + NOCLIP)
+    b = train(2, "bf16_ep2", ["--dp", "2", "--expert-parallel", "2"] + MOE + bf + NOCLIP)
+    assert_close_curves(a, b, 1e-3, "bf16: --expert-parallel 2 vs every expert on both ranks")
+    f = train(2, "fp32_ep2", ["--dp", "2", "--expert-parallel", "2"] + MOE + NOCLIP)
+    l16, l32 = b[0][0]["loss"], f[0][0]["loss"]
+    assert l16 != l32 and abs(l16 - l32) <= 2e-3 * l32, f"step 0: bf16 {l16} vs fp32 {l32}"
+    steps = sorted(b[0])
+    assert b[0][steps[-1]]["loss"] < b[0][steps[0]]["loss"], "the bf16 MoE run did not train"
+
+
 def case_bad_settings_are_one_line():
     m = os.path.join(sc.TMP, "bad.jsonl")
     t = sc.TINY + ["--metrics", m]
