@@ -16,6 +16,12 @@
 // iteration's over K (per AllReduce), so algbw is what the K together move. (Over the emulated
 // 200 Mbit/s DCN, 4 or 16 in flight moved no more than one at a time: docs/simulator.md, "The
 //
+// --rounds R: each size's algorithms are measured R times in alternating order (ABC CBA ...);
+// a row's time is the median over rounds and vs_mpi the median of the rounds' MPI/ours time
+// ratios with their range, "1.31x (1.12-1.45)". On a shared VM the position of an algorithm in a
+// size's sequence moves its time (the first measured can be 3x faster at 64 KiB): one round
+// ranks the algorithms by their order, not their speed.
+//
 // main parses the flags; run() resolves the modes into enums (resolve), sweeps the sizes (sweep:
 // measure and check_row per algorithm, print_rows per size) and ends with print_summary and
 // write_json. The columns, the footer and the JSON are read by mpi_scripts/ (sim_calibrate.sh)
@@ -149,7 +155,7 @@ struct Options {
   std::string min_s = "8", max_s = "64M", op_s = "allreduce", algos_s = "ring,hd,rd,auto,mpi",
               dtype_s = "float", redop_s = "sum", json_path;
   double factor = 2;
-  int iters = 20, warmup = 5, check = 1, inflight = 1;
+  int iters = 20, warmup = 5, check = 1, inflight = 1, rounds = 1;
   bool in_place = false;
   bool algo_given = false;  // --algo on the command line (AllToAll's default list is its own)
   double timeout = 300;
@@ -177,6 +183,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("-d,--datatype", o.dtype_s, "float|double|int32|int64")->capture_default_str();
   app.add_option("-o,--op_type", o.redop_s, "sum|max|min")->capture_default_str();
   app.add_flag("--inplace", o.in_place, "in-place operation (default out of place)");
+  app.add_option("--rounds", o.rounds,
+                 "measure each size's algorithms in this many rounds, alternating their order; a row's time is "
+                 "the median over rounds, vs_mpi the median of the rounds' ratios with their range")
+      ->capture_default_str();
   app.add_option("--inflight", o.inflight, "AllReduces in flight at once per iteration (time per AllReduce)")
       ->capture_default_str();
   app.add_option("--json", o.json_path, "also write the rows as JSON to this file");
@@ -200,6 +210,7 @@ void resolve(Options& o, bool root, int ranks, int ranks_here) {
   if (!(o.factor >= 1.01 && o.factor <= 1e6)) PWM_THROW("-f/--stepfactor must be in [1.01, 1e6] (got {})", o.factor);
   if (o.iters < 1) PWM_THROW("-n/--iters must be at least 1 (got {})", o.iters);
   if (o.warmup < 0) PWM_THROW("-w/--warmup_iters must be >= 0 (got {})", o.warmup);
+  if (o.rounds < 1 || o.rounds > 1000) PWM_THROW("--rounds must be in [1, 1000] (got {})", o.rounds);
   if (o.inflight < 1 || o.inflight > 64) PWM_THROW("--inflight must be in [1, 64] (got {})", o.inflight);
   if (o.check != 0 && o.check != 1) PWM_THROW("-c/--check must be 0 or 1 (got {})", o.check);
   if (!(o.timeout > 0 && o.timeout <= 1e9)) PWM_THROW("--coll-timeout must be > 0 seconds (got {})", o.timeout);
@@ -242,6 +253,8 @@ struct Row {
   size_t bytes, count;
   double time_us, algbw, busbw;
   size_t wrong;
+  // --rounds > 1: the median and range over rounds of MPI's time / this row's time (0: none).
+  double vs_mpi = 0, vs_lo = 0, vs_hi = 0;
 };
 
 // The collective of a run on one communicator: its sizes, bus factor, call, inputs and check.
@@ -382,6 +395,50 @@ Row measure(Bench& b, const Options& o, Algorithm a, Buffers& buf, size_t count,
   return {o.op, a, b.t, b.redop, bytes, count, t_us, algbw, algbw * b.bus_factor(), wrong};
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --rounds R: every algorithm measured R times, the order reversed every other round (ABC CBA
+// ...), so that a drift of the machine's speed or the position in a round (the first algorithm
+// of a size measured faster) falls on every candidate alike. A row's time is its median over
+// rounds; against mpi, each round's ratio (the same round's MPI time / this time) gives the
+// median and range. Every rank must call.
+std::vector<Row> measure_rounds(Bench& b, const Options& o, Buffers& buf, size_t count, size_t bytes) {
+  const size_t A = o.algos.size();
+  std::vector<std::vector<double>> t(A);
+  std::vector<Row> last(A);
+  size_t wrong_sum = 0;
+  for (int round = 0; round < o.rounds; ++round)
+    for (size_t k = 0; k < A; ++k) {
+      const size_t i = round % 2 ? A - 1 - k : k;
+      last[i] = measure(b, o, o.algos[i], buf, count, bytes);
+      t[i].push_back(last[i].time_us);
+      wrong_sum += last[i].wrong;
+    }
+  const auto mpi = std::find(o.algos.begin(), o.algos.end(), Algorithm::kMpi);
+  std::vector<Row> rows;
+  for (size_t i = 0; i < A; ++i) {
+    Row r = last[i];
+    r.time_us = median_of(t[i]);
+    r.algbw = r.time_us > 0 ? bytes * b.alg_factor() / r.time_us * 1e-3 : 0;
+    r.busbw = r.algbw * b.bus_factor();
+    r.wrong = i == 0 ? wrong_sum : 0;  // every round's check, counted once
+    if (mpi != o.algos.end() && o.algos[i] != Algorithm::kMpi) {
+      const std::vector<double>& tm = t[static_cast<size_t>(mpi - o.algos.begin())];
+      std::vector<double> ratio;
+      for (int k = 0; k < o.rounds; ++k) ratio.push_back(t[i][k] > 0 ? tm[k] / t[i][k] : 0);
+      r.vs_mpi = median_of(ratio);
+      r.vs_lo = *std::min_element(ratio.begin(), ratio.end());
+      r.vs_hi = *std::max_element(ratio.begin(), ratio.end());
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 // The run's settings and the column heads, as nccl-tests prints them.
 void print_header(const Options& o, int ranks, size_t segment_bytes) {
   fmt::print("# collectives_bench: {} ranks, op {}, {} {}, {}, iters {} warmup {}, segment {} B, in flight {}\n",
@@ -401,6 +458,7 @@ void print_rows(std::span<const Row> rows) {
     if (r.algo == Algorithm::kMpi) mpi_busbw = r.busbw;
   for (const Row& r : rows) {
     std::string vs = mpi_busbw > 0 && r.algo != Algorithm::kMpi ? fmt::format("{:.2f}x", r.busbw / mpi_busbw) : "";
+    if (r.vs_mpi > 0) vs = fmt::format("{:.2f}x ({:.2f}-{:.2f})", r.vs_mpi, r.vs_lo, r.vs_hi);
     fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>8} {:>10.2f} {:>8.3f} {:>8.3f} {:>7} {:>7}\n", r.bytes, r.count,
                dtype_name(r.dtype), reduce_op_name(r.redop), algo_label(r.op, r.algo), r.time_us, r.algbw,
                r.busbw, r.wrong, vs);
@@ -419,7 +477,11 @@ std::vector<Row> sweep(Bench& b, const Options& o, bool root_prints) {
     b.fill(buf.send, buf.recv, count);
     buf.recvs.assign(o.inflight > 1 ? static_cast<size_t>(o.inflight) : 0, buf.recv);
     const size_t first = rows.size();
-    for (Algorithm a : o.algos) rows.push_back(measure(b, o, a, buf, count, bytes));
+    if (o.rounds == 1) {
+      for (Algorithm a : o.algos) rows.push_back(measure(b, o, a, buf, count, bytes));
+    } else {
+      for (Row& r : measure_rounds(b, o, buf, count, bytes)) rows.push_back(r);
+    }
     if (root_prints) print_rows(std::span<const Row>(rows).subspan(first));
     if (count == 0 && sz == 0) break;
   }
@@ -477,7 +539,8 @@ void write_json(const Options& o, int ranks, const std::vector<Row>& rows) {
   for (auto& r : rows)
     j["rows"].push_back({{"op", op_name(r.op)}, {"algo", algo_label(r.op, r.algo)}, {"dtype", dtype_name(r.dtype)},
                          {"bytes", r.bytes}, {"time_us", r.time_us}, {"algbw_gbps", r.algbw},
-                         {"busbw_gbps", r.busbw}, {"wrong", r.wrong}});
+                         {"busbw_gbps", r.busbw}, {"wrong", r.wrong}, {"vs_mpi", r.vs_mpi},
+                         {"vs_mpi_min", r.vs_lo}, {"vs_mpi_max", r.vs_hi}});
   write_file_atomic(o.json_path, j.dump(1) + "\n", "--json");
 }
 

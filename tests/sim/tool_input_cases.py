@@ -163,6 +163,7 @@ def case_collectives_bench_bad_inputs():
         (small + ["--json", missing], "--json " + missing + ": the directory"),
         (small + ["--json", fifo], "is not a regular file"),
         (["-n", "0"], "-n/--iters must be at least 1 (got 0)"),
+        (["--rounds", "0"], "--rounds must be in [1, 1000] (got 0)"),
         (["-f", "1"], "-f/--stepfactor must be in [1.01, 1e6] (got 1)"),
         (["-b", "0x10"], "-b/--minbytes 0x10"),
         (["-e", "999G"], "use a smaller -e"),
