@@ -259,6 +259,12 @@ int body(int argc, char** argv) {
                                             cfg, exit_code, true, [&](CLI::App& app) { f.add(app); });
   if (!go) return exit_code;
   const What w = parse_what(f.what);
+  // The step model is the dense block's (its AllToAll is in the collective model, simulate_alltoall,
+  // but no MoE step uses it yet): a Mixture-of-Experts step would be simulated as something else.
+  if (cfg.model.moe())
+    PWM_THROW("pwm_sim simulates dense models only (--experts {}): drop --experts; measure MoE runs with "
+              "mpi_scripts/moe_bench.sh",
+              cfg.model.experts);
   check_flags(f, w);
   // The trainers' own checks of their flags, the simulated job being the mesh (--dp 0 would
   // divide by zero, a batch not divisible by the mesh would simulate a step no trainer runs).

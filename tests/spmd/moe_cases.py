@@ -9,6 +9,7 @@ settings (one line, a non-zero exit, nothing written). One expert against the de
 same weights is a model test (tests/model/test_moe.cc).
 """
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -151,6 +152,26 @@ def case_bad_settings_are_one_line():
     expect_error(1, t + ["--experts", "-2"], "--experts must be >= 0", [m])
     expect_error(1, t + ["--experts", "4", "--router-skew", "1e9"], "--router-skew must be in [-100, 100]", [m])
     expect_error(3, t + ["--experts", "4"], "does not run Mixture-of-Experts models yet", [m], exe="pathways")
+    # The simulator's step model is the dense block's.
+    p = sc.subprocess.run([os.path.join(sc.BUILD, "sim", "pwm_sim"), "--experts", "4"], capture_output=True,
+                          text=True, timeout=60)
+    sc.one_error_line(p, "pwm_sim simulates dense models only (--experts 4)", prefix="pwm_sim: error:")
+
+
+def case_eval_reads_an_moe_checkpoint():
+    # pwm_eval builds the model from the checkpoint's config, experts and all; its loss on the
+    # training data is that of the run's final weights (finite, below the initial loss).
+    ck = os.path.join(sc.TMP, "moe.ckpt")
+    a = train(2, "evalrun", ["--dp", "2", "--expert-parallel", "2", "--ckpt", ck] + MOE)
+    p = sc.subprocess.run([os.path.join(sc.BUILD, "train", "tools", "pwm_eval"), "--checkpoint", ck, "--text",
+                           "/usr/share/common-licenses/GPL-3", "--max-windows", "4"], capture_output=True,
+                          text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    print(p.stdout.strip())
+    first = a[0][min(a[0])]["loss"]
+    m = re.search(r"xent ([0-9.]+) nats/token", p.stdout)
+    assert m and 0 < float(m.group(1)) < first, f"no cross-entropy below the first step's {first} in: {p.stdout}"
+    assert "experts=4 top_k=1" in p.stdout, p.stdout
 
 
 if __name__ == "__main__":
