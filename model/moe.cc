@@ -300,33 +300,63 @@ void router_backward_logits(const Config& c, int64_t N, const MoeState<S>& st, c
 
 }  // namespace
 
+namespace {
+
+// The combine's backward: d gate_k = dy[n] . z(slot_k) (in double), d z(slot_k) = gate_k dy[n]
+// into dback (the dispatched buffer's rows; padding rows zero).
 template <typename S>
-void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
-                  S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
-  const Config& c = layout.config();
-  const LayerOffsets& lo = layout.layer(l);
-  const Shape d = shape_of(layout, ep.size);
-  const std::vector<int64_t> off = offsets(st.expert_rows);
-  const int64_t rows = off.back();
-  int64_t R = 0;
-  for (int64_t r : st.recv_rows) R += r;
-  // Combine's backward: d(gate) = dy[n] . z(slot); d z(slot) = gate dy[n] (padding rows zero).
-  grow(sc.dgate, static_cast<size_t>(N * d.K));
-  std::vector<S>& dback = d.P > 1 ? sc.dback : sc.dz;
+void combine_backward(const Shape& d, int64_t N, int64_t rows, const MoeState<S>& st, const S* dy, S* dgate,
+                      std::vector<S>& dback) {
   grow(dback, static_cast<size_t>(rows * d.C));
   std::fill(dback.begin(), dback.begin() + rows * d.C, S(0));
   for (int64_t i = 0; i < N * d.K; ++i) {
-    sc.dgate[i] = 0;
+    dgate[i] = 0;
     if (st.slot[i] < 0) continue;
     const S* dyr = dy + (i / d.K) * d.C;
     const S* zr = st.back.data() + st.slot[i] * d.C;
     S* dzr = dback.data() + st.slot[i] * d.C;
     double dot = 0;
     for (int64_t k = 0; k < d.C; ++k) dot += static_cast<double>(dyr[k]) * static_cast<double>(zr[k]);
-    sc.dgate[i] = static_cast<S>(dot);
+    dgate[i] = static_cast<S>(dot);
     const S g = st.gate[i];
     for (int64_t k = 0; k < d.C; ++k) dzr[k] = g * dyr[k];
   }
+}
+
+// The router's backward from d(logits): d router += dlogits^T h, dh += dlogits . router, in
+// fixed loop orders.
+template <typename S>
+void router_backward(const Shape& d, int64_t N, const S* dlogits, const S* h, const S* router, S* g_router, S* dh) {
+  for (int64_t e = 0; e < d.E; ++e)
+    for (int64_t n = 0; n < N; ++n) {
+      const S dl = dlogits[n * d.E + e];
+      const S* hr = h + n * d.C;
+      S* gr = g_router + e * d.C;
+      for (int64_t k = 0; k < d.C; ++k) gr[k] += dl * hr[k];
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < d.E; ++e) {
+      const S dl = dlogits[n * d.E + e];
+      const S* wr = router + e * d.C;
+      S* dhr = dh + n * d.C;
+      for (int64_t k = 0; k < d.C; ++k) dhr[k] += dl * wr[k];
+    }
+}
+
+}  // namespace
+
+template <typename S>
+void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
+                  S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
+  const Config& c = layout.config();
+  const LayerOffsets& lo = layout.layer(l);
+  const Shape d = shape_of(layout, ep.size);
+  const int64_t rows = offsets(st.expert_rows).back();
+  int64_t R = 0;
+  for (int64_t r : st.recv_rows) R += r;
+  grow(sc.dgate, static_cast<size_t>(N * d.K));
+  // Without expert parallelism the dispatched rows are the experts' rows: one buffer.
+  combine_backward(d, N, rows, st, dy, sc.dgate.data(), d.P > 1 ? sc.dback : sc.dz);
   grow(sc.dz, static_cast<size_t>(R * d.C));
   if (d.P > 1) ep.rows(sc.dback.data(), st.send_rows.data(), sc.dz.data(), st.recv_rows.data(), d.C);
   grow(sc.dge, static_cast<size_t>(R * d.F));
@@ -345,25 +375,9 @@ void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, c
     S* dst = dh + (i / d.K) * d.C;
     for (int64_t k = 0; k < d.C; ++k) dst[k] += src[k];
   }
-  // Router: d(logits), then d(router) += dlogits^T h and dh += dlogits . router, in fixed order.
   grow(sc.dlogits, static_cast<size_t>(N * d.E));
   router_backward_logits(c, N, st, sc.dgate.data(), loss_scale, sc.dlogits.data());
-  const S* router = params + lo.router;
-  S* g_router = grads + lo.router;
-  for (int64_t e = 0; e < d.E; ++e)
-    for (int64_t n = 0; n < N; ++n) {
-      const S dl = sc.dlogits[n * d.E + e];
-      const S* hr = h + n * d.C;
-      S* gr = g_router + e * d.C;
-      for (int64_t k = 0; k < d.C; ++k) gr[k] += dl * hr[k];
-    }
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t e = 0; e < d.E; ++e) {
-      const S dl = sc.dlogits[n * d.E + e];
-      const S* wr = router + e * d.C;
-      S* dhr = dh + n * d.C;
-      for (int64_t k = 0; k < d.C; ++k) dhr[k] += dl * wr[k];
-    }
+  router_backward(d, N, sc.dlogits.data(), h, params + lo.router, grads + lo.router, dh);
 }
 
 #define PWM_INSTANTIATE_MOE(S)                                                                          \

@@ -36,6 +36,13 @@ inline std::vector<int32_t> random_tokens(const Config& c, int64_t B, uint32_t s
   return t;
 }
 
+// Runs fn(rank) for rank 0..n-1 on n threads and joins them (ranks simulated as threads).
+inline void run_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> th;
+  for (int r = 0; r < n; ++r) th.emplace_back(fn, r);
+  for (auto& t : th) t.join();
+}
+
 // tp ranks simulated as threads in lockstep: every rank calls reduce(rank, data, n) in the same
 // order; the sum is formed in rank order (in S) and written back to every rank's buffer.
 template <typename S>
@@ -57,11 +64,7 @@ class SimTpGroup {
     return [this, rank](S* d, size_t c) { reduce(rank, d, c); };
   }
   // Runs fn(rank) on n threads and joins them.
-  void run(const std::function<void(int)>& fn) {
-    std::vector<std::thread> th;
-    for (int r = 0; r < n_; ++r) th.emplace_back(fn, r);
-    for (auto& t : th) t.join();
-  }
+  void run(const std::function<void(int)>& fn) { run_threads(n_, fn); }
 
  private:
   int n_;

@@ -315,7 +315,7 @@ TEST(Moe, DroplessEqualsLargeCapacity) {
 template <typename S>
 class SimEpGroup {
  public:
-  explicit SimEpGroup(int n) : n_(n), bar_(n), send_(n), send_rows_(n), recv_(n), recv_rows_(n), counts_(n) {}
+  explicit SimEpGroup(int n) : n_(n), bar_(n), send_(n), send_rows_(n), counts_(n) {}
   ExpertComm<S> comm(int rank) {
     ExpertComm<S> ep;
     ep.size = n_;
@@ -342,19 +342,13 @@ class SimEpGroup {
     };
     return ep;
   }
-  void run(const std::function<void(int)>& fn) {
-    std::vector<std::thread> th;
-    for (int r = 0; r < n_; ++r) th.emplace_back(fn, r);
-    for (auto& t : th) t.join();
-  }
+  void run(const std::function<void(int)>& fn) { testing::run_threads(n_, fn); }
 
  private:
   int n_;
   std::barrier<> bar_;
   std::vector<const S*> send_;
   std::vector<const int64_t*> send_rows_;
-  std::vector<S*> recv_;
-  std::vector<const int64_t*> recv_rows_;
   std::vector<const int64_t*> counts_;
 };
 
