@@ -35,14 +35,14 @@ void grow(V& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Softmax and log-sum-exp of one row of E logits, in double.
+// Softmax and log-sum-exp of one row of E logits, in double (`ex`: E doubles of scratch).
 template <typename S>
-void softmax_row(int64_t E, const S* logit, S* p, S* lse) {
+void softmax_row(int64_t E, const S* logit, S* p, S* lse, double* ex) {
   double m = static_cast<double>(logit[0]);
   for (int64_t e = 1; e < E; ++e) m = std::max(m, static_cast<double>(logit[e]));
   double sum = 0;
-  for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(logit[e]) - m);
-  for (int64_t e = 0; e < E; ++e) p[e] = static_cast<S>(std::exp(static_cast<double>(logit[e]) - m) / sum);
+  for (int64_t e = 0; e < E; ++e) sum += ex[e] = std::exp(static_cast<double>(logit[e]) - m);
+  for (int64_t e = 0; e < E; ++e) p[e] = static_cast<S>(ex[e] / sum);
   *lse = static_cast<S>(m + std::log(sum));
 }
 
@@ -93,12 +93,13 @@ void moe_route(const Config& c, int64_t N, const S* logits, MoeState<S>& st) {
   st.gate.resize(static_cast<size_t>(N * K));
   st.slot.resize(static_cast<size_t>(N * K));
   std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  std::vector<double> ex(static_cast<size_t>(E));
   MoeStats& s = st.stats;
   s = MoeStats{};
   s.expert_tokens.assign(static_cast<size_t>(E), 0);
   for (int64_t n = 0; n < N; ++n) {
     S* p = st.probs.data() + n * E;
-    softmax_row(E, logits + n * E, p, &st.lse[n]);
+    softmax_row(E, logits + n * E, p, &st.lse[n], ex.data());
     int32_t* ch = st.choice.data() + n * K;
     top_k(E, K, p, ch);
     double sum = 0;

@@ -64,7 +64,6 @@ ParamLayout::ParamLayout(const Config& cfg, int tp_rank, int tp_size, int ep_ran
       add(pre + "w_down", ParamKind::kWDown, l, {F, C}, true, true);
     } else {
       lo.router = add(pre + "router", ParamKind::kRouter, l, {cfg.experts, C}, false, true);
-      lo.experts_begin = total_;
       lo.expert_gate_up = add(pre + "experts.w_gate_up", ParamKind::kExpertGateUp, l, {cfg.experts, 2 * F, C}, false,
                               true, true);
       lo.expert_down = add(pre + "experts.w_down", ParamKind::kExpertDown, l, {cfg.experts, F, C}, false, true, true);

@@ -62,8 +62,7 @@ struct LayerOffsets {
   int64_t rows_in, rows_out;  // R_in, R_out of this layer (an MoE layer: 2D + Hs*D and Hs*D)
   bool moe = false;    // the MLP branch is Mixture-of-Experts (the three offsets below are set)
   int64_t router = -1;         // [E, C]
-  int64_t experts_begin = -1;  // the local experts' tensors: [experts_begin, end)
-  int64_t expert_gate_up = -1; // [El, 2F, C]
+  int64_t expert_gate_up = -1; // [El, 2F, C]; the local experts' tensors are [expert_gate_up, end)
   int64_t expert_down = -1;    // [El, F, C]
 };
 

@@ -194,7 +194,10 @@ void Trainer::make_expert_comm() {
     const int64_t t0 = now_us();
     const int P = cfg_.mesh.ep;
     bool equal = true;
-    std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
+    std::vector<size_t>& sc = alltoall_send_counts_;
+    std::vector<size_t>& rc = alltoall_recv_counts_;
+    sc.resize(static_cast<size_t>(P));
+    rc.resize(static_cast<size_t>(P));
     for (int p = 0; p < P; ++p) {
       sc[p] = static_cast<size_t>(send_rows[p] * width);
       rc[p] = static_cast<size_t>(recv_rows[p] * width);
@@ -206,7 +209,8 @@ void Trainer::make_expert_comm() {
       ep_comm_.alltoallv(send, sc, recv, rc, DataType::kFloat32);
     const int64_t t1 = now_us();
     alltoall_s_ += (t1 - t0) * 1e-6;
-    trace_.span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
+    if (trace_.enabled())
+      trace_.span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
   };
 }
 
@@ -301,13 +305,19 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   // Loss of the global batch; squared gradient norm over the tp shards (grads are identical on
   // every dp rank after the reduction) and, with --fsdp, over the dp shards; with expert
   // parallelism the dense part (the same everywhere) plus the experts' summed over the group.
-  double red[2] = {local_loss, fsdp_ ? fsdp_->grad_sq_norm(grads_.data()) : model::grad_sq_norm_tp(layout_, grads_.data())};
-  const int64_t tr0 = now_us();
-  if (cfg_.mesh.ep > 1) {
+  double red[2] = {local_loss, 0.0};
+  if (fsdp_) {
+    red[1] = fsdp_->grad_sq_norm(grads_.data());
+  } else if (cfg_.mesh.ep == 1) {
+    red[1] = model::grad_sq_norm_tp(layout_, grads_.data());
+  } else {
     double experts = model::grad_sq_norm_tp(layout_, grads_.data(), model::NormPart::kExperts);
+    const int64_t te = now_us();
     ep_comm_.allreduce(&experts, &experts, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+    comm_s_ += (now_us() - te) * 1e-6;
     red[1] = model::grad_sq_norm_tp(layout_, grads_.data(), model::NormPart::kDense) + experts;
   }
+  const int64_t tr0 = now_us();
   if (cfg_.mesh.tp > 1) tp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (fsdp_) dp_comm_.allreduce(&red[1], &red[1], 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   if (cfg_.data_parallel() > 1)

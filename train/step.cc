@@ -127,7 +127,7 @@ ExpertSplit split_experts(const ParamLayout& layout, const std::vector<std::pair
     int64_t cut = hi;
     for (int l = 0; l < layout.config().n_layers; ++l) {
       const LayerOffsets& lay = layout.layer(l);
-      if (lay.moe && lay.begin == lo && lay.end == hi) cut = lay.experts_begin;
+      if (lay.moe && lay.begin == lo && lay.end == hi) cut = lay.expert_gate_up;
     }
     PWM_CHECK(cut > lo, "a finish range [{}, {}) holds no dense gradient", lo, hi);
     s.dense.push_back({lo, cut});

@@ -72,7 +72,7 @@ double validation_loss_sum(const TrainConfig& cfg, const model::ParamLayout& lay
 
 // Expert parallelism: the gradient buffer's ranges of `finish_order` split into what is reduced
 // over dp (dense: each range without its layer's local experts) and what is reduced over the
-// ranks holding the same experts (experts: [experts_begin, end) of each MoE layer), both listed
+// ranks holding the same experts (experts: [expert_gate_up, end) of each MoE layer), both listed
 // in finish order; expert_of[i] is the index in `experts` of finish range i's experts (-1: none).
 struct ExpertSplit {
   std::vector<std::pair<int64_t, int64_t>> dense, experts;
