@@ -189,16 +189,24 @@ void dispatch(const Config& c, const Shape& d, const S* sent, MoeState<S>& st, c
 }  // namespace
 
 template <typename S>
+void moe_expert_rows(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, MoeState<S>& st,
+                     MoeScratch<S>& sc) {
+  const Config& c = layout.config();
+  const LayerOffsets& lo = layout.layer(l);
+  PWM_CHECK(lo.moe, "layer {} is not a Mixture-of-Experts layer", l);
+  grow(sc.logits, static_cast<size_t>(N * c.experts));
+  router_logits(c, N, h, params + lo.router, sc.logits.data());
+  moe_route(c, N, sc.logits.data(), st);
+}
+
+template <typename S>
 void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, S* out,
                  MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
   const Config& c = layout.config();
   const LayerOffsets& lo = layout.layer(l);
-  PWM_CHECK(lo.moe, "layer {} is not a Mixture-of-Experts layer", l);
   const Shape d = shape_of(layout, ep.size);
   PWM_CHECK_EQ(static_cast<int64_t>(ep.size), static_cast<int64_t>(layout.ep_size()));
-  grow(sc.logits, static_cast<size_t>(N * d.E));
-  router_logits(c, N, h, params + lo.router, sc.logits.data());
-  moe_route(c, N, sc.logits.data(), st);
+  moe_expert_rows(layout, params, l, h, N, st, sc);
   const std::vector<int64_t> off = offsets(st.expert_rows);
   const int64_t rows = off.back();
   // Dispatch: token rows into their slots (padding rows zero). Without expert parallelism the
@@ -385,6 +393,8 @@ void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, c
   template struct MoeState<S>;                                                                          \
   template struct MoeScratch<S>;                                                                        \
   template void moe_route<S>(const Config&, int64_t, const S*, MoeState<S>&);                           \
+  template void moe_expert_rows<S>(const ParamLayout&, const S*, int, const S*, int64_t, MoeState<S>&,   \
+                                   MoeScratch<S>&);                                                     \
   template void moe_forward<S>(const ParamLayout&, const S*, int, const S*, int64_t, S*, MoeState<S>&,  \
                                MoeScratch<S>&, const ExpertComm<S>&);                                   \
   template void moe_backward<S>(const ParamLayout&, const S*, S*, int, const S*, const S*, int64_t, S*, \

@@ -84,6 +84,14 @@ struct MoeScratch {
 template <typename S>
 void moe_route(const Config& c, int64_t N, const S* logits, MoeState<S>& st);
 
+// The rows this rank's tokens send to each expert (st.expert_rows, [E]: under a capacity every
+// expert's capacity; dropless the exact counts) and the routing behind them, as moe_forward
+// computes them from h [N, C] before it moves any row: a runtime that sizes the layer's expert
+// call ahead of it (pathways_train --moe-routing controller) asks for these first.
+template <typename S>
+void moe_expert_rows(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, MoeState<S>& st,
+                     MoeScratch<S>& sc);
+
 // out [N, C] += the MoE branch of h [N, C] (layer l of `layout`, an MoE layer).
 template <typename S>
 void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, S* out,

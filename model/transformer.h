@@ -168,6 +168,12 @@ template <typename S>
 void block_forward(const ParamLayout& layout, const S* params, int layer, Activations<S>& act,
                    Scratch<S>& scratch, const TpReduce<S>& tp_allreduce,
                    const ExpertComm<S>& ep = ExpertComm<S>{});
+// The rows an MoE layer l's forward sends to each expert from x(l) (the block's norm, then
+// moe_expert_rows): what block_forward's expert exchange will carry, computed ahead of it. The
+// same bits as the forward's. Uses act.moe(l) and act.layer(l)'s norm buffers as scratch.
+template <typename S>
+std::vector<int64_t> block_expert_rows(const ParamLayout& layout, const S* params, int layer, Activations<S>& act,
+                                       Scratch<S>& scratch);
 // Final norm, logits, loss; returns the micro-batch mean loss. Identical on every tp rank.
 template <typename S>
 S head_forward(const ParamLayout& layout, const S* params, const int32_t* tokens,

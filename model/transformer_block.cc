@@ -238,11 +238,24 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
   if (tp_allreduce || moe) norm_rows(0, d.N);
 }
 
+template <typename S>
+std::vector<int64_t> block_expert_rows(const ParamLayout& layout, const S* params, int l, Activations<S>& act,
+                                       Scratch<S>& sc) {
+  const Config& c = layout.config();
+  const LayerOffsets& lo = layout.layer(l);
+  auto& ly = act.layer(l);
+  norm_forward(c.norm, act.N(), c.d_model, act.x(l), params + lo.norm, ly.h.data(), ly.mean.data(), ly.rstd.data());
+  moe_expert_rows(layout, params, l, ly.h.data(), act.N(), act.moe(l), sc.moe);
+  return act.moe(l).expert_rows;
+}
+
 #define PWM_INSTANTIATE_BLOCK(S)                                                          \
   template void block_forward<S>(const ParamLayout&, const S*, int, Activations<S>&,      \
                                  Scratch<S>&, const TpReduce<S>&, const ExpertComm<S>&);  \
   template void block_backward<S>(const ParamLayout&, const S*, S*, int, Activations<S>&, \
-                                  Scratch<S>&, const TpReduce<S>&, const ExpertComm<S>&);
+                                  Scratch<S>&, const TpReduce<S>&, const ExpertComm<S>&); \
+  template std::vector<int64_t> block_expert_rows<S>(const ParamLayout&, const S*, int,   \
+                                                     Activations<S>&, Scratch<S>&);
 
 PWM_INSTANTIATE_BLOCK(float)
 PWM_INSTANTIATE_BLOCK(double)

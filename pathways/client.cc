@@ -303,6 +303,18 @@ std::vector<WorkerStats> Client::stats() {
   return f->get();
 }
 
+ClientUsage Client::usage() {
+  check_usable("usage");
+  auto f = std::make_shared<FutureState<std::vector<ClientUsage>>>();
+  s_->ctl->usage(f);
+  for (const ClientUsage& u : f->get())
+    if (u.id == s_->id) return u;
+  ClientUsage none;
+  none.id = s_->id;
+  none.name = s_->name;
+  return none;
+}
+
 void Client::drain(int device) {
   auto f = std::make_shared<FutureState<std::monostate>>();
   s_->ctl->drain(device, false, f);

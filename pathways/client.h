@@ -251,6 +251,8 @@ struct ClientUsage {
   uint64_t node_shards = 0;  // kernel executions sent (one per node per device of its slice)
   uint64_t node_shards_completed = 0;  // those of completed runs
   double kernel_s = 0;       // summed kernel durations reported by the workers (completed runs)
+  uint64_t fetches = 0;      // values fetched to the client (Array::fetch/get), each a round trip
+  uint64_t puts = 0;         // values placed on workers by the client (Client::put)
 };
 
 struct RunOptions {
@@ -287,6 +289,9 @@ class Client {
                           std::vector<int64_t> attrs = {}, RunOptions o = {});
   // Blocks until every worker answered (after everything queued before it).
   std::vector<WorkerStats> stats();
+  // What the runtime counted for this client so far (Runtime::usage's row), after everything
+  // queued before it. Blocks on the dispatcher thread's answer.
+  ClientUsage usage();
   // Drains a device: remaps its slices, migrates the objects on them (worker to worker), and
   // makes programs on them lower again. Blocks until the remap is done and the moves are queued.
   void drain(int device);

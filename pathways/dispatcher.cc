@@ -205,6 +205,7 @@ void Dispatcher::put(std::shared_ptr<ArrayState> a, std::vector<std::vector<uint
                                         "capped at {} bytes: it could never fit",
                                         shards[k].size(), ranks[k] - 1, ranks[k], cap));
   }
+  usage_[a->owner].puts++;
   for (size_t k = 0; k < ranks.size(); ++k)
     chan_.send(ranks[k], PutShard{a->id, a->owner, a->spec.shard, shards[k]});
   objects_.add(a->id, ObjMeta{a->slice.id(), a->spec, ranks, a->owner});
@@ -217,6 +218,7 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
     return;
   }
   if (a->status.failed()) return f->fail(a->status.error());
+  usage_[a->owner].fetches++;
   const ObjMeta* mp = objects_.find(a->id);
   if (!mp) return f->fail(fmt::format("object {} no longer exists", a->id));
   const ObjMeta& m = *mp;

@@ -91,6 +91,12 @@ struct MpmdConfig {
   Schedule schedule = Schedule::kGpipe;
   std::string islands;                  // resource manager islands ("" = by host; "KxM")
   bool sequential = false;              // sequential dispatch (the paper's baseline)
+  MoeRouting moe_routing = MoeRouting::kAuto;  // how MoE expert calls are sized (modes.h)
+  // kAuto resolved against the model: static under a capacity, worker when dropless.
+  MoeRouting routing(const model::Config& m) const {
+    if (moe_routing != MoeRouting::kAuto) return moe_routing;
+    return m.capacity_factor > 0 ? MoeRouting::kStatic : MoeRouting::kWorker;
+  }
 };
 
 // Testing hooks: faults and pacing the tests schedule.

@@ -34,6 +34,11 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
            "pipeline schedule: gpipe | 1f1b", name(p.schedule))->group(P);
   app.add_option("--islands", p.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
   app.add_flag("--sequential", p.sequential, "sequential dispatch (the paper's baseline)")->group(P);
+  add_mode(app, "--moe-routing", [&p](const std::string& s) { p.moe_routing = parse_moe_routing(s); },
+           moe_routing_names(),
+           "MoE expert calls: static (capacity) | controller (dropless, a round trip per MoE layer) | worker "
+           "(dropless, counts among the workers) | auto",
+           name(p.moe_routing))->group(P);
 }
 
 }  // namespace

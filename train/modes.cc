@@ -20,6 +20,10 @@ constexpr Table<Granularity, 3> kGranularities{{{Granularity::kFused, "fused"},
 constexpr Table<Schedule, 2> kSchedules{{{Schedule::kGpipe, "gpipe"}, {Schedule::k1F1B, "1f1b"}}};
 constexpr Table<ReplicaReduce, 2> kReplicaReduces{{{ReplicaReduce::kHierarchical, "hierarchical"},
                                                     {ReplicaReduce::kFlat, "flat"}}};
+constexpr Table<MoeRouting, 4> kMoeRoutings{{{MoeRouting::kAuto, "auto"},
+                                             {MoeRouting::kStatic, "static"},
+                                             {MoeRouting::kController, "controller"},
+                                             {MoeRouting::kWorker, "worker"}}};
 
 template <typename E, size_t N>
 E parse(const Table<E, N>& table, std::string_view text, const char* flag) {
@@ -49,13 +53,16 @@ std::vector<std::string> names_of(const Table<E, N>& table) {
 Granularity parse_granularity(std::string_view text) { return parse(kGranularities, text, "--granularity"); }
 Schedule parse_schedule(std::string_view text) { return parse(kSchedules, text, "--schedule"); }
 ReplicaReduce parse_replica_reduce(std::string_view text) { return parse(kReplicaReduces, text, "--replica-reduce"); }
+MoeRouting parse_moe_routing(std::string_view text) { return parse(kMoeRoutings, text, "--moe-routing"); }
 
 const char* name(Granularity g) { return text_of(kGranularities, g); }
 const char* name(Schedule s) { return text_of(kSchedules, s); }
 const char* name(ReplicaReduce r) { return text_of(kReplicaReduces, r); }
+const char* name(MoeRouting r) { return text_of(kMoeRoutings, r); }
 
 std::vector<std::string> granularity_names() { return names_of(kGranularities); }
 std::vector<std::string> schedule_names() { return names_of(kSchedules); }
 std::vector<std::string> replica_reduce_names() { return names_of(kReplicaReduces); }
+std::vector<std::string> moe_routing_names() { return names_of(kMoeRoutings); }
 
 }  // namespace pwm::train

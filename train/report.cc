@@ -113,6 +113,7 @@ void TrainReport::step(const StepRecord& r) {
     j["moe"] = {{"dropped_share", r.moe->dropped_share}, {"padding_share", r.moe->padding_share},
                 {"max_mean_tokens", r.moe->max_mean_tokens}, {"lb_loss", r.moe->lb_loss},
                 {"z_loss", r.moe->z_loss}, {"alltoall_ms", summary_json(r.moe->alltoall_ms)}};
+  if (r.moe && r.moe->round_trips >= 0) j["moe"]["round_trips"] = r.moe->round_trips;
   write(j.dump());  // (a skipped step's non-finite loss and norm are written as null)
   if (skipped) {
     fmt::print("[{}] step {:>5}/{} | skipped: loss {}, gradient norm {} (non-finite; {} of --skip-nonfinite {})\n",
@@ -122,8 +123,9 @@ void TrainReport::step(const StepRecord& r) {
   } else if ((r.step + 1) % cfg_.outputs.log_every == 0 || r.step + 1 == cfg_.workload.steps) {
     const RankSummary c = summarize_ranks(r.compute_ms);
     const std::string moe =
-        r.moe ? fmt::format(" | moe drop {:.1f}% pad {:.1f}% max/mean {:.2f} a2a {:.1f} ms", 100 * r.moe->dropped_share,
-                            100 * r.moe->padding_share, r.moe->max_mean_tokens, median(r.moe->alltoall_ms))
+        r.moe ? fmt::format(" | moe drop {:.1f}% pad {:.1f}% max/mean {:.2f} a2a {:.1f} ms{}", 100 * r.moe->dropped_share,
+                            100 * r.moe->padding_share, r.moe->max_mean_tokens, median(r.moe->alltoall_ms),
+                            r.moe->round_trips > 0 ? fmt::format(" round trips {:.0f}", r.moe->round_trips) : "")
               : "";
     fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}{}\n",
                trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax,

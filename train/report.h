@@ -23,6 +23,7 @@ struct MoeRecord {
   double max_mean_tokens = 0;  // the busiest expert's choices / the mean expert's (1 = balanced)
   double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model.md)
   std::vector<double> alltoall_ms;  // per rank: time inside the expert AllToAlls
+  double round_trips = -1;  // pathways_train: the controller's routing round trips (-1: none to count)
 };
 // A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum
 // (`groups` = ranks x micro-batches x MoE layers, for the losses' means).

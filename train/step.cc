@@ -40,10 +40,11 @@ double accumulate_gradients(const TrainConfig& cfg, const ParamLayout& layout, c
       case UnitKind::kEmbedForward: embed_forward<float>(layout, params, tokens, act); break;
       case UnitKind::kBlockForward:
         block_forward<float>(layout, params, u.layer, act, scratch, hooks.tp_reduce, hooks.ep);
+        // Layer by layer, in forward order (as pathways_train's block kernels add them).
+        if (hooks.moe && layout.layer(u.layer).moe) hooks.moe->add(act.moe(u.layer).stats);
         break;
       case UnitKind::kHead:
         loss_sum += head_forward<float>(layout, params, tokens, act);
-        if (hooks.moe && layout.config().moe()) hooks.moe->add(act.moe_stats());
         t_bwd = now_us();
         span("forward", t_fwd, t_bwd);
         if (hooks.after_forward) hooks.after_forward(u.micro);

@@ -7,13 +7,14 @@
 
 #include "common/time.h"
 #include "pathways/object_store.h"
+#include "train/report.h"
 
 namespace pwm::pathways::train {
 
 using collectives::Communicator;
 
 namespace {
-constexpr uint32_t kTpContext = 901, kDpContext = 902;
+constexpr uint32_t kTpContext = 901, kDpContext = 902, kEpContext = 903, kExpertContext = 904;
 }  // namespace
 
 Pos Pos::of(const KernelContext& ctx, int tp) {
@@ -43,8 +44,10 @@ const pwm::train::TextDataset& TrainingDevice::data() const {
 }
 
 const model::ParamLayout& TrainingDevice::layout(const Pos& p) {
-  auto it = layouts_.find(p.tp * 64 + p.tp_rank);
-  if (it == layouts_.end()) it = layouts_.emplace(p.tp * 64 + p.tp_rank, model::ParamLayout(cfg().model, p.tp_rank, p.tp)).first;
+  const auto key = std::make_tuple(p.tp, p.tp_rank, ep_rank(p));
+  auto it = layouts_.find(key);
+  if (it == layouts_.end())
+    it = layouts_.emplace(key, model::ParamLayout(cfg().model, p.tp_rank, p.tp, ep_rank(p), cfg().mesh.ep)).first;
   return it->second;
 }
 
@@ -87,6 +90,84 @@ model::TpReduce<float> TrainingDevice::tp_reducer(Communicator* c, double* comm_
     c->allreduce(d, d, n, collectives::DataType::kFloat32, collectives::ReduceOp::kSum);
     *comm_s += now_s() - t0;
   };
+}
+
+// Expert parallelism (tp = 1, so a device's dp rank is its shard): P consecutive dp ranks split
+// the experts; the ranks P apart hold the same ones. As spmd_train's Mesh::make.
+Communicator* TrainingDevice::ep_comm(KernelContext& ctx, const Pos& p) {
+  const int P = cfg().mesh.ep;
+  if (P == 1) return nullptr;
+  std::vector<int> grp;
+  for (int j = 0; j < P; ++j) grp.push_back(ctx.comm().group()[(p.dp_rank - ep_rank(p) + j) * p.tp + p.tp_rank]);
+  return &comm(kEpContext, grp);
+}
+
+Communicator* TrainingDevice::expert_comm(KernelContext& ctx, const Pos& p) {
+  const int P = cfg().mesh.ep;
+  if (p.dp / P == 1) return nullptr;
+  std::vector<int> grp;
+  for (int i = ep_rank(p); i < p.dp; i += P) grp.push_back(ctx.comm().group()[i * p.tp + p.tp_rank]);
+  return &comm(kExpertContext, grp);
+}
+
+model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, const Pos& p, std::span<const int64_t> counts) {
+  model::ExpertComm<float> e;
+  Communicator* c = ep_comm(ctx, p);
+  if (!c) return e;
+  const int P = cfg().mesh.ep;
+  e.size = P;
+  if (counts.empty()) {
+    e.counts = [this, c](const int64_t* send, int64_t* recv, int64_t per) {
+      const double t0 = now_s();
+      c->alltoall(send, recv, static_cast<size_t>(per), collectives::DataType::kInt64);
+      const double t = now_s() - t0;
+      comm_s_ += t;
+      alltoall_s_ += t;
+    };
+  } else {
+    // counts[d * E + e]: device d's rows for expert e. This device receives, from each member q of
+    // its group (dp rank g0 + q), q's rows for this device's experts.
+    const int64_t E = cfg().model.experts, g0 = p.dp_rank - ep_rank(p), me = ep_rank(p);
+    PWM_CHECK_EQ(static_cast<int64_t>(counts.size()), p.dp * E);
+    e.counts = [counts, E, g0, me, P, dp = p.dp_rank](const int64_t* send, int64_t* recv, int64_t per) {
+      for (int64_t x = 0; x < E; ++x)
+        PWM_CHECK(send[x] == counts[static_cast<size_t>(dp * E + x)],
+                  "moe: the controller's counts for device {} differ from its router's (expert {}: {} vs {})", dp, x,
+                  counts[static_cast<size_t>(dp * E + x)], send[x]);
+      for (int q = 0; q < P; ++q)
+        for (int64_t j = 0; j < per; ++j) recv[q * per + j] = counts[static_cast<size_t>((g0 + q) * E + me * per + j)];
+    };
+  }
+  e.rows = [this, c, P](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows, int64_t width) {
+    const double t0 = now_s();
+    std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
+    bool equal = true;
+    for (int q = 0; q < P; ++q) {
+      sc[q] = static_cast<size_t>(send_rows[q] * width);
+      rc[q] = static_cast<size_t>(recv_rows[q] * width);
+      equal = equal && sc[q] == sc[0] && rc[q] == sc[0];
+    }
+    if (equal)
+      c->alltoall(send, recv, sc[0], collectives::DataType::kFloat32);
+    else
+      c->alltoallv(send, sc, recv, rc, collectives::DataType::kFloat32);
+    const double t = now_s() - t0;
+    comm_s_ += t;
+    alltoall_s_ += t;
+  };
+  return e;
+}
+
+void TrainingDevice::keep_moe(const float* saved, model::MoeState<float>& st) {
+  PWM_CHECK(!moe_saved_.count(saved), "moe: a layer's state is kept twice for one saved(l) buffer");
+  std::swap(moe_saved_[saved], st);
+}
+
+void TrainingDevice::take_moe(const float* saved, model::MoeState<float>& st) {
+  auto it = moe_saved_.find(saved);
+  PWM_CHECK(it != moe_saved_.end(), "moe: no routing state kept for this layer's saved activations");
+  std::swap(it->second, st);
+  moe_saved_.erase(it);
 }
 
 void TrainingDevice::start_reduce(KernelContext& ctx, const Pos& p, std::span<const float> in, std::span<float> out,
@@ -149,6 +230,12 @@ void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, do
     s.xchg_exposed_ms = exchange->xchg_exposed_ms;
     s.bwd_end_us = exchange->bwd_end_us;
     s.update_start_us = exchange->update_start_us;
+  }
+  if (cfg().model.moe()) {
+    s.moe = pwm::train::pack_moe_stats(moe_, cfg().model.experts);
+    s.moe.push_back(alltoall_s_ * 1e3);
+    moe_ = {};
+    alltoall_s_ = 0;
   }
   comm_s_ = 0;
   busy_s_ = 0;

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -52,7 +53,10 @@ class TrainingDevice {
   // replica x dp + dp rank (as spmd_train's world rank).
   const pwm::train::TrainConfig& flat_cfg() const { return flat_cfg_; }
   const pwm::train::TextDataset& data() const;
-  const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp rank)
+  const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp and expert-parallel rank)
+  // The expert-parallel rank of a device (--expert-parallel P: P consecutive dp ranks split each
+  // MoE layer's experts, as spmd_train's mesh); 0 without.
+  int ep_rank(const Pos& p) const { return cfg().mesh.ep > 1 ? p.dp_rank % cfg().mesh.ep : 0; }
 
   // The device's step memory: workspace, the layout-shaped gradient buffer and token scratch,
   // made once for the layout (the state kernels make it with the state, as spmd_train's
@@ -70,6 +74,25 @@ class TrainingDevice {
   // A tp reduction for the model that adds its time to *comm_s.
   model::TpReduce<float> tp_reducer(collectives::Communicator* c, double* comm_s);
 
+  // Mixture of Experts (tp = 1). The expert-parallel group (the P devices that split the experts)
+  // and the expert group (the devices holding the same experts: their gradients' sum); nullptr
+  // for a group of one. Contexts 903 and 904.
+  collectives::Communicator* ep_comm(KernelContext& ctx, const Pos& p);
+  collectives::Communicator* expert_comm(KernelContext& ctx, const Pos& p);
+  // The model's AllToAll over the expert-parallel group (size 1 without --expert-parallel). The
+  // counts are exchanged among the devices (static and worker routing), or, with `counts` (the
+  // controller's routing: every device's per-expert rows, [dp, E] in dp order, from the
+  // controller), read from it with no exchange (the device checks that its own row is what its
+  // router chose). Its time goes to the step's communication and its AllToAll time.
+  model::ExpertComm<float> expert_alltoall(KernelContext& ctx, const Pos& p, std::span<const int64_t> counts = {});
+  // The MoE state of a layer's forward, kept from its block_fwd to its block_bwd by the saved(l)
+  // buffer it belongs to (a dropless layer's state has data-dependent sizes: it is not an
+  // object-store value). keep_moe moves the state in; take_moe moves it out (it must be there).
+  void keep_moe(const float* saved, model::MoeState<float>& st);
+  void take_moe(const float* saved, model::MoeState<float>& st);
+  // The step's MoE statistics, summed over its kernels until report() writes and clears them.
+  void add_moe(const model::MoeStats& s) { moe_.add(s); }
+
   // Step accounting. Kernels that communicate add their collective time; the step's last kernel
   // (fused step, update, pipeline update) calls report(): the busy time since the previous
   // report including the running kernel up to now, the communication, and the end time.
@@ -83,6 +106,7 @@ class TrainingDevice {
   // On the controller's clock (now_us() minus this rank's measured offset): backward_done's time.
   double backward_end_ctrl_us() const { return static_cast<double>(bwd_end_us_ - clock_offset_us_); }
   double now_ctrl_us() const;
+  // With an MoE model the statistics also carry the step's MoE figures (StepStats::moe).
   void report(KernelScope& running, pwm::train::UpdateResult u, double loss, double kernel_comm_s, std::span<double> out,
               const StepStats* exchange = nullptr);
 
@@ -118,13 +142,16 @@ class TrainingDevice {
   const Shapes& shapes_;
   std::shared_ptr<collectives::Transport> transport_;
   std::shared_ptr<const pwm::train::TextDataset> data_;
-  std::map<int, model::ParamLayout> layouts_;  // by tp rank
+  std::map<std::tuple<int, int, int>, model::ParamLayout> layouts_;  // by tp, tp rank, ep rank
   std::unique_ptr<model::Workspace<float>> ws_;
   std::vector<float> grads_;
   std::vector<int32_t> tokens_;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
   double busy_s_ = 0;  // step kernels' time since the last report
   double comm_s_ = 0;  // collectives of this step's earlier kernels
+  double alltoall_s_ = 0;  // the step's expert AllToAlls (also in comm_s_ or the kernel's own)
+  model::MoeStats moe_;     // the step's MoE statistics
+  std::map<const float*, model::MoeState<float>> moe_saved_;  // keep_moe / take_moe
   int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it
   double busy_at_bwd_s_ = 0;
   pwm::train::TrainConfig flat_cfg_;

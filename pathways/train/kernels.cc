@@ -52,12 +52,14 @@ namespace {
 
 Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 
-// Full tensors of this tp group (every dp replica computes the same).
+// Full tensors of this tp group and, with expert parallelism, of the experts split over the
+// expert-parallel group (every dp replica computes the same).
 std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const float* buf) {
-  Communicator* c = dev.tp_comm(ctx, p);
-  return pwm::train::gather_full(dev.layout(p), buf, [c](const float* shard, float* out, size_t n) {
-    c->allgather(shard, out, n, collectives::DataType::kFloat32);
-  });
+  const auto gather_over = [](Communicator* c) -> pwm::train::TpGather {
+    if (c == nullptr) return {};
+    return [c](const float* shard, float* out, size_t n) { c->allgather(shard, out, n, collectives::DataType::kFloat32); };
+  };
+  return pwm::train::gather_full(dev.layout(p), buf, gather_over(dev.tp_comm(ctx, p)), gather_over(dev.ep_comm(ctx, p)));
 }
 
 }  // namespace
@@ -94,7 +96,7 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const int r = replica ? static_cast<int>(ctx.attr(1)) : 0;
   double sum = pwm::train::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
                                           ctx.in<float>(0).data(), ws, dev.tokens(),
-                                          dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s));
+                                          dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s), dev.expert_alltoall(ctx, p));
   if (Communicator* c = dev.dp_comm(ctx, p))
     c->allreduce(&sum, &sum, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   ctx.out<double>(0)[0] =
@@ -193,7 +195,7 @@ int tp_of(Attrs a) { return static_cast<int>(a[0]); }
 // A step's outputs: the next state and the step's statistics.
 std::vector<ArgSpec> state_out(const Shapes* S, Attrs a) {
   auto out = S->state(tp_of(a));
-  out.push_back(split_f64(StepStats::kWords));
+  out.push_back(split_f64(S->stats_words()));
   return out;
 }
 ArgSpec piece(const Shapes* S, int tp, int p) { return split_f32(S->piece(tp, p)); }
@@ -234,6 +236,25 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   add("save", true, [S](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
 }
 
+// A layer's block (attrs: tp, layer[, 1: the controller's counts are input 2]).
+std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
+  return [S](Attrs a) {
+    const int tp = tp_of(a);
+    std::vector<ArgSpec> in{split_f32(S->total(tp)), split_f32(S->act())};
+    if (a.size() > 2 && a[2] != 0) in.push_back(rep_i64(S->route_counts()));  // the controller's counts
+    return sig(in, {split_f32(S->act()), split_f32(S->saved(tp))});
+  };
+}
+std::function<Signature(Attrs)> block_bwd_sig(const Shapes* S, bool acc) {
+  return [S, acc](Attrs a) {
+    const int tp = tp_of(a);
+    const ArgSpec g = piece(S, tp, model::StepPlan::layer_piece(static_cast<int>(a[1])));
+    std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->saved(tp)), split_f32(S->act()), split_f32(S->act())};
+    if (acc) in.push_back(g);
+    return sig(in, {split_f32(S->act()), g});
+  };
+}
+
 // One kernel per plan unit kind (names: KernelNames::unit), the dp reductions and the update.
 void add_unit_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
@@ -243,22 +264,21 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   }, embed_fwd);
   for (bool coll : {false, true}) {
     const std::string sfx = coll ? "_tp" : "";
-    add("block_fwd" + sfx, coll, [S](Attrs a) {
-      const int tp = tp_of(a);
-      return sig({split_f32(S->total(tp)), split_f32(S->act())}, {split_f32(S->act()), split_f32(S->saved(tp))});
-    }, block_fwd);
+    add("block_fwd" + sfx, coll, block_fwd_sig(S), block_fwd);
     for (bool acc : {false, true})
-      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, [S, acc](Attrs a) {
-        const int tp = tp_of(a);
-        const ArgSpec g = piece(S, tp, model::StepPlan::layer_piece(static_cast<int>(a[1])));
-        std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->saved(tp)), split_f32(S->act()),
-                                   split_f32(S->act())};
-        if (acc) in.push_back(g);
-        return sig(in, {split_f32(S->act()), g});
-      }, block_bwd);
+      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, block_bwd_sig(S, acc), block_bwd);
   }
+  // An MoE layer with --expert-parallel: the same kernels with the experts' AllToAll inside
+  // (gang-scheduled); and the router's counts ahead of the layer (--moe-routing controller).
+  add("block_fwd_ep", true, block_fwd_sig(S), block_fwd);
+  for (bool acc : {false, true}) add(acc ? "block_bwd_ep_acc" : "block_bwd_ep", true, block_bwd_sig(S, acc), block_bwd);
+  add("moe_counts", false, [S](Attrs a) {
+    return sig({split_f32(S->total(tp_of(a))), split_f32(S->act())},
+               {ArgSpec{TensorSpec{DataType::kInt64, {S->cfg().model.experts}}, Sharding::kSplit}});
+  }, moe_counts);
   for (bool acc : {false, true})
     add(acc ? "head_acc" : "head", false, [S, acc](Attrs a) {
+
       const int tp = tp_of(a);
       std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->act()), split_i32(S->tokens())};
       if (acc) in.push_back(tied(S, tp));

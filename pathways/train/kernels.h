@@ -78,6 +78,7 @@ void fused_step(TrainingDevice&, KernelContext&, Scope&);
 void batch(TrainingDevice&, KernelContext&, Scope&);
 void embed_fwd(TrainingDevice&, KernelContext&, Scope&);
 void block_fwd(TrainingDevice&, KernelContext&, Scope&);
+void moe_counts(TrainingDevice&, KernelContext&, Scope&);
 void head(TrainingDevice&, KernelContext&, Scope&);
 void block_bwd(TrainingDevice&, KernelContext&, Scope&);
 void embed_bwd(TrainingDevice&, KernelContext&, Scope&);

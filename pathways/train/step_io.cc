@@ -4,19 +4,21 @@
 
 namespace pwm::pathways::train {
 
-std::string KernelNames::unit(const model::Unit& u, int tp) const {
-  // Kernels with tp collectives carry "_tp" (gang-scheduled); a backward unit of a later
-  // micro-batch adds to the previous one's gradient piece ("_acc", one input more).
+std::string KernelNames::unit(const model::Unit& u, int tp, bool expert_exchange) const {
+  // Kernels with tp collectives carry "_tp", with the experts' AllToAll "_ep" (gang-scheduled);
+  // a backward unit of a later micro-batch adds to the previous one's gradient piece ("_acc",
+  // one input more).
   std::string k = model::unit_kind_name(u.kind);
   const bool block = u.kind == model::UnitKind::kBlockForward || u.kind == model::UnitKind::kBlockBackward;
   if (block && tp > 1) k += "_tp";
+  if (block && expert_exchange) k += "_ep";
   const bool acc = u.micro > 0 && (u.kind == model::UnitKind::kHead || u.kind == model::UnitKind::kBlockBackward);
   if (acc) k += "_acc";
   return (*this)(k);
 }
 
 Shapes::Shapes(const pwm::train::TrainConfig& cfg, PipelineShape pipe) : cfg_(cfg), pipe_(pipe) {
-  layouts_.emplace_back(cfg.model, 0, 1);
+  layouts_.emplace_back(cfg.model, 0, 1, 0, cfg.mesh.ep);  // (an MoE model runs at tp = 1)
   if (cfg.mesh.tp > 1) layouts_.emplace_back(cfg.model, 0, cfg.mesh.tp);
   for (const auto& l : layouts_) plans_.emplace_back(l, cfg.workload.microbatches);
 }
@@ -33,6 +35,8 @@ const model::StepPlan& Shapes::plan(int tp) const {
   PWM_THROW("no plan for tp = {} (the workload has tp = {})", tp, cfg_.mesh.tp);
 }
 
+int64_t Shapes::stats_words() const { return StepStats::words(cfg_.model.experts); }
+
 int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }
 
 std::vector<ArgSpec> Shapes::state(int tp) const {
@@ -45,20 +49,22 @@ ArgSpec split_i32(int64_t n) { return {TensorSpec{DataType::kInt32, {n}}, Shardi
 ArgSpec rep_i64(int64_t n) { return {TensorSpec{DataType::kInt64, {n}}, Sharding::kReplicated}; }
 
 void StepStats::write(std::span<double> o) const {
-  PWM_CHECK_EQ(static_cast<int64_t>(o.size()), kWords);
+  PWM_CHECK_EQ(o.size(), static_cast<size_t>(kWords) + moe.size());
   const double w[kWords] = {loss, grad_norm, lr, compute_ms, comm_ms, kernel_ms, busy_ms, end_us, xchg_exposed_ms, bwd_end_us, update_start_us};
   std::copy(w, w + kWords, o.begin());
+  std::copy(moe.begin(), moe.end(), o.begin() + kWords);
 }
 
 StepStats StepStats::read(std::span<const double> i) {
-  PWM_CHECK_EQ(static_cast<int64_t>(i.size()), kWords);
-  return {i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10]};
+  PWM_CHECK(static_cast<int64_t>(i.size()) >= kWords, "step statistics of {} words", i.size());
+  return {i[0], i[1], i[2], i[3], i[4], i[5], i[6], i[7], i[8], i[9], i[10], {i.begin() + kWords, i.end()}};
 }
 
-std::vector<StepStats> StepStats::read_all(const std::vector<double>& all) {
-  PWM_CHECK(all.size() % kWords == 0, "statistics of {} words are not whole devices", all.size());
+std::vector<StepStats> StepStats::read_all(const std::vector<double>& all, int64_t words) {
+  const size_t w = static_cast<size_t>(words);
+  PWM_CHECK(all.size() % w == 0, "statistics of {} words are not whole devices", all.size());
   std::vector<StepStats> s;
-  for (size_t d = 0; d < all.size(); d += kWords) s.push_back(read(std::span<const double>(all).subspan(d, kWords)));
+  for (size_t d = 0; d < all.size(); d += w) s.push_back(read(std::span<const double>(all).subspan(d, w)));
   return s;
 }
 

@@ -35,7 +35,9 @@ struct KernelNames {
   std::string operator()(const std::string& kernel) const { return prefix + kernel; }
   // The per-unit kernel of a plan unit: "block_fwd", "block_fwd_tp" (with tp collectives),
   // "block_bwd_tp_acc" (adding to the previous micro-batch's gradient piece), ...
-  std::string unit(const model::Unit& u, int tp) const;
+  // expert_exchange: an MoE layer's block with its experts split over devices ("block_fwd_ep",
+  // "block_bwd_ep[_acc]": the AllToAll inside, gang-scheduled).
+  std::string unit(const model::Unit& u, int tp, bool expert_exchange = false) const;
 };
 
 // Per-device shapes of a workload's buffers (elements), for a slice of tp-way tensor parallelism.
@@ -53,6 +55,12 @@ class Shapes {
   int64_t saved(int tp) const;                                                // one layer's activations
   int64_t piece(int tp, int p) const { return plan(tp).piece_size(p); }       // a gradient piece
   std::vector<ArgSpec> state(int tp) const;                                   // State's specs
+  int64_t stats_words() const;  // StepStats::words of the model, per device
+  bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
+  // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).
+  bool expert_exchange(int layer) const { return cfg_.mesh.ep > 1 && moe_layer(layer); }
+  // The controller's routing matrix: every device's rows per expert, [dp, E] (block_fwd's input).
+  int64_t route_counts() const { return static_cast<int64_t>(cfg_.mesh.dp) * cfg_.model.experts; }
 
  private:
   pwm::train::TrainConfig cfg_;
@@ -102,15 +110,20 @@ struct StepOutputs {
 // the device's backward ended and its update started, on the controller's clock (the runtime's
 // measured offsets), so that the controller can tell waiting for a slower island's backward
 // from waiting for the transfer.
+// moe (MoE models): the device's train::pack_moe_stats for the step, then its time in the
+// expert AllToAlls (ms): words(E) - kWords words.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
   double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0, xchg_exposed_ms = 0;
   double bwd_end_us = 0, update_start_us = 0;
+  std::vector<double> moe;
   static constexpr int64_t kWords = 11;
+  // A device's words for a model of `experts` experts (0: dense).
+  static int64_t words(int64_t experts) { return kWords + (experts > 0 ? 6 + experts : 0); }
   void write(std::span<double> out) const;
   static StepStats read(std::span<const double> in);
-  // One per device of a slice's fetched statistics array.
-  static std::vector<StepStats> read_all(const std::vector<double>& all);
+  // One per device of a slice's fetched statistics array (`words` per device).
+  static std::vector<StepStats> read_all(const std::vector<double>& all, int64_t words);
 };
 
 // Inputs of the per-unit kernels, by name.

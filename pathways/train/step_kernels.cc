@@ -27,6 +27,20 @@ namespace {
 
 Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 
+// This device's squared gradient norm before the tp sum, as spmd_train computes it: with expert
+// parallelism the dense part (the same on every device) plus the experts' summed over the
+// expert-parallel group.
+double sq_norm(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
+               const model::GradView& grads, double* comm_s) {
+  Communicator* ep = dev.ep_comm(ctx, p);
+  if (ep == nullptr) return model::grad_sq_norm_tp(layout, grads);
+  double experts = model::grad_sq_norm_tp(layout, grads, model::NormPart::kExperts);
+  const double t0 = now_s();
+  ep->allreduce(&experts, &experts, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  *comm_s += now_s() - t0;
+  return model::grad_sq_norm_tp(layout, grads, model::NormPart::kDense) + experts;
+}
+
 // The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
 pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
                                 int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
@@ -34,7 +48,7 @@ pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, co
   // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
   // step, after its gradients and before the update, as spmd_train's rank does.
   if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) ::raise(SIGKILL);
-  double red[2] = {local_loss, model::grad_sq_norm_tp(layout, grads)};
+  double red[2] = {local_loss, sq_norm(dev, ctx, p, layout, grads, comm_s)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
     c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
@@ -90,17 +104,44 @@ double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, co
   const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
   model::Workspace<float>& ws = dev.step_memory(layout);
-  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), plan.finish_order(), dev.cfg().exec.bucket_bytes,
+  // With expert parallelism the experts' ranges are summed over the devices holding the same
+  // experts only, the dense ranges around them over dp (spmd_train's two reducers).
+  std::vector<collectives::BucketedAllreduce::Range> units = plan.finish_order();
+  std::unique_ptr<collectives::BucketedAllreduce> experts;
+  std::vector<int> expert_of;
+  if (dev.cfg().mesh.ep > 1) {
+    pwm::train::ExpertSplit split = pwm::train::split_experts(layout, units);
+    units = split.dense;
+    expert_of = split.expert_of;
+    experts = std::make_unique<collectives::BucketedAllreduce>(dev.expert_comm(ctx, p), split.experts,
+                                                               dev.cfg().exec.bucket_bytes, dev.cfg().exec.overlap,
+                                                               bucket_trace(dev));
+    experts->begin(dev.grads());
+  }
+  collectives::BucketedAllreduce reducer(dev.dp_comm(ctx, p), units, dev.cfg().exec.bucket_bytes,
                                          dev.cfg().exec.overlap, bucket_trace(dev));
   reducer.begin(dev.grads());
   pwm::train::StepHooks hooks;
   trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
-  hooks.unit_done = [&reducer](int u) { reducer.unit_done(u); };
+  hooks.unit_done = [&](int u) {
+    reducer.unit_done(u);
+    if (experts && expert_of[static_cast<size_t>(u)] >= 0) experts->unit_done(expert_of[static_cast<size_t>(u)]);
+  };
+  model::MoeStats moe;
+  if (cfg.model.moe()) {
+    hooks.ep = dev.expert_alltoall(ctx, p);
+    hooks.moe = &moe;
+  }
   const double local = pwm::train::accumulate_gradients(cfg, layout, plan, dev.data(), ctx.in<int64_t>(kStep)[0], data_index,
                                                    ctx.in<float>(kParams).data(), dev.grads(), ws, dev.tokens(), hooks);
   reducer.finish();
   *comm_s += reducer.comm_seconds();
+  if (experts) {
+    experts->finish();
+    *comm_s += experts->comm_seconds();
+  }
+  dev.add_moe(moe);
   return local;
 }
 
@@ -144,18 +185,43 @@ void embed_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   model::embed_forward<float>(layout, ctx.in<float>(0).data(), ctx.in<int32_t>(1).data(), b.act);
 }
 
-// inputs: params, x(l); outputs: x(l+1), saved(l) (the layer's activations)
+// inputs: params, x(l)[, with attrs[2] = 1 (--moe-routing controller) every device's rows per
+// expert, [dp, E], as the controller read them from moe_counts]; outputs: x(l+1), saved(l) (the
+// layer's activations). An MoE layer exchanges its rows over the expert-parallel group inside the kernel
+// (block_fwd_ep, gang-scheduled) and keeps its routing with saved(l) for its backward.
 void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const BlockUnit u(dev, ctx);
   const int l = u.layer;
+  const bool moe = u.layout.layer(l).moe;
   BoundActivations b(dev);
   double comm_s = 0;
   b.act.bind_x(l, const_cast<float*>(ctx.in<float>(1).data()));  // read only: block_forward reads x(l)
   b.act.bind_x(l + 1, ctx.out<float>(0).data());
   b.act.bind_layer(l, ctx.out<float>(1).data());
+  const bool routed = ctx.attrs().size() > 2 && ctx.attr(2) != 0;
+  const model::ExpertComm<float> ep =
+      moe ? dev.expert_alltoall(ctx, u.p, routed ? ctx.in<int64_t>(2) : std::span<const int64_t>{}) : model::ExpertComm<float>{};
   model::block_forward<float>(u.layout, ctx.in<float>(0).data(), l, b.act, u.ws.scratch,
-                              dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
+                              dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s), ep);
   dev.add_comm(comm_s);
+  if (moe) {
+    dev.add_moe(b.act.moe(l).stats);
+    dev.keep_moe(ctx.out<float>(1).data(), b.act.moe(l));
+  }
+}
+
+// inputs: params, x(l) of an MoE layer; output: this device's rows per expert ([E], int64), the
+// counts the controller reads before it dispatches the layer's block_fwd (--moe-routing
+// controller). The layer's norm and router only: the same bits as block_fwd computes them.
+void moe_counts(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const BlockUnit u(dev, ctx);
+  BoundActivations b(dev);
+  b.act.bind_x(u.layer, const_cast<float*>(ctx.in<float>(1).data()));
+  const std::vector<int64_t> rows = model::block_expert_rows<float>(u.layout, ctx.in<float>(0).data(), u.layer, b.act,
+                                                                    u.ws.scratch);
+  auto out = ctx.out<int64_t>(0);
+  PWM_CHECK_EQ(out.size(), rows.size());
+  std::copy(rows.begin(), rows.end(), out.begin());
 }
 
 // The tied piece holds embed then final_norm (the plan's ranges back to back): head_backward
@@ -203,8 +269,11 @@ void block_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     std::memcpy(g.data(), ctx.in<float>(kBwdGradPrev).data(), sizeof(float) * g.size());
   else
     std::fill(g.begin(), g.end(), 0.0f);
+  const bool moe = u.layout.layer(l).moe;
+  if (moe) dev.take_moe(ctx.in<float>(kBwdSaved).data(), b.act.moe(l));
+  const model::ExpertComm<float> ep = moe ? dev.expert_alltoall(ctx, u.p) : model::ExpertComm<float>{};
   model::block_backward<float>(u.layout, ctx.in<float>(kBwdParams).data(), g.data() - u.layout.layer(l).begin, l, b.act,
-                               u.ws.scratch, dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
+                               u.ws.scratch, dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s), ep);
   dev.add_comm(comm_s);
 }
 
@@ -221,16 +290,30 @@ void embed_bwd(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   dev.backward_done(scope);  // the last micro-batch's is the step's last backward unit
 }
 
+namespace {
+// out = the sum of in over `c` (a copy for a group of one).
+void sum_over(TrainingDevice& dev, Communicator* c, const float* in, float* out, size_t n) {
+  if (n == 0) return;
+  if (c == nullptr) {
+    std::memcpy(out, in, sizeof(float) * n);
+    return;
+  }
+  const double t0 = now_s();
+  c->allreduce(in, out, n, collectives::DataType::kFloat32, ReduceOp::kSum);
+  dev.add_comm(now_s() - t0);
+}
+}  // namespace
+
+// attrs: tp, size[, dense]: with expert parallelism an MoE layer's piece is its dense part
+// (`dense` elements, summed over dp) then its local experts (summed over the devices holding the
+// same experts), as spmd_train's two reducers.
 void dp_allreduce(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto in = ctx.in<float>(0);
   auto out = ctx.out<float>(0);
-  if (Communicator* c = dev.dp_comm(ctx, pos(ctx))) {
-    const double t0 = now_s();
-    c->allreduce(in.data(), out.data(), in.size(), collectives::DataType::kFloat32, ReduceOp::kSum);
-    dev.add_comm(now_s() - t0);
-  } else {
-    std::memcpy(out.data(), in.data(), sizeof(float) * in.size());
-  }
+  const Pos p = pos(ctx);
+  const size_t dense = ctx.attrs().size() > 2 ? static_cast<size_t>(ctx.attr(2)) : in.size();
+  sum_over(dev, dev.dp_comm(ctx, p), in.data(), out.data(), dense);
+  if (dense < in.size()) sum_over(dev, dev.expert_comm(ctx, p), in.data() + dense, out.data() + dense, in.size() - dense);
 }
 
 // The same sum, started here and finished by dp_reduce_finish (attrs: tp, size, layer): inputs

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <span>
 
 #include "common/check.h"
@@ -15,7 +18,7 @@ using model::UnitKind;
 
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                     int replica) {
+                     int replica, const RouteFn<V>& route) {
   const StepPlan& plan = sh.plan(tp);
   const int L = plan.layers();
   std::vector<V> pieces(static_cast<size_t>(plan.num_pieces())), losses;
@@ -33,7 +36,13 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
         case UnitKind::kEmbedForward: x = call(k, {st.params, tokens}, {tp})[0]; break;
         case UnitKind::kBlockForward: {
           xs[u.layer] = x;
-          auto o = call(k, {st.params, x}, {tp, u.layer});
+          std::vector<V> in{st.params, x};
+          std::vector<int64_t> at{tp, u.layer};
+          if (route && sh.moe_layer(u.layer)) {  // the controller sizes the layer's expert call
+            in.push_back(route(call(names("moe_counts"), {st.params, x}, {tp, u.layer})[0]));
+            at.push_back(1);
+          }
+          auto o = call(names.unit(u, tp, sh.expert_exchange(u.layer)), in, at);
           x = o[0];
           saved[u.layer] = o[1];
           break;
@@ -54,7 +63,7 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
       }
     }
     for (const Unit& u : plan.backward_units(m)) {
-      const std::string k = names.unit(u, tp);
+      const std::string k = names.unit(u, tp, u.kind == UnitKind::kBlockBackward && sh.expert_exchange(u.layer));
       if (u.kind == UnitKind::kBlockBackward) {
         V& g = pieces[static_cast<size_t>(plan.piece_of(u))];
         std::vector<V> in(acc ? kBwdGradPrev + 1 : kBwdGradPrev);
@@ -79,18 +88,142 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
 }
 
 template <typename V>
-std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call) {
+std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
+                          const RouteFn<V>& route) {
   const StepPlan& plan = sh.plan(tp);
-  Grads<V> g = trace_grads(sh, names, tp, st, call, -1);
+  Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route);
   std::vector<V> reduced;
-  for (int i = 0; i < plan.num_pieces(); ++i)
-    reduced.push_back(call(names("dp_allreduce"), {g.pieces[static_cast<size_t>(i)]}, {tp, sh.piece(tp, i)})[0]);
+  for (int i = 0; i < plan.num_pieces(); ++i) {
+    std::vector<int64_t> at{tp, sh.piece(tp, i)};
+    // An MoE layer's piece under --expert-parallel: its dense part is summed over dp, its
+    // experts over the devices holding the same ones (dp_allreduce's third attribute).
+    const int l = i - 1;  // piece i > 0 is layer i - 1's (StepPlan::layer_piece)
+    if (i != StepPlan::kTiedPiece && sh.expert_exchange(l)) {
+      PWM_CHECK_EQ(StepPlan::layer_piece(l), i);
+      const model::LayerOffsets& lo = sh.layout(tp).layer(l);
+      at.push_back(lo.expert_gate_up - lo.begin);
+    }
+    reduced.push_back(call(names("dp_allreduce"), {g.pieces[static_cast<size_t>(i)]}, at)[0]);
+  }
   return call(names("update"), update_args(sh, tp).pack<V>(st, nullptr, reduced, g.losses), {tp});
 }
 
-template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&);
-template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&);
-template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int);
+template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&,
+                                       const RouteFn<Value>&);
+template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&,
+                                       const RouteFn<Array>&);
+template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int,
+                                  const RouteFn<Value>&);
+
+// ---- The step cut at the controller's routing (--moe-routing controller, chained) -------------
+
+namespace {
+
+// A value while the segments are traced: made by segment `seg`'s builder, or the step's input
+// `input` (seg < 0).
+struct SegValue {
+  int seg = -1;
+  size_t input = 0;
+  Value v;
+};
+
+class Segmenter {
+ public:
+  Segmenter(const Shapes& sh, const Slice& slice, const std::vector<Array>& inputs)
+      : sh_(sh), slice_(slice), inputs_(inputs) {
+    open();
+  }
+  std::vector<SegValue> call(const std::string& k, const std::vector<SegValue>& in, std::vector<int64_t> at) {
+    std::vector<Value> vals;
+    for (const SegValue& x : in) vals.push_back(here(x));
+    std::vector<SegValue> out;
+    for (const Value& v : builders_.back()->call(k, slice_, vals, std::move(at))) out.push_back({cur(), 0, v});
+    return out;
+  }
+  // The counts end the segment (its output the controller fetches); the next segment starts
+  // with the matrix the controller puts back as its parameter.
+  SegValue cut(const SegValue& counts) {
+    PWM_CHECK(counts.seg == cur(), "the routing counts come from the segment being traced");
+    out_.counts_output.push_back(output_of(counts));
+    open();
+    out_.inputs.back().push_back({SegmentedStep::kPut, 0});
+    return {cur(), 0, builders_.back()->param(slice_, rep_i64(sh_.route_counts()))};
+  }
+  SegmentedStep finish(const std::vector<SegValue>& outputs) {
+    for (const SegValue& o : outputs) out_.outputs.push_back({o.seg, o.seg < 0 ? o.input : output_of(o)});
+    for (auto& b : builders_) out_.programs.push_back(b->build());
+    return std::move(out_);
+  }
+
+ private:
+  int cur() const { return static_cast<int>(builders_.size()) - 1; }
+  void open() {
+    builders_.push_back(std::make_unique<ProgramBuilder>(fmt::format("chained-step-{}", builders_.size())));
+    out_.inputs.emplace_back();
+    params_.emplace_back();
+  }
+  // x as a value of the current segment: itself, or a parameter bound to where it comes from.
+  Value here(const SegValue& x) {
+    if (x.seg == cur()) return x.v;
+    const std::tuple<int, size_t, ValueId> key{x.seg, x.seg < 0 ? x.input : 0, x.seg < 0 ? ValueId{} : x.v.id()};
+    auto it = params_.back().find(key);
+    if (it != params_.back().end()) return it->second;
+    Value p = x.seg < 0 ? builders_.back()->param_like(inputs_[x.input]) : builders_.back()->param(slice_, x.v.spec());
+    out_.inputs.back().push_back({x.seg, x.seg < 0 ? x.input : output_of(x)});
+    params_.back().emplace(key, p);
+    return p;
+  }
+  // x's position among its segment's outputs (made an output on first use).
+  size_t output_of(const SegValue& x) {
+    auto& outs = outputs_[x.seg];
+    auto it = outs.find(x.v.id());
+    if (it != outs.end()) return it->second;
+    builders_[static_cast<size_t>(x.seg)]->output(x.v);
+    const size_t i = outs.size();
+    outs.emplace(x.v.id(), i);
+    return i;
+  }
+
+  const Shapes& sh_;
+  const Slice& slice_;
+  const std::vector<Array>& inputs_;
+  std::vector<std::unique_ptr<ProgramBuilder>> builders_;
+  std::vector<std::map<std::tuple<int, size_t, ValueId>, Value>> params_;  // per segment
+  std::map<int, std::map<ValueId, size_t>> outputs_;                       // per segment: value -> output index
+  SegmentedStep out_;
+};
+
+}  // namespace
+
+SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st) {
+  const std::vector<Array> inputs = st.list();
+  Segmenter seg(sh, slice, inputs);
+  std::vector<SegValue> sv;
+  for (size_t i = 0; i < inputs.size(); ++i) sv.push_back({-1, i, {}});
+  const CallFn<SegValue> call = [&](const std::string& k, std::vector<SegValue> in, std::vector<int64_t> at) {
+    return seg.call(k, in, std::move(at));
+  };
+  const RouteFn<SegValue> route = [&](const SegValue& counts) { return seg.cut(counts); };
+  return seg.finish(trace_step<SegValue>(sh, names, sh.cfg().mesh.tp, State<SegValue>::from(sv), call, route));
+}
+
+std::vector<Array> SegmentedStep::run(Client& client, const std::vector<Array>& state, const RunOptions& ro,
+                                      const RouteFn<Array>& route) const {
+  std::vector<std::vector<Array>> outs(programs.size());
+  Array put;
+  const auto source = [&](const Source& s) -> const Array& {
+    return s.seg == kPut ? put : s.seg < 0 ? state.at(s.index) : outs.at(static_cast<size_t>(s.seg)).at(s.index);
+  };
+  for (size_t k = 0; k < programs.size(); ++k) {
+    std::vector<Array> in;
+    for (const Source& s : inputs[k]) in.push_back(source(s));
+    outs[k] = client.run(programs[k], in, ro);
+    if (k + 1 < programs.size()) put = route(outs[k].at(counts_output[k]));  // the round trip
+  }
+  std::vector<Array> result;
+  for (const Source& s : outputs) result.push_back(source(s));
+  return result;
+}
 
 namespace {
 

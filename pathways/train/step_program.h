@@ -24,6 +24,11 @@ using pwm::train::Schedule;
 
 template <typename V>
 using CallFn = std::function<std::vector<V>(const std::string& kernel, std::vector<V> in, std::vector<int64_t> attrs)>;
+// --moe-routing controller: given an MoE layer's moe_counts output (every device's rows per
+// expert), returns the matrix the layer's block_fwd takes (the controller fetched it and put it
+// back). Empty: the layers route without the controller.
+template <typename V>
+using RouteFn = std::function<V(const V& counts)>;
 
 // The plan's units on one dp x tp slice, one node each, then one dp AllReduce node per gradient
 // piece and the update node. Returns the update's outputs (StepOutputs' order). V is Value
@@ -37,10 +42,32 @@ struct Grads {
 };
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                     int replica);
+                     int replica, const RouteFn<V>& route = {});
 
 template <typename V>
-std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call);
+std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
+                          const RouteFn<V>& route = {});
+
+// The chained step with --moe-routing controller: trace_step cut before every MoE layer's block
+// forward (of every micro-batch) into programs built once. Segment k ends with the layer's
+// moe_counts, which the controller fetches; segment k + 1 takes the matrix it puts back. run()
+// dispatches the segments in order, each as soon as the previous one's counts are back (the
+// paper's fallback for data-dependent shapes: the controller is on the critical path once per
+// MoE layer and micro-batch). Blocks in `route` only.
+struct SegmentedStep {
+  static constexpr int kPut = -2;  // Source::seg of the matrix the controller put back
+  struct Source {
+    int seg;       // < 0: the step's input `index` (kPut: the routing matrix); else segment seg's output
+    size_t index;
+  };
+  std::vector<Program> programs;
+  std::vector<std::vector<Source>> inputs;  // per segment, one per parameter
+  std::vector<size_t> counts_output;        // per segment but the last: its counts' output index
+  std::vector<Source> outputs;              // the step's (StepOutputs)
+  std::vector<Array> run(Client& client, const std::vector<Array>& state, const RunOptions& ro,
+                         const RouteFn<Array>& route) const;
+};
+SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st);
 
 // Replicas (cfg.mesh.replicas = slices.size() > 1): island r's dp x tp slice slices[r] runs its step
 // (Granularity::kChained: the plan's units, one node each; kFused: one fused_grads node), its

@@ -26,6 +26,30 @@ std::string run_name(const pwm::train::TrainConfig& cfg) {
   return fmt::format("pathways-{}", pwm::train::name(cfg.mpmd.granularity));
 }
 
+// A Mixture-of-Experts model: one slice (no pipeline, no replicas yet), and a routing that fits
+// the capacity and the granularity.
+void validate_moe(const pwm::train::TrainConfig& cfg) {
+  using pwm::train::MoeRouting;
+  const MoeRouting r = cfg.mpmd.moe_routing;
+  if (!cfg.model.moe()) {
+    if (r != MoeRouting::kAuto)
+      PWM_THROW("--moe-routing {} applies to Mixture-of-Experts models: add --experts E or leave it out", name(r));
+    return;
+  }
+  if (cfg.mpmd.stages > 1 || cfg.mesh.replicas > 1)
+    PWM_THROW("pathways_train runs Mixture-of-Experts models on one slice: leave out --stages and --replicas "
+              "(spmd_train runs MoE with --replicas)");
+  const bool dropless = cfg.model.capacity_factor == 0.0;
+  if (r == MoeRouting::kStatic && dropless)
+    PWM_THROW("--moe-routing static needs a capacity (--capacity-factor > 0): dropless counts are known only at run "
+              "time (use --moe-routing controller or worker)");
+  if ((r == MoeRouting::kController || r == MoeRouting::kWorker) && !dropless)
+    PWM_THROW("--moe-routing {} routes dropless layers: set --capacity-factor 0 (or use --moe-routing static)", name(r));
+  if (r == MoeRouting::kController && cfg.mpmd.granularity == Granularity::kFused)
+    PWM_THROW("--moe-routing controller needs --granularity chained or opbyop: a fused step is one kernel, the "
+              "controller cannot read the counts inside it");
+}
+
 // The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
 // pipeline's layers and devices, what the runtime does not run.
 void validate(const pwm::train::TrainConfig& cfg, int world) {
@@ -34,9 +58,7 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
   if (cfg.mesh.fsdp) PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
-  if (cfg.model.moe())
-    PWM_THROW("pathways_train does not run Mixture-of-Experts models yet (--experts {}): spmd_train does", cfg.model.experts);
-  if (cfg.mesh.ep > 1) PWM_THROW("pathways_train does not run --expert-parallel yet: spmd_train does");
+  validate_moe(cfg);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
     PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);
@@ -134,10 +156,23 @@ Program Trainer::build_step_program() const {
   if (R_ > 1) return replica_program(sh_, names_, cfg_.mpmd.granularity, slices_, states_);
   switch (cfg_.mpmd.granularity) {
     case Granularity::kFused: return single(names_("fused_step"), slices_[0], states_[0].list(), {cfg_.mesh.tp});
-    case Granularity::kChained: return chained_program();
+    case Granularity::kChained: return controller_routing() ? Program{} : chained_program();  // (segmented_step)
     case Granularity::kOpByOp: return {};  // no program: run_step calls node by node
   }
   PWM_THROW("unknown granularity");
+}
+
+bool Trainer::controller_routing() const {
+  return cfg_.model.moe() && cfg_.mpmd.routing(cfg_.model) == pwm::train::MoeRouting::kController;
+}
+
+// --moe-routing controller: the controller reads an MoE layer's counts (a round trip to the
+// workers) and puts the [dp, E] matrix back on the slice for the layer's block_fwd.
+Array Trainer::route(const Array& counts) {
+  const int64_t t0 = now_us();
+  const std::vector<int64_t> rows = counts.get<int64_t>();
+  trace_.span("wait moe counts", "wait", t0, now_us());
+  return client_.put<int64_t>(slices_[0], Sharding::kReplicated, {sh_.route_counts()}, rows);
 }
 
 Program Trainer::chained_program() const {
@@ -152,11 +187,20 @@ Program Trainer::chained_program() const {
 }
 
 std::vector<Array> Trainer::run_step() {
+  RouteFn<Array> route;
+  if (controller_routing()) route = [this](const Array& counts) { return this->route(counts); };
   if (!pipe_ && cfg_.mpmd.granularity == Granularity::kOpByOp) {
     const CallFn<Array> call = [&](const std::string& k, std::vector<Array> in, std::vector<int64_t> at) {
       return client_.call(k, slices_[0], in, std::move(at), ro_);
     };
-    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call);
+    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call, route);
+  }
+  if (route) {  // chained, cut at the routing (segmented_step): built on the first step
+    if (!segmented_) segmented_ = std::make_unique<SegmentedStep>(segmented_step(sh_, names_, slices_[0], states_[0]));
+    const int64_t t0 = now_us();
+    auto out = segmented_->run(client_, states_[0].list(), ro_, route);
+    trace_.span("dispatch step", "dispatch", t0, now_us());
+    return out;
   }
   std::vector<Array> in;
   for (auto& s : states_)
@@ -179,10 +223,14 @@ std::vector<double> Trainer::fetch(const Array& a, const std::string& what) {
 }
 
 bool Trainer::step(int64_t step) {
+  const uint64_t puts0 = cfg_.model.moe() ? client_.usage().puts : 0;
   const auto out = run_step();
   constexpr size_t kCount = StepOutputs<Array>::kCount;
   PWM_CHECK_EQ(out.size(), states_.size() * kCount);
-  Pending p{step, {}};
+  Pending p{step, {}, 0};
+  // The controller's round trips of this step, as the runtime counted them: the routing matrices
+  // it put back (one per MoE layer and micro-batch with --moe-routing controller; none else).
+  if (cfg_.model.moe()) p.round_trips = client_.usage().puts - puts0;
   for (size_t s = 0; s < states_.size(); ++s) {  // each slice's StepOutputs, in slice order
     const auto o = StepOutputs<Array>::from(std::span(out).subspan(s * kCount, kCount));
     states_[s] = o.state;
@@ -215,8 +263,8 @@ bool Trainer::drain_one() {
   for (auto& a : p.stats) per_slice.push_back(fetch(a, fmt::format("step {}", p.step)));
   std::vector<StepStats> devices;  // every device of every slice
   for (auto& s : per_slice)
-    for (const StepStats& d : StepStats::read_all(s)) devices.push_back(d);
-  const StepStats last = StepStats::read_all(per_slice.back()).front();  // the loss is on the last slice
+    for (const StepStats& d : StepStats::read_all(s, sh_.stats_words())) devices.push_back(d);
+  const StepStats last = StepStats::read_all(per_slice.back(), sh_.stats_words()).front();  // the loss is on the last slice
   double end_us = 0, first_busy = 0;
   for (const StepStats& d : devices) {
     end_us = std::max(end_us, d.end_us);
@@ -239,11 +287,31 @@ bool Trainer::drain_one() {
   }
   if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
   if (R_ > 1 && !pipe_) record_overlap(devices);  // (the pipeline's update does not time the exchange)
+  if (cfg_.model.moe()) r.moe = moe_record(devices, p.round_trips);
   report_.step(r);
   // A failed metrics write (a full disk) ends the run now rather than after the last step; the
   // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
   if (report_.failed()) throw Error(report_.error());
   return !report_.stopped();
+}
+
+// The step's MoE figures over every device (as spmd_train's over every rank), the AllToAll time
+// per device, and the controller's round trips.
+pwm::train::MoeRecord Trainer::moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const {
+  std::vector<double> sum;
+  std::vector<double> alltoall_ms;
+  for (const StepStats& d : devices) {
+    PWM_CHECK(d.moe.size() >= 6, "an MoE step's statistics without its MoE words");
+    sum.resize(d.moe.size() - 1, 0.0);
+    for (size_t i = 0; i + 1 < d.moe.size(); ++i) sum[i] += d.moe[i];
+    alltoall_ms.push_back(d.moe.back());
+  }
+  const double groups =
+      static_cast<double>(cfg_.data_parallel() * cfg_.workload.microbatches * cfg_.model.moe_layers());
+  pwm::train::MoeRecord r = pwm::train::moe_record(sum, groups);
+  r.alltoall_ms = alltoall_ms;
+  r.round_trips = static_cast<double>(round_trips);
+  return r;
 }
 
 void Trainer::record_overlap(const std::vector<StepStats>& devices) {

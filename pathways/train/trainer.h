@@ -18,6 +18,7 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "common/trace.h"
 #include "pathways/client.h"
 #include "pathways/train/step_io.h"
+#include "pathways/train/step_program.h"
 #include "train/bootstrap.h"
 #include "train/config.h"
 #include "train/loop.h"
@@ -78,11 +80,15 @@ class Trainer final : public pwm::train::Trainer {
   struct Pending {  // a step in flight
     int64_t step;
     std::vector<Array> stats;  // per slice
+    uint64_t round_trips;      // the controller's MoE routing round trips (runtime-counted puts)
   };
 
   void place_slices(int num_islands);
   Program build_step_program() const;  // by mode; empty for opbyop (no program: a call per node)
   Program chained_program() const;
+  bool controller_routing() const;  // --moe-routing controller
+  Array route(const Array& counts);  // fetch an MoE layer's counts, put the matrix back
+  pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const;
   std::vector<Array> run_step();
   std::vector<Array> dispatch(const Program& p, const std::vector<Array>& in, const std::string& what);
   std::vector<double> fetch(const Array& a, const std::string& what);
@@ -108,6 +114,7 @@ class Trainer final : public pwm::train::Trainer {
   std::vector<ArrayState> states_;
   int64_t first_step_ = 0;
   Program step_prog_;
+  std::unique_ptr<SegmentedStep> segmented_;  // chained with --moe-routing controller
   // Steps: two stay in flight while the controller reads the statistics of the one before.
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause

@@ -52,6 +52,21 @@ Metrics read_metrics(const std::string& path) {
   return m;
 }
 
+// An MoE step's routing figures are spmd_train's (the same choices on the same devices), and the
+// controller's round trips, as the runtime counted them, are one per MoE layer and micro-batch
+// with --moe-routing controller, none else.
+void expect_same_routing(const Case& c, const pwm::train::TrainConfig& cfg, int64_t s, const nlohmann::json& r,
+                         const nlohmann::json& g) {
+  ASSERT_EQ(r.contains("moe"), g.contains("moe")) << c.name << ": step " << s;
+  if (!r.contains("moe")) return;
+  for (const char* k : {"dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"})
+    EXPECT_EQ(g["moe"][k].get<double>(), r["moe"][k].get<double>()) << c.name << ": step " << s << " moe " << k;
+  const bool controller = c.po.routing(cfg.model) == pwm::train::MoeRouting::kController;
+  const double want = controller ? static_cast<double>(cfg.workload.microbatches * cfg.model.moe_layers()) : 0.0;
+  ASSERT_TRUE(g["moe"].contains("round_trips")) << c.name;
+  EXPECT_EQ(g["moe"]["round_trips"].get<double>(), want) << c.name << ": step " << s;
+}
+
 }  // namespace
 
 const std::vector<Case>& cases() {
@@ -65,6 +80,29 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
+    // Mixture of Experts, the experts split over the two devices (AllToAll inside the block
+    // kernels): the three routings (docs/pathways_train.md), each against spmd_train's bits.
+    const std::vector<std::string> moe = {"--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2"};
+    const auto with = [&moe](std::vector<std::string> more) {
+      std::vector<std::string> f = moe;
+      f.insert(f.end(), more.begin(), more.end());
+      return f;
+    };
+    const auto routed = [](const char* g, pwm::train::MoeRouting r) {
+      pwm::train::MpmdConfig o = gran(g);
+      o.moe_routing = r;
+      return o;
+    };
+    using pwm::train::MoeRouting;
+    for (const char* g : {"fused", "chained"})
+      c.push_back({std::string("moe_static_") + g, with({"--capacity-factor", "1.25"}), routed(g, MoeRouting::kStatic)});
+    for (const char* g : {"fused", "chained"})
+      c.push_back({std::string("moe_worker_") + g + "_mb2", with({"--capacity-factor", "0", "--microbatches", "2"}),
+                   routed(g, MoeRouting::kWorker)});
+    for (const char* g : {"chained", "opbyop"})
+      c.push_back({std::string("moe_controller_") + g + "_mb2",
+                   with({"--capacity-factor", "0", "--microbatches", "2", "--moe-every", "1"}),
+                   routed(g, MoeRouting::kController)});
     pwm::train::MpmdConfig pipe;
     pipe.stages = 2;
     pipe.schedule = pwm::train::Schedule::k1F1B;
@@ -122,6 +160,7 @@ void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, con
     if (c.bitwise) {
       for (const char* k : {"loss", "lr", "grad_norm"})
         EXPECT_EQ(g[k].get<double>(), r[k].get<double>()) << c.name << ": step " << s << " " << k;
+      expect_same_routing(c, cfg, s, r, g);
     } else {
       const double a = r["loss"].get<double>(), b = g["loss"].get<double>();
       EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a)) << c.name << ": step " << s << " loss " << b << " vs " << a;

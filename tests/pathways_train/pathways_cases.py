@@ -253,6 +253,73 @@ def case_checkpoints_cross_trainers():
     print("checkpoints resume bitwise across the two trainers")
 
 
+MOE = ["--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2", "--moe-every", "1"]
+CAPACITY = ["--capacity-factor", "1.25"]
+DROPLESS = ["--capacity-factor", "0"]
+
+
+def case_moe_routings_equal_spmd():
+    # The three routings of an MoE layer's expert calls (docs/pathways_train.md) against spmd_train
+    # on the same devices: static capacity against SPMD's capacity, both dropless routings against
+    # SPMD's dropless, bitwise; the routing figures equal; the controller's round trips per step,
+    # as the runtime counted them, one per MoE layer and micro-batch with controller, none else.
+    mb = ["--microbatches", "2"]
+    runs = (("static", CAPACITY, ("fused", "chained", "opbyop")),
+            ("worker", DROPLESS, ("fused", "chained", "opbyop")),
+            ("controller", DROPLESS, ("chained", "opbyop")))
+    for routing, cap, grans in runs:
+        ref = sc.train(2, "moe_spmd_" + routing, MOE + cap + mb)
+        for g in grans:
+            got = sc.train(3, f"moe_{routing}_{g}", MOE + cap + mb + ["--granularity", g, "--moe-routing", routing],
+                           exe="pathways")
+            assert_bitwise(ref, got, f"pathways {g} --moe-routing {routing}")
+            want = 2 * 2 if routing == "controller" else 0  # micro-batches x MoE layers
+            for st in got[0]:
+                m, r = got[0][st]["moe"], ref[0][st]["moe"]
+                for k in ("dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"):
+                    assert m[k] == r[k], f"{routing} {g}: step {st} moe {k}: {m[k]} vs spmd {r[k]}"
+                assert m["round_trips"] == want, f"{routing} {g}: step {st}: {m['round_trips']} round trips, not {want}"
+    # --moe-routing auto is static under a capacity, worker when dropless (no round trip).
+    got = sc.train(3, "moe_auto", MOE + DROPLESS + ["--granularity", "chained"], exe="pathways")
+    assert all(got[0][st]["moe"]["round_trips"] == 0 for st in got[0])
+
+
+def case_moe_checkpoints_cross_trainers():
+    # A checkpoint holds whole tensors (every expert) whichever trainer wrote it under
+    # --expert-parallel 2: pathways_train's resumes in spmd_train and the reverse, bitwise.
+    ref = sc.train(2, "moe_ref", MOE + CAPACITY)
+    for writer, reader in (("pathways", "spmd"), ("spmd", "pathways")):
+        ck = os.path.join(sc.TMP, f"moe_{writer}.ckpt")
+        n = 3 if writer == "pathways" else 2
+        p = sc.run(n, sc.TINY + MOE + CAPACITY + ["--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5",
+                                                   "--kill-rank", "1"], expect_ok=False, exe=writer)
+        assert p.returncode != 0 and os.path.exists(ck), f"{writer}: no step-4 checkpoint"
+        extra = ["--granularity", "chained"] if reader == "pathways" else []
+        got = sc.train(3 if reader == "pathways" else 2, f"moe_{reader}_resumed", MOE + CAPACITY + extra +
+                       ["--ckpt", ck, "--resume"], exe=reader)
+        assert min(got[0]) == 4, f"{reader} resumed at {min(got[0])}"
+        for st in got[0]:
+            for k in FIELDS:
+                assert got[0][st][k] == ref[0][st][k], f"{reader} after {writer}'s checkpoint: step {st} {k} differs"
+        assert got[2]["weights_hash"] == ref[2]["weights_hash"], f"{reader} resuming {writer}'s MoE checkpoint diverged"
+    print("MoE checkpoints resume bitwise across the two trainers")
+
+
+def case_moe_bad_settings_are_one_line():
+    m = os.path.join(sc.TMP, "moe_bad.jsonl")
+    bad = (
+        (MOE + DROPLESS + ["--moe-routing", "static"], "--moe-routing static needs a capacity"),
+        (MOE + CAPACITY + ["--moe-routing", "controller"], "--moe-routing controller routes dropless layers"),
+        (MOE + CAPACITY + ["--moe-routing", "worker"], "--moe-routing worker routes dropless layers"),
+        (MOE + DROPLESS + ["--moe-routing", "controller", "--granularity", "fused"], "needs --granularity chained or"),
+        (["--dp", "2", "--moe-routing", "worker"], "applies to Mixture-of-Experts models"),
+        (MOE + ["--moe-routing", "bogus"], "--moe-routing"),
+        (["--experts", "4", "--stages", "2"], "on one slice"),
+    )
+    for args, pattern in bad:
+        sc.expect_error(3, sc.TINY + args + ["--metrics", m], pattern, [m], exe="pathways")
+
+
 def case_bad_inputs_fail_cleanly():
     m = os.path.join(sc.TMP, "bad.jsonl")
     sc.expect_error(3, sc.TINY + ["--dp", "3", "--metrics", m], "--dp 3 x --tp 1 = 3 ranks", [m], exe="pathways")
