@@ -32,9 +32,20 @@
 #                   reference), spmd_flat and spmd_hier (spmd_train --replicas 2
 #                   --replica-reduce flat|hierarchical), pw_fused and pw_chained
 #                   (pathways_train --replicas 2); results in DIR/palm-unshaped, DIR/palm-RATE
+#   --moe           the Mixture-of-Experts model instead (docs/results/moe.md): E = 4 experts,
+#                   top-2, every other layer MoE, split over the NP devices (--expert-parallel NP),
+#                   rows spmd_capacity and spmd_dropless (spmd_train at --capacity-factor 1.25 and
+#                   0) and pw_static, pw_controller, pw_worker (pathways_train --granularity
+#                   chained with --moe-routing static at 1.25, controller and worker dropless),
+#                   each against the SPMD row of the same semantics; once at router skew 0 and
+#                   once at --router-skew 3 (or only at --moe-skew S); --rounds defaults to 3,
+#                   --steps to 16 and the batch to 8 sequences per rank here (medians from step
+#                   4 on); with --hosts K the experts' AllToAll crosses the hosts; results in
+#                   DIR/moe-skewS
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=30; ROUNDS=1; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0
+NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0; MOE=0
+MOE_SKEW=
 PRECISION=fp32
 # value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
 # or followed by another flag); count FLAG VALUE: VALUE must be a whole number >= 1. Both run
@@ -64,10 +75,23 @@ while [ $# -gt 0 ]; do
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --palm) PALM=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --moe) MOE=1; shift ;;
+    --moe-skew) MOE_SKEW=$(value "$@") || exit 2
+      [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
+        { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
+      shift 2 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if [ "$MOE" = 1 ]; then
+  [ "$PALM" = 0 ] || { echo "compare.sh: error: --moe and --palm are two different jobs: choose one" >&2; exit 2; }
+  STEPS=${STEPS:-16}; ROUNDS=${ROUNDS:-3}
+  [ "$STEPS" -gt 4 ] || { echo "compare.sh: error: --moe measures from step 4 on: --steps must be at least 5" >&2; exit 2; }
+elif [ -n "$MOE_SKEW" ]; then
+  echo "compare.sh: error: --moe-skew needs --moe" >&2; exit 2
+fi
+STEPS=${STEPS:-30}; ROUNDS=${ROUNDS:-1}
 if [ "$PALM" = 1 ]; then
   [ "$HOSTS" = 0 ] && [ -z "$HOSTFILE" ] ||
     { echo "compare.sh: error: --palm makes its own cluster of 2 hosts: leave out --hosts and --hostfile" >&2; exit 2; }
@@ -110,7 +134,8 @@ export PWM_COMPARE_PRECISION="$PRECISION"
 echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
 PEAK=$(measure_peak)
 echo "GEMM peak per core ($PRECISION), all cores busy: $PEAK GFLOP/s"
-WORKLOAD=(--steps "$STEPS" --batch $((16 * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
+BATCH_PER_RANK=16; [ "$MOE" = 1 ] && BATCH_PER_RANK=8  # (--moe: five rows, two skews, rounds)
+WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
           --precision "$PRECISION" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
@@ -214,6 +239,43 @@ if [ "$PALM" = 1 ]; then
   exit 0
 fi
 PT=pathways/train/pathways_train
+# --moe (issue 41): the MoE model's five rows at one router skew, in interleaved rounds.
+moe_set() {  # moe_set SKEW
+  local skew=$1 dir="$OUT/moe-skew$1"
+  mkdir -p "$dir"
+  local moe=(--experts 4 --top-k 2 --moe-every 2 --expert-parallel "$NP" --router-skew "$skew")
+  local order=(spmd_capacity spmd_dropless pw_static pw_controller pw_worker)
+  echo "moe: router skew $skew, $ROUNDS rounds of ${order[*]}"
+  for ROUND in $(seq "$ROUNDS"); do
+    local o=("${order[@]}")
+    [ $((ROUND % 2)) -eq 0 ] && o=(pw_worker pw_controller pw_static spmd_dropless spmd_capacity)
+    for r in "${o[@]}"; do
+      local n=$NP bin=spmd/spmd_train flags=(--dp "$NP" "${moe[@]}")
+      [[ $r == pw_* ]] && { n=$((NP + 1)); bin=$PT; flags+=(--granularity chained "${ISLAND_SPAN[@]}"); }
+      case $r in
+        spmd_capacity) flags+=(--capacity-factor 1.25) ;;
+        spmd_dropless) flags+=(--capacity-factor 0) ;;
+        pw_static) flags+=(--capacity-factor 1.25 --moe-routing static) ;;
+        pw_controller) flags+=(--capacity-factor 0 --moe-routing controller) ;;
+        pw_worker) flags+=(--capacity-factor 0 --moe-routing worker) ;;
+      esac
+      local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "${flags[@]}" --metrics "$dir/$r.r$ROUND.jsonl")
+      [ "$ROUND" = 1 ] && echo "\$ ${cmd[*]}"
+      "${cmd[@]}" > "$dir/$r.r$ROUND.log" 2>&1 ||
+        { echo "compare.sh: error: run '$r' failed (log: $dir/$r.r$ROUND.log)" >&2; tail -3 "$dir/$r.r$ROUND.log" >&2; exit 1; }
+    done
+    echo "round $ROUND/$ROUNDS done (${SECONDS} s)"
+  done
+  python3 "$PWM_ROOT/mpi_scripts/moe_compare_report.py" "$dir" "$skew" 4 "$ROUNDS" \
+    spmd_capacity=spmd_capacity spmd_dropless=spmd_dropless pw_static=spmd_capacity pw_controller=spmd_dropless \
+    pw_worker=spmd_dropless
+}
+if [ "$MOE" = 1 ]; then
+  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)${CLUSTER_DESC:+; cluster: $CLUSTER_DESC}"
+  if [ -n "$MOE_SKEW" ]; then moe_set "$MOE_SKEW"; else moe_set 0; echo; moe_set 3; fi
+  echo "compare.sh --moe: finished in ${SECONDS} s"
+  exit 0
+fi
 one() {
   case $1 in
     spmd) run spmd "$NP" spmd/spmd_train --dp "$NP" ;;

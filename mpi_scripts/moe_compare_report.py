@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Table of `mpi_scripts/compare.sh --moe`: the Mixture-of-Experts model under SPMD (capacity,
+dropless) and under Pathways' three routings, from interleaved rounds at one routing skew.
+
+    moe_compare_report.py DIR SKEW WARM ROUNDS ROW=REFERENCE ...
+
+Each ROW's metrics are DIR/ROW.r<k>.jsonl (k = 1..ROUNDS); REFERENCE is the SPMD row with the
+same semantics (itself for the SPMD rows). Per row: tokens/s, the median over rounds of each
+round's median step tokens/s from step WARM on, with the rounds' range; the ratio to the
+reference, the median of the per-round paired ratios with their range ("same within noise" when
+the range holds 1); the routing figures over the same steps (tokens dropped per step, the padding
+share of the rows the experts computed, the busiest expert's tokens over the mean's, the AllToAll's
+share of the step, the controller's round trips per step as the runtime counted them); the final
+loss; whether the final weights equal the reference's. Writes DIR/moe_compare.json.
+"""
+import json
+import os
+import statistics
+import sys
+
+
+def read_run(path, warm, choices):
+    steps, final = [], None
+    with open(path) as f:
+        for line in f:
+            j = json.loads(line)
+            if j.get("final"):
+                final = j
+            elif "tokens_per_s" in j and not j.get("skipped"):
+                steps.append(j)
+    body = [s for s in steps if s["step"] >= warm]
+    if final is None or not body or "moe" not in body[0]:
+        sys.exit(f"moe_compare_report: {path} is incomplete (no final line, no MoE step from step {warm} on)")
+    med = lambda f: statistics.median(f(s) for s in body)  # noqa: E731
+    return {
+        "tokens_per_s": med(lambda s: s["tokens_per_s"]),
+        "dropped_per_step": med(lambda s: s["moe"]["dropped_share"]) * choices,
+        "dropped_share": med(lambda s: s["moe"]["dropped_share"]),
+        "padding_share": med(lambda s: s["moe"]["padding_share"]),
+        "max_mean_tokens": med(lambda s: s["moe"]["max_mean_tokens"]),
+        "alltoall_share": med(lambda s: s["moe"]["alltoall_ms"]["median"] / s["step_ms"]),
+        "round_trips": med(lambda s: s["moe"].get("round_trips", 0)),
+        "final_loss": final["final_loss"],
+        "weights": final["weights_hash"],
+    }
+
+
+def choices_per_step(path):
+    """Token-expert choices per step, from a run's config line: the global batch's tokens x top-k x
+    the MoE layers."""
+    with open(path) as f:
+        cfg = json.loads(f.readline())["config"]
+    m = dict(kv.split("=", 1) for kv in cfg["model"].split())
+    return int(cfg["batch"]) * int(m["seq_len"]) * int(m["top_k"]) * (int(m["n_layers"]) // int(m["moe_every"]))
+
+
+def verdict(row, ref, ratios):
+    """The row's ratio to its reference as the rounds support it: "same within noise (lo-hi)" when
+    the rounds' range holds 1, else the median with the range."""
+    if row == ref:
+        return "(reference)"
+    lo, hi = min(ratios), max(ratios)
+    if lo <= 1.0 <= hi:
+        return f"same within noise ({lo:.2f}-{hi:.2f})"
+    return f"{statistics.median(ratios):.3f}x ({lo:.3f}-{hi:.3f}) of {ref}"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    out, skew, warm, rounds = argv[0], argv[1], int(argv[2]), int(argv[3])
+    pairs = [a.split("=", 1) for a in argv[4:]]
+    choices = choices_per_step(os.path.join(out, f"{pairs[0][0]}.r1.jsonl"))
+    runs = {row: [read_run(os.path.join(out, f"{row}.r{k}.jsonl"), warm, choices) for k in range(1, rounds + 1)]
+            for row, _ in pairs}
+    table = {}
+    print(f"MoE, router skew {skew}: {rounds} rounds (order alternating), medians over steps >= {warm}")
+    print(f"{'row':<14} {'tok/s (range)':>22} {'vs reference (range)':>34} {'dropped/step':>14} {'padding':>8} "
+          f"{'max/mean':>8} {'a2a':>6} {'trips':>6} {'loss':>8} {'weights':>8}")
+    for row, ref in pairs:
+        r, b = runs[row], runs[ref]
+        tps = [x["tokens_per_s"] for x in r]
+        ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(r, b)]
+        med_ratio, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+        said = verdict(row, ref, ratios)
+        same = "ref" if row == ref else ("equal" if all(x["weights"] == y["weights"] for x, y in zip(r, b)) else "differ")
+        entry = {"reference": ref, "tokens_per_s": tps, "ratio_median": med_ratio, "ratio_min": lo, "ratio_max": hi,
+                 "verdict": said, "weights": same}
+        for k in ("dropped_per_step", "dropped_share", "padding_share", "max_mean_tokens", "alltoall_share", "round_trips", "final_loss"):
+            entry[k] = statistics.median(x[k] for x in r)
+        table[row] = entry
+        print(f"{row:<14} {statistics.median(tps):>9.0f} ({min(tps):.0f}-{max(tps):.0f}) {said:>34} "
+              f"{entry['dropped_per_step']:>6.0f} ({100 * entry['dropped_share']:4.1f}%) {100 * entry['padding_share']:>7.1f}% "
+              f"{entry['max_mean_tokens']:>8.2f} {100 * entry['alltoall_share']:>5.1f}% {entry['round_trips']:>6.0f} "
+              f"{entry['final_loss']:>8.4f} {same:>8}")
+    print(f"  dropped/step: token-expert choices over capacity per step (of {choices}); padding: share of expert rows")
+    print("  that are padding;")
+    print("  a2a: the expert AllToAlls' share of the step (median device); trips: the controller's round trips per")
+    print("  step (runtime-counted); weights: final weights against the reference row (SPMD with the same semantics)")
+    with open(os.path.join(out, "moe_compare.json"), "w") as f:
+        json.dump({"router_skew": float(skew), "rounds": rounds, "warm_steps": warm, "rows": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
