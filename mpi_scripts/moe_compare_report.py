@@ -40,9 +40,33 @@ def read_run(path, warm, choices):
         "max_mean_tokens": med(lambda s: s["moe"]["max_mean_tokens"]),
         "alltoall_share": med(lambda s: s["moe"]["alltoall_ms"]["median"] / s["step_ms"]),
         "round_trips": med(lambda s: s["moe"].get("round_trips", 0)),
+        "step_ms": med(lambda s: s["step_ms"]),
+        "alltoall_ms": med(lambda s: s["moe"]["alltoall_ms"]["median"]),
         "final_loss": final["final_loss"],
         "weights": final["weights_hash"],
     }
+
+
+def moe_layers(path):
+    """MoE layers x micro-batches of a run, from its config line."""
+    with open(path) as f:
+        cfg = json.loads(f.readline())["config"]
+    m = dict(kv.split("=", 1) for kv in cfg["model"].split())
+    return (int(m["n_layers"]) // int(m["moe_every"])) * int(cfg.get("microbatches", 1))
+
+
+def layer_costs(runs, groups):
+    """What the controller's routing costs per MoE layer and micro-batch against SPMD's AllToAll:
+    the step time pw_controller adds over pw_worker (the same dropless work without the round
+    trips), per round trip, paired by round; and SPMD dropless's AllToAll time per group. Empty
+    without those rows."""
+    if not {"pw_controller", "pw_worker", "spmd_dropless"} <= runs.keys():
+        return {}
+    extra = [(c["step_ms"] - w["step_ms"]) / max(c["round_trips"], 1)
+             for c, w in zip(runs["pw_controller"], runs["pw_worker"])]
+    a2a = statistics.median(x["alltoall_ms"] for x in runs["spmd_dropless"]) / groups
+    return {"round_trip_ms": statistics.median(extra), "round_trip_ms_min": min(extra),
+            "round_trip_ms_max": max(extra), "spmd_alltoall_ms": a2a}
 
 
 def choices_per_step(path):
@@ -85,7 +109,7 @@ def main(argv=None):
         same = "ref" if row == ref else ("equal" if all(x["weights"] == y["weights"] for x, y in zip(r, b)) else "differ")
         entry = {"reference": ref, "tokens_per_s": tps, "ratio_median": med_ratio, "ratio_min": lo, "ratio_max": hi,
                  "verdict": said, "weights": same}
-        for k in ("dropped_per_step", "dropped_share", "padding_share", "max_mean_tokens", "alltoall_share", "round_trips", "final_loss"):
+        for k in ("step_ms", "alltoall_ms", "dropped_per_step", "dropped_share", "padding_share", "max_mean_tokens", "alltoall_share", "round_trips", "final_loss"):
             entry[k] = statistics.median(x[k] for x in r)
         table[row] = entry
         print(f"{row:<14} {statistics.median(tps):>9.0f} ({min(tps):.0f}-{max(tps):.0f}) {said:>34} "
@@ -96,6 +120,12 @@ def main(argv=None):
     print("  that are padding;")
     print("  a2a: the expert AllToAlls' share of the step (median device); trips: the controller's round trips per")
     print("  step (runtime-counted); weights: final weights against the reference row (SPMD with the same semantics)")
+    per_layer = layer_costs(runs, moe_layers(os.path.join(out, f"{pairs[0][0]}.r1.jsonl")))
+    if per_layer:
+        table["per_moe_layer"] = per_layer
+        print(f"  per MoE layer and micro-batch: the controller's round trip costs {per_layer['round_trip_ms']:.2f} ms "
+              f"of step (pw_controller - pw_worker, paired by round, / trips); SPMD dropless spends "
+              f"{per_layer['spmd_alltoall_ms']:.2f} ms in its four AllToAlls (forward and backward)")
     with open(os.path.join(out, "moe_compare.json"), "w") as f:
         json.dump({"router_skew": float(skew), "rounds": rounds, "warm_steps": warm, "rows": table}, f, indent=1)
 

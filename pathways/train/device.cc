@@ -139,7 +139,7 @@ model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, con
     };
   }
   e.rows = [this, c, P](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows, int64_t width) {
-    const double t0 = now_s();
+    const int64_t t0 = now_us();
     std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
     bool equal = true;
     for (int q = 0; q < P; ++q) {
@@ -151,22 +151,32 @@ model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, con
       c->alltoall(send, recv, sc[0], collectives::DataType::kFloat32);
     else
       c->alltoallv(send, sc, recv, rc, collectives::DataType::kFloat32);
-    const double t = now_s() - t0;
-    comm_s_ += t;
-    alltoall_s_ += t;
+    const int64_t t1 = now_us();
+    comm_s_ += (t1 - t0) * 1e-6;
+    alltoall_s_ += (t1 - t0) * 1e-6;
+    if (trace_) trace_->span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
   };
   return e;
 }
 
+// The states move, never copy; a state given back by take_moe is handed to the next keep_moe's
+// caller, so the forward reuses its vectors' memory (tens of MB per layer at the reference model:
+// freed and faulted in again each time, they cost as much as a small GEMM).
 void TrainingDevice::keep_moe(const float* saved, model::MoeState<float>& st) {
   PWM_CHECK(!moe_saved_.count(saved), "moe: a layer's state is kept twice for one saved(l) buffer");
-  std::swap(moe_saved_[saved], st);
+  moe_saved_.emplace(saved, std::move(st));
+  st = model::MoeState<float>{};
+  if (!moe_spare_.empty()) {
+    st = std::move(moe_spare_.back());
+    moe_spare_.pop_back();
+  }
 }
 
 void TrainingDevice::take_moe(const float* saved, model::MoeState<float>& st) {
   auto it = moe_saved_.find(saved);
   PWM_CHECK(it != moe_saved_.end(), "moe: no routing state kept for this layer's saved activations");
-  std::swap(it->second, st);
+  moe_spare_.push_back(std::move(st));
+  st = std::move(it->second);
   moe_saved_.erase(it);
 }
 

@@ -152,6 +152,7 @@ class TrainingDevice {
   double alltoall_s_ = 0;  // the step's expert AllToAlls (also in comm_s_ or the kernel's own)
   model::MoeStats moe_;     // the step's MoE statistics
   std::map<const float*, model::MoeState<float>> moe_saved_;  // keep_moe / take_moe
+  std::vector<model::MoeState<float>> moe_spare_;              // given back by take_moe, for reuse
   int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it
   double busy_at_bwd_s_ = 0;
   pwm::train::TrainConfig flat_cfg_;
