@@ -34,13 +34,15 @@ MoeRows moe_rows(const model::Config& m, int64_t tokens, int ep, double imbalanc
   return r;
 }
 
-double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes) {
+double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes,
+                                bool put_slice) {
   const double dp = cfg.mesh.dp, E = static_cast<double>(cfg.model.experts), ds = 1.0 / c.dispatch_scale;
   // The controller sits on host 0 (sim/dispatch.cc): its link to the farthest of the dp workers.
   const bool cross = cfg.mesh.dp > c.devices_per_host;
   const Link& l = c.has_controller_link ? c.controller_link : cross ? c.inter : c.intra;
   const double fetch = p.fetch_rtt_us * ds + dp * l.wire_us(8.0 * E);
-  const double put = p.msg_us * dp * ds + dp * l.wire_us(8.0 * dp * E);
+  const double put_bytes = put_slice ? 8.0 * (E + dp * E / cfg.mesh.ep) : 8.0 * dp * E;
+  const double put = p.msg_us * dp * ds + dp * l.wire_us(put_bytes);
   const double dispatch = (p.call_us + p.node_us * segment_nodes + p.msg_us * dp) * ds;
   return fetch + put + dispatch + l.overhead_us + l.latency_us;
 }
@@ -60,6 +62,7 @@ struct MoeSim {
   model::StepPlan plan;
   int64_t seqs, tokens;       // per micro-batch on one dp rank
   MoeRows rows;
+  bool put_slice;
   double slow = 1.0;          // compute slowdown (cluster scale, contention), as sim/step.cc
   std::vector<int> dp_devs, ep_devs, expert_devs;  // device 0's groups
 
@@ -69,7 +72,7 @@ struct MoeSim {
         dropless(cfg_.model.capacity_factor == 0.0), dp(cfg_.mesh.dp), ep(cfg_.mesh.ep),
         layout(cfg_.model, 0, 1, 0, cfg_.mesh.ep), plan(layout, cfg_.workload.microbatches),
         seqs(cfg_.micro_batch()), tokens(cfg_.micro_batch() * cfg_.model.seq_len),
-        rows(moe_rows(cfg_.model, tokens, cfg_.mesh.ep, o.imbalance)) {
+        rows(moe_rows(cfg_.model, tokens, cfg_.mesh.ep, o.imbalance)), put_slice(o.put_slice) {
     const bool pw = mode != ExecMode::kSpmd;
     const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
     slow = 1.0 / c.compute_scale;
@@ -102,6 +105,20 @@ struct MoeSim {
     const double C = static_cast<double>(m.d_model), E = static_cast<double>(m.experts);
     return kernel_us({(2.0 * C * E + C) * static_cast<double>(tokens), 0}, static_cast<double>(tokens));
   }
+  // Collectives whose ranks enter together last the same wherever they start: each size is
+  // simulated once (a projection's groups have thousands of ranks).
+  enum Group { kDp, kEp, kExperts };
+  const std::vector<int>& group(Group g) const { return g == kDp ? dp_devs : g == kEp ? ep_devs : expert_devs; }
+  double allreduce_us(Group g, size_t bytes, collectives::Algorithm a = collectives::Algorithm::kAuto) const {
+    return times->get({0, g, dp, ep, bytes, static_cast<int>(a)},
+                      [&] { return simulate_allreduce(c, p, group(g), bytes, a).end; });
+  }
+  double alltoall_us(size_t bytes) const {
+    return times->get({1, kEp, dp, ep, bytes, 0}, [&] { return simulate_alltoall(c, p, ep_devs, bytes).end; });
+  }
+  CollectiveTimes own;
+  CollectiveTimes* times = &own;
+
   double update_us() const { return slow * p.opt_us_per_param * static_cast<double>(layout.total()); }
   double node_cost() const { return mode == ExecMode::kChained ? (p.exec_us + p.train_node_us) / c.dispatch_scale : 0.0; }
 };
@@ -132,9 +149,9 @@ struct UnitsResult {
 UnitsResult run_units(const MoeSim& s, MoeStep& r) {
   const bool a2a = s.ep > 1;
   const size_t row_bytes = static_cast<size_t>(4 * s.m.d_model);
-  const double rows_us = a2a ? simulate_alltoall(s.c, s.p, s.ep_devs, static_cast<size_t>(s.rows.per_peer) * row_bytes).end : 0;
+  const double rows_us = a2a ? s.alltoall_us(static_cast<size_t>(s.rows.per_peer) * row_bytes) : 0;
   const size_t count_bytes = static_cast<size_t>(8 * s.m.experts / s.ep);
-  const double counts_us = a2a && s.dropless && !s.controller ? simulate_alltoall(s.c, s.p, s.ep_devs, count_bytes).end : 0;
+  const double counts_us = a2a && s.dropless && !s.controller ? s.alltoall_us(count_bytes) : 0;
   r.layer.alltoall_fwd_us = r.layer.alltoall_bwd_us = 2 * rows_us;
   r.layer.counts_us = counts_us;
   const std::vector<int> segs = s.controller ? segment_nodes(s) : std::vector<int>{};
@@ -146,7 +163,7 @@ UnitsResult run_units(const MoeSim& s, MoeStep& r) {
     if (s.moe_block(x) && fwd && s.controller) {  // moe_counts, then the devices wait for the controller
       const double k = s.moe_counts_us();
       r.layer.moe_counts_us = k;
-      const double rt = controller_round_trip_us(s.c, s.p, s.cfg, segs.at(static_cast<size_t>(r.round_trips)));
+      const double rt = controller_round_trip_us(s.c, s.p, s.cfg, segs.at(static_cast<size_t>(r.round_trips)), s.put_slice);
       t += k + node + rt;
       r.step.compute_us += k;
       r.step.nodes += 1;
@@ -172,14 +189,12 @@ UnitsResult run_units(const MoeSim& s, MoeStep& r) {
 
 // One chain of buckets (BucketedAllreduce over `devs`): each starts when its last range is
 // finished (`ready(last_unit)`) and the previous bucket is done. Returns the last one's end.
-double bucket_chain(const MoeSim& s, const std::vector<std::pair<int64_t, int64_t>>& ranges, const std::vector<int>& devs,
+double bucket_chain(const MoeSim& s, const std::vector<std::pair<int64_t, int64_t>>& ranges, MoeSim::Group g,
                     const std::function<double(int)>& ready, MoeStep& r) {
   double prev = 0;
-  if (devs.size() < 2) return prev;
+  if (s.group(g).size() < 2) return prev;
   for (const BucketCut& b : cut_buckets(ranges, s.cfg.exec.bucket_bytes)) {
-    const double st = std::max(ready(b.last_unit), prev);
-    prev = simulate_allreduce(s.c, s.p, devs, static_cast<size_t>(b.end - b.begin) * 4, collectives::Algorithm::kAuto,
-                              std::vector<double>(devs.size(), st)).end;
+    prev = std::max(ready(b.last_unit), prev) + s.allreduce_us(g, static_cast<size_t>(b.end - b.begin) * 4);
     r.step.collectives += 1;
   }
   return prev;
@@ -196,8 +211,8 @@ double reduce_buckets(const MoeSim& s, const UnitsResult& u, MoeStep& r) {
     split.dense = order;
   }
   auto at = [&](int f) { return s.cfg.exec.overlap ? u.finished_at.at(f) : u.end; };
-  const double dense = bucket_chain(s, split.dense, s.dp_devs, at, r);
-  const double experts = bucket_chain(s, split.experts, s.expert_devs, [&](int e) {
+  const double dense = bucket_chain(s, split.dense, MoeSim::kDp, at, r);
+  const double experts = bucket_chain(s, split.experts, MoeSim::kExperts, [&](int e) {
     for (size_t f = 0; f < split.expert_of.size(); ++f)
       if (split.expert_of[f] == e) return at(static_cast<int>(f));
     PWM_THROW("sim: no finish range holds expert range {}", e);
@@ -219,10 +234,9 @@ double reduce_pieces(const MoeSim& s, const UnitsResult& u, MoeStep& r) {
       experts = lo.end - lo.expert_gate_up;
       dense -= experts;
     }
-    for (const auto& [n, devs] : {std::pair{dense, &s.dp_devs}, std::pair{experts, &s.expert_devs}}) {
-      if (n == 0 || devs->size() < 2) continue;
-      t = simulate_allreduce(s.c, s.p, *devs, static_cast<size_t>(n) * 4, collectives::Algorithm::kAuto,
-                             std::vector<double>(devs->size(), t)).end;
+    for (const auto& [n, g] : {std::pair{dense, MoeSim::kDp}, std::pair{experts, MoeSim::kExperts}}) {
+      if (n == 0 || s.group(g).size() < 2) continue;
+      t += s.allreduce_us(g, static_cast<size_t>(n) * 4);
       r.step.collectives += 1;
     }
   }
@@ -253,16 +267,16 @@ MoeStep simulate_moe_step(const Cluster& c, const Profile& p, const train::Train
                           const MoeOptions& o) {
   check_supported(cfg, mode);
   if (cfg.mesh.dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", cfg.mesh.dp, cfg.mesh.dp, c.devices());
-  const MoeSim s(c, p, cfg, mode, o);
+  MoeSim s(c, p, cfg, mode, o);
+  if (o.times != nullptr) s.times = o.times;
   MoeStep r;
   const UnitsResult u = run_units(s, r);
   double comm_end = mode == ExecMode::kChained ? reduce_pieces(s, u, r) : reduce_buckets(s, u, r);
   // The global norm: with P > 1 the experts' part over the group first (spmd_train), then the
   // loss's float64 over dp; recursive doubling.
-  for (const std::vector<int>* devs : {&s.ep_devs, &s.dp_devs}) {
-    if (devs->size() < 2) continue;
-    comm_end = simulate_allreduce(c, p, *devs, 8, collectives::Algorithm::kRecursiveDoubling,
-                                  std::vector<double>(devs->size(), comm_end)).end;
+  for (const MoeSim::Group g : {MoeSim::kEp, MoeSim::kDp}) {
+    if (s.group(g).size() < 2) continue;
+    comm_end += s.allreduce_us(g, 8, collectives::Algorithm::kRecursiveDoubling);
     r.step.collectives += 1;
   }
   const double upd = s.update_us();

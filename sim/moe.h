@@ -20,6 +20,10 @@
 // Everything here is deterministic and single-threaded; nothing blocks.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <tuple>
+
 #include "sim/step.h"
 #include "train/modes.h"
 
@@ -43,7 +47,10 @@ MoeRows moe_rows(const model::Config& m, int64_t tokens, int ep, double imbalanc
 // bytes per device, one after the other on its link: what Trainer::route's put sends), then
 // dispatches the next segment (call_us + node_us x `segment_nodes` + msg_us x dp), whose messages
 // arrive one controller-link latency later. Controller costs scale by the cluster's dispatch_scale.
-double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes);
+// `put_slice`: an assumption, not what the runtime does: each device is put only what its
+// block_fwd reads (its own row and its experts' columns: E + dp E/P int64), not the whole matrix.
+double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes,
+                                bool put_slice = false);
 
 // What --what moe reports per MoE layer and micro-batch (0 where the step has none).
 struct MoeLayerCosts {
@@ -62,8 +69,27 @@ struct MoeStep {
   double alltoall_total_us = 0;  // every row and count AllToAll of the step
 };
 
+// Durations of collectives whose ranks enter together, by what they are (kind, group, dp, ep,
+// bytes, algorithm): such a collective lasts the same wherever it starts, so each is simulated
+// once. Valid for one cluster and profile: share it only between steps of the same c and p.
+class CollectiveTimes {
+ public:
+  using Key = std::tuple<int, int, int, int, size_t, int>;
+  double get(const Key& k, const std::function<double()>& simulate) {
+    auto [it, fresh] = times_.try_emplace(k, 0.0);
+    if (fresh) it->second = simulate();
+    return it->second;
+  }
+
+ private:
+  std::map<Key, double> times_;
+};
+
 struct MoeOptions {
-  double imbalance = 1.0;  // see moe_rows
+  double imbalance = 1.0;            // see moe_rows
+  bool put_slice = false;            // see controller_round_trip_us
+  CollectiveTimes* times = nullptr;  // shared between calls (--what moe: a projection's thousands of
+                                     // ranks simulated once per size); null: the step's own
 };
 
 // One step of the MoE model cfg.model (which must have experts) under `mode`: kSpmd (spmd_train;
