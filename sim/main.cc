@@ -7,6 +7,8 @@
 //   pwm_sim --what stages|clients ... (Fig. 7, Fig. 8)
 //   pwm_sim --what fig6 --profile P --cluster C --hosts-list 2,4,...,512 (C is one host's description)
 //   pwm_sim --what kernels --trace T.json --metrics M.jsonl TRAIN FLAGS   (calibration: the kernels section)
+//   pwm_sim --what moe --profile P [--cluster C] [--moe-imbalance X] TRAIN FLAGS (--experts E ...): one MoE
+//           step under SPMD (capacity, dropless) and Pathways chained (static, controller, worker routing)
 // TRAIN FLAGS are the trainers' own (train/config.h), --config FILE included. Output: one
 // JSON object per line on stdout.
 #include <CLI/CLI.hpp>
@@ -25,6 +27,7 @@
 #include "train/config.h"
 #include "train/flags.h"
 #include "sim/dispatch.h"
+#include "sim/moe.h"
 #include "sim/step.h"
 
 using namespace pwm;
@@ -121,29 +124,30 @@ json calibrate_kernels(const train::TrainConfig& cfg, const std::string& trace, 
 }
 
 // --what, parsed once.
-enum class What { kStep, kPipeline, kDispatch, kStages, kClients, kFig6, kKernels };
+enum class What { kStep, kPipeline, kDispatch, kStages, kClients, kFig6, kKernels, kMoe };
 What parse_what(const std::string& w) {
   constexpr std::pair<What, const char*> kAll[] = {{What::kStep, "step"},       {What::kPipeline, "pipeline"},
                                                    {What::kDispatch, "dispatch"}, {What::kStages, "stages"},
                                                    {What::kClients, "clients"},   {What::kFig6, "fig6"},
-                                                   {What::kKernels, "kernels"}};
+                                                   {What::kKernels, "kernels"},   {What::kMoe, "moe"}};
   for (const auto& [v, t] : kAll)
     if (w == t) return v;
-  PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels)", w);
+  PWM_THROW("unknown --what '{}' (step, pipeline, dispatch, stages, clients, fig6, kernels, moe)", w);
 }
 
 // The simulator's own flags (the trainers' come from train/flags.h).
 struct SimFlags {
   std::string what = "step", profile_path, cluster_path, granularity = "spmd", schedule = "gpipe";
   std::string compute_s = "0,10,20,50,100,200,500,1000,2000,5000", hosts_s = "2,4,8,16,32,64,128,256,512";
-  std::string trace, metrics, clients_s = "1,2,4,8,16";
+  std::string trace, metrics, clients_s = "1,2,4,8,16", moe_routing = "auto";
   int stages = 0, workers = 2, chain = 128;
   bool controller_alone = false, host_executors = false;
   double stage_us = 100;
+  double moe_imbalance = 1.0;
 
   void add(CLI::App& app) {
     const char* S = "Simulator";
-    app.add_option("--what", what, "step | pipeline | dispatch | stages | clients | fig6 | kernels")->group(S);
+    app.add_option("--what", what, "step | pipeline | dispatch | stages | clients | fig6 | kernels | moe")->group(S);
     app.add_option("--profile", profile_path, "machine profile (mpi_scripts/sim_calibrate.sh)")->group(S);
     app.add_option("--cluster", cluster_path, "cluster description (JSON; default: one host of the profile's machine)")->group(S);
     app.add_option("--granularity", granularity, "step: spmd | fused | chained | opbyop")->group(S);
@@ -159,6 +163,9 @@ struct SimFlags {
     app.add_flag("--host-executors", host_executors, "dispatch: one message per host, not per device")->group(S);
     app.add_option("--sim-trace", trace, "kernels: the trainer's --trace file")->group(S);
     app.add_option("--sim-metrics", metrics, "kernels: the trainer's --metrics file")->group(S);
+    app.add_option("--moe-routing", moe_routing, "step, MoE under Pathways: auto | static | controller | worker (as pathways_train)")->group(S);
+    app.add_option("--moe-imbalance", moe_imbalance,
+                   "MoE dropless: the busiest expert-parallel device's rows over the mean (an assumption; 1 = balanced)")->group(S);
   }
 };
 
@@ -176,6 +183,7 @@ void check_flags(const SimFlags& f, What w) {
   in("--chain", f.chain, 1, 1 << 20);
   in("--stage-us", f.stage_us, 0, 1e9);
   in("--stages", f.stages, w == What::kPipeline ? 1 : 0, kMaxStages);
+  in("--moe-imbalance", f.moe_imbalance, 1, kMaxDevices);
   switch (w) {
     case What::kDispatch: parse_list(f.compute_s, "--compute-us", 0, 1e9); break;
     case What::kClients:
@@ -194,7 +202,70 @@ void check_flags(const SimFlags& f, What w) {
 
 void out(const json& j) { fmt::print("{}\n", j.dump()); }
 
+// One MoE step's row: the step's figures and the MoE layer's (per MoE layer and micro-batch).
+json moe_row(const sim::MoeStep& r, const train::TrainConfig& cfg) {
+  const sim::StepPrediction& s = r.step;
+  return {{"dp", cfg.mesh.dp}, {"expert_parallel", cfg.mesh.ep}, {"experts", cfg.model.experts},
+          {"capacity_factor", cfg.model.capacity_factor}, {"step_ms", s.step_us * 1e-3}, {"compute_ms", s.compute_us * 1e-3},
+          {"exposed_comm_ms", s.exposed_comm_us * 1e-3}, {"alltoall_ms", r.alltoall_total_us * 1e-3},
+          {"round_trips", r.round_trips}, {"round_trip_ms", r.round_trip_total_us * 1e-3},
+          {"tokens_per_s", s.tokens_per_s}, {"collectives", s.collectives}, {"nodes", s.nodes},
+          {"layer_alltoall_fwd_us", r.layer.alltoall_fwd_us}, {"layer_alltoall_bwd_us", r.layer.alltoall_bwd_us},
+          {"layer_counts_us", r.layer.counts_us}, {"layer_moe_counts_us", r.layer.moe_counts_us},
+          {"layer_round_trip_us", r.layer.round_trip_us}};
+}
+
+// --what moe: the step under SPMD with a capacity (the model's, else Config's default) and
+// dropless, and under Pathways chained with each routing; then the controller's round trip per
+// MoE layer and micro-batch against SPMD's AllToAlls, and the two ratios.
+void moe_compare_rows(const sim::Cluster& c, const sim::Profile& p, const train::TrainConfig& cfg, const SimFlags& f) {
+  using train::MoeRouting;
+  const double cap = cfg.model.capacity_factor > 0 ? cfg.model.capacity_factor : model::Config{}.capacity_factor;
+  sim::CollectiveTimes times;
+  auto run = [&](const char* name, double factor, sim::ExecMode mode, MoeRouting routing, bool put_slice = false) {
+    const sim::MoeOptions o{f.moe_imbalance, put_slice, &times};
+    train::TrainConfig v = cfg;
+    v.model.capacity_factor = factor;
+    v.mpmd.moe_routing = routing;
+    const sim::MoeStep r = sim::simulate_moe_step(c, p, v, mode, o);
+    json row = moe_row(r, v);
+    row["what"] = "moe";
+    row["variant"] = name;
+    row["cluster"] = c.name;
+    row["imbalance"] = factor > 0 ? 1.0 : f.moe_imbalance;
+    out(row);
+    return r;
+  };
+  const sim::MoeStep sc = run("spmd_capacity", cap, sim::ExecMode::kSpmd, MoeRouting::kAuto);
+  const sim::MoeStep sd = run("spmd_dropless", 0, sim::ExecMode::kSpmd, MoeRouting::kAuto);
+  const sim::MoeStep ps = run("pathways_static", cap, sim::ExecMode::kChained, MoeRouting::kStatic);
+  const sim::MoeStep pc = run("pathways_controller", 0, sim::ExecMode::kChained, MoeRouting::kController);
+  const sim::MoeStep pw = run("pathways_worker", 0, sim::ExecMode::kChained, MoeRouting::kWorker);
+  // An assumption, not the runtime: the controller puts each device only the counts it reads.
+  const sim::MoeStep pl = run("pathways_controller_put_slice", 0, sim::ExecMode::kChained, MoeRouting::kController, true);
+  out({{"what", "moe_layer"}, {"round_trip_us", pc.layer.round_trip_us}, {"round_trip_put_slice_us", pl.layer.round_trip_us},
+       {"moe_counts_us", pc.layer.moe_counts_us}, {"spmd_dropless_alltoall_fwd_us", sd.layer.alltoall_fwd_us},
+       {"spmd_dropless_alltoall_bwd_us", sd.layer.alltoall_bwd_us}, {"spmd_counts_us", sd.layer.counts_us},
+       {"round_trip_over_spmd_alltoall", sd.layer.alltoall_fwd_us + sd.layer.alltoall_bwd_us + sd.layer.counts_us > 0
+                                             ? pc.layer.round_trip_us / (sd.layer.alltoall_fwd_us + sd.layer.alltoall_bwd_us + sd.layer.counts_us)
+                                             : 0.0},
+       {"controller_over_spmd_dropless", pc.step.step_us / sd.step.step_us},
+       {"controller_put_slice_over_spmd_dropless", pl.step.step_us / sd.step.step_us},
+       {"worker_over_spmd_dropless", pw.step.step_us / sd.step.step_us},
+       {"static_over_spmd_capacity", ps.step.step_us / sc.step.step_us}});
+}
+
 void step_rows(const sim::Cluster& c, const sim::Profile& p, const train::TrainConfig& cfg, const SimFlags& f, What w) {
+  if (cfg.model.moe()) {
+    json row = moe_row(sim::simulate_moe_step(c, p, cfg, sim::parse_exec_mode(f.granularity), sim::MoeOptions{f.moe_imbalance}),
+                       cfg);
+    row["what"] = f.what;
+    row["granularity"] = f.granularity;
+    row["moe_routing"] = f.granularity == "spmd" ? "spmd" : train::name(cfg.mpmd.routing(cfg.model));
+    row["cluster"] = c.name;
+    out(row);
+    return;
+  }
   const sim::StepPrediction r = w == What::kStep ? sim::simulate_step(c, p, cfg, sim::parse_exec_mode(f.granularity))
                                                  : sim::simulate_pipeline(c, p, cfg, f.stages, train::parse_schedule(f.schedule));
   out({{"what", f.what}, {"granularity", w == What::kStep ? f.granularity : f.schedule}, {"dp", cfg.mesh.dp}, {"stages", f.stages},
@@ -259,12 +330,15 @@ int body(int argc, char** argv) {
                                             cfg, exit_code, true, [&](CLI::App& app) { f.add(app); });
   if (!go) return exit_code;
   const What w = parse_what(f.what);
-  // The step model is the dense block's (its AllToAll is in the collective model, simulate_alltoall,
-  // but no MoE step uses it yet): a Mixture-of-Experts step would be simulated as something else.
-  if (cfg.model.moe())
-    PWM_THROW("pwm_sim simulates dense models only (--experts {}): drop --experts; measure MoE runs with "
-              "mpi_scripts/moe_bench.sh",
-              cfg.model.experts);
+  // Mixture of Experts: one step (sim/moe.h), alone or compared; not the pipeline, not the
+  // calibration (whose kernels are the dense block's).
+  if (cfg.model.moe() && w != What::kStep && w != What::kMoe)
+    PWM_THROW("pwm_sim simulates Mixture-of-Experts models (--experts {}) with --what step or moe only (got --what {})",
+              cfg.model.experts, f.what);
+  if (w == What::kMoe && !cfg.model.moe()) PWM_THROW("--what moe needs a Mixture-of-Experts model: add --experts E");
+  cfg.mpmd.moe_routing = train::parse_moe_routing(f.moe_routing);
+  if (!cfg.model.moe() && cfg.mpmd.moe_routing != train::MoeRouting::kAuto)
+    PWM_THROW("--moe-routing {} applies to Mixture-of-Experts models: add --experts E or leave it out", f.moe_routing);
   check_flags(f, w);
   // The trainers' own checks of their flags, the simulated job being the mesh (--dp 0 would
   // divide by zero, a batch not divisible by the mesh would simulate a step no trainer runs).
@@ -281,7 +355,7 @@ int body(int argc, char** argv) {
     return 0;
   }
   const sim::Profile p = sim::Profile::load(f.profile_path);
-  const int need = w == What::kStep ? static_cast<int>(cfg.mesh.dp) : w == What::kPipeline ? f.stages : f.workers;
+  const int need = w == What::kStep || w == What::kMoe ? static_cast<int>(cfg.mesh.dp) : w == What::kPipeline ? f.stages : f.workers;
   const sim::Cluster c = f.cluster_path.empty() ? sim::Cluster::local(p, std::max(need, 1)) : sim::Cluster::load(f.cluster_path, p);
   sim::DispatchOptions o;
   o.workers = f.workers;
@@ -292,6 +366,7 @@ int body(int argc, char** argv) {
     case What::kStep:
     case What::kPipeline: step_rows(c, p, cfg, f, w); break;
     case What::kFig6: fig6_rows(c, p, o, f); break;
+    case What::kMoe: moe_compare_rows(c, p, cfg, f); break;
     default: chain_rows(c, p, o, f, w); break;
   }
   return 0;

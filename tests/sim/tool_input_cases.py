@@ -118,6 +118,19 @@ def case_sim_bad_inputs():
         (["--what", "kernels"], "--sim-trace is required"),
         (["--what", "kernels", "--sim-trace", fifo], "--sim-trace " + fifo + " is a FIFO"),
         (["--what", "kernels", "--sim-trace", path("bad.json")], "is not valid JSON"),
+        # Mixture of Experts: what the MoE step model does not cover is one line.
+        (["--profile", prof, "--what", "moe"], "--what moe needs a Mixture-of-Experts model: add --experts E"),
+        (["--profile", prof, "--what", "pipeline", "--stages", "1", "--experts", "4"],
+         "with --what step or moe only (got --what pipeline)"),
+        (["--profile", prof, "--what", "step", "--experts", "4", "--granularity", "opbyop"], "under --granularity opbyop"),
+        (["--profile", prof, "--what", "step", "--experts", "4", "--replicas", "2", "--dp", "1"], "leave out --replicas"),
+        (["--profile", prof, "--what", "moe", "--experts", "4", "--moe-imbalance", "0.5"], "--moe-imbalance must be in [1,"),
+        (["--profile", prof, "--what", "moe", "--dp", "2", "--experts", "4", "--expert-parallel", "2",
+          "--moe-imbalance", "3"], "--moe-imbalance 3 must be in [1, 2]"),
+        (["--profile", prof, "--what", "step", "--experts", "4", "--moe-routing", "often"], "--moe-routing"),
+        (["--profile", prof, "--what", "step", "--moe-routing", "worker"], "applies to Mixture-of-Experts models"),
+        (["--profile", prof, "--what", "step", "--experts", "4", "--granularity", "chained", "--moe-routing",
+          "controller"], "set --capacity-factor 0"),
     ]:
         refused([sim, "--what", "dispatch"] + args if "--what" not in args else [sim] + args, pattern, P,
                 timeout=20, forbidden_stdout='"what"')
@@ -125,6 +138,9 @@ def case_sim_bad_inputs():
     p = subprocess.run([sim, "--what", "dispatch", "--profile", prof, "--compute-us", "0,100"], env=ENV,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"what":"dispatch"') == 2, p.stderr
+    p = subprocess.run([sim, "--what", "moe", "--profile", prof, "--dp", "2", "--experts", "4", "--expert-parallel", "2",
+                        "--top-k", "2", "--moe-every", "2", "--layers", "2"], env=ENV, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.count('"what":"moe"') == 6 and p.stdout.count('"what":"moe_layer"') == 1, p.stderr
 
 
 def case_model_bench_bad_inputs():
