@@ -61,7 +61,9 @@ TEST(Moe, CapacityDropsLaterTokensInTokenOrder) {
       for (int j = 0; j < 3; ++j) z += std::exp(logits[n * 3 + j]);
       const double p = std::exp(logits[n * 3 + e]) / z;
       P += p / 6;
-      if (want_choice[n] == e) EXPECT_NEAR(st.gate[n], p, 1e-15);
+      if (want_choice[n] == e) {
+        EXPECT_NEAR(st.gate[n], p, 1e-15);
+      }
     }
     lb += (e == 0 ? 4.0 : e == 1 ? 2.0 : 0.0) / 6.0 * P;
   }
@@ -302,10 +304,11 @@ TEST(Moe, DroplessEqualsLargeCapacity) {
     for (int64_t i = 0; i < p.size; ++i)
       ASSERT_NEAR(gb[static_cast<size_t>(p.offset + i)], ga[static_cast<size_t>(p.offset + i)], 1e-5f * mx) << p.name;
   }
-  if (bitwise)
+  if (bitwise) {
     EXPECT_EQ(0, std::memcmp(&loss_a, &loss_b, sizeof(float)));
-  else
+  } else {
     EXPECT_NEAR(loss_a, loss_b, 1e-6f * std::abs(loss_a));
+  }
 }
 
 // ---- Expert parallelism: ranks as threads ---------------------------------------------------------
@@ -404,10 +407,11 @@ void expert_parallel_matches(double capacity, double tol) {
         const S want = g_ref[static_cast<size_t>(p.offset + q.full_offset + i)];
         S got = g_ep[r][static_cast<size_t>(q.offset + i)];
         if (!p.expert) got = g_ep[0][static_cast<size_t>(q.offset + i)] + g_ep[1][static_cast<size_t>(q.offset + i)];
-        if (p.expert)
+        if (p.expert) {
           ASSERT_NEAR(got, want, tol * mx) << p.name << "[" << i << "] rank " << r;
-        else
+        } else {
           ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(S))) << p.name << "[" << i << "]";
+        }
       }
     }
   }

@@ -151,11 +151,8 @@ def case_bad_settings_are_one_line():
     expect_error(2, t + ["--tp", "2", "--experts", "4"], "--experts with --tp 2", [m])
     expect_error(1, t + ["--experts", "-2"], "--experts must be >= 0", [m])
     expect_error(1, t + ["--experts", "4", "--router-skew", "1e9"], "--router-skew must be in [-100, 100]", [m])
-    expect_error(3, t + ["--experts", "4"], "does not run Mixture-of-Experts models yet", [m], exe="pathways")
-    # The simulator's step model is the dense block's.
-    p = sc.subprocess.run([os.path.join(sc.BUILD, "sim", "pwm_sim"), "--experts", "4"], capture_output=True,
-                          text=True, timeout=60)
-    sc.one_error_line(p, "pwm_sim simulates dense models only (--experts 4)", prefix="pwm_sim: error:")
+    # pathways_train's own MoE refusals: tests/pathways_train/pathways_cases.py; pwm_sim's:
+    # tests/sim/tool_input_cases.py.
 
 
 def case_eval_reads_an_moe_checkpoint():
