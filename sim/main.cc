@@ -222,8 +222,8 @@ void moe_compare_rows(const sim::Cluster& c, const sim::Profile& p, const train:
   using train::MoeRouting;
   const double cap = cfg.model.capacity_factor > 0 ? cfg.model.capacity_factor : model::Config{}.capacity_factor;
   sim::CollectiveTimes times;
-  auto run = [&](const char* name, double factor, sim::ExecMode mode, MoeRouting routing, bool put_slice = false) {
-    const sim::MoeOptions o{f.moe_imbalance, put_slice, &times};
+  auto run = [&](const char* name, double factor, sim::ExecMode mode, MoeRouting routing) {
+    const sim::MoeOptions o{f.moe_imbalance, &times};
     train::TrainConfig v = cfg;
     v.model.capacity_factor = factor;
     v.mpmd.moe_routing = routing;
@@ -241,16 +241,13 @@ void moe_compare_rows(const sim::Cluster& c, const sim::Profile& p, const train:
   const sim::MoeStep ps = run("pathways_static", cap, sim::ExecMode::kChained, MoeRouting::kStatic);
   const sim::MoeStep pc = run("pathways_controller", 0, sim::ExecMode::kChained, MoeRouting::kController);
   const sim::MoeStep pw = run("pathways_worker", 0, sim::ExecMode::kChained, MoeRouting::kWorker);
-  // An assumption, not the runtime: the controller puts each device only the counts it reads.
-  const sim::MoeStep pl = run("pathways_controller_put_slice", 0, sim::ExecMode::kChained, MoeRouting::kController, true);
-  out({{"what", "moe_layer"}, {"round_trip_us", pc.layer.round_trip_us}, {"round_trip_put_slice_us", pl.layer.round_trip_us},
+  out({{"what", "moe_layer"}, {"round_trip_us", pc.layer.round_trip_us},
        {"moe_counts_us", pc.layer.moe_counts_us}, {"spmd_dropless_alltoall_fwd_us", sd.layer.alltoall_fwd_us},
        {"spmd_dropless_alltoall_bwd_us", sd.layer.alltoall_bwd_us}, {"spmd_counts_us", sd.layer.counts_us},
        {"round_trip_over_spmd_alltoall", sd.layer.alltoall_fwd_us + sd.layer.alltoall_bwd_us + sd.layer.counts_us > 0
                                              ? pc.layer.round_trip_us / (sd.layer.alltoall_fwd_us + sd.layer.alltoall_bwd_us + sd.layer.counts_us)
                                              : 0.0},
        {"controller_over_spmd_dropless", pc.step.step_us / sd.step.step_us},
-       {"controller_put_slice_over_spmd_dropless", pl.step.step_us / sd.step.step_us},
        {"worker_over_spmd_dropless", pw.step.step_us / sd.step.step_us},
        {"static_over_spmd_capacity", ps.step.step_us / sc.step.step_us}});
 }

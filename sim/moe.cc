@@ -34,14 +34,13 @@ MoeRows moe_rows(const model::Config& m, int64_t tokens, int ep, double imbalanc
   return r;
 }
 
-double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes,
-                                bool put_slice) {
+double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes) {
   const double dp = cfg.mesh.dp, E = static_cast<double>(cfg.model.experts), ds = 1.0 / c.dispatch_scale;
   // The controller sits on host 0 (sim/dispatch.cc): its link to the farthest of the dp workers.
   const bool cross = cfg.mesh.dp > c.devices_per_host;
   const Link& l = c.has_controller_link ? c.controller_link : cross ? c.inter : c.intra;
   const double fetch = p.fetch_rtt_us * ds + dp * l.wire_us(8.0 * E);
-  const double put_bytes = put_slice ? 8.0 * (E + dp * E / cfg.mesh.ep) : 8.0 * dp * E;
+  const double put_bytes = 8.0 * 2 * E;  // a device's counts to receive, then its own (Shapes::route_counts)
   const double put = p.msg_us * dp * ds + dp * l.wire_us(put_bytes);
   const double dispatch = (p.call_us + p.node_us * segment_nodes + p.msg_us * dp) * ds;
   return fetch + put + dispatch + l.overhead_us + l.latency_us;
@@ -62,7 +61,6 @@ struct MoeSim {
   model::StepPlan plan;
   int64_t seqs, tokens;       // per micro-batch on one dp rank
   MoeRows rows;
-  bool put_slice;
   double slow = 1.0;          // compute slowdown (cluster scale, contention), as sim/step.cc
   std::vector<int> dp_devs, ep_devs, expert_devs;  // device 0's groups
 
@@ -72,7 +70,7 @@ struct MoeSim {
         dropless(cfg_.model.capacity_factor == 0.0), dp(cfg_.mesh.dp), ep(cfg_.mesh.ep),
         layout(cfg_.model, 0, 1, 0, cfg_.mesh.ep), plan(layout, cfg_.workload.microbatches),
         seqs(cfg_.micro_batch()), tokens(cfg_.micro_batch() * cfg_.model.seq_len),
-        rows(moe_rows(cfg_.model, tokens, cfg_.mesh.ep, o.imbalance)), put_slice(o.put_slice) {
+        rows(moe_rows(cfg_.model, tokens, cfg_.mesh.ep, o.imbalance)) {
     const bool pw = mode != ExecMode::kSpmd;
     const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
     slow = 1.0 / c.compute_scale;
@@ -163,7 +161,7 @@ UnitsResult run_units(const MoeSim& s, MoeStep& r) {
     if (s.moe_block(x) && fwd && s.controller) {  // moe_counts, then the devices wait for the controller
       const double k = s.moe_counts_us();
       r.layer.moe_counts_us = k;
-      const double rt = controller_round_trip_us(s.c, s.p, s.cfg, segs.at(static_cast<size_t>(r.round_trips)), s.put_slice);
+      const double rt = controller_round_trip_us(s.c, s.p, s.cfg, segs.at(static_cast<size_t>(r.round_trips)));
       t += k + node + rt;
       r.step.compute_us += k;
       r.step.nodes += 1;

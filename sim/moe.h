@@ -43,14 +43,12 @@ MoeRows moe_rows(const model::Config& m, int64_t tokens, int ep, double imbalanc
 // --moe-routing controller, one MoE layer and micro-batch: the time the devices idle between the
 // end of moe_counts and the start of the next segment (pathways/train/step_program.h
 // SegmentedStep::run). The controller fetches every device's counts (fetch_rtt_us, plus dp
-// messages of E int64 on its link), puts the [dp, E] matrix back replicated (msg_us and dp E 8
-// bytes per device, one after the other on its link: what Trainer::route's put sends), then
-// dispatches the next segment (call_us + node_us x `segment_nodes` + msg_us x dp), whose messages
-// arrive one controller-link latency later. Controller costs scale by the cluster's dispatch_scale.
-// `put_slice`: an assumption, not what the runtime does: each device is put only what its
-// block_fwd reads (its own row and its experts' columns: E + dp E/P int64), not the whole matrix.
-double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes,
-                                bool put_slice = false);
+// messages of E int64 on its link), puts on each device what its block_fwd reads (msg_us and 2E
+// int64 per device, one after the other on its link: what Trainer::route's put sends, Shapes::
+// route_counts), then dispatches the next segment (call_us + node_us x `segment_nodes` + msg_us x
+// dp), whose messages arrive one controller-link latency later. Controller costs scale by the
+// cluster's dispatch_scale.
+double controller_round_trip_us(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int segment_nodes);
 
 // What --what moe reports per MoE layer and micro-batch (0 where the step has none).
 struct MoeLayerCosts {
@@ -87,7 +85,6 @@ class CollectiveTimes {
 
 struct MoeOptions {
   double imbalance = 1.0;            // see moe_rows
-  bool put_slice = false;            // see controller_round_trip_us
   CollectiveTimes* times = nullptr;  // shared between calls (--what moe: a projection's thousands of
                                      // ranks simulated once per size); null: the step's own
 };

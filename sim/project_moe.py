@@ -38,8 +38,8 @@ ASSUMPTIONS = [
     'AllToAll and AllReduce as this project\'s algorithms over those links (sim/clusters/gshard_tpu_v3_cores.json)',
     'controller: this runtime (one message per worker, the profile\'s call/node/msg/fetch costs, unscaled), '
     'over a 12.5 GB/s, 10 us DCN link',
-    'controller routing: the runtime puts the whole [dp, E] int64 matrix on every device (as Trainer::route); '
-    'the put_slice row assumes a runtime that puts each device only its row and its experts\' columns',
+    'controller routing: the runtime fetches the [dp, E] int64 counts and puts 2E int64 on each device '
+    '(what its block forward reads: Trainer::route), one message per device',
 ]
 cfg = ['--d-model', '1024', '--layers', '36', '--heads', '16', '--head-dim', '64', '--d-ff', '8192',
        '--vocab', '32000', '--seq-len', '1024', '--batch', '4096', '--microbatches', '1',
@@ -60,9 +60,8 @@ print('GShard-like MoE step (2048 experts, 2048 TPU v3 cores; assumptions in pro
 for x in res['variants']:
     print(f"  {x['variant']:32} step {x['step_ms']:10.1f} ms  compute {x['compute_ms']:8.1f}  "
           f"alltoall {x['alltoall_ms']:7.1f}  round trips {x['round_trips']:3d} ({x['round_trip_ms']:.1f} ms)")
-print(f"  per MoE layer: controller round trip {layer['round_trip_us'] / 1e3:.2f} ms (put slice "
-      f"{layer['round_trip_put_slice_us'] / 1e3:.2f} ms) against SPMD's AllToAlls "
+print(f"  per MoE layer: controller round trip {layer['round_trip_us'] / 1e3:.2f} ms against SPMD's AllToAlls "
       f"{(layer['spmd_dropless_alltoall_fwd_us'] + layer['spmd_dropless_alltoall_bwd_us'] + layer['spmd_counts_us']) / 1e3:.2f} ms")
 print(f"  Pathways controller / SPMD dropless: {layer['controller_over_spmd_dropless']:.3f} "
-      f"(put slice: {layer['controller_put_slice_over_spmd_dropless']:.3f}; worker: {layer['worker_over_spmd_dropless']:.3f})")
+      f"(worker: {layer['worker_over_spmd_dropless']:.3f})")
 print(f"  Pathways static / SPMD capacity: {layer['static_over_spmd_capacity']:.3f}")

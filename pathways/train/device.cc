@@ -125,17 +125,17 @@ model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, con
       alltoall_s_ += t;
     };
   } else {
-    // counts[d * E + e]: device d's rows for expert e. This device receives, from each member q of
-    // its group (dp rank g0 + q), q's rows for this device's experts.
-    const int64_t E = cfg().model.experts, g0 = p.dp_rank - ep_rank(p), me = ep_rank(p);
-    PWM_CHECK_EQ(static_cast<int64_t>(counts.size()), p.dp * E);
-    e.counts = [counts, E, g0, me, P, dp = p.dp_rank](const int64_t* send, int64_t* recv, int64_t per) {
+    // From the controller (Trainer::route): the rows this device receives for its experts from
+    // each member of its group, then its own rows per expert (its router's: checked).
+    const int64_t E = cfg().model.experts;
+    PWM_CHECK_EQ(static_cast<int64_t>(counts.size()), 2 * E);
+    e.counts = [counts, E, P, dp = p.dp_rank](const int64_t* send, int64_t* recv, int64_t per) {
       for (int64_t x = 0; x < E; ++x)
-        PWM_CHECK(send[x] == counts[static_cast<size_t>(dp * E + x)],
+        PWM_CHECK(send[x] == counts[static_cast<size_t>(E + x)],
                   "moe: the controller's counts for device {} differ from its router's (expert {}: {} vs {})", dp, x,
-                  counts[static_cast<size_t>(dp * E + x)], send[x]);
-      for (int q = 0; q < P; ++q)
-        for (int64_t j = 0; j < per; ++j) recv[q * per + j] = counts[static_cast<size_t>((g0 + q) * E + me * per + j)];
+                  counts[static_cast<size_t>(E + x)], send[x]);
+      PWM_CHECK_EQ(P * per, E);
+      std::copy(counts.begin(), counts.begin() + E, recv);
     };
   }
   e.rows = [this, c, P](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows, int64_t width) {

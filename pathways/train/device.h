@@ -81,9 +81,8 @@ class TrainingDevice {
   collectives::Communicator* expert_comm(KernelContext& ctx, const Pos& p);
   // The model's AllToAll over the expert-parallel group (size 1 without --expert-parallel). The
   // counts are exchanged among the devices (static and worker routing), or, with `counts` (the
-  // controller's routing: every device's per-expert rows, [dp, E] in dp order, from the
-  // controller), read from it with no exchange (the device checks that its own row is what its
-  // router chose). Its time goes to the step's communication and its AllToAll time.
+  // controller's routing: Shapes::route_counts, what the controller put on this device), read
+  // from it with no exchange (the device checks that its own row is what its router chose). Its time goes to the step's communication and its AllToAll time.
   model::ExpertComm<float> expert_alltoall(KernelContext& ctx, const Pos& p, std::span<const int64_t> counts = {});
   // The MoE state of a layer's forward, kept from its block_fwd to its block_bwd by the saved(l)
   // buffer it belongs to (a dropless layer's state has data-dependent sizes: it is not an

@@ -241,7 +241,7 @@ std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
   return [S](Attrs a) {
     const int tp = tp_of(a);
     std::vector<ArgSpec> in{split_f32(S->total(tp)), split_f32(S->act())};
-    if (a.size() > 2 && a[2] != 0) in.push_back(rep_i64(S->route_counts()));  // the controller's counts
+    if (a.size() > 2 && a[2] != 0) in.push_back(S->route_counts());  // the controller's counts
     return sig(in, {split_f32(S->act()), split_f32(S->saved(tp))});
   };
 }

@@ -35,6 +35,8 @@ const model::StepPlan& Shapes::plan(int tp) const {
   PWM_THROW("no plan for tp = {} (the workload has tp = {})", tp, cfg_.mesh.tp);
 }
 
+ArgSpec Shapes::route_counts() const { return {TensorSpec{DataType::kInt64, {2 * cfg_.model.experts}}, Sharding::kSplit}; }
+
 int64_t Shapes::stats_words() const { return StepStats::words(cfg_.model.experts); }
 
 int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }

@@ -59,8 +59,11 @@ class Shapes {
   bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
   // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).
   bool expert_exchange(int layer) const { return cfg_.mesh.ep > 1 && moe_layer(layer); }
-  // The controller's routing matrix: every device's rows per expert, [dp, E] (block_fwd's input).
-  int64_t route_counts() const { return static_cast<int64_t>(cfg_.mesh.dp) * cfg_.model.experts; }
+  // What the controller's routing puts on each device for an MoE layer's block_fwd (split, 2E
+  // int64 per device): the rows it receives for its experts from each member of its
+  // expert-parallel group (group order, then expert), then its own rows per expert (its router's,
+  // which the device checks).
+  ArgSpec route_counts() const;
 
  private:
   pwm::train::TrainConfig cfg_;

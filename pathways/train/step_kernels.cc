@@ -185,10 +185,10 @@ void embed_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   model::embed_forward<float>(layout, ctx.in<float>(0).data(), ctx.in<int32_t>(1).data(), b.act);
 }
 
-// inputs: params, x(l)[, with attrs[2] = 1 (--moe-routing controller) every device's rows per
-// expert, [dp, E], as the controller read them from moe_counts]; outputs: x(l+1), saved(l) (the
-// layer's activations). An MoE layer exchanges its rows over the expert-parallel group inside the kernel
-// (block_fwd_ep, gang-scheduled) and keeps its routing with saved(l) for its backward.
+// inputs: params, x(l)[, with attrs[2] = 1 (--moe-routing controller) the counts the controller
+// put for this device after reading moe_counts (Shapes::route_counts)]; outputs: x(l+1), saved(l)
+// (the layer's activations). An MoE layer exchanges its rows over the expert-parallel group inside
+// the kernel (block_fwd_ep, gang-scheduled) and keeps its routing with saved(l) for its backward.
 void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const BlockUnit u(dev, ctx);
   const int l = u.layer;

@@ -147,7 +147,7 @@ class Segmenter {
     out_.counts_output.push_back(output_of(counts));
     open();
     out_.inputs.back().push_back({SegmentedStep::kPut, 0});
-    return {cur(), 0, builders_.back()->param(slice_, rep_i64(sh_.route_counts()))};
+    return {cur(), 0, builders_.back()->param(slice_, sh_.route_counts())};
   }
   SegmentedStep finish(const std::vector<SegValue>& outputs) {
     for (const SegValue& o : outputs) out_.outputs.push_back({o.seg, o.seg < 0 ? o.input : output_of(o)});

@@ -167,12 +167,22 @@ bool Trainer::controller_routing() const {
 }
 
 // --moe-routing controller: the controller reads an MoE layer's counts (a round trip to the
-// workers) and puts the [dp, E] matrix back on the slice for the layer's block_fwd.
+// workers: every device's rows per expert, [dp, E]) and puts on each device what its block_fwd
+// needs (Shapes::route_counts: the rows it will receive, then its own), 2E words a device.
 Array Trainer::route(const Array& counts) {
   const int64_t t0 = now_us();
   const std::vector<int64_t> rows = counts.get<int64_t>();
   trace_.span("wait moe counts", "wait", t0, now_us());
-  return client_.put<int64_t>(slices_[0], Sharding::kReplicated, {sh_.route_counts()}, rows);
+  const int64_t E = cfg_.model.experts, dp = cfg_.mesh.dp, P = cfg_.mesh.ep, per = E / P;
+  std::vector<int64_t> put;
+  put.reserve(static_cast<size_t>(dp * 2 * E));
+  for (int64_t d = 0; d < dp; ++d) {
+    const int64_t me = d % P, g0 = d - me;  // as TrainingDevice::ep_rank and ep_comm
+    for (int64_t q = 0; q < P; ++q)
+      for (int64_t j = 0; j < per; ++j) put.push_back(rows[static_cast<size_t>((g0 + q) * E + me * per + j)]);
+    put.insert(put.end(), rows.begin() + d * E, rows.begin() + (d + 1) * E);
+  }
+  return client_.put<int64_t>(slices_[0], Sharding::kSplit, {dp * 2 * E}, put);
 }
 
 Program Trainer::chained_program() const {
