@@ -42,6 +42,7 @@ def read_run(path, warm, choices):
         "round_trips": med(lambda s: s["moe"].get("round_trips", 0)),
         "step_ms": med(lambda s: s["step_ms"]),
         "alltoall_ms": med(lambda s: s["moe"]["alltoall_ms"]["median"]),
+        "route_wait_ms": med(lambda s: s["moe"]["route_wait_ms"]["median"] if "route_wait_ms" in s["moe"] else 0.0),
         "final_loss": final["final_loss"],
         "weights": final["weights_hash"],
     }
@@ -57,16 +58,19 @@ def moe_layers(path):
 
 def layer_costs(runs, groups):
     """What the controller's routing costs per MoE layer and micro-batch against SPMD's AllToAll:
-    the step time pw_controller adds over pw_worker (the same dropless work without the round
-    trips), per round trip, paired by round; and SPMD dropless's AllToAll time per group. Empty
-    without those rows."""
+    the devices' measured idle time before each routed block forward (median device, per round
+    trip); the step time pw_controller adds over pw_worker (the same dropless work without the
+    round trips), per round trip, paired by round; and SPMD dropless's AllToAll time per group.
+    Empty without those rows."""
     if not {"pw_controller", "pw_worker", "spmd_dropless"} <= runs.keys():
         return {}
     extra = [(c["step_ms"] - w["step_ms"]) / max(c["round_trips"], 1)
              for c, w in zip(runs["pw_controller"], runs["pw_worker"])]
     a2a = statistics.median(x["alltoall_ms"] for x in runs["spmd_dropless"]) / groups
+    wait = [c["route_wait_ms"] / max(c["round_trips"], 1) for c in runs["pw_controller"]]
     return {"round_trip_ms": statistics.median(extra), "round_trip_ms_min": min(extra),
-            "round_trip_ms_max": max(extra), "spmd_alltoall_ms": a2a}
+            "round_trip_ms_max": max(extra), "spmd_alltoall_ms": a2a, "route_wait_ms": statistics.median(wait),
+            "route_wait_ms_min": min(wait), "route_wait_ms_max": max(wait)}
 
 
 def choices_per_step(path):
@@ -123,9 +127,11 @@ def main(argv=None):
     per_layer = layer_costs(runs, moe_layers(os.path.join(out, f"{pairs[0][0]}.r1.jsonl")))
     if per_layer:
         table["per_moe_layer"] = per_layer
-        print(f"  per MoE layer and micro-batch: the controller's round trip costs {per_layer['round_trip_ms']:.2f} ms "
-              f"of step (pw_controller - pw_worker, paired by round, / trips); SPMD dropless spends "
-              f"{per_layer['spmd_alltoall_ms']:.2f} ms in its four AllToAlls (forward and backward)")
+        print(f"  per MoE layer and micro-batch: the devices wait {per_layer['route_wait_ms']:.2f} ms "
+              f"({per_layer['route_wait_ms_min']:.2f}-{per_layer['route_wait_ms_max']:.2f}) for the controller's round "
+              f"trip (measured on the devices); pw_controller - pw_worker: {per_layer['round_trip_ms']:.2f} ms "
+              f"({per_layer['round_trip_ms_min']:.2f}-{per_layer['round_trip_ms_max']:.2f}, step times paired by round, "
+              f"/ trips); SPMD dropless: {per_layer['spmd_alltoall_ms']:.2f} ms in its four AllToAlls")
     with open(os.path.join(out, "moe_compare.json"), "w") as f:
         json.dump({"router_skew": float(skew), "rounds": rounds, "warm_steps": warm, "rows": table}, f, indent=1)
 

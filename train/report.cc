@@ -113,7 +113,10 @@ void TrainReport::step(const StepRecord& r) {
     j["moe"] = {{"dropped_share", r.moe->dropped_share}, {"padding_share", r.moe->padding_share},
                 {"max_mean_tokens", r.moe->max_mean_tokens}, {"lb_loss", r.moe->lb_loss},
                 {"z_loss", r.moe->z_loss}, {"alltoall_ms", summary_json(r.moe->alltoall_ms)}};
-  if (r.moe && r.moe->round_trips >= 0) j["moe"]["round_trips"] = r.moe->round_trips;
+  if (r.moe && r.moe->round_trips >= 0) {
+    j["moe"]["round_trips"] = r.moe->round_trips;
+    j["moe"]["route_wait_ms"] = summary_json(r.moe->route_wait_ms);
+  }
   write(j.dump());  // (a skipped step's non-finite loss and norm are written as null)
   if (skipped) {
     fmt::print("[{}] step {:>5}/{} | skipped: loss {}, gradient norm {} (non-finite; {} of --skip-nonfinite {})\n",

@@ -24,6 +24,7 @@ struct MoeRecord {
   double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model.md)
   std::vector<double> alltoall_ms;  // per rank: time inside the expert AllToAlls
   double round_trips = -1;  // pathways_train: the controller's routing round trips (-1: none to count)
+  std::vector<double> route_wait_ms;  // pathways_train, per device: idle before the routed block forwards
 };
 // A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum
 // (`groups` = ranks x micro-batches x MoE layers, for the losses' means).

@@ -162,6 +162,10 @@ model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, con
 // The states move, never copy; a state given back by take_moe is handed to the next keep_moe's
 // caller, so the forward reuses its vectors' memory (tens of MB per layer at the reference model:
 // freed and faulted in again each time, they cost as much as a small GEMM).
+void TrainingDevice::routed(const KernelScope& running) {
+  if (last_kernel_end_us_ >= 0) route_wait_s_ += std::max<int64_t>(0, running.start_us_ - last_kernel_end_us_) * 1e-6;
+}
+
 void TrainingDevice::keep_moe(const float* saved, model::MoeState<float>& st) {
   PWM_CHECK(!moe_saved_.count(saved), "moe: a layer's state is kept twice for one saved(l) buffer");
   moe_saved_.emplace(saved, std::move(st));
@@ -244,8 +248,9 @@ void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, do
   if (cfg().model.moe()) {
     s.moe = pwm::train::pack_moe_stats(moe_, cfg().model.experts);
     s.moe.push_back(alltoall_s_ * 1e3);
+    s.moe.push_back(route_wait_s_ * 1e3);
     moe_ = {};
-    alltoall_s_ = 0;
+    alltoall_s_ = route_wait_s_ = 0;
   }
   comm_s_ = 0;
   busy_s_ = 0;
@@ -271,6 +276,7 @@ TrainingDevice::KernelScope::KernelScope(TrainingDevice& dev, const std::string&
 TrainingDevice::KernelScope::~KernelScope() {
   const int64_t end = now_us();
   if (step_work_) dev_.busy_s_ += (end - counted_from_us_) * 1e-6;
+  dev_.last_kernel_end_us_ = end;
   if (dev_.trace_) {
     dev_.trace_->span(name_, "kernel", start_us_, end);
     // This worker's object store (one worker per process under MPI): its live buffers after the

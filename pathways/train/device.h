@@ -97,6 +97,10 @@ class TrainingDevice {
   // report including the running kernel up to now, the communication, and the end time.
   void add_comm(double s) { comm_s_ += s; }
   class KernelScope;
+  // The running kernel is a block forward the controller routed (--moe-routing controller): the
+  // time since this device's previous kernel ended, which it spent waiting for the controller's
+  // round trip, goes to the step's routing wait (StepStats::moe).
+  void routed(const KernelScope& running);
   // Replicas: the running kernel ends this device's backward pass (its last gradient is ready);
   // exchange_exposed_s(), called when the update starts, is the time since then not spent in
   // kernels: waiting for the other islands' gradients (StepStats::xchg_exposed_ms).
@@ -149,6 +153,8 @@ class TrainingDevice {
   double busy_s_ = 0;  // step kernels' time since the last report
   double comm_s_ = 0;  // collectives of this step's earlier kernels
   double alltoall_s_ = 0;  // the step's expert AllToAlls (also in comm_s_ or the kernel's own)
+  double route_wait_s_ = 0;  // the step's idle time before routed block forwards (routed())
+  int64_t last_kernel_end_us_ = -1;
   model::MoeStats moe_;     // the step's MoE statistics
   std::map<const float*, model::MoeState<float>> moe_saved_;  // keep_moe / take_moe
   std::vector<model::MoeState<float>> moe_spare_;              // given back by take_moe, for reuse

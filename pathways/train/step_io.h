@@ -114,7 +114,8 @@ struct StepOutputs {
 // measured offsets), so that the controller can tell waiting for a slower island's backward
 // from waiting for the transfer.
 // moe (MoE models): the device's train::pack_moe_stats for the step, then its time in the
-// expert AllToAlls (ms): words(E) - kWords words.
+// expert AllToAlls and its idle time before the block forwards the controller routed (ms):
+// words(E) - kWords words.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
   double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0, xchg_exposed_ms = 0;
@@ -122,7 +123,7 @@ struct StepStats {
   std::vector<double> moe;
   static constexpr int64_t kWords = 11;
   // A device's words for a model of `experts` experts (0: dense).
-  static int64_t words(int64_t experts) { return kWords + (experts > 0 ? 6 + experts : 0); }
+  static int64_t words(int64_t experts) { return kWords + (experts > 0 ? 7 + experts : 0); }
   void write(std::span<double> out) const;
   static StepStats read(std::span<const double> in);
   // One per device of a slice's fetched statistics array (`words` per device).

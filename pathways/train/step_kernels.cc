@@ -189,7 +189,7 @@ void embed_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 // put for this device after reading moe_counts (Shapes::route_counts)]; outputs: x(l+1), saved(l)
 // (the layer's activations). An MoE layer exchanges its rows over the expert-parallel group inside
 // the kernel (block_fwd_ep, gang-scheduled) and keeps its routing with saved(l) for its backward.
-void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const BlockUnit u(dev, ctx);
   const int l = u.layer;
   const bool moe = u.layout.layer(l).moe;
@@ -199,6 +199,7 @@ void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   b.act.bind_x(l + 1, ctx.out<float>(0).data());
   b.act.bind_layer(l, ctx.out<float>(1).data());
   const bool routed = ctx.attrs().size() > 2 && ctx.attr(2) != 0;
+  if (routed) dev.routed(scope);
   const model::ExpertComm<float> ep =
       moe ? dev.expert_alltoall(ctx, u.p, routed ? ctx.in<int64_t>(2) : std::span<const int64_t>{}) : model::ExpertComm<float>{};
   model::block_forward<float>(u.layout, ctx.in<float>(0).data(), l, b.act, u.ws.scratch,

@@ -309,18 +309,21 @@ bool Trainer::drain_one() {
 // per device, and the controller's round trips.
 pwm::train::MoeRecord Trainer::moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const {
   std::vector<double> sum;
-  std::vector<double> alltoall_ms;
+  std::vector<double> alltoall_ms, wait_ms;
   for (const StepStats& d : devices) {
-    PWM_CHECK(d.moe.size() >= 6, "an MoE step's statistics without its MoE words");
-    sum.resize(d.moe.size() - 1, 0.0);
-    for (size_t i = 0; i + 1 < d.moe.size(); ++i) sum[i] += d.moe[i];
-    alltoall_ms.push_back(d.moe.back());
+    PWM_CHECK(d.moe.size() >= 7, "an MoE step's statistics without its MoE words");
+    const size_t n = d.moe.size() - 2;  // pack_moe_stats, then the AllToAll and routing-wait times
+    sum.resize(n, 0.0);
+    for (size_t i = 0; i < n; ++i) sum[i] += d.moe[i];
+    alltoall_ms.push_back(d.moe[n]);
+    wait_ms.push_back(d.moe[n + 1]);
   }
   const double groups =
       static_cast<double>(cfg_.data_parallel() * cfg_.workload.microbatches * cfg_.model.moe_layers());
   pwm::train::MoeRecord r = pwm::train::moe_record(sum, groups);
   r.alltoall_ms = alltoall_ms;
   r.round_trips = static_cast<double>(round_trips);
+  r.route_wait_ms = wait_ms;
   return r;
 }
 

@@ -60,14 +60,15 @@ class MoeCompareReport(unittest.TestCase):
             self.assertEqual(j['rows']['spmd']['weights'], 'ref')
 
     def test_layer_costs(self):
-        def run(step_ms, trips=0, a2a=0.0):
-            return {"step_ms": step_ms, "round_trips": trips, "alltoall_ms": a2a}
-        runs = {"pw_controller": [run(120.0, 4), run(140.0, 4)], "pw_worker": [run(100.0), run(100.0)],
+        def run(step_ms, trips=0, a2a=0.0, wait=0.0):
+            return {"step_ms": step_ms, "round_trips": trips, "alltoall_ms": a2a, "route_wait_ms": wait}
+        runs = {"pw_controller": [run(120.0, 4, wait=8.0), run(140.0, 4, wait=12.0)], "pw_worker": [run(100.0), run(100.0)],
                 "spmd_dropless": [run(90.0, a2a=8.0), run(90.0, a2a=12.0)]}
         c = mcr.layer_costs(runs, 2)
         self.assertEqual(c["round_trip_ms"], 7.5)            # (20 / 4 + 40 / 4) / 2
         self.assertEqual((c["round_trip_ms_min"], c["round_trip_ms_max"]), (5.0, 10.0))
         self.assertEqual(c["spmd_alltoall_ms"], 5.0)          # median 10 ms over 2 layers
+        self.assertEqual(c["route_wait_ms"], 2.5)             # (8 / 4 + 12 / 4) / 2
         self.assertEqual(mcr.layer_costs({"pw_worker": []}, 2), {})
 
     def test_incomplete_run_is_one_line(self):
