@@ -271,7 +271,7 @@ moe_set() {  # moe_set SKEW
     pw_worker=spmd_dropless
 }
 if [ "$MOE" = 1 ]; then
-  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)${CLUSTER_DESC:+; cluster: $CLUSTER_DESC}"
+  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc --all) cores)${CLUSTER_DESC:+; cluster: $CLUSTER_DESC}"
   if [ -n "$MOE_SKEW" ]; then moe_set "$MOE_SKEW"; else moe_set 0; echo; moe_set 3; fi
   echo "compare.sh --moe: finished in ${SECONDS} s"
   exit 0

@@ -32,7 +32,7 @@ declare -A FLAGS=(
   [capacity]="--experts $E --top-k 1 --expert-parallel 2 --capacity-factor 1.25"
 )
 ORDER=(dense dropless capacity)
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores); $ROUNDS rounds of ${ORDER[*]}, $STEPS steps each, measured after step $WARM"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc --all) cores); $ROUNDS rounds of ${ORDER[*]}, $STEPS steps each, measured after step $WARM"
 for name in "${ORDER[@]}"; do
   echo "\$ $PWM_MPIRUN $PWM_MPIRUN_FLAGS -n 2 $TRAIN ${COMMON[*]} ${FLAGS[$name]} --metrics $OUT/moe_<round>_$name.jsonl"
 done
