@@ -18,19 +18,13 @@ import os
 import statistics
 import sys
 
+from moe_report import read_steps
+
 
 def read_run(path, warm, choices):
-    steps, final = [], None
-    with open(path) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("final"):
-                final = j
-            elif "tokens_per_s" in j and not j.get("skipped"):
-                steps.append(j)
-    body = [s for s in steps if s["step"] >= warm]
-    if final is None or not body or "moe" not in body[0]:
-        sys.exit(f"moe_compare_report: {path} is incomplete (no final line, no MoE step from step {warm} on)")
+    body, final = read_steps(path, warm, "moe_compare_report")
+    if "moe" not in body[0]:
+        sys.exit(f"moe_compare_report: {path} is not an MoE run (its steps have no moe record)")
     med = lambda f: statistics.median(f(s) for s in body)  # noqa: E731
     return {
         "tokens_per_s": med(lambda s: s["tokens_per_s"]),

@@ -11,7 +11,9 @@ import statistics
 import sys
 
 
-def run_figures(path, warm):
+def read_steps(path, warm, who="moe_report"):
+    """A run's metrics: its step records from step `warm` on (skipped steps left out) and its final
+    record; exits with one line naming the file when either is missing."""
     steps, final = [], None
     with open(path) as f:
         for line in f:
@@ -21,8 +23,13 @@ def run_figures(path, warm):
             elif "tokens_per_s" in j and not j.get("skipped"):
                 steps.append(j)
     body = [s for s in steps if s["step"] >= warm]
-    if final is None or len(body) < 1:
-        sys.exit(f"moe_report: {path} is incomplete (no final line, or no step from step {warm} on)")
+    if final is None or not body:
+        sys.exit(f"{who}: {path} is incomplete (no final line, or no step from step {warm} on)")
+    return body, final
+
+
+def run_figures(path, warm):
+    body, final = read_steps(path, warm)
     fig = {"tokens_per_s": statistics.median(s["tokens_per_s"] for s in body), "final_loss": final["final_loss"]}
     if "moe" in body[0]:
         for k in ("dropped_share", "padding_share", "max_mean_tokens"):
