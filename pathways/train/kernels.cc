@@ -278,7 +278,6 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   }, moe_counts);
   for (bool acc : {false, true})
     add(acc ? "head_acc" : "head", false, [S, acc](Attrs a) {
-
       const int tp = tp_of(a);
       std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->act()), split_i32(S->tokens())};
       if (acc) in.push_back(tied(S, tp));
