@@ -78,9 +78,11 @@ def choices_per_step(path):
 
 def verdict(row, ref, ratios):
     """The row's ratio to its reference as the rounds support it: "same within noise (lo-hi)" when
-    the rounds' range holds 1, else the median with the range."""
+    the rounds' range holds 1, else the median with the range; one round has no range."""
     if row == ref:
         return "(reference)"
+    if len(ratios) < 2:
+        return f"{ratios[0]:.3f}x (one round: no interval)"
     lo, hi = min(ratios), max(ratios)
     if lo <= 1.0 <= hi:
         return f"same within noise ({lo:.2f}-{hi:.2f})"

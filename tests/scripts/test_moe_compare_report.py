@@ -30,6 +30,7 @@ class MoeCompareReport(unittest.TestCase):
         self.assertEqual(mcr.verdict('a', 'a', [0.5]), '(reference)')
         self.assertEqual(mcr.verdict('b', 'a', [0.97, 1.04, 1.0]), 'same within noise (0.97-1.04)')
         self.assertEqual(mcr.verdict('b', 'a', [0.8, 0.9, 0.85]), '0.850x (0.800-0.900) of a')
+        self.assertEqual(mcr.verdict('b', 'a', [1.015]), '1.015x (one round: no interval)')
 
     def test_choices_per_step(self):
         with tempfile.TemporaryDirectory() as d:
