@@ -12,10 +12,13 @@
 #
 # Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--rounds R] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
 #   --np N          compute ranks (default 2); pathways runs use N+1 ranks
-#   --steps N       optimizer steps per run (default 30)
+#   --steps N       optimizer steps per run (default 5: the first 2 are warm-up, reported apart)
 #   --rounds R      run the four trainers R times, interleaved (every other round in reverse
-#                   order), pool their step times and pair their ratios by round (default 1;
-#                   more rounds make the ratios robust on a machine whose speed drifts)
+#                   order), pool their step times and pair their ratios by round (default 5).
+#                   Each ratio is the median of the rounds' ratios with an interval beside it;
+#                   one that holds 1 reads "same within noise" (mpi_scripts/measure.py). The
+#                   default takes about two and a half minutes on 2 cores. Losses and weights
+#                   come from round 1; later rounds evaluate one validation batch, not 4
 #   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
 #   --hosts K       run everything on an emulated cluster of K hosts (mpi_scripts/cluster.sh):
 #                   ranks go round-robin over the hosts, so every run crosses host boundaries;
@@ -80,7 +83,7 @@ while [ $# -gt 0 ]; do
       [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
         { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
       shift 2 ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,7 +94,9 @@ if [ "$MOE" = 1 ]; then
 elif [ -n "$MOE_SKEW" ]; then
   echo "compare.sh: error: --moe-skew needs --moe" >&2; exit 2
 fi
-STEPS=${STEPS:-30}; ROUNDS=${ROUNDS:-1}
+# --palm keeps its long runs (30 steps, one round unless asked: each round builds two clusters).
+if [ "$PALM" = 1 ]; then STEPS=${STEPS:-30}; ROUNDS=${ROUNDS:-1}; fi
+STEPS=${STEPS:-5}; ROUNDS=${ROUNDS:-5}
 if [ "$PALM" = 1 ]; then
   [ "$HOSTS" = 0 ] && [ -z "$HOSTFILE" ] ||
     { echo "compare.sh: error: --palm makes its own cluster of 2 hosts: leave out --hosts and --hostfile" >&2; exit 2; }
@@ -135,17 +140,23 @@ echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)
 PEAK=$(measure_peak)
 echo "GEMM peak per core ($PRECISION), all cores busy: $PEAK GFLOP/s"
 BATCH_PER_RANK=16; [ "$MOE" = 1 ] && BATCH_PER_RANK=8  # (--moe: five rows, two skews, rounds)
-WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
-          --precision "$PRECISION" "${EXTRA[@]}")
+BASE_WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
+               --precision "$PRECISION")
+WORKLOAD=("${BASE_WORKLOAD[@]}" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
   local tag="$name"; [ "$ROUNDS" -gt 1 ] && tag="$name.r$ROUND"
-  local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "$@"
+  # Round 1 gives the losses and weights; later rounds only time the steps, so their final
+  # evaluation is one batch (flags after -- still win: the last value of a flag counts).
+  local eval=(); [ "$ROUND" -gt 1 ] && eval=(--eval-batches 1)
+  local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${BASE_WORKLOAD[@]}" "${eval[@]}" "${EXTRA[@]}" "$@"
              --metrics "$OUT/$tag.jsonl" --trace "$OUT/$tag.trace.json")
-  echo "\$ ${cmd[*]}"
-  "${cmd[@]}" | grep -E "done:|resumed|error" || { echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
+  if [ "$ROUND" -le 1 ]; then echo "\$ ${cmd[*]}"; fi
+  local o
+  o=$("${cmd[@]}" 2>&1) || { echo "$o" | tail -5 >&2; echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
+  grep -E "done:|resumed" <<<"$o" | sed "s/^/r$ROUND /"
   METRICS[$name]+="${METRICS[$name]:+,}$OUT/$tag.jsonl"
-  TRACES[$name]="$OUT/$tag.trace.json"
+  TRACES[$name]+="${TRACES[$name]:+,}$OUT/$tag.trace.json"
 }
 SECONDS=0
 declare -A METRICS TRACES
@@ -178,7 +189,7 @@ palm_run() {  # palm_run NAME OPTIONAL NRANKS BINARY FLAGS... (launcher in PALM_
          printf "%s user %.1f%% sys %.1f%% softirq %.1f%% idle %.1f%%\n", t, 100 * (d[2] + d[3]) / n,
                 100 * d[4] / n, 100 * d[8] / n, 100 * (d[5] + d[6]) / n}' >> "$PALM_DIR/cpu.txt"
   METRICS[$name]+="${METRICS[$name]:+,}$PALM_DIR/$tag.jsonl"
-  TRACES[$name]="$PALM_DIR/$tag.trace.json"
+  TRACES[$name]+="${TRACES[$name]:+,}$PALM_DIR/$tag.trace.json"
 }
 palm_set() {  # palm_set RATE (empty: unshaped)
   local rate=$1 label=${1:-unshaped}
@@ -289,9 +300,8 @@ one() {
 # pipeline chained fused spmd): a drift of the machine's speed within a pair of rounds then
 # favours no trainer.
 for ROUND in $(seq "$ROUNDS"); do
-  ORDER=(spmd fused chained pipeline)
-  [ $((ROUND % 2)) -eq 0 ] && ORDER=(pipeline chained fused spmd)
-  for r in "${ORDER[@]}"; do one "$r"; done
+  for r in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" spmd fused chained pipeline); do one "$r"; done
+  [ "$ROUNDS" -gt 1 ] && echo "round $ROUND/$ROUNDS done (${SECONDS} s)"
 done
 PEAK_END=$(measure_peak)
 echo "GEMM peak per core after the runs: $PEAK_END GFLOP/s"

@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """Side-by-side report of training runs (mpi_scripts/compare.sh writes the runs, this reads them).
 
-    compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[,MORE.jsonl...][:TRACE.json] ...
+    compare_report.py RESULTS_DIR WORKLOAD_JSON NAME=METRICS.jsonl[,MORE.jsonl...][:TRACE.json[,MORE.json...]] ...
 
 The first run is the reference (SPMD). Several metrics files for one run are rounds of it, given in
 the same round order for every run: their step times are pooled (throughput and percentiles over
 every step but the first WARMUP_STEPS of every round, whose time is printed apart), and the ratio
-against the reference is paired by round (the median of the rounds' ratios: the runs of one round
-ran back to back, so a machine whose speed drifts between rounds does not bias it). Losses and
-weights come from the first round. Prints the table, writes RESULTS_DIR/compare.json and the
-gnuplot PNGs (loss curves, throughput bars, a timeline of one step per run).
+against the reference is paired by round with its interval (mpi_scripts/measure.py: the median of
+the rounds' ratios, the order-statistic interval beside it, "same within noise" when it holds 1).
+A ratio outside its interval's reach of 1 is attributed from the rounds' traces (forward, backward,
+gradient reduction, update, rest: ms per step and device). Losses and weights come from the first
+round. Prints the table, writes RESULTS_DIR/compare.json and the gnuplot PNGs (loss curves,
+throughput bars, a timeline of one step per run, from its last round's trace).
 """
 import json
 import os
 import re
 import subprocess
 import sys
+
+import measure
 
 
 # Timeline colours: the controller's waiting and dispatch always grey and black, every other
@@ -25,8 +29,9 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
            "#dbdb8d", "#9edae5", "#393b79", "#637939"]
 
-# Steps of each run left out of the steady-state columns (fewer if a run is shorter).
-WARMUP_STEPS = 3
+# Steps of each run left out of the steady-state columns (fewer if a run is shorter): the first
+# step lowers and allocates, the second still fills a Pathways run's buffer cache.
+WARMUP_STEPS = 2
 
 
 def load_metrics(path):
@@ -71,12 +76,7 @@ def one_step_timeline(trace_path, step_index=-2):
     return rows
 
 
-def percentile(v, q):
-    v = sorted(v)
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+percentile = measure.percentile
 
 
 def gnuplot(script):
@@ -116,15 +116,31 @@ def exchange_lines(table):
             print(f"{'':>12}  {t['name']}: " + ", ".join(parts))
 
 
+def verdict_lines(table, ref):
+    """What the ratios support, a line per run, and where a difference outside the noise comes from."""
+    n = ref["rounds"]
+    if n > 1:
+        cov = table[1]["vs_spmd"]["coverage"] if len(table) > 1 else 0
+        print(f"{'':>12}  vs spmd: the median of the {n} rounds' paired ratios (each round ran every trainer back to "
+              f"back, the order reversed every other round); interval: the rounds' order statistics covering the "
+              f"median with {100 * cov:.0f}% confidence (mpi_scripts/measure.py); tokens/s and p50/p90 pool the rounds' steps")
+    for t in table[1:]:
+        print(f"{'':>12}  {t['verdict']}")
+        if n > 1:
+            print(f"{'':>14}per round: " + " ".join(f"{x:.3f}" for x in t["tokens_per_s_vs_spmd_per_round"]))
+        if t["vs_spmd"]["same_within_noise"] is False:
+            print(f"{'':>14}" + measure.attribution(t["name"], table[0]["name"], t["breakdown"], table[0]["breakdown"]))
+
+
 def main():
     out_dir, workload = sys.argv[1], json.loads(open(sys.argv[2]).read())
     specs = []
     for arg in sys.argv[3:]:
         name, paths = arg.split("=", 1)
-        metrics, _, trace = paths.partition(":")
-        specs.append((name, metrics, trace))
+        metrics, _, traces = paths.partition(":")
+        specs.append((name, metrics, [t for t in traces.split(",") if t]))
     runs = []
-    for name, metrics, trace in specs:
+    for name, metrics, traces in specs:
         files = metrics.split(",")
         head, steps, vals, final = load_metrics(files[0])
         # Steady state: every step but each round's first WARMUP_STEPS (lowering, first
@@ -137,7 +153,10 @@ def main():
         skip = min(WARMUP_STEPS, min(len(r) for r in all_ms) - 1)  # at least one step stays
         per_round = [r[skip:] for r in all_ms]
         pooled = [v for r in per_round for v in r]
-        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, trace=trace,
+        bds = [b for b in (measure.step_breakdown(t) for t in traces if os.path.exists(t)) if b]
+        breakdown = {k: sum(b.get(k, 0.0) for b in bds) / len(bds) for k in bds[0]} if bds else None
+        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final,
+                         trace=traces[-1] if traces else "", breakdown=breakdown,
                          step_ms=pooled, round_p50=[percentile(r, 0.5) for r in per_round], rounds=len(files),
                          warmup_steps=skip, warmup_ms=percentile([sum(r[:skip]) for r in all_ms], 0.5)))
     # The trainers' MFU is against the peak measured before the runs; the report's is against
@@ -158,9 +177,11 @@ def main():
         tokens_per_step = cfg["batch"] * int(re.search(r"seq_len=(\d+)", cfg["model"]).group(1))
         tps = tokens_per_step / (p50 * 1e-3)  # over the pooled median step
         # Paired by round: step time of the reference over this run's, per round (same tokens per step).
-        ratios = [a / b for a, b in zip(ref["round_p50"], r["round_p50"])]
-        row = dict(name=r["name"], tokens_per_s=tps, tokens_per_s_vs_spmd=percentile(ratios, 0.5),
-                   tokens_per_s_vs_spmd_per_round=ratios, step_ms_p50=p50, step_ms_p90=p90,
+        ratio = measure.paired_ratio(ref["round_p50"], r["round_p50"], higher_is_better=False)
+        row = dict(name=r["name"], tokens_per_s=tps, tokens_per_s_vs_spmd=ratio.median,
+                   tokens_per_s_vs_spmd_per_round=ratio.per_round, vs_spmd=ratio.as_dict(),
+                   verdict=ratio.verdict(r["name"], ref["name"]), breakdown=r["breakdown"],
+                   step_ms_p50=p50, step_ms_p90=p90,
                    mfu=f["mfu"] * tps / f["tokens_per_s"] * peak_scale(r["head"]), comm_or_dispatch_share=share,
                    rounds=r["rounds"], steps_pooled=len(r["step_ms"]),
                    warmup_steps=r["warmup_steps"], warmup_ms=r["warmup_ms"],
@@ -173,7 +194,7 @@ def main():
             if k in f:
                 row[k] = f[k]
         table.append(row)
-    cols = ["run", "tokens/s", "vs spmd", "p50 ms", "p90 ms", "MFU", "comm|disp", "train loss", "val loss",
+    cols = ["run", "tokens/s", "vs spmd", "interval", "p50 ms", "p90 ms", "MFU", "comm|disp", "train loss", "val loss",
             "max|dloss|", "same weights"]
     if workload.get("cluster", "one host") != "one host":
         print(f"cluster: {workload['cluster']}")
@@ -182,6 +203,7 @@ def main():
         d = t["max_abs_loss_diff_vs_spmd"]
         print("  ".join(f"{v:>12}" for v in [
             t["name"], f"{t['tokens_per_s']:.0f}", f"{t['tokens_per_s_vs_spmd']:.3f}x",
+            "-" if t is table[0] or t["vs_spmd"]["lo"] is None else f"{t['vs_spmd']['lo']:.2f}-{t['vs_spmd']['hi']:.2f}",
             f"{t['step_ms_p50']:.1f}", f"{t['step_ms_p90']:.1f}", f"{100 * t['mfu']:.1f}%",
             f"{100 * t['comm_or_dispatch_share']:.1f}%", f"{t['final_loss']:.4f}", f"{t['val_loss']:.4f}",
             "-" if d is None else f"{d:.2e}", "yes" if t["weights_identical"] else ("no*" if "stages" in t else "no")]))
@@ -199,11 +221,7 @@ def main():
                   + " ".join(f"{b / 2**20:.1f}" for b in t["peak_intermediate_bytes"])
                   + "; object-store high-water per stage (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in t["peak_store_bytes"]))
     exchange_lines(table)
-    if ref["rounds"] > 1:
-        print(f"{'':>12}  vs spmd: the median of the {ref['rounds']} rounds' ratios (each round ran every trainer back "
-              f"to back); tokens/s and p50/p90 pool the rounds' steps")
-        for t in table[1:]:
-            print(f"{'':>12}  {t['name']} per round: " + " ".join(f"{x:.3f}" for x in t["tokens_per_s_vs_spmd_per_round"]))
+    verdict_lines(table, ref)
     if any(t["warmup_steps"] for t in table):
         print(f"{'':>12}  warm-up, the first steps of a run (not in the columns above), ms: "
               + " ".join(f"{t['name']} {t['warmup_ms']:.0f} ({t['warmup_steps']} step{'s' if t['warmup_steps'] != 1 else ''})" for t in table)
