@@ -7,8 +7,8 @@ dropless) and under Pathways' three routings, from interleaved rounds at one rou
 Each ROW's metrics are DIR/ROW.r<k>.jsonl (k = 1..ROUNDS); REFERENCE is the SPMD row with the
 same semantics (itself for the SPMD rows). Per row: tokens/s, the median over rounds of each
 round's median step tokens/s from step WARM on, with the rounds' range; the ratio to the
-reference, the median of the per-round paired ratios with their range ("same within noise" when
-the range holds 1); the routing figures over the same steps (tokens dropped per step, the padding
+reference, the median of the per-round paired ratios with its interval (mpi_scripts/measure.py:
+"same within noise" when the interval holds 1); the routing figures over the same steps (tokens dropped per step, the padding
 share of the rows the experts computed, the busiest expert's tokens over the mean's, the AllToAll's
 share of the step, the controller's round trips per step as the runtime counted them); the final
 loss; whether the final weights equal the reference's. Writes DIR/moe_compare.json.
@@ -17,6 +17,8 @@ import json
 import os
 import statistics
 import sys
+
+import measure
 
 from moe_report import read_steps
 
@@ -77,16 +79,11 @@ def choices_per_step(path):
 
 
 def verdict(row, ref, ratios):
-    """The row's ratio to its reference as the rounds support it: "same within noise (lo-hi)" when
-    the rounds' range holds 1, else the median with the range; one round has no range."""
+    """The row's ratio to its reference as the rounds support it (measure.Ratio's words: the median,
+    "same within noise" when the interval holds 1, the interval and its coverage)."""
     if row == ref:
         return "(reference)"
-    if len(ratios) < 2:
-        return f"{ratios[0]:.3f}x (one round: no interval)"
-    lo, hi = min(ratios), max(ratios)
-    if lo <= 1.0 <= hi:
-        return f"same within noise ({lo:.2f}-{hi:.2f})"
-    return f"{statistics.median(ratios):.3f}x ({lo:.3f}-{hi:.3f}) of {ref}"
+    return measure.Ratio(ratios).text()
 
 
 def main(argv=None):
@@ -98,7 +95,7 @@ def main(argv=None):
             for row, _ in pairs}
     table = {}
     print(f"MoE, router skew {skew}: {rounds} rounds (order alternating), medians over steps >= {warm}")
-    print(f"{'row':<14} {'tok/s (range)':>22} {'vs reference (range)':>34} {'dropped/step':>14} {'padding':>8} "
+    print(f"{'row':<14} {'tok/s (range)':>22} {'vs reference (interval)':>44} {'dropped/step':>14} {'padding':>8} "
           f"{'max/mean':>8} {'a2a':>6} {'trips':>6} {'loss':>8} {'weights':>8}")
     for row, ref in pairs:
         r, b = runs[row], runs[ref]
@@ -112,7 +109,7 @@ def main(argv=None):
         for k in ("step_ms", "alltoall_ms", "dropped_per_step", "dropped_share", "padding_share", "max_mean_tokens", "alltoall_share", "round_trips", "final_loss"):
             entry[k] = statistics.median(x[k] for x in r)
         table[row] = entry
-        print(f"{row:<14} {statistics.median(tps):>9.0f} ({min(tps):.0f}-{max(tps):.0f}) {said:>34} "
+        print(f"{row:<14} {statistics.median(tps):>9.0f} ({min(tps):.0f}-{max(tps):.0f}) {said:>44} "
               f"{entry['dropped_per_step']:>6.0f} ({100 * entry['dropped_share']:4.1f}%) {100 * entry['padding_share']:>7.1f}% "
               f"{entry['max_mean_tokens']:>8.2f} {100 * entry['alltoall_share']:>5.1f}% {entry['round_trips']:>6.0f} "
               f"{entry['final_loss']:>8.4f} {same:>8}")

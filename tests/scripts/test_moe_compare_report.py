@@ -28,8 +28,8 @@ def write_run(path, tokens, dropped=0.0, trips=0, weights='aa', warm_garbage=Tru
 class MoeCompareReport(unittest.TestCase):
     def test_verdict(self):
         self.assertEqual(mcr.verdict('a', 'a', [0.5]), '(reference)')
-        self.assertEqual(mcr.verdict('b', 'a', [0.97, 1.04, 1.0]), 'same within noise (0.97-1.04)')
-        self.assertEqual(mcr.verdict('b', 'a', [0.8, 0.9, 0.85]), '0.850x (0.800-0.900) of a')
+        self.assertEqual(mcr.verdict('b', 'a', [0.97, 1.04, 1.0]), '1.000x, same within noise (0.97-1.04, 75% coverage)')
+        self.assertEqual(mcr.verdict('b', 'a', [0.8, 0.9, 0.85]), '0.850x (0.80-0.90, 75% coverage)')
         self.assertEqual(mcr.verdict('b', 'a', [1.015]), '1.015x (one round: no interval)')
 
     def test_choices_per_step(self):
@@ -48,8 +48,8 @@ class MoeCompareReport(unittest.TestCase):
                 mcr.main([d, '3', '1', '2', 'spmd=spmd', 'pw=spmd'])
             text = out.getvalue()
             self.assertIn('router skew 3: 2 rounds', text)
-            # ratios 0.8 and 0.9: median 0.85, outside 1
-            self.assertIn('0.850x (0.800-0.900) of spmd', text)
+            # ratios 0.8 and 0.9: median 0.85, outside 1 (two rounds' min and max cover the median 50%)
+            self.assertIn('0.850x (0.80-0.90, 50% coverage)', text)
             self.assertIn('differ', text)
             j = json.load(open(os.path.join(d, 'moe_compare.json')))
             pw = j['rows']['pw']
