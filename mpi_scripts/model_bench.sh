@@ -32,9 +32,10 @@ if pgrep -x cc1plus >/dev/null; then
 fi
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset: autodetect>}"
 
-# The machine may be shared: each side runs $ROUNDS times, alternating, and each side's best
-# median counts (the same rule for both).
-ROUNDS="${PWM_BENCH_ROUNDS:-2}"
+# The machine may be shared: both sides run in $ROUNDS alternating rounds (ours then the peer,
+# the peer then ours, ...); the ratio is the median of the per-round ratios with an interval
+# (mpi_scripts/measure.py). In a round the fp32 peer is the faster of its two BLAS set-ups.
+ROUNDS="${PWM_BENCH_ROUNDS:-3}"
 PRECISIONS="${PWM_BENCH_PRECISIONS:-fp32 bf16}"
 DDP_PEER="${PWM_TORCH_DDP_PEER:-$(dirname "$PEER")/torch_ddp_bench.py}"
 pwm_install_packages python3-torch libopenblas0-openmp
@@ -53,47 +54,63 @@ run_peer() {  # prints the peer's median tokens/s on stdout, its command and out
   echo "$o" >&2
   grep -o 'tokens/s median=[0-9]*' <<<"$o" | cut -d= -f2
 }
+peer_round() {  # peer_round PRECISION ROUND: the peer's tokens/s this round, appended to PEER_TPS
+  local peer=0 t
+  if [ "$1" = fp32 ]; then
+    echo "== fp32 round $2: torch peer, pthread OpenBLAS, OPENBLAS_NUM_THREADS=1"
+    t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") &&
+      [ "$t" -gt "$peer" ] && peer=$t
+    echo "== fp32 round $2: torch peer, OpenMP OpenBLAS (libopenblas0-openmp), OMP_NUM_THREADS=1"
+    t=$(run_peer env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OMP_NUM_THREADS=1 \
+          /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") && [ "$t" -gt "$peer" ] && peer=$t
+  else
+    echo "== bf16 round $2: torch peer, CPU autocast bf16, one rank of one thread"
+    t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$DDP_PEER" --ranks 1 --batch 16 \
+          --steps "$STEPS" --warmup "$WARMUP" --dtype bfloat16) && [ "$t" -gt "$peer" ] && peer=$t
+  fi
+  PEER_TPS[$1]+="${PEER_TPS[$1]:+,}$peer"
+}
 declare -A PEER_TPS
 for prec in $PRECISIONS; do
-  peer=0
   for r in $(seq 1 "$ROUNDS"); do
-    echo "== $prec round $r: model_bench (C++, 1 thread)"
-    run_ours "$prec" "$r" "$@"
-    if [ "$prec" = fp32 ]; then
-      echo "== fp32 round $r: torch peer, pthread OpenBLAS, OPENBLAS_NUM_THREADS=1"
-      t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") &&
-        [ "$t" -gt "$peer" ] && peer=$t
-      echo "== fp32 round $r: torch peer, OpenMP OpenBLAS (libopenblas0-openmp), OMP_NUM_THREADS=1"
-      t=$(run_peer env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OMP_NUM_THREADS=1 \
-            /usr/bin/python3 "$PEER" 1 "$STEPS" "$WARMUP") && [ "$t" -gt "$peer" ] && peer=$t
-    else
-      echo "== bf16 round $r: torch peer, CPU autocast bf16, one rank of one thread"
-      t=$(run_peer env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 "$DDP_PEER" --ranks 1 --batch 16 \
-            --steps "$STEPS" --warmup "$WARMUP" --dtype bfloat16) && [ "$t" -gt "$peer" ] && peer=$t
-    fi
+    for side in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$r" ours peer); do
+      if [ "$side" = ours ]; then
+        echo "== $prec round $r: model_bench (C++, 1 thread)"
+        run_ours "$prec" "$r" "$@"
+      else
+        peer_round "$prec" "$r"
+      fi
+    done
   done
-  PEER_TPS[$prec]=$peer
 done
 
-python3 - "$OUT" "$ROUNDS" "$PRECISIONS" "${PEER_TPS[fp32]:-0}" "${PEER_TPS[bf16]:-0}" <<'EOF2'
-import json, sys
+PYTHONPATH="$PWM_ROOT/mpi_scripts" python3 - "$OUT" "$ROUNDS" "$PRECISIONS" "${PEER_TPS[fp32]:-}" "${PEER_TPS[bf16]:-}" <<'EOF2'
+import json, statistics, sys
+import measure
 out, rounds, precisions = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-peers = {"fp32": float(sys.argv[4]), "bf16": float(sys.argv[5])}
+peers = {"fp32": [float(x) for x in sys.argv[4].split(",") if x], "bf16": [float(x) for x in sys.argv[5].split(",") if x]}
 summary = {}
 for prec in precisions:
     runs = [json.load(open(f"{out}.{prec}.{r}")) for r in range(1, rounds + 1)]
-    best = max(runs, key=lambda j: j["tokens_per_s"])
+    ours = [j["tokens_per_s"] for j in runs]
+    med = min(runs, key=lambda j: abs(j["tokens_per_s"] - statistics.median(ours)))  # the median round
     peer = peers[prec]
-    best["peer_tokens_per_s"] = peer
-    best["ratio_vs_peer"] = best["tokens_per_s"] / peer if peer else 0.0
-    summary[prec] = best
-    ratio, mfu = best["ratio_vs_peer"], 100 * best["mfu"]
+    ok = len(peer) == rounds and all(peer)
+    ratio = measure.paired_ratio(peer, ours) if ok else None
+    doc = dict(med, tokens_per_s_rounds=ours, peer_tokens_per_s_rounds=peer,
+               peer_tokens_per_s=statistics.median(peer) if peer else 0.0,
+               ratio_vs_peer=ratio.median if ratio else 0.0, ratio_vs_peer_interval=ratio.as_dict() if ratio else None)
+    summary[prec] = doc
     what = "torch_palm_bench.py fp32, best single-thread BLAS" if prec == "fp32" else \
            "torch_ddp_bench.py --ranks 1 --dtype bfloat16 (autocast)"
-    print(f"== {prec}: model_bench {best['tokens_per_s']:.0f} tokens/s (MFU {mfu:.1f}% of a measured "
-          f"{best['peak_gflops']:.1f} GFLOP/s {prec} GEMM peak), torch {peer:.0f} tokens/s ({what}); "
-          f"best medians of {rounds} alternating rounds each")
-    print(f"== {prec}: ratio ours/theirs {ratio:.2f}x (bar 1.2x: {'PASS' if ratio >= 1.2 else 'FAIL'})")
+    print(f"== {prec}: model_bench {statistics.median(ours):.0f} tokens/s ({min(ours):.0f}-{max(ours):.0f}; MFU "
+          f"{100 * med['mfu']:.1f}% of a measured {med['peak_gflops']:.1f} GFLOP/s {prec} GEMM peak, median round), torch "
+          f"{doc['peer_tokens_per_s']:.0f} tokens/s ({what}); {rounds} alternating rounds")
+    if ratio:
+        print(f"== {prec}: ratio ours/theirs {ratio.text()}, the median of the rounds' paired ratios "
+              f"(bar 1.2x: {'PASS' if ratio.median >= 1.2 else 'FAIL'})")
+    else:
+        print(f"== {prec}: no ratio: the peer gave no figure in some round")
 print(f"== {summary[precisions[0]]['bf16_info']}")
 json.dump(summary, open(out, "w"), indent=2)
 print(f"== written to {out}")

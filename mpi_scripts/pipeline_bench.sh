@@ -8,9 +8,11 @@
 # ratio 1F1B / GPipe of stage 0's peak intermediates. A spmd_train --dp S row per S is the
 # reference measured in the same run (the same global batch on the same number of devices).
 #
-# Usage: mpi_scripts/pipeline_bench.sh [--steps N] [--stages "2 4"] [--micro "4 8 16"]
+# Usage: mpi_scripts/pipeline_bench.sh [--steps N] [--rounds R] [--stages "2 4"] [--micro "4 8 16"]
 #                                     [--schedules "gpipe 1f1b"] [--stage-dp D]
 #                                     [--hosts K [--dcn-rate R]] [--out DIR] [-- TRAINER FLAGS...]
+#   --rounds R      every configuration R times (default 3), in interleaved rounds; each ratio to
+#                   spmd_train is the median of its per-round ratios with an interval
 #   --stage-dp D    every stage a slice of D data-parallel devices (S D + 1 ranks, --islands SxD;
 #                   the stage's dp AllReduce overlapping its backward), against spmd_train --dp S D
 #   --hosts K       also run every configuration over an emulated cluster of K hosts
@@ -22,7 +24,7 @@
 # S = 4 needs 5 ranks: on a machine with fewer cores than 5 the stages share cores and the
 # measured bubble includes that sharing (the script prints the core count).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-STEPS=12; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=(); SDP=1
+STEPS=12; ROUNDS=3; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=(); SDP=1
 value() {
   if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
     echo "pipeline_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
@@ -32,6 +34,7 @@ value() {
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
+    --rounds) ROUNDS=$(value "$@") || exit 2; shift 2 ;;
     --stages) STAGES=$(value "$@") || exit 2; shift 2 ;;
     --micro) MICRO=$(value "$@") || exit 2; shift 2 ;;
     --schedules) SCHEDS=$(value "$@") || exit 2; shift 2 ;;
@@ -40,10 +43,11 @@ while [ $# -gt 0 ]; do
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "pipeline_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] || { echo "pipeline_bench.sh: error: --rounds must be a whole number of at least 1 (got '$ROUNDS')" >&2; exit 2; }
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "pipeline_bench.sh: error: --steps must be 4 or more (got '$STEPS')" >&2; exit 2; }
 for s in $STAGES; do [[ "$s" =~ ^[0-9]+$ ]] && [ "$s" -ge 2 ] || { echo "pipeline_bench.sh: error: --stages takes numbers >= 2 (got '$s')" >&2; exit 2; }; done
 for m in $MICRO; do [[ "$m" =~ ^[0-9]+$ ]] && [ "$m" -ge 1 ] && [ $((32 % m)) -eq 0 ] || { echo "pipeline_bench.sh: error: --micro takes divisors of the batch 32 (got '$m')" >&2; exit 2; }; done
@@ -68,33 +72,46 @@ WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops "$PEAK" "${E
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
-RUNS=()
+declare -A RUNS  # WHERE/NAME -> its rounds' metrics, comma-separated
 run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")
   local where=$1 name=$2; shift 2
   local launch=(); while [ "$1" != "::" ]; do launch+=("$1"); shift; done; shift
   local n=$1 bin=$2; shift 2
-  local m="$OUT/pipe_${where}_$name.jsonl"
-  local cmd=("${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" --metrics "$m")
-  echo "\$ ${cmd[*]}"
-  if ! "${cmd[@]}" > "$OUT/pipe_${where}_$name.log" 2>&1; then
-    echo "pipeline_bench.sh: error: run $where/$name failed (log: $OUT/pipe_${where}_$name.log)" >&2; exit 1
+  local base="$OUT/pipe_${where}_$name.r$ROUND"
+  local cmd=("${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" --metrics "$base.jsonl")
+  [ "$ROUND" = 1 ] && echo "\$ ${cmd[*]}"
+  if ! "${cmd[@]}" > "$base.log" 2>&1; then
+    echo "pipeline_bench.sh: error: run $where/$name failed (log: $base.log)" >&2; exit 1
   fi
-  grep "done:" "$OUT/pipe_${where}_$name.log"
-  RUNS+=("$where/$name=$m")
+  echo "r$ROUND $(grep "done:" "$base.log")"
+  RUNS[$where/$name]+="${RUNS[$where/$name]:+,}$base.jsonl"
 }
+# Every configuration once per round, the round's order from mpi_scripts/measure.py (every other
+# round reversed); each pipeline run's ratio to the spmd run of its devices is paired by round.
 sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
   local where=$1 mode=$2; shift 2
+  local names=()
   for S in $STAGES; do
-    local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x$SDP")
-    local sdp=(); [ "$SDP" != 1 ] && sdp=(--dp "$SDP")
-    run "$where" "spmd_dp$((S * SDP))" "$@" :: $((S * SDP)) "$SPMD" --dp $((S * SDP))
-    for M in $MICRO; do
-      for K in $SCHEDS; do
-        run "$where" "S${S}_M${M}_$K" "$@" :: $((S * SDP + 1)) "$PT" --stages "$S" "${sdp[@]}" "${isl[@]}" --microbatches "$M" --schedule "$K"
-      done
+    names+=("spmd_dp$((S * SDP))")
+    for M in $MICRO; do for K in $SCHEDS; do names+=("S${S}_M${M}_$K"); done; done
+  done
+  for ROUND in $(seq "$ROUNDS"); do
+    for name in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" "${names[@]}"); do
+      if [[ $name == spmd_dp* ]]; then
+        run "$where" "$name" "$@" :: "${name#spmd_dp}" "$SPMD" --dp "${name#spmd_dp}"
+        continue
+      fi
+      local S=${name%%_*}; S=${S#S}
+      local M=${name#*_M}; M=${M%%_*}
+      local K=${name##*_}
+      local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x$SDP")
+      local sdp=(); [ "$SDP" != 1 ] && sdp=(--dp "$SDP")
+      run "$where" "$name" "$@" :: $((S * SDP + 1)) "$PT" --stages "$S" "${sdp[@]}" "${isl[@]}" --microbatches "$M" --schedule "$K"
     done
   done
+  for name in "${names[@]}"; do ORDERED+=("$where/$name=${RUNS[$where/$name]}"); done
 }
+ORDERED=()
 SECONDS=0
 sweep local local "${LOCAL[@]}"
 if [ "$HOSTS" != 0 ]; then
@@ -104,5 +121,5 @@ if [ "$HOSTS" != 0 ]; then
   sweep "hosts$HOSTS" cluster bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$CLUSTER" --timeout 3600 -- \
     bash -c '$PWM_CLUSTER_MPIRUN "$@"' _
 fi
-python3 "$PWM_ROOT/mpi_scripts/pipeline_report.py" "$OUT/pipeline_bench.json" "$HOSTS" "${DCN_RATE:-unshaped}" "${RUNS[@]}"
+python3 "$PWM_ROOT/mpi_scripts/pipeline_report.py" "$OUT/pipeline_bench.json" "$HOSTS" "${DCN_RATE:-unshaped}" "${ORDERED[@]}"
 echo "pipeline_bench.sh: finished in ${SECONDS} s"

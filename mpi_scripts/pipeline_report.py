@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The report of mpi_scripts/pipeline_bench.sh: a table per place the sweep ran, the summary JSON.
 
-    pipeline_report.py OUT.json HOSTS DCN WHERE/NAME=METRICS.jsonl...
+    pipeline_report.py OUT.json HOSTS DCN WHERE/NAME=METRICS.jsonl[,ROUND2.jsonl...]...
 
 Each run is named WHERE/NAME: WHERE is `local` or `hosts<K>`, NAME `spmd_dp<N>` (the reference)
-or `S<S>_M<M>_<gpipe|1f1b>`; its metrics' last `final` record is its result. Prints per WHERE
-tokens/s, the ratio to the spmd_train row of the same devices, the measured bubble against the
+or `S<S>_M<M>_<gpipe|1f1b>`; its metrics' last `final` record is its result, one file per round
+(the rounds interleaved, every run in each). Prints per WHERE tokens/s (the median round's), the
+ratio to the spmd_train row of the same devices (the median of the per-round paired ratios with
+its interval, mpi_scripts/measure.py), the measured bubble against the
 bound, the peak intermediates and the object store's high-water mark per stage, and stage 0's
 1F1B / GPipe ratio of peak intermediates; with HOSTS > 0 the hosts' tokens/s over one host's.
 Writes OUT.json ({"runs", "hosts", "dcn"}). Unit-tested in tests/scripts/test_pipeline_report.py.
@@ -13,19 +15,32 @@ Writes OUT.json ({"runs", "hosts", "dcn"}). Unit-tested in tests/scripts/test_pi
 import json
 import sys
 
+import measure
+
 MiB = 1 << 20
 
 
+def last_final(path):
+    """The last final record of a metrics file."""
+    res = None
+    with open(path) as f:
+        for line in f:
+            j = json.loads(line)
+            if j.get("final"):
+                res = j
+    return res
+
+
 def load_runs(runs):
-    """{WHERE/NAME: the last final record} from WHERE/NAME=PATH arguments, in their order."""
+    """{WHERE/NAME: result} from WHERE/NAME=PATH[,PATH...] arguments, in their order: the median
+    round's final record, with every round's tokens/s in tokens_per_s_rounds."""
     res = {}
     for r in runs:
-        key, path = r.split("=", 1)
-        with open(path) as f:
-            for line in f:
-                j = json.loads(line)
-                if j.get("final"):
-                    res[key] = j
+        key, paths = r.split("=", 1)
+        finals = [last_final(p) for p in paths.split(",")]
+        tps = [j["tokens_per_s"] for j in finals]
+        med = measure.median(tps)
+        res[key] = dict(min(finals, key=lambda j: abs(j["tokens_per_s"] - med)), tokens_per_s_rounds=tps)
     return res
 
 
@@ -34,27 +49,41 @@ def stages_of(name):
     return int(name.split("_")[0][1:])
 
 
-def vs_spmd(name, j, rows):
-    """A pipeline run's tokens/s over spmd_train's on its devices (S x stage dp), nan without it."""
+def vs_spmd_ratio(name, j, rows):
+    """A pipeline run's tokens/s over spmd_train's on its devices (S x stage dp), paired by round
+    (a measure.Ratio), None without the reference."""
     ref = rows.get(f"spmd_dp{stages_of(name) * int(j.get('stage_dp', 1))}")
-    return j["tokens_per_s"] / ref["tokens_per_s"] if ref else float("nan")
+    if not ref:
+        return None
+    rounds = lambda r: r.get("tokens_per_s_rounds", [r["tokens_per_s"]])  # noqa: E731
+    return measure.paired_ratio(rounds(ref), rounds(j))
+
+
+def vs_spmd(name, j, rows):
+    """The median of vs_spmd_ratio, nan without the reference."""
+    r = vs_spmd_ratio(name, j, rows)
+    return r.median if r else float("nan")
 
 
 def table(res, where):
     """Prints WHERE's table; returns its runs by NAME."""
     rows = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(where + "/")}
     print(f"\n== {where}")
-    print(f"{'run':<16}{'tokens/s':>10}{'vs spmd':>9}{'bubble':>9}{'bound':>8}{'diff pp':>9}   peak intermediates per stage (MiB) | store high-water (MiB)")
+    print(f"{'run':<16}{'tokens/s':>10}{'vs spmd':>9}{'interval':>24}{'bubble':>9}{'bound':>8}{'diff pp':>9}   peak intermediates per stage (MiB) | store high-water (MiB)")
     for name, j in rows.items():
         if name.startswith("spmd"):
             print(f"{name:<16}{j['tokens_per_s']:>10.0f}")
             continue
-        vs = vs_spmd(name, j, rows)
+        ratio = vs_spmd_ratio(name, j, rows)
+        vs = ratio.median if ratio else float("nan")
+        iv = ratio.interval_text() if ratio else "-"
+        if ratio:
+            j["vs_spmd"] = ratio.as_dict()
         b, bb = 100 * j["bubble"], 100 * j["bubble_bound"]
         act = " ".join(f"{x / MiB:.1f}" for x in j["peak_intermediate_bytes"])
         st = " ".join(f"{x / MiB:.1f}" for x in j["peak_store_bytes"])
         isl = ",".join(str(int(i)) for i in j.get("stage_islands", []))
-        print(f"{name:<16}{j['tokens_per_s']:>10.0f}{vs:>9.3f}{b:>8.1f}%{bb:>7.1f}%{b - bb:>+9.1f}   {act} | {st}   (islands {isl})")
+        print(f"{name:<16}{j['tokens_per_s']:>10.0f}{vs:>9.3f}{iv:>24}{b:>8.1f}%{bb:>7.1f}%{b - bb:>+9.1f}   {act} | {st}   (islands {isl})")
     print("stage 0 peak intermediates, 1F1B / GPipe:")
     for name, j in rows.items():
         if name.endswith("_1f1b") and name[:-5] + "_gpipe" in rows:

@@ -34,6 +34,23 @@ class PipelineReport(unittest.TestCase):
         self.assertEqual(pipeline_report.vs_spmd('S2_M4_gpipe', {'tokens_per_s': 1000.0, 'stage_dp': 2}, rows), 0.25)
         self.assertTrue(math.isnan(pipeline_report.vs_spmd('S8_M4_gpipe', {'tokens_per_s': 1.0}, rows)))
 
+    def test_rounds_pair_by_round(self):
+        # Round 2 on a machine half as fast: the ratio stays 0.5 in both rounds.
+        with tempfile.TemporaryDirectory() as d:
+            args = []
+            for key, tps in (('local/spmd_dp2', (1000.0, 500.0)), ('local/S2_M4_gpipe', (500.0, 250.0))):
+                paths = []
+                for k, t in enumerate(tps):
+                    paths.append(os.path.join(d, f"{key.replace('/', '_')}.r{k}.jsonl"))
+                    with open(paths[-1], 'w') as f:
+                        f.write(json.dumps(pipe(t) if 'S2' in key else {'final': True, 'tokens_per_s': t}) + '\n')
+                args.append(f"{key}={','.join(paths)}")
+            res = pipeline_report.load_runs(args)
+            self.assertEqual(res['local/S2_M4_gpipe']['tokens_per_s_rounds'], [500.0, 250.0])
+            rows = {'spmd_dp2': res['local/spmd_dp2']}
+            r = pipeline_report.vs_spmd_ratio('S2_M4_gpipe', res['local/S2_M4_gpipe'], rows)
+            self.assertEqual(r.per_round, [0.5, 0.5])
+
     def test_report_and_summary(self):
         with tempfile.TemporaryDirectory() as d:
             runs = {'local/spmd_dp2': {'final': True, 'tokens_per_s': 1000.0},
@@ -45,7 +62,7 @@ class PipelineReport(unittest.TestCase):
                 pipeline_report.main([out, '2', '1gbit'] + self.write_runs(d, runs))
             text = stdout.getvalue()
             # The last final record of each file is the run's.
-            self.assertIn('S2_M4_gpipe            500    0.500    30.0%   20.0%    +10.0   4.0 1.0 | 8.0 2.0   (islands 0,1)', text)
+            self.assertIn('S2_M4_gpipe            500    0.500  one round: no interval    30.0%   20.0%    +10.0   4.0 1.0 | 8.0 2.0   (islands 0,1)', text)
             self.assertIn('  S2_M4: 0.500 (2.00 / 4.00 MiB)', text)        # 1F1B / GPipe, stage 0
             self.assertIn('hosts2 (DCN 1gbit) against one host, tokens/s:\n  S2_M4_gpipe     0.500', text)
             with open(out) as f:
