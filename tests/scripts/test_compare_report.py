@@ -1,0 +1,83 @@
+"""mpi_scripts/compare_report.py on hand-made rounds: the ratio to SPMD paired by round with its
+interval, "same within noise" when the interval holds 1, the attribution of a difference from the
+traces, and compare.json."""
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+import compare_report
+
+HEAD = {"trainer": "t", "config": {"batch": 4, "model": "d_model=8 seq_len=16"}, "peak_gflops_per_rank": 10.0}
+
+
+def write_run(path, step_ms, weights="aa"):
+    with open(path, "w") as f:
+        f.write(json.dumps(HEAD) + "\n")
+        for i, ms in enumerate(step_ms):
+            f.write(json.dumps({"step": i, "loss": 5.0 - i, "step_ms": ms}) + "\n")
+        f.write(json.dumps({"final": True, "mfu": 0.5, "tokens_per_s": 64 / (step_ms[-1] / 1e3), "final_loss": 1.0,
+                            "final_val_loss": 1.5, "weights_hash": weights, "comm_share": 0.1}) + "\n")
+
+
+def write_trace(path, fwd_ms):
+    ev = []
+    for s in range(4):  # 100 ms steps ending with the optimizer
+        t = 100.0 * s
+        ev += [{"ph": "X", "pid": 0, "tid": 0, "name": "forward", "ts": t * 1e3, "dur": fwd_ms * 1e3},
+               {"ph": "X", "pid": 0, "tid": 0, "name": "optimizer", "ts": (t + 95) * 1e3, "dur": 5e3}]
+    with open(path, "w") as f:
+        json.dump({"traceEvents": ev}, f)
+
+
+class CompareReport(unittest.TestCase):
+    def run_report(self, d, fused_ms, chained_ms):
+        """Three rounds; spmd's steps take 100 ms in rounds 1 and 3 and 200 ms in round 2 (a slow
+        machine: the paired ratios do not move)."""
+        args = []
+        spmd_ms = [100.0, 200.0, 100.0]
+        for name, per_round in (("spmd", spmd_ms), ("fused", fused_ms), ("chained", chained_ms)):
+            files, traces = [], []
+            for k, ms in enumerate(per_round, start=1):
+                files.append(os.path.join(d, f"{name}.r{k}.jsonl"))
+                write_run(files[-1], [3 * ms] + [ms] * 5, weights="aa" if name != "chained" else "bb")
+                traces.append(os.path.join(d, f"{name}.r{k}.trace.json"))
+                write_trace(traces[-1], 60.0 if name == "chained" else 30.0)
+            args.append(f"{name}={','.join(files)}:{','.join(traces)}")
+        wl = os.path.join(d, "workload.json")
+        with open(wl, "w") as f:
+            json.dump({"gemm_peak_gflops_per_core": {"before": 10.0, "after": 10.0, "used_for_mfu": 10.0}}, f)
+        out = io.StringIO()
+        argv = sys.argv
+        try:
+            sys.argv = ["compare_report.py", d, wl] + args
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                compare_report.main()
+        finally:
+            sys.argv = argv
+        with open(os.path.join(d, "compare.json")) as f:
+            return out.getvalue(), json.load(f)
+
+    def test_paired_interval_and_verdicts(self):
+        with tempfile.TemporaryDirectory() as d:
+            # fused: 0.98, 1.02 and 1.0 of spmd's speed per round; chained 0.8 in every round.
+            text, doc = self.run_report(d, [102.04, 196.08, 100.0], [125.0, 250.0, 125.0])
+        rows = {r["name"]: r for r in doc["runs"]}
+        self.assertAlmostEqual(rows["fused"]["vs_spmd"]["median"], 1.0, places=3)
+        self.assertAlmostEqual(rows["fused"]["vs_spmd"]["lo"], 0.98, places=3)
+        self.assertAlmostEqual(rows["fused"]["vs_spmd"]["hi"], 1.02, places=3)
+        self.assertTrue(rows["fused"]["vs_spmd"]["same_within_noise"])
+        self.assertIn("fused: same as spmd within noise (0.98-1.02, 75% coverage", text)
+        self.assertEqual([round(x, 3) for x in rows["chained"]["vs_spmd"]["per_round"]], [0.8, 0.8, 0.8])
+        self.assertIn("chained: slower than spmd, 0.800x (0.80-0.80, 75% coverage)", text)
+        # The attribution: chained's forward is 30 ms longer in its traces.
+        self.assertIn("chained vs spmd, ms per step and device: step 100 vs 100; forward 60 vs 30 (+30)", text)
+        self.assertFalse(rows["chained"]["weights_identical"])
+        self.assertTrue(rows["fused"]["weights_identical"])
+
+
+if __name__ == "__main__":
+    unittest.main()
