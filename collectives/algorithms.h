@@ -13,7 +13,13 @@ namespace pwm::collectives::algo {
 
 // Ring: reduce-scatter then all-gather, each n-1 steps; every chunk is reduced along the ring
 // in one fixed order and then copied around, so all ranks end with the same bits.
+// Window (total, offset): the count elements are elements [offset, offset + count) of a vector of
+// `total` elements, cut into the chunks of that vector (clipped to the window, some empty), so
+// each element is reduced in the order the whole vector's AllReduce reduces it. Without: the
+// whole vector (total = count, offset = 0).
 void allreduce_ring(Schedule& s, int r, int n, const void* send, void* recv, size_t count, size_t seg);
+void allreduce_ring(Schedule& s, int r, int n, const void* send, void* recv, size_t count, size_t seg, size_t total,
+                    size_t offset);
 // Recursive halving (reduce-scatter) then recursive doubling (all-gather), Rabenseifner's
 // algorithm; non-power-of-two groups fold the first 2*(n - 2^k) ranks in pairs first.
 void allreduce_halving_doubling(Schedule& s, int r, int n, const void* send, void* recv, size_t count);

@@ -66,6 +66,23 @@ std::vector<BucketedAllreduce::Cut> BucketedAllreduce::cut(const std::vector<Ran
   return out;
 }
 
+std::vector<BucketedAllreduce::Part> BucketedAllreduce::parts(const std::vector<Cut>& cuts,
+                                                              const std::vector<Range>& ranges) {
+  std::vector<Part> out;
+  int64_t at = 0;
+  for (const auto& [lo, hi] : ranges) {
+    std::vector<Part> here;
+    for (const Cut& c : cuts) {
+      const int64_t b = std::max(lo, c.begin), e = std::min(hi, c.end);
+      if (b < e) here.push_back({at + (b - lo), e - b, c.end - c.begin, b - c.begin});
+    }
+    std::sort(here.begin(), here.end(), [](const Part& x, const Part& y) { return x.at < y.at; });
+    out.insert(out.end(), here.begin(), here.end());
+    at += hi - lo;
+  }
+  return out;
+}
+
 namespace {
 bool trivial(const Communicator* c) { return c == nullptr || c->size() == 1; }
 }  // namespace

@@ -56,6 +56,16 @@ class BucketedAllreduce {
     int last_unit;       // the bucket can start once this unit is finished
   };
   static std::vector<Cut> cut(const std::vector<Range>& units, size_t bucket_bytes);
+  // The same sums cut otherwise: where buffer ranges `ranges` (stored back to back elsewhere, in
+  // this order) fall in the buckets `cuts`, one Part per overlap of a range and a bucket, in
+  // storage order; elements in no bucket are in no part. A part reduced with
+  // Communicator::iallreduce_window(..., {bucket_elems, offset}) gets, element for element, the
+  // bits the bucket's AllReduce gives (pathways_train's chained pieces; docs/pathways_train.md).
+  struct Part {
+    int64_t at, count;             // elements, in the ranges' storage
+    int64_t bucket_elems, offset;  // the bucket's size, and where the part starts in it
+  };
+  static std::vector<Part> parts(const std::vector<Cut>& cuts, const std::vector<Range>& ranges);
 
   // `comm` may be null or of size 1: then nothing is reduced. `units` are listed from the
   // buffer's end towards its start (the order backward finishes them), each ending where the

@@ -158,16 +158,28 @@ Work Communicator::start_native(const CollectiveInfo& info, std::unique_ptr<Nati
 
 Work Communicator::iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
                               Algorithm algo) {
+  return iallreduce_window(send, recv, count, t, op, Window{count, 0}, algo);
+}
+
+Work Communicator::iallreduce_window(const void* send, void* recv, size_t count, DataType t, ReduceOp op, Window w,
+                                     Algorithm algo) {
+  if (w.offset > w.total || count > w.total - w.offset)
+    PWM_THROW("allreduce window: {} elements at offset {} do not fit in a vector of {}", count, w.offset, w.total);
   const size_t seg = std::max<size_t>(options_.segment_bytes / dtype_size(t), 1);
-  const Algorithm a = resolve_allreduce(algo, count * dtype_size(t));
+  const Algorithm a = resolve_allreduce(algo, w.total * dtype_size(t));
   if (a == Algorithm::kMpi) {
+    if (count != w.total)
+      PWM_THROW("allreduce window: the mpi algorithm reduces in MPI's own order; it cannot reduce {} of {} elements "
+                "as the whole vector", count, w.total);
     auto native = transport_->start_native_allreduce(group_, send, recv, count, t, op);
     return start_native(make_info("allreduce", a, t, op, count, -1), std::move(native));
   }
   const int r = rank_, n = size();
   return start(make_info("allreduce", a, t, op, count, -1), [&](Schedule& s) {
     switch (a) {
-      case Algorithm::kRing: return algo::allreduce_ring(s, r, n, send, recv, count, seg);
+      // hd and rd reduce every element in the one tree of the group (docs/collectives.md,
+      // "Determinism"): where it lies in the vector does not matter.
+      case Algorithm::kRing: return algo::allreduce_ring(s, r, n, send, recv, count, seg, w.total, w.offset);
       case Algorithm::kHalvingDoubling: return algo::allreduce_halving_doubling(s, r, n, send, recv, count);
       default: return algo::allreduce_recursive_doubling(s, r, n, send, recv, count);  // (resolve checked it)
     }

@@ -98,6 +98,19 @@ class Communicator {
   // send == recv means in place. `count` is per-rank elements.
   Work iallreduce(const void* send, void* recv, size_t count, DataType t, ReduceOp op,
                   Algorithm algo = Algorithm::kAuto);
+  // Part of a larger AllReduce: the `count` elements are elements [w.offset, w.offset + count) of
+  // a vector of w.total elements, and each gets the bits the AllReduce of that whole vector gives
+  // it (kAuto resolves as for w.total elements). The ring reduces an element in an order fixed
+  // by its chunk of the whole vector; hd and rd in one order for every element; kMpi cannot
+  // promise it and is refused for a proper window. Lets a reduction cut into other pieces than
+  // another's (pathways_train's per-layer pieces against spmd_train's buckets) sum every element
+  // as the other does. The ring's chunks are those of the whole vector clipped to the window, so
+  // ranks may carry unequal shares (at most all of it: 2(p-1)/p N bytes becomes at most 2N).
+  struct Window {
+    size_t total = 0, offset = 0;
+  };
+  Work iallreduce_window(const void* send, void* recv, size_t count, DataType t, ReduceOp op, Window w,
+                         Algorithm algo = Algorithm::kAuto);
   // send: size() * count elements; recv: count elements (block rank()).
   Work ireduce_scatter(const void* send, void* recv, size_t count, DataType t, ReduceOp op);
   // send: count elements; recv: size() * count elements.

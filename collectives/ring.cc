@@ -113,13 +113,23 @@ void ring_allgather(Schedule& s, int r, int n, const char* first, const std::vec
 }  // namespace
 
 void allreduce_ring(Schedule& s, int r, int n, const void* send, void* recv, size_t count, size_t seg) {
+  allreduce_ring(s, r, n, send, recv, count, seg, count, 0);
+}
+
+void allreduce_ring(Schedule& s, int r, int n, const void* send, void* recv, size_t count, size_t seg, size_t total,
+                    size_t offset) {
+  PWM_CHECK(offset <= total && count <= total - offset, "ring allreduce: a window of {} elements at {} of {}", count,
+            offset, total);
   const size_t elem = s.elem();
   if (n == 1) {
     s.copy(recv, send, count);
     return;
   }
+  // The whole vector's chunk boundaries, clipped to the window and moved to its origin: an
+  // element of chunk c travels the ring from c+1 to c as it does in the whole vector's AllReduce.
+  // Empty chunks are skipped alike on both sides of every pair.
   Chunks ch{std::vector<size_t>(n + 1), std::max<size_t>(seg, 1)};
-  for (int i = 0; i <= n; ++i) ch.off[i] = split_offset(count, n, i);
+  for (int i = 0; i <= n; ++i) ch.off[i] = std::clamp(split_offset(total, n, i), offset, offset + count) - offset;
   std::vector<const char*> own(n);
   std::vector<char*> dst(n);
   for (int c = 0; c < n; ++c) {

@@ -17,6 +17,8 @@
 #   PWM_CLUSTER_MPIRUN    the launcher and the flags that start ranks on the hosts: use it as
 #                         $PWM_CLUSTER_MPIRUN -n N prog ...
 #   PWM_CLUSTER_NAME, PWM_CLUSTER_HOSTS, PWM_CLUSTER_DCN (the shaping, or "none")
+#   and the launchers' variables for the launch agent (OMPI_MCA_plm_rsh_agent, HYDRA_LAUNCHER_EXEC),
+#   so `mpirun --hostfile $PWM_HOSTFILE ...` works too (as over ssh: compare.sh --hostfile)
 # Names are unique per cluster (pwm<pid>), so two clusters never collide; `up` undoes what it made
 # if it fails or is interrupted, a one-shot `run --hosts` tears its cluster down on exit, error
 # and signal, and every launch is bounded by --timeout (default 600 s, then exit 124).
@@ -32,7 +34,7 @@ SUBNET=169.254.1   # link-local; .0/24 and .255/24 of 169.254/16 are reserved (R
 
 die() { echo "cluster.sh: error: $*" >&2; exit 2; }
 
-usage() { sed -n '2,27p' "$0"; }
+usage() { sed -n '2,29p' "$0"; }
 
 # The one-line refusal where namespaces cannot be made (exit 77: ctest's skip code here).
 check_permitted() {
@@ -168,13 +170,18 @@ run_in() {
   [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds (got '$timeout_s')"
   [ ${#CMD[@]} -gt 0 ] || die "run needs a command after --"
   local launcher
+  # The launch agent and the yield also go into the launchers' own environment variables, so that
+  # a plain `mpirun --hostfile $PWM_HOSTFILE` (mpiexec -f) reaches the hosts as it would over ssh
+  # on a real cluster: a script written for one (compare.sh --hostfile) runs here unchanged.
   if [ "$PWM_MPI" = openmpi ]; then
     # mpi_yield_when_idle: every emulated host shares this machine's cores.
     launcher="$PWM_MPIRUN --hostfile $dir/hostfile.openmpi --mca plm_rsh_agent $dir/agent --oversubscribe --bind-to none --mca mpi_yield_when_idle 1"
     export PWM_HOSTFILE="$dir/hostfile.openmpi"
+    export OMPI_MCA_plm_rsh_agent="$dir/agent" OMPI_MCA_mpi_yield_when_idle=1
   else
     launcher="$PWM_MPIRUN -f $dir/hostfile.mpich -launcher ssh -launcher-exec $dir/agent"
     export PWM_HOSTFILE="$dir/hostfile.mpich"
+    export HYDRA_LAUNCHER=ssh HYDRA_LAUNCHER_EXEC="$dir/agent"
   fi
   export PWM_CLUSTER_MPIRUN="$launcher" PWM_CLUSTER_NAME="$name" PWM_CLUSTER_HOSTS="$hosts"
   export PWM_CLUSTER_DCN="${rate:-none}${delay:+, delay $delay}"

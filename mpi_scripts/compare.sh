@@ -126,7 +126,15 @@ elif [ -n "$DCN_RATE" ] && [ "$PALM" = 0 ]; then
 fi
 # OpenMPI reads "host slots=N" lines with --hostfile, Hydra "host:N" lines with -f.
 if [ -n "$HOSTFILE" ]; then
+  [ -r "$HOSTFILE" ] || { echo "compare.sh: error: --hostfile '$HOSTFILE' cannot be read" >&2; exit 2; }
   if [ "$PWM_MPI" = openmpi ]; then MPIRUN+=(--hostfile "$HOSTFILE"); else MPIRUN+=(-f "$HOSTFILE"); fi
+  # The runtime makes one island per host by default and a slice cannot span islands, so fused and
+  # chained at dp = NP would not fit once the ranks are on 2 or more hosts: one island spanning
+  # the hosts, as with --hosts (the pipeline's stages are islands of their own either way).
+  ISLAND_SPAN=(--islands "1x$NP")
+  NHOSTS=$(grep -cEv '^[[:space:]]*(#|$)' "$HOSTFILE" || true)
+  CLUSTER_DESC="hostfile $HOSTFILE ($NHOSTS host$([ "$NHOSTS" = 1 ] || echo s)), fused and chained on one island spanning them, the pipeline one island per stage"
+  echo "cluster: $CLUSTER_DESC"
 fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,

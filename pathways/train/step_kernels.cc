@@ -305,13 +305,81 @@ void sum_over(TrainingDevice& dev, Communicator* c, const float* in, float* out,
 }
 }  // namespace
 
-// attrs: tp, size[, dense]: with expert parallelism an MoE layer's piece is its dense part
-// (`dense` elements, summed over dp) then its local experts (summed over the devices holding the
-// same experts), as spmd_train's two reducers.
+namespace {
+// Piece `piece` of the step plan summed as spmd_train sums those elements (chained and opbyop,
+// whose pieces are the layers, against spmd_train's and the fused kernel's buckets: a bucket
+// sized from the model holds parts of two layers, the tied piece's two ranges lie at the two ends
+// of the buffer). With two summands every way gives the same bits (a + b == b + a). From three
+// on the ring sums an element in an order fixed by its chunk of the vector it reduces (c+1, c+2,
+// ..., c), and the cost model picks the algorithm by that vector's size: the piece reduced as one
+// vector summed most elements in another order than spmd_train's bucket (dp 3: max |dloss|
+// 8e-8, other weights). So each part of the piece that lies in one of spmd_train's buckets is
+// reduced as that window of the bucket (BucketedAllreduce::parts, iallreduce_window): the
+// bucket's algorithm and, for the ring, its chunks, so every element gets the bucket's bits. The
+// buckets: BucketedAllreduce::cut of the plan's finish order under --bucket-bytes; with expert
+// parallelism the dense ranges over dp and the experts' over the expert group, each cut on its
+// own (spmd_train's two reducers). Groups of one copy; groups of two reduce the piece's
+// adjacent parts in one call, as a piece was reduced before (no extra messages at dp 2).
+void sum_as_buckets(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int piece, const float* in, float* out,
+                    size_t n) {
+  using Range = collectives::BucketedAllreduce::Range;
+  using collectives::BucketedAllreduce;
+  const model::StepPlan& plan = dev.shapes().plan(p.tp);
+  std::vector<Range> dense = plan.finish_order(), experts;
+  if (dev.cfg().mesh.ep > 1) {
+    pwm::train::ExpertSplit split = pwm::train::split_experts(dev.layout(p), dense);
+    dense = std::move(split.dense);
+    experts = std::move(split.experts);
+  }
+  const double t0 = now_s();
+  std::vector<collectives::Work> works;
+  size_t covered = 0;
+  for (const bool over_experts : {false, true}) {
+    const std::vector<Range>& units = over_experts ? experts : dense;
+    if (units.empty()) continue;
+    Communicator* c = over_experts ? dev.expert_comm(ctx, p) : dev.dp_comm(ctx, p);
+    std::vector<BucketedAllreduce::Part> parts =
+        BucketedAllreduce::parts(BucketedAllreduce::cut(units, dev.cfg().exec.bucket_bytes), plan.piece_ranges(piece));
+    for (size_t i = 0; i < parts.size();) {
+      size_t j = i + 1, count = static_cast<size_t>(parts[i].count);
+      if (c == nullptr || c->size() <= 2)
+        for (; j < parts.size() && parts[j].at == parts[j - 1].at + parts[j - 1].count; ++j)
+          count += static_cast<size_t>(parts[j].count);
+      const size_t at = static_cast<size_t>(parts[i].at);
+      PWM_CHECK(at + count <= n, "dp_allreduce: piece {} part [{}, {}) outside its {} elements", piece, at, at + count,
+                n);
+      if (c == nullptr) {
+        std::memcpy(out + at, in + at, sizeof(float) * count);
+      } else if (c->size() <= 2) {
+        works.push_back(c->iallreduce(in + at, out + at, count, collectives::DataType::kFloat32, ReduceOp::kSum));
+      } else {
+        const Communicator::Window w{static_cast<size_t>(parts[i].bucket_elems), static_cast<size_t>(parts[i].offset)};
+        works.push_back(
+            c->iallreduce_window(in + at, out + at, count, collectives::DataType::kFloat32, ReduceOp::kSum, w));
+      }
+      covered += count;
+      i = j;
+    }
+  }
+  PWM_CHECK_EQ(covered, n);  // the buckets cover every element of the piece once
+  for (collectives::Work& w : works) w.wait();
+  if (!works.empty()) dev.add_comm(now_s() - t0);
+}
+}  // namespace
+
+// attrs: tp, size[, dense[, piece]]: with expert parallelism an MoE layer's piece is its dense
+// part (`dense` elements, summed over dp) then its local experts (summed over the devices holding
+// the same experts), as spmd_train's two reducers. With `piece` (the step plan's piece index:
+// chained and opbyop) every element is summed as spmd_train's buckets sum it (sum_as_buckets);
+// without (the pipeline's stages, the replicas' islands) the piece is one vector.
 void dp_allreduce(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto in = ctx.in<float>(0);
   auto out = ctx.out<float>(0);
   const Pos p = pos(ctx);
+  if (ctx.attrs().size() > 3) {
+    sum_as_buckets(dev, ctx, p, static_cast<int>(ctx.attr(3)), in.data(), out.data(), in.size());
+    return;
+  }
   const size_t dense = ctx.attrs().size() > 2 ? static_cast<size_t>(ctx.attr(2)) : in.size();
   sum_over(dev, dev.dp_comm(ctx, p), in.data(), out.data(), dense);
   if (dense < in.size()) sum_over(dev, dev.expert_comm(ctx, p), in.data() + dense, out.data() + dense, in.size() - dense);

@@ -94,14 +94,15 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
   Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route);
   std::vector<V> reduced;
   for (int i = 0; i < plan.num_pieces(); ++i) {
-    std::vector<int64_t> at{tp, sh.piece(tp, i)};
+    std::vector<int64_t> at{tp, sh.piece(tp, i), sh.piece(tp, i), i};
     // An MoE layer's piece under --expert-parallel: its dense part is summed over dp, its
-    // experts over the devices holding the same ones (dp_allreduce's third attribute).
+    // experts over the devices holding the same ones (dp_allreduce's third attribute). The
+    // fourth, the piece's index: every element summed as spmd_train's buckets sum it.
     const int l = i - 1;  // piece i > 0 is layer i - 1's (StepPlan::layer_piece)
     if (i != StepPlan::kTiedPiece && sh.expert_exchange(l)) {
       PWM_CHECK_EQ(StepPlan::layer_piece(l), i);
       const model::LayerOffsets& lo = sh.layout(tp).layer(l);
-      at.push_back(lo.expert_gate_up - lo.begin);
+      at[2] = lo.expert_gate_up - lo.begin;
     }
     reduced.push_back(call(names("dp_allreduce"), {g.pieces[static_cast<size_t>(i)]}, at)[0]);
   }

@@ -9,6 +9,7 @@ compares with the same computation on one host: the collectives against MPI_Allr
 and pathways_train bitwise against their one-host runs, and the watchdog's report of a rank stopped
 on another host. Exit 77 (skipped) where namespaces cannot be made.
 """
+import glob
 import json
 import os
 import re
@@ -151,6 +152,27 @@ def case_pipeline_three_hosts():
         slack = rows[s["pid"]].get("clock_error_us", 0) + rows[f["pid"]].get("clock_error_us", 0)
         assert f["ts"] >= s["ts"] - slack, f"a transfer arrives {s['ts'] - f['ts']:.1f} us before it was sent " \
                                            f"(clock errors allow {slack} us): {s} {f}"
+
+
+def case_compare_hostfile_two_hosts():
+    # compare.sh --hostfile as on a real cluster (docs/cluster.md, "With a hostfile"): 2 emulated
+    # hosts of 2 slots, NP 3 (spmd: 3 ranks, pathways: 4), launched by a plain mpirun with the
+    # hostfile (cluster.sh puts its launch agent in the launchers' environment, as ssh reaches the
+    # nodes of a cluster). The runtime's default, one island per host, holds 2 devices at most, so
+    # fused and chained must run on one island spanning the hosts; every row reaches the table, and
+    # at dp 3 fused and chained end with spmd's weights. A tiny model and 4 steps: ~10 s.
+    out = os.path.join(sc.TMP, "compare")
+    model = "--d-model 64 --layers 3 --heads 4 --head-dim 16 --d-ff 128 --seq-len 32 --batch 24 --eval-batches 1"
+    p = run_on_cluster(2, 2, f"BUILD_DIR={os.path.abspath(sc.BUILD)} bash {ROOT}/mpi_scripts/compare.sh --np 3 --steps 4 "
+                             f"--hostfile $PWM_HOSTFILE --out {out} -- {model}", timeout=240)
+    rows = re.findall(r"^\s*(spmd|fused|chained|pipeline)\s+\d+\s", p.stdout, re.M)
+    assert rows == ["spmd", "fused", "chained", "pipeline"], f"the table's rows are {rows}:\n{p.stdout}"
+    hashes = {}
+    for name in ("spmd", "fused", "chained"):
+        paths = sorted(glob.glob(os.path.join(out, name + "*.jsonl")))
+        assert paths, f"no metrics of {name} in {out}"
+        hashes[name] = sc.metrics(paths[0])[2]["weights_hash"]
+    assert len(set(hashes.values())) == 1, f"dp 3: final weights differ: {hashes}"
 
 
 def start_until_a_step(cmd):

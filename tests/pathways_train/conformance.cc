@@ -80,6 +80,13 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
+    // Three data-parallel devices: from three summands on the order of a sum shows in the bits,
+    // and chained's per-layer pieces must be summed as spmd_train's buckets (dp_allreduce,
+    // docs/pathways_train.md, "The dp sums"); with small buckets every piece spans several.
+    for (const char* g : {"fused", "chained", "opbyop"})
+      c.push_back({std::string(g) + "_dp3", {"--dp", "3", "--batch", "12"}, gran(g), true, 3});
+    c.push_back(
+        {"chained_dp3_buckets4k", {"--dp", "3", "--batch", "12", "--bucket-bytes", "4096"}, gran("chained"), true, 3});
     // Mixture of Experts, the experts split over the two devices (AllToAll inside the block
     // kernels): the three routings (docs/pathways_train.md), each against spmd_train's bits.
     const std::vector<std::string> moe = {"--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2"};
@@ -125,7 +132,7 @@ pwm::train::TrainConfig workload(const Case& c, const std::string& metrics) {
                                       false),
             "case {}: flags not parsed", c.name);
   cfg.mpmd = c.po;
-  cfg.validate(c.po.stages > 1 ? 1 : kWorkers);
+  cfg.validate(c.po.stages > 1 ? 1 : c.workers);
   return cfg;
 }
 

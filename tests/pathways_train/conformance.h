@@ -2,7 +2,8 @@
 // conformance tests written once against the interface, run for every backend).
 //
 //   test_inproc.cc  the controller and the workers as threads of one process (InProcFabric);
-//   test_mpi.cc     the same cases under mpirun -n 3 (rank 0 the controller).
+//   test_mpi.cc     the same cases under mpirun -n 3 (rank 0 the controller), those of 2 workers
+//                   (the dp 3 cases run in process here, under mpirun in pathways_cases.py).
 //
 // The reference is independent of the transport under test: spmd_train's Trainer, run on threads
 // over the in-process transport with the same workload, dp/tp sharding and micro-batches. Fused,
@@ -29,11 +30,12 @@ struct Case {
   std::vector<std::string> flags;  // workload flags on top of the tiny model (mesh, micro-batches, ...)
   pwm::train::MpmdConfig po;      // the MPMD settings (granularity, stages, schedule, islands)
   bool bitwise = true;             // else: losses within 1e-5 relative (the pipeline)
+  int workers = 2;                 // worker devices (ranks: one more, the controller)
 };
-const std::vector<Case>& cases();  // every case needs 2 workers (3 ranks)
-constexpr int kWorkers = 2;
+const std::vector<Case>& cases();
+constexpr int kWorkers = 2;  // the MPI suite's (mpirun -n 3): it runs the cases of 2 workers
 
-// A case's workload, writing its metrics to `metrics` (validated for kWorkers devices).
+// A case's workload, writing its metrics to `metrics` (validated for its workers' devices).
 pwm::train::TrainConfig workload(const Case& c, const std::string& metrics);
 
 // The kernels of one case: a device set for its workload, registered under its own prefix.

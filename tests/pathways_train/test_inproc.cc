@@ -17,7 +17,7 @@ TEST_P(InProc, MatchesSpmdTrain) {
   const std::string dir = temp_dir("inproc_" + c.name);
   // Each case registers its kernels under its own prefix: the registry is one per process.
   const CaseKernels k = register_case(c, dir + "/pathways.jsonl", "inproc_" + c.name + "_");
-  collectives::run_inproc(kWorkers + 1, [&](int rank, std::shared_ptr<collectives::Transport> t) {
+  collectives::run_inproc(c.workers + 1, [&](int rank, std::shared_ptr<collectives::Transport> t) {
     if (rank != 0) {
       const auto attached = k.devices->attach(t, k.data);
       return run_worker(t);
