@@ -28,6 +28,14 @@ class SpmdReport(unittest.TestCase):
         # Two ranks: the every-core figures (8, 9) do not: 9 tokens/s x 1 GFLOP / (2 x 10 GFLOP/s).
         self.assertEqual(spmd_report.mfu(self.d, 'dp2', [[16.0, 8.0], [12.0, 9.0]]), (0.45, 10.0))
 
+    def test_mfu_against_the_peak_the_run_ended_with(self):
+        # The final line's peak (the run's highest probe, or its fastest step) above every other.
+        with open(os.path.join(self.d, 'spmd_dp2.jsonl'), 'w') as f:
+            f.write(json.dumps({'ranks': 2, 'peak_gflops_per_rank': 3.0, 'flops_per_token': 1e9}) + '\n')
+            f.write(json.dumps({'final': True, 'tokens_per_s': 9.0, 'peak_gflops_per_rank': 4.5,
+                                'step_ms_p50': 100.0, 'comm_share': 0.1}) + '\n')
+        self.assertEqual(spmd_report.mfu(self.d, 'dp2', [[4.0, 2.0], [4.0, 2.0]]), (1.0, 4.5))
+
     def test_parse_ddp(self):
         self.assertEqual(spmd_report.parse_ddp(['fp32=4.5', 'bf16=']), {'fp32': 4.5, 'bf16': 0.0})
 
