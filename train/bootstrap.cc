@@ -74,7 +74,9 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
 Peak gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, model::GemmProbe* probe) {
   if (cfg.exec.peak_gflops > 0) return Peak::given(cfg.exec.peak_gflops);
   PWM_CHECK(probe != nullptr, "a rank without its GEMM probe");
-  return Peak::probed(probe_gemm_peak(world, *probe, 0));  // every product once
+  double rate = startup_probe(*probe);
+  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+  return Peak::probed(rate / world.size());
 }
 
 double probe_gemm_peak(collectives::Communicator& world, model::GemmProbe& probe, double budget_s) {

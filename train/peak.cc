@@ -40,6 +40,11 @@ std::string Peak::source() const {
   return fmt::format("achieved step rate, above the model-shape GEMM's {}, {:.1f} GFLOP/s", probes, probe_);
 }
 
+double startup_probe(model::GemmProbe& probe) {
+  probe.run(0);
+  return probe.run(0);
+}
+
 std::unique_ptr<model::GemmProbe> make_gemm_probe(const TrainConfig& cfg) {
   if (cfg.exec.peak_gflops > 0) return nullptr;
   // Every tp rank's shard has the same shapes, and so has every expert-parallel rank's.

@@ -21,6 +21,9 @@ namespace pwm::train {
 // How long a probe through the run may take on each rank (it times at least one product, so a
 // product longer than this makes the probe that long): a few tens of ms per pause.
 constexpr double kPeakProbeBudgetS = 0.03;
+// The start-up probe: every product twice. A first pass is cold (the GEMM library's buffers, the
+// bf16 copies, the code): on the test model it came out at two thirds of the later probes' rate.
+double startup_probe(model::GemmProbe& probe);
 
 class Peak {
  public:
@@ -50,7 +53,8 @@ class Peak {
 };
 
 // This rank's probe over the step of `cfg` (its tp shard and expert split, one micro-batch of
-// cfg.micro_batch() sequences); null with --peak-gflops, where nothing is probed.
+// cfg.micro_batch() sequences; a pipeline stage's device probes every layer's products and the
+// head's, the same shapes as its own); null with --peak-gflops, where nothing is probed.
 std::unique_ptr<model::GemmProbe> make_gemm_probe(const TrainConfig& cfg);
 
 }  // namespace pwm::train

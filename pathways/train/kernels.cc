@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/checks.h"
 #include "train/full_state.h"
+#include "train/peak.h"
 #include "train/step.h"
 #include "pathways/kernel.h"
 
@@ -113,11 +114,13 @@ void val_total(TrainingDevice& dev, KernelContext& ctx, Scope&) {
       sum / static_cast<double>(pwm::train::validation_batches(dev.cfg(), dev.data()) * dev.cfg().workload.global_batch);
 }
 
-// The device's GEMM peak probe through the run (train/peak.h) for at most about attrs[1]
-// microseconds: its rate, GFLOP/s (0 with --peak-gflops, where the controller never calls it).
+// The device's GEMM peak probe (train/peak.h) for at most about attrs[1] microseconds, or, with
+// 0, the start-up probe: its rate, GFLOP/s (0 with --peak-gflops, where the controller never
+// calls it).
 void gemm_probe(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   model::GemmProbe* probe = dev.gemm_probe();
-  ctx.out<double>(0)[0] = probe ? probe->run(static_cast<double>(ctx.attr(1)) * 1e-6) : 0.0;
+  const double budget_s = static_cast<double>(ctx.attr(1)) * 1e-6;
+  ctx.out<double>(0)[0] = !probe ? 0.0 : budget_s > 0 ? probe->run(budget_s) : pwm::train::startup_probe(*probe);
 }
 
 // This worker process's peak resident set (bytes, from common/memory.h).

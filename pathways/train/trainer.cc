@@ -371,7 +371,7 @@ double Trainer::evaluate() {
   return fetch(dispatch(b.build(), params, "eval")[0], "val loss")[0];
 }
 
-double Trainer::probe_workers(double budget_s) {
+double Trainer::probe_workers(double budget_s) {  // (0: the start-up probe)
   // Every slice's devices at once (the programs run side by side), then the mean over all.
   const int64_t budget_us = static_cast<int64_t>(budget_s * 1e6);
   std::vector<Array> rates;
