@@ -100,9 +100,10 @@ void TrainReport::step(const StepRecord& r) {
   }
   if (!reporter_) return;
   const double tps = tokens_per_s(r.step_ms);
-  // The guard that keeps MFU at or below 100%: a step faster than the peak raises it (peak.h).
+  // The guard that keeps MFU at or below 100%: a step faster than the peak raises it (peak.h). A
+  // skipped step computed as much as any other, and its rate is in the median below.
   const double achieved = achieved_gflops(tps);
-  if (!skipped && achieved > peak_.gflops()) {
+  if (achieved > peak_.gflops()) {
     if (!told_raised_)
       fmt::print("[{}] step {}: its model FLOP rate, {:.1f} GFLOP/s per rank, is above the GEMM peak of {:.1f} GFLOP/s "
                  "({}): MFU is measured against the highest achieved rate from here on\n",
