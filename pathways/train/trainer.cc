@@ -466,7 +466,7 @@ void Trainer::report_layout_and_memory() {
     int64_t piece_bytes = 0;
     for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i) piece_bytes += sh_.piece(tp, i) * static_cast<int64_t>(sizeof(float));
     report_->set_extra("dcn_bytes_per_step",
-                      static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
+                       static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
     if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));
     if (!tails_.empty()) report_->set_extra("xchg_tail_ms", median(tails_));
   }
