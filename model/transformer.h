@@ -36,6 +36,11 @@
 
 namespace pwm::model {
 
+// Query rows per causal block of the attention GEMMs (transformer_block.cc): blocks skip the
+// keys above the diagonal (10/16 of the full score work at T = 128). gemm_probe.h lists the same
+// products.
+constexpr int64_t kAttentionQueryBlock = 32;
+
 // Sums `count` elements at `data` in place over the tp group. Empty (or a no-op) for tp = 1.
 template <typename S>
 using TpReduce = std::function<void(S* data, size_t count)>;

@@ -19,9 +19,7 @@ namespace pwm::model {
 
 namespace {
 
-// Query rows per causal block of the attention GEMMs: blocks skip the keys above the diagonal
-// (10/16 of the full score work at T = 128).
-constexpr int64_t kQueryBlock = 32;
+constexpr int64_t kQueryBlock = kAttentionQueryBlock;
 
 struct Dims {
   int64_t B, T, N, C, D, Hs, Fs, R_in, R_out;

@@ -27,8 +27,8 @@
 #   --dcn-rate R    with --hosts: shape every host's link to R (tc tbf, e.g. 1gbit)
 #   --out DIR       results directory (default results/)
 #   --precision P   fp32 (default) or bf16: both trainers' matrix products (bf16 operands, fp32
-#                   sums, oneDNN); the GEMM peak for MFU is then the bf16 one, and the CPU's bf16
-#                   instructions are printed (docs/model.md, "bf16")
+#                   sums, oneDNN); the trainers' GEMM peak for MFU is then the bf16 one, and the
+#                   CPU's bf16 instructions are printed (docs/model.md, "bf16")
 #   --palm          PaLM's layout instead (docs/results/palm.md): 2 replicas over an emulated
 #                   cluster of 2 hosts, against SPMD dp=2 on one host, once unshaped and once at
 #                   --dcn-rate 1gbit (or only at --dcn-rate R); rows: spmd_1host (the
@@ -139,17 +139,14 @@ fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # The built-in workload: the reference model (d_model 256, 4 layers, 4 heads x 64, SwiGLU 1024,
 # seq 128) on the default corpus, 16 sequences per data-parallel rank per step.
-# One GEMM peak for every run's MFU, measured with every core busy (as the runs use them).
-# It is measured again after the runs and the report uses the higher of the two (a slow moment
-# on a shared machine then lowers a run's throughput, not the peak: MFU stays conservative).
-measure_peak() { pwm_gemm_peak "$PRECISION"; }
+# MFU: every run measures its own GEMM peak, at the model's shapes, on every compute rank, at
+# start-up and at every evaluation and after the last step, and keeps the highest (raised to a
+# step's achieved rate if one is faster); each run's final metrics line says which peak it used
+# (peak_gflops_per_rank, peak_source; docs/train.md, "MFU").
 export PWM_COMPARE_PRECISION="$PRECISION"
 echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
-PEAK=$(measure_peak)
-echo "GEMM peak per core ($PRECISION), all cores busy: $PEAK GFLOP/s"
 BATCH_PER_RANK=16; [ "$MOE" = 1 ] && BATCH_PER_RANK=8  # (--moe: five rows, two skews, rounds)
-BASE_WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --peak-gflops "$PEAK"
-               --precision "$PRECISION")
+BASE_WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --precision "$PRECISION")
 WORKLOAD=("${BASE_WORKLOAD[@]}" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
@@ -238,14 +235,12 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   for r in spmd_1host spmd_flat spmd_hier pw_fused pw_chained; do
     [ -n "${SKIPPED[$r]:-}" ] || runs+=("$r=${METRICS[$r]}:${TRACES[$r]}")
   done
-  python3 - "$PALM_DIR/workload.json" "$NP" "$STEPS" "$PEAK" "$PEAK" "$desc" "${EXTRA[@]}" <<'PY'
+  python3 - "$PALM_DIR/workload.json" "$NP" "$STEPS" "$desc" "${EXTRA[@]}" <<'PY'
 import json, sys
-json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16, "cluster": sys.argv[6],
+json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16, "cluster": sys.argv[4],
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
-           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
-           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"],
-           "gemm_peak_gflops_per_core": {"before": float(sys.argv[4]), "after": float(sys.argv[5]),
-                                         "used_for_mfu": float(sys.argv[4])}}, open(sys.argv[1], "w"))
+           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[5:],
+           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"]}, open(sys.argv[1], "w"))
 PY
   echo
   python3 "$PWM_ROOT/mpi_scripts/compare_report.py" "$PALM_DIR" "$PALM_DIR/workload.json" "${runs[@]}"
@@ -311,19 +306,15 @@ for ROUND in $(seq "$ROUNDS"); do
   for r in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" spmd fused chained pipeline); do one "$r"; done
   [ "$ROUNDS" -gt 1 ] && echo "round $ROUND/$ROUNDS done (${SECONDS} s)"
 done
-PEAK_END=$(measure_peak)
-echo "GEMM peak per core after the runs: $PEAK_END GFLOP/s"
 RUNS=()
 for r in spmd fused chained pipeline; do RUNS+=("$r=${METRICS[$r]}:${TRACES[$r]}"); done
-python3 - "$OUT/workload.json" "$NP" "$STEPS" "$PEAK" "$PEAK_END" "$CLUSTER_DESC" "${EXTRA[@]}" <<'PY'
+python3 - "$OUT/workload.json" "$NP" "$STEPS" "$CLUSTER_DESC" "${EXTRA[@]}" <<'PY'
 import json, sys
-start, end = float(sys.argv[4]), float(sys.argv[5])
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
-           "cluster": sys.argv[6] or "one host",
+           "cluster": sys.argv[4] or "one host",
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
-           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[7:],
-           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"],
-           "gemm_peak_gflops_per_core": {"before": start, "after": end, "used_for_mfu": max(start, end)}},
+           "data": "/usr/share/common-licenses", "extra_flags": sys.argv[5:],
+           "precision": __import__("os").environ["PWM_COMPARE_PRECISION"]},
           open(sys.argv[1], "w"))
 PY
 echo

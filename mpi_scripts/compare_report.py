@@ -146,7 +146,11 @@ def main():
         # Steady state: every step but each round's first WARMUP_STEPS (lowering, first
         # allocations: a Pathways run's buffer cache fills over its first steps); their time is
         # reported on a line of its own.
-        all_ms = [[s["step_ms"] for s in load_metrics(f)[1]] for f in files]
+        loaded = [load_metrics(f) for f in files]
+        all_ms = [[s["step_ms"] for s in m[1]] for m in loaded]
+        # The peak each round's run ended with (its highest model-shape GEMM probe, or its fastest
+        # step's rate if that was higher: docs/train.md, "MFU"); the report takes the rounds' highest.
+        peaks = [(m[3].get("peak_gflops_per_rank", 0.0), m[3].get("peak_source", "")) for m in loaded]
         if min(len(r) for r in all_ms) == 0:
             sys.exit(f"compare_report: a metrics file of run '{name}' has no step lines ({metrics}); "
                      f"did the trainer fail? Its log is next to it")
@@ -155,16 +159,19 @@ def main():
         pooled = [v for r in per_round for v in r]
         bds = [b for b in (measure.step_breakdown(t) for t in traces if os.path.exists(t)) if b]
         breakdown = {k: sum(b.get(k, 0.0) for b in bds) / len(bds) for k in bds[0]} if bds else None
-        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final,
+        runs.append(dict(name=name, head=head, steps=steps, vals=vals, final=final, peak=max(peaks),
                          trace=traces[-1] if traces else "", breakdown=breakdown,
                          step_ms=pooled, round_p50=[percentile(r, 0.5) for r in per_round], rounds=len(files),
                          warmup_steps=skip, warmup_ms=percentile([sum(r[:skip]) for r in all_ms], 0.5)))
     # The trainers' MFU is against the peak measured before the runs; the report's is against
     # the higher of the peaks measured before and after them (workload.json).
-    peak_used = workload.get("gemm_peak_gflops_per_core", {}).get("used_for_mfu")
-    def peak_scale(head):
-        own = head.get("peak_gflops_per_rank")
-        return own / peak_used if own and peak_used else 1.0
+    def mfu(r, tps):
+        """The pooled median step's model FLOP rate over the run's highest peak per rank: at most 1,
+        since every run's peak is at least its fastest step's rate."""
+        peak, ranks = r["peak"][0], r["head"].get("ranks", 0)
+        if peak <= 0 or not ranks:
+            return r["final"]["mfu"] * tps / r["final"]["tokens_per_s"]  # (a run without the peak fields)
+        return tps * r["head"]["flops_per_token"] / (ranks * peak * 1e9)
     ref = runs[0]
     ref_loss = {s["step"]: s["loss"] for s in ref["steps"]}
     table = []
@@ -182,7 +189,8 @@ def main():
                    tokens_per_s_vs_spmd_per_round=ratio.per_round, vs_spmd=ratio.as_dict(),
                    verdict=ratio.verdict(r["name"], ref["name"]), breakdown=r["breakdown"],
                    step_ms_p50=p50, step_ms_p90=p90,
-                   mfu=f["mfu"] * tps / f["tokens_per_s"] * peak_scale(r["head"]), comm_or_dispatch_share=share,
+                   mfu=mfu(r, tps), peak_gflops_per_rank=r["peak"][0], peak_source=r["peak"][1],
+                   comm_or_dispatch_share=share,
                    rounds=r["rounds"], steps_pooled=len(r["step_ms"]),
                    warmup_steps=r["warmup_steps"], warmup_ms=r["warmup_ms"],
                    final_loss=f["final_loss"], val_loss=f["final_val_loss"],
@@ -229,10 +237,10 @@ def main():
     if any(t["warmup_steps"] < WARMUP_STEPS for t in table):
         print(f"{'':>12}  note: runs this short keep (some of) their {WARMUP_STEPS} warm-up steps in the columns; "
               f"use --steps {WARMUP_STEPS + 5} or more for steady-state figures")
-    pk = workload.get("gemm_peak_gflops_per_core")
-    if pk:
-        print(f"{'':>12}  MFU against a GEMM peak of {pk['used_for_mfu']:.1f} GFLOP/s per core, the higher of "
-              f"{pk['before']:.1f} before and {pk['after']:.1f} after the runs (the trainers' own lines used the first)")
+    if any(t["peak_gflops_per_rank"] for t in table):
+        print(f"{'':>12}  MFU: the median step's model FLOPs against the run's own GEMM peak per rank, the highest of its "
+              f"rounds (docs/train.md, \"MFU\"): " + "; ".join(
+                  f"{t['name']} {t['peak_gflops_per_rank']:.1f} GFLOP/s ({t['peak_source']})" for t in table))
     doc = {"workload": workload, "runs": table}
     with open(os.path.join(out_dir, "compare.json"), "w") as f:
         json.dump(doc, f, indent=1)

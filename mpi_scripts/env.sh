@@ -130,8 +130,10 @@ pwm_torch_peer() {
 }
 
 # Warn when a compiler runs beside a benchmark (it halves the figures).
-# The GEMM peak per core in GFLOP/s for MFU (precision $1: fp32 | bf16), measured with every core
-# busy as a run uses them (getconf, not nproc: nproc honours an exported OMP_NUM_THREADS=1).
+# A 1024^3 GEMM rate per core in GFLOP/s (precision $1: fp32 | bf16), measured with every core
+# busy as a run uses them (getconf, not nproc: nproc honours an exported OMP_NUM_THREADS=1). The
+# trainers measure their own MFU peak at the model's shapes (docs/train.md, "MFU"); this figure
+# given as --peak-gflops fixes the peak to it instead (a step faster than it still raises it).
 pwm_gemm_peak() {
   (for _ in $(seq "$(getconf _NPROCESSORS_ONLN)"); do "$BUILD_DIR/bench/model/model_bench" --peak-only --precision "$1" & done; wait) |
     awk '{s += $1; n++} END {printf "%.2f", s / n}'

@@ -63,12 +63,8 @@ pwm_warn_if_busy
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
-# The MFU the runs print is against the GEMM peak measured here, every core busy (compare.sh's).
-PREC=fp32
-for ((i = 0; i < ${#EXTRA[@]}; i++)); do [ "${EXTRA[$i]}" = --precision ] && PREC="${EXTRA[$((i + 1))]:-fp32}"; done
-PEAK=$(pwm_gemm_peak "$PREC")
-echo "GEMM peak per core ($PREC), all cores busy: $PEAK GFLOP/s"
-WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --peak-gflops "$PEAK" "${EXTRA[@]}")
+# Every run measures its own MFU peak at the model's shapes (docs/train.md, "MFU").
+WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 "${EXTRA[@]}")
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)

@@ -50,10 +50,10 @@ one() {
     ddp_*) t=$(ddp "${1#ddp_}"); echo "PyTorch DDP ${1#ddp_}: ${t:-none} tokens/s"; DDP["${1#ddp_}"]+="${DDP[${1#ddp_}]:+,}$t" ;;
   esac
 }
-# The trainers measure their GEMM peak once at start-up (5 products); on this shared VM a slow
-# moment there can put MFU over 100%. So the machine's rate is probed before and after the
-# runs too (one process alone, and per process with one on every core), and the table's MFU uses
-# the highest peak seen for the run's rank count: MFU stays conservative.
+# The trainers probe their GEMM peak at the model's shapes through the run (docs/train.md, "MFU");
+# the machine's 1024^3 rate is probed before and after the runs too (one process alone, and per
+# process with one on every core), and the table's MFU uses the highest peak seen for the run's
+# rank count: MFU stays conservative.
 echo "$("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
 PROBE0=$(pwm_speed_probe)
 PEER=""; declare -A DDP

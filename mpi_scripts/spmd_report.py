@@ -34,13 +34,17 @@ def final(out, name):
 def mfu(out, name, probes):
     """(MFU, peak GFLOP/s per rank) against the highest peak seen for the run's rank count.
 
-    The peaks: the run's own start-up measurement, and each probe's figure for its rank count
-    (alone for 1 rank, every core busy for more).
+    The peaks: the run's own, at start-up (its header) and at the end (its final line: the
+    highest of its model-shape probes, or its fastest step's rate if that was higher, so that
+    the MFU is at most 1), and each probe's figure for its rank count (alone for 1 rank, every
+    core busy for more).
     """
     head, j = lines(out, name)[0], final(out, name)
     ranks = head["ranks"]
-    peak = max([head["peak_gflops_per_rank"]] + [p[0 if ranks == 1 else 1] for p in probes])
-    return j["tokens_per_s"] * head["flops_per_token"] / (ranks * peak * 1e9), peak
+    peak = max([head["peak_gflops_per_rank"], j.get("peak_gflops_per_rank", 0.0)] +
+               [p[0 if ranks == 1 else 1] for p in probes])
+    # (In the trainer's order of operations: the final line's peak is at least this rate.)
+    return j["tokens_per_s"] * head["flops_per_token"] / ranks / 1e9 / peak, peak
 
 
 def per_round(args):
@@ -75,7 +79,8 @@ def main(argv=None):
         print(f"{n:<18}{statistics.median(t[n]):>10.0f}{rng:>14}{100*m:>7.1f}%{j['step_ms_p50']:>13.1f}"
               f"{100*j['comm_share']:>11.1f}%{pk:>11.1f}")
     print(f"{'torch peer (2T)':<18}{statistics.median(peer):>10.0f}{f'{min(peer):.0f}-{max(peer):.0f}':>14}")
-    print("MFU: against the highest GEMM peak per rank seen for the run's rank count (its start-up measurement, probes before and after)")
+    print("MFU: against the highest GEMM peak per rank seen for the run's rank count (the run's own, at start-up and at its end, "
+          "and the probes before and after)")
     print("ratios: the median of the per-round paired ratios (interval: mpi_scripts/measure.py)")
     eff = measure.paired_ratio([2 * x for x in t["dp1"]], t["dp2"])
     ratio = measure.paired_ratio(peer, t["dp2"])

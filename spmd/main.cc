@@ -15,7 +15,7 @@ namespace {
 
 // "[spmd] N ranks: replicas=R dp=D (fsdp) tp=T (hierarchical replica reduce) | ...", and a note
 // when a replica's ranks span hosts.
-void print_header(const train::Startup& s, int ranks, double peak) {
+void print_header(const train::Startup& s, int ranks, const train::Peak& peak) {
   const train::TrainConfig& cfg = s.cfg;
   const std::string reduce =
       cfg.mesh.replicas > 1 ? fmt::format(" ({} replica reduce)", train::name(cfg.exec.replica_reduce)) : "";
@@ -35,9 +35,11 @@ int main(int argc, char** argv) {
   if (const auto code = train::bootstrap(argc, argv, env, spmd::trainer_spec(), s)) return *code;
   return collectives::run_mpi_main(env, [&] {
     collectives::Communicator world = collectives::Communicator::world(env.transport());
-    const double peak = train::gemm_peak(world, s.cfg, /*controller=*/false);
+    // Every rank's probe of its step's products: at start-up here, through the run in the trainer.
+    std::unique_ptr<model::GemmProbe> probe = train::make_gemm_probe(s.cfg);
+    const train::Peak peak = train::gemm_peak(world, s.cfg, probe.get());
     if (env.rank() == 0) print_header(s, env.size(), peak);
-    spmd::Trainer trainer(s.cfg, env.transport(), *s.data, peak, s.resume_from);
+    spmd::Trainer trainer(s.cfg, env.transport(), *s.data, peak, std::move(probe), s.resume_from);
     s.resume_from.reset();  // the trainer has its shard; free the full copy
     // An output that could not be written (a full disk) was reported by rank 0 as one line and
     // ended the run on every rank together.

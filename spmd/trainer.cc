@@ -83,7 +83,7 @@ Mesh Mesh::make(int world_rank, int replicas, int dp, int tp, int ep) {
 }
 
 Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
-                 const train::TextDataset& data, double peak_gflops,
+                 const train::TextDataset& data, train::Peak peak, std::unique_ptr<model::GemmProbe> probe,
                  const std::optional<train::Checkpoint>& resume_from)
     : cfg_(cfg), transport_(transport), data_(data),
       mesh_(Mesh::make(transport->rank(), cfg.mesh.replicas, cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.ep)),
@@ -100,7 +100,7 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       ws_(layout_, cfg.micro_batch()),
       tokens_(static_cast<size_t>(cfg.micro_batch() * (cfg.model.seq_len + 1))),
       trace_(!cfg.outputs.trace.empty(), transport->rank(), 0),
-      report_(cfg, "spmd", transport->size(), peak_gflops, transport->rank() == 0) {
+      report_(cfg, "spmd", transport->size(), std::move(peak), transport->rank() == 0), probe_(std::move(probe)) {
   // The state is allocated here, at its size (a shard with --fsdp): never a full buffer first,
   // which the peak resident bytes would count.
   if (cfg_.mesh.fsdp) fsdp_ = std::make_unique<Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
@@ -404,6 +404,13 @@ bool Trainer::step(int64_t step) {
   if (output_failed_) return false;  // a metrics write failed: reported by fail(), on every rank at once
   report_.step(rec_);
   return !report_.stopped();  // a non-finite step beyond --skip-nonfinite: the same verdict on every rank
+}
+
+void Trainer::probe_peak() {
+  if (!probe_) return;  // --peak-gflops (the same on every rank)
+  const int64_t t0 = now_us();
+  report_.probed(train::probe_gemm_peak(world_, *probe_, train::kPeakProbeBudgetS));
+  trace_.span("gemm peak probe", "compute", t0, now_us());
 }
 
 bool Trainer::save(int64_t steps_done) { return agreed_write([&] { save_checkpoint(steps_done); }); }

@@ -59,9 +59,10 @@ std::string replicas_spanning_hosts(const train::TrainConfig& cfg, const std::ve
 class Trainer final : public train::Trainer {
  public:
   // Validates nothing: the caller ran cfg.validate(), opened the dataset and loaded the resume
-  // checkpoint (train::load_resume_checkpoint) on every rank.
+  // checkpoint (train::load_resume_checkpoint) on every rank. `peak`: the start-up GEMM peak
+  // (train::gemm_peak); `probe`: this rank's, which probe_peak runs again (null with --peak-gflops).
   Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport,
-          const train::TextDataset& data, double peak_gflops,
+          const train::TextDataset& data, train::Peak peak, std::unique_ptr<model::GemmProbe> probe,
           const std::optional<train::Checkpoint>& resume_from);
   ~Trainer() override;
 
@@ -80,6 +81,7 @@ class Trainer final : public train::Trainer {
   void start() override;
   bool step(int64_t step) override;
   void pause() override { last_end_us_ = -1; }
+  void probe_peak() override;
   double evaluate() override;
   bool save(int64_t steps_done) override;
   void before_final() override;
@@ -126,6 +128,7 @@ class Trainer final : public train::Trainer {
   std::vector<size_t> alltoall_send_counts_, alltoall_recv_counts_;  // expert_comm_fn_'s counts, reused
   std::unique_ptr<Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
   train::TrainReport report_;
+  std::unique_ptr<model::GemmProbe> probe_;  // this rank's GEMM peak probe (null: --peak-gflops)
   train::StepRecord rec_;
   model::TpReduce<float> tp_reduce_;
   double comm_s_ = 0;  // tp reductions and scalar reductions of the current step

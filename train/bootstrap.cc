@@ -71,20 +71,25 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   return std::nullopt;
 }
 
-double gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, bool controller) {
-  double peak = cfg.exec.peak_gflops;
-  if (peak > 0) return peak;
-  // Every compute rank measures at once, as it will run; a controller idles meanwhile.
-  peak = controller && world.rank() == 0 ? 0.0 : measure_gemm_gflops();
-  world.allreduce(&peak, &peak, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
-  return peak / (world.size() - (controller ? 1 : 0));
+Peak gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, model::GemmProbe* probe) {
+  if (cfg.exec.peak_gflops > 0) return Peak::given(cfg.exec.peak_gflops);
+  PWM_CHECK(probe != nullptr, "a rank without its GEMM probe");
+  double rate = startup_probe(*probe);
+  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+  return Peak::probed(rate / world.size());
+}
+
+double probe_gemm_peak(collectives::Communicator& world, model::GemmProbe& probe, double budget_s) {
+  double rate = probe.run(budget_s);
+  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+  return rate / world.size();
 }
 
 void print_header(const std::string& tag, const std::string& who, const TrainConfig& cfg, const std::string& where,
-                  double peak, const std::string& unit) {
-  fmt::print("[{}] {} | {} | batch {} x {} tokens, {} micro-batches | {}GEMM peak {:.1f} GFLOP/s per {}\n", tag, who,
-             cfg.model.to_string(), cfg.workload.global_batch, cfg.model.seq_len, cfg.workload.microbatches, where,
-             peak, unit);
+                  const Peak& peak, const std::string& unit) {
+  fmt::print("[{}] {} | {} | batch {} x {} tokens, {} micro-batches | {}GEMM peak {:.1f} GFLOP/s per {} ({})\n", tag,
+             who, cfg.model.to_string(), cfg.workload.global_batch, cfg.model.seq_len, cfg.workload.microbatches, where,
+             peak.gflops(), unit, peak.source());
   if (cfg.exec.precision != model::Precision::kFp32)
     fmt::print("[{}] precision {}: {}\n", tag, model::precision_name(cfg.exec.precision), model::bf16_info());
 }

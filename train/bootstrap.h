@@ -18,6 +18,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/flags.h"
+#include "train/peak.h"
 
 namespace pwm::train {
 
@@ -27,7 +28,7 @@ struct TrainerSpec {
   std::string description;  // --help's first line
   FlagSet flags = FlagSet::kCommon;
   // World rank 0 is a controller that holds no tensors (pathways_train): it does not check the
-  // memory, and the other ranks are the compute ranks (pass the same to gemm_peak).
+  // memory, and the other ranks are the compute ranks.
   bool controller = false;
   // The trainer's own checks, on every rank: must call cfg.validate(compute ranks) and throw
   // pwm::Error with one line for a setting it cannot run. `world`: every rank of the job.
@@ -54,13 +55,18 @@ struct Startup {
 std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment& env, const TrainerSpec& spec,
                              Startup& out);
 
-// The per-compute-rank GEMM peak for MFU: --peak-gflops, else measured on every compute rank at
-// once (as they will run, one core each) and averaged. Collective over `world`.
-double gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, bool controller);
+// The per-rank GEMM peak for MFU at start-up (train/peak.h) of a trainer whose every rank
+// computes: --peak-gflops, else `probe` (make_gemm_probe: this rank's) over every product of the
+// step (startup_probe), on every rank at once (as they will run, one core each), averaged over them. Collective
+// over `world`. (pathways_train probes its workers through its runtime: Trainer::probe_workers.)
+Peak gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, model::GemmProbe* probe);
+// A probe through the run: `probe` for at most about `budget_s` (GemmProbe::run) on every rank
+// at once; returns the mean of their rates. Collective over `world`.
+double probe_gemm_peak(collectives::Communicator& world, model::GemmProbe& probe, double budget_s);
 
 // Rank 0's first line: "[tag] <who> | <model> | batch B x T tokens, M micro-batches | <where>GEMM
-// peak P GFLOP/s per <unit>", then the precision's line when it is not fp32.
+// peak P GFLOP/s per <unit> (<source>)", then the precision's line when it is not fp32.
 void print_header(const std::string& tag, const std::string& who, const TrainConfig& cfg, const std::string& where,
-                  double peak, const std::string& unit);
+                  const Peak& peak, const std::string& unit);
 
 }  // namespace pwm::train

@@ -1,6 +1,6 @@
 // What a run reads and writes, checked on every rank before it starts (train/bootstrap.h calls
 // these): the resume checkpoint, the training data, the output paths, the memory the mesh needs;
-// and the GEMM rate MFU is measured against.
+// and a GEMM rate probe of one product (MFU's peak is the model-shape probe: train/peak.h).
 #pragma once
 
 #include <cstdint>
@@ -55,7 +55,7 @@ double available_memory_bytes();
 void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes = 0);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
-// `reps`: the peak MFU is measured against.
+// `reps` (model_bench --peak-only's 1024^3 rate, and its --profile's products timed alone).
 // op(A) is [M,K], op(B) is [K,N] (stored transposed when trans_a / trans_b).
 double measure_gemm_gflops(int64_t M = 1024, int64_t N = 1024, int64_t K = 1024, int reps = 5,
                            bool trans_a = false, bool trans_b = false);

@@ -42,9 +42,11 @@ std::optional<std::string> run(Trainer& t, const TrainConfig& cfg, int rank) {
     if (!t.drain()) return stop();
     if (eval_now) t.report().validation(step, t.evaluate());
     if (ckpt_now && !t.save(done)) return std::nullopt;
+    t.probe_peak();
     t.pause();
   }
   if (!t.drain()) return stop();
+  t.probe_peak();
   t.before_final();
   t.report().validation(steps - 1, t.evaluate());
   if (!cfg.outputs.ckpt.empty() && !t.save(steps)) return std::nullopt;

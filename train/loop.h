@@ -19,7 +19,8 @@ namespace pwm::train {
 // One execution model's training, as the run loop sees it. The calls below come from the ranks
 // that run the loop (SPMD: every rank, collectively; Pathways: the controller alone), in this
 // order: start, then step / pause / drain / evaluate / save as the schedule says, then
-// drain, before_final, evaluate, save, finish.
+// drain, before_final, evaluate, save, finish; probe_peak at every pause and after the last
+// step (after drain: no step is in flight while the probe runs).
 class Trainer {
  public:
   virtual ~Trainer() = default;
@@ -37,6 +38,10 @@ class Trainer {
   virtual bool drain() { return true; }
   // What happens until the next step (an evaluation, a checkpoint, a sleep) is not part of it.
   virtual void pause() = 0;
+  // Probes the GEMM peak on every compute rank (train/peak.h; nothing with --peak-gflops) and
+  // hands the mean rate to report().probed. At every evaluation and checkpoint pause and after
+  // the last step, with no step in flight; the pause() that follows keeps it out of a step's time.
+  virtual void probe_peak() = 0;
   // The validation loss of the current parameters.
   virtual double evaluate() = 0;
   // Writes the checkpoint after `steps_done` steps; false when it failed (already reported).

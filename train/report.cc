@@ -47,14 +47,14 @@ std::string nonfinite_message(const TrainConfig& cfg, const StepRecord& r, int64
 
 bool StepRecord::nonfinite() const { return !std::isfinite(loss) || !std::isfinite(grad_norm); }
 
-TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
-                         bool is_reporter)
-    : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(peak_gflops), reporter_(is_reporter) {
+TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, Peak peak, bool is_reporter)
+    : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(std::move(peak)), reporter_(is_reporter) {
   if (!reporter_ || cfg_.outputs.metrics.empty()) return;
   out_ = std::make_unique<AtomicFile>(cfg_.outputs.metrics, "--metrics");
+  // The start-up peak; the final line has the one MFU was measured against.
   nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
-                         {"ranks", ranks_}, {"peak_gflops_per_rank", peak_},
-                         {"flops_per_token", cfg_.model.flops_per_token()}};
+                         {"ranks", ranks_}, {"peak_gflops_per_rank", peak_.gflops()},
+                         {"peak_source", peak_.source()}, {"flops_per_token", cfg_.model.flops_per_token()}};
   write(head.dump());
 }
 
@@ -65,8 +65,13 @@ double TrainReport::tokens_per_s(double step_ms) const {
   return step_ms > 0 ? static_cast<double>(cfg_.tokens_per_step()) / (step_ms * 1e-3) : 0.0;
 }
 
+double TrainReport::achieved_gflops(double tps) const { return tps * cfg_.model.flops_per_token() / ranks_ / 1e9; }
+
+// achieved / peak: the peak is at least the fastest step's achieved_gflops (step), computed the
+// same way, so no step's quotient, nor the median's, exceeds 1, not even by a rounding.
 double TrainReport::mfu(double tps) const {
-  return peak_ > 0 ? tps * cfg_.model.flops_per_token() / (ranks_ * peak_ * 1e9) : 0.0;
+  const double peak = peak_.gflops();
+  return peak > 0 ? achieved_gflops(tps) / peak : 0.0;
 }
 
 void TrainReport::write(const std::string& line) {
@@ -95,6 +100,17 @@ void TrainReport::step(const StepRecord& r) {
   }
   if (!reporter_) return;
   const double tps = tokens_per_s(r.step_ms);
+  // The guard that keeps MFU at or below 100%: a step faster than the peak raises it (peak.h). A
+  // skipped step computed as much as any other, and its rate is in the median below.
+  const double achieved = achieved_gflops(tps);
+  if (achieved > peak_.gflops()) {
+    if (!told_raised_)
+      fmt::print("[{}] step {}: its model FLOP rate, {:.1f} GFLOP/s per rank, is above the GEMM peak of {:.1f} GFLOP/s "
+                 "({}): MFU is measured against the highest achieved rate from here on\n",
+                 trainer_, r.step + 1, achieved, peak_.gflops(), peak_.source());
+    told_raised_ = true;
+    peak_.achieved(achieved);
+  }
   std::vector<double> share(r.comm_ms.size());
   for (size_t i = 0; i < share.size(); ++i) share[i] = r.step_ms > 0 ? r.comm_ms[i] / r.step_ms : 0;
   const double comm_share = median(share);
@@ -130,8 +146,8 @@ void TrainReport::step(const StepRecord& r) {
                             100 * r.moe->padding_share, r.moe->max_mean_tokens, median(r.moe->alltoall_ms),
                             r.moe->round_trips > 0 ? fmt::format(" round trips {:.0f}", r.moe->round_trips) : "")
               : "";
-    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}{}\n",
-               trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), r.step_ms, 100 * comm_share, c.argmax,
+    fmt::print("[{}] step {:>5}/{} | loss {:.4f} | {:>8.0f} tok/s | MFU {:5.1f}% of {:.1f} | {:7.1f} ms/step | comm {:4.1f}% | slowest rank {}{}{}\n",
+               trainer_, r.step + 1, cfg_.workload.steps, r.loss, tps, 100 * mfu(tps), peak_.gflops(), r.step_ms, 100 * comm_share, c.argmax,
                skipped_ > 0 ? fmt::format(" | skipped {}", skipped_) : "", moe);
     std::fflush(stdout);
   }
@@ -179,6 +195,10 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"steps", static_cast<int64_t>(step_ms_.size())},
                       {"tokens_per_s", tps},
                       {"mfu", mfu(tps)},
+                      {"peak_gflops_per_rank", peak_.gflops()},
+                      {"peak_source", peak_.source()},
+                      {"peak_probes", peak_.probes()},
+                      {"peak_probe_gflops_per_rank", peak_.best_probe()},
                       {"step_ms_p50", median(step_ms_)},
                       {"step_ms_p90", quantile(step_ms_, 0.9)},
                       {"comm_share", median(comm_share_)},
@@ -196,8 +216,10 @@ void TrainReport::finish(const std::string& weights_hash) {
   }
   for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
   for (auto& [k, v] : extra_lists_) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(v, ", "));
-  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}%, step p50 {:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, {}weights {}\n",
-             trainer_, tps, 100 * mfu(tps), median(step_ms_), quantile(step_ms_, 0.9), last_loss_, last_val_,
+  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}% of a GEMM peak of {:.1f} GFLOP/s per rank ({}), step p50 "
+             "{:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, {}weights {}\n",
+             trainer_, tps, 100 * mfu(tps), peak_.gflops(), peak_.source(), median(step_ms_), quantile(step_ms_, 0.9),
+             last_loss_, last_val_,
              skipped_ > 0 ? fmt::format("{} non-finite steps skipped, ", skipped_) : "", weights_hash);
   std::fflush(stdout);
 }

@@ -13,6 +13,7 @@
 #include "common/atomic_file.h"
 #include "model/moe.h"
 #include "train/config.h"
+#include "train/peak.h"
 
 namespace pwm::train {
 
@@ -46,22 +47,28 @@ struct StepRecord {
 
 class TrainReport {
  public:
-  // `ranks` compute ranks; `peak_gflops` per rank (for MFU). Opens --metrics (an AtomicFile:
+  // `ranks` compute ranks; `peak`: the per-rank GEMM peak at start-up (for MFU; train/peak.h,
+  // raised by probed() and by any step faster than it). Opens --metrics (an AtomicFile:
   // PATH.tmp.<pid>, renamed onto PATH by finish()) when cfg.outputs.metrics is set. Only the reporting
   // rank creates one. Throws pwm::Error if it cannot be created.
   // A failed write (a full disk) does not throw from step()/validation(): the temporary file is
   // removed at once, later lines are dropped, and failed()/error() say so, so that the trainer
   // can stop every rank together; finish() then throws that error.
-  TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, double peak_gflops,
-              bool is_reporter);
+  TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, Peak peak, bool is_reporter);
   ~TrainReport();
 
-  // A finite step: its line (and the progress line every --log-every steps). A non-finite one
+  // A finite step: its line (and the progress line every --log-every steps), its MFU against the
+  // peak after the peak has been raised to the step's achieved rate if that was higher (the first
+  // time, a line says so). A non-finite one
   // (the ranks skipped its update): while --skip-nonfinite allows, its line with "skipped": true
   // and a progress line at once; past it, no line at all and stopped() becomes true. Every rank
   // calls it with the same values, so every rank reaches the same verdict at the same step.
   void step(const StepRecord& r);
   void validation(int64_t step, double val_loss);
+  // A GEMM probe through the run: its rate per compute rank (mean over them). Every rank calls it
+  // with the same value.
+  void probed(double gflops) { peak_.probe(gflops); }
+  const Peak& peak() const { return peak_; }
   // The run must end: a non-finite step beyond --skip-nonfinite was reported.
   bool stopped() const { return !stop_error_.empty(); }
   // After stopped(): writes the metrics' last line ({"stopped": true, "step", "error",
@@ -85,6 +92,9 @@ class TrainReport {
   }
 
   double tokens_per_s(double step_ms) const;
+  // The model FLOP rate per compute rank (tokens/s x Config::flops_per_token / ranks), GFLOP/s,
+  // and MFU = that / peak() as it stands.
+  double achieved_gflops(double tokens_per_s) const;
   double mfu(double tokens_per_s) const;
   double last_loss() const { return last_loss_; }  // the last finite step's
   int64_t skipped_nonfinite() const { return skipped_; }
@@ -96,7 +106,8 @@ class TrainReport {
   TrainConfig cfg_;
   std::string trainer_;
   int ranks_;
-  double peak_;
+  Peak peak_;
+  bool told_raised_ = false;  // the line saying a step raised the peak was printed
   bool reporter_;
   std::unique_ptr<AtomicFile> out_;
   std::string error_;  // the first failed write

@@ -7,6 +7,7 @@
 
 #include "common/time.h"
 #include "pathways/object_store.h"
+#include "train/peak.h"
 #include "train/report.h"
 
 namespace pwm::pathways::train {
@@ -56,6 +57,12 @@ model::Workspace<float>& TrainingDevice::step_memory(const model::ParamLayout& l
   tokens_.resize(static_cast<size_t>(shapes_.tokens()));
   if (!ws_) ws_ = std::make_unique<model::Workspace<float>>(layout, cfg().micro_batch());
   return *ws_;
+}
+
+model::GemmProbe* TrainingDevice::gemm_probe() {
+  if (!probe_made_) probe_ = pwm::train::make_gemm_probe(cfg());
+  probe_made_ = true;
+  return probe_.get();
 }
 
 Communicator& TrainingDevice::comm(uint32_t context, std::vector<int> group) {

@@ -25,6 +25,7 @@
 #include "collectives/communicator.h"
 #include "common/trace.h"
 #include "train/data.h"
+#include "model/gemm_probe.h"
 #include "model/params.h"
 #include "train/step.h"
 #include "model/transformer.h"
@@ -66,6 +67,9 @@ class TrainingDevice {
   float* grads() { return grads_.data(); }
   int32_t* tokens() { return tokens_.data(); }
   model::Activations<float>& act() { return ws_->act; }
+  // This device's GEMM peak probe (train/peak.h make_gemm_probe), made on first use and kept for
+  // the run, so that its products' best times accumulate over the probes; null with --peak-gflops.
+  model::GemmProbe* gemm_probe();
 
   // The slice's tp and dp sub-communicators (nullptr for a group of one); contexts 901 and 902
   // (docs/pathways.md reserves 900..999 for code around the runtime).
@@ -147,6 +151,8 @@ class TrainingDevice {
   std::shared_ptr<const pwm::train::TextDataset> data_;
   std::map<std::tuple<int, int, int>, model::ParamLayout> layouts_;  // by tp, tp rank, ep rank
   std::unique_ptr<model::Workspace<float>> ws_;
+  std::unique_ptr<model::GemmProbe> probe_;
+  bool probe_made_ = false;
   std::vector<float> grads_;
   std::vector<int32_t> tokens_;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;

@@ -12,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/checks.h"
 #include "train/full_state.h"
+#include "train/peak.h"
 #include "train/step.h"
 #include "pathways/kernel.h"
 
@@ -113,6 +114,15 @@ void val_total(TrainingDevice& dev, KernelContext& ctx, Scope&) {
       sum / static_cast<double>(pwm::train::validation_batches(dev.cfg(), dev.data()) * dev.cfg().workload.global_batch);
 }
 
+// The device's GEMM peak probe (train/peak.h) for at most about attrs[1] microseconds, or, with
+// 0, the start-up probe: its rate, GFLOP/s (0 with --peak-gflops, where the controller never
+// calls it).
+void gemm_probe(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  model::GemmProbe* probe = dev.gemm_probe();
+  const double budget_s = static_cast<double>(ctx.attr(1)) * 1e-6;
+  ctx.out<double>(0)[0] = !probe ? 0.0 : budget_s > 0 ? probe->run(budget_s) : pwm::train::startup_probe(*probe);
+}
+
 // This worker process's peak resident set (bytes, from common/memory.h).
 void memory(TrainingDevice&, KernelContext& ctx, Scope&) { ctx.out<int64_t>(0)[0] = peak_resident_bytes(); }
 
@@ -173,10 +183,10 @@ Signature sig(std::vector<ArgSpec> in, std::vector<ArgSpec> out) {
 using Body = void (*)(TrainingDevice&, KernelContext&, Scope&);
 using Attrs = std::span<const int64_t>;
 
-// Evaluation, checkpoints, hashing, merging and set-up run between steps: their time is not a
-// step's busy time.
+// Evaluation, checkpoints, hashing, merging, the GEMM peak probe and set-up run between steps:
+// their time is not a step's busy time.
 bool counts_as_step_work(const std::string& k) {
-  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge"})
+  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge", "gemm_probe"})
     if (k == n) return false;
   return true;
 }
@@ -230,6 +240,7 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   }, val_total);
   add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}}); },
       memory);
+  add("gemm_probe", false, [](Attrs) { return sig({}, {split_f64(1)}); }, gemm_probe);
   add("hash", true, [S](Attrs a) {
     return sig({split_f32(S->total(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
   }, weights_hash);

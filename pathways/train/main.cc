@@ -40,12 +40,13 @@ int main(int argc, char** argv) {
     auto devices = std::make_shared<pathways::train::DeviceSet>(s.cfg, pathways::train::PipelineShape{s.cfg.mpmd.stages});
     pathways::train::register_train_kernels(pathways::train::KernelNames{}, devices);
     collectives::Communicator world = collectives::Communicator::world(env.transport());
-    const double peak = train::gemm_peak(world, s.cfg, /*controller=*/true);
     // A run stopped at a non-finite step: the controller has ended the metrics and shut the
     // runtime down; it prints the line once and every rank exits 1, as a bad start-up does.
     std::string stopped;
     if (env.rank() == 0) {
-      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume, peak);
+      // (The GEMM peak is probed on the workers by the trainer, through the runtime: waiting in
+      // the runtime, the controller leaves the cores to the probing workers.)
+      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume);
     } else {
       const auto attached = devices->attach(env.transport(), s.data);
       pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();

@@ -92,11 +92,11 @@ pwm::train::TrainerSpec trainer_spec() {
   return s;
 }
 
-Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, double peak_gflops, bool resume,
+Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, bool resume,
                  const KernelNames& names)
     : cfg_(cfg), client_(client), names_(names), pipe_(cfg.mpmd.stages > 1), R_(cfg.mesh.replicas),
       S_(cfg.mpmd.stages), devices_(cfg.mesh.dp * cfg.mesh.tp), sh_(cfg, PipelineShape{cfg.mpmd.stages}),
-      report_(cfg, run_name(cfg), devices_ * R_ * S_, peak_gflops, true), trace_(!cfg.outputs.trace.empty(), 0, 0) {
+      trace_(!cfg.outputs.trace.empty(), 0, 0) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (device.cc)
   trace_.process_name(fmt::format("controller (rank 0) on {}", host));
@@ -109,7 +109,10 @@ Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_isl
   for (auto& sl : slices_)
     states_.push_back(ArrayState::from(dispatch(single(names_(resume ? "load" : "init"), sl, {}, {tp}), {}, "init")));
   first_step_ = static_cast<int64_t>(states_[0].step.get<int64_t>()[0]);
-  if (resume) fmt::print("[{}] resumed from {} at step {}\n", run_name(cfg), cfg.outputs.ckpt, first_step_);
+  report_ = std::make_unique<pwm::train::TrainReport>(
+      cfg, run_name(cfg), devices_ * R_ * S_,
+      cfg.exec.peak_gflops > 0 ? pwm::train::Peak::given(cfg.exec.peak_gflops) : pwm::train::Peak::probed(probe_workers(0)),
+      true);
   step_prog_ = build_step_program();  // built once; lowered once; each run sends only ids and handles
 }
 
@@ -264,7 +267,7 @@ bool Trainer::drain() {
   return true;
 }
 
-void Trainer::fail() { stop_error_ = report_.stop(); }
+void Trainer::fail() { stop_error_ = report_->stop(); }
 
 bool Trainer::drain_one() {
   Pending p = std::move(pending_.front());
@@ -298,11 +301,11 @@ bool Trainer::drain_one() {
   if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
   if (R_ > 1 && !pipe_) record_overlap(devices);  // (the pipeline's update does not time the exchange)
   if (cfg_.model.moe()) r.moe = moe_record(devices, p.round_trips);
-  report_.step(r);
+  report_->step(r);
   // A failed metrics write (a full disk) ends the run now rather than after the last step; the
   // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
-  if (report_.failed()) throw Error(report_.error());
-  return !report_.stopped();
+  if (report_->failed()) throw Error(report_->error());
+  return !report_->stopped();
 }
 
 // The step's MoE figures over every device (as spmd_train's over every rank), the AllToAll time
@@ -368,6 +371,26 @@ double Trainer::evaluate() {
   return fetch(dispatch(b.build(), params, "eval")[0], "val loss")[0];
 }
 
+double Trainer::probe_workers(double budget_s) {  // (0: the start-up probe)
+  // Every slice's devices at once (the programs run side by side), then the mean over all.
+  const int64_t budget_us = static_cast<int64_t>(budget_s * 1e6);
+  std::vector<Array> rates;
+  for (auto& sl : slices_)
+    rates.push_back(dispatch(single(names_("gemm_probe"), sl, {}, {cfg_.mesh.tp, budget_us}), {}, "gemm probe")[0]);
+  double sum = 0, n = 0;
+  for (auto& a : rates)
+    for (double r : fetch(a, "gemm probe")) {
+      sum += r;
+      ++n;
+    }
+  return sum / n;
+}
+
+void Trainer::probe_peak() {
+  if (report_->peak().is_given()) return;  // --peak-gflops: the workers make no probe
+  report_->probed(probe_workers(pwm::train::kPeakProbeBudgetS));
+}
+
 bool Trainer::save(int64_t /*steps_done: the state's own step counter is written*/) {
   const ArrayState full{merged(&ArrayState::params), merged(&ArrayState::m), merged(&ArrayState::v), states_[0].step};
   dispatch(single(names_("save"), slices_[0], full.list(), {cfg_.mesh.tp}), full.list(), "checkpoint")[0].wait();
@@ -393,15 +416,15 @@ std::optional<std::string> Trainer::finish() {
                               "diverged): a bug in the exchange", r, cfg_.workload.steps));
   report_layout_and_memory();
   if (!cfg_.outputs.trace.empty()) write_trace();
-  report_.finish(h);
+  report_->finish(h);
   return h;
 }
 
 void Trainer::report_layout_and_memory() {
   const int tp = cfg_.mesh.tp;
   if (pipe_ && !bubbles_.empty()) {
-    report_.set_extra("bubble", median(bubbles_));
-    report_.set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
+    report_->set_extra("bubble", median(bubbles_));
+    report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
   }
   // Memory: every worker's peak resident set, and the model state each device holds (parameters
   // and the two AdamW moments of its shard).
@@ -409,7 +432,7 @@ void Trainer::report_layout_and_memory() {
   for (auto& sl : slices_)
     for (int64_t b : dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>())
       peak_rss = std::max(peak_rss, b);
-  report_.set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  report_->set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
   // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water marks
   // and of their intermediates (activations, gradients in flight) alive at once.
   std::map<int, WorkerStats> by_rank;
@@ -425,27 +448,27 @@ void Trainer::report_layout_and_memory() {
     store.push_back(static_cast<double>(hw));
     inter.push_back(static_cast<double>(in));
   }
-  report_.set_extra_list("peak_store_bytes", store);
-  report_.set_extra_list("peak_intermediate_bytes", inter);
+  report_->set_extra_list("peak_store_bytes", store);
+  report_->set_extra_list("peak_intermediate_bytes", inter);
   if (pipe_) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
-    report_.set_extra("stages", S_);
-    report_.set_extra("stage_dp", cfg_.mesh.dp);
-    report_.set_extra("stage_tp", tp);
+    report_->set_extra("stages", S_);
+    report_->set_extra("stage_dp", cfg_.mesh.dp);
+    report_->set_extra("stage_tp", tp);
     std::vector<double> isl;
     for (auto& sl : slices_) isl.push_back(sl.island());
-    report_.set_extra_list("stage_islands", isl);
+    report_->set_extra_list("stage_islands", isl);
   }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
-  report_.set_extra("state_bytes", 3.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
+  report_->set_extra("state_bytes", 3.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
   if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece and its loss to its peer in
     // each other island.
     int64_t piece_bytes = 0;
     for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i) piece_bytes += sh_.piece(tp, i) * static_cast<int64_t>(sizeof(float));
-    report_.set_extra("dcn_bytes_per_step",
-                      static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
-    if (!exposed_.empty()) report_.set_extra("xchg_exposed_ms", median(exposed_));
-    if (!tails_.empty()) report_.set_extra("xchg_tail_ms", median(tails_));
+    report_->set_extra("dcn_bytes_per_step",
+                       static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
+    if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));
+    if (!tails_.empty()) report_->set_extra("xchg_tail_ms", median(tails_));
   }
 }
 
@@ -462,7 +485,7 @@ void Trainer::write_trace() {
 }
 
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume, double peak_gflops) {
+                           bool resume) {
   RuntimeOptions ro = RuntimeOptions::from_env();
   ro.islands = cfg.mpmd.islands;
   ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
@@ -474,13 +497,14 @@ std::string run_controller(std::shared_ptr<collectives::Transport> transport, co
                                         pwm::train::name(cfg.mpmd.schedule), m.dp, m.tp, replicas)
                           : fmt::format("{} replicas={} dp={} tp={}", pwm::train::name(cfg.mpmd.granularity), m.replicas,
                                         m.dp, m.tp);
-  pwm::train::print_header(
-      "pathways", fmt::format("controller + {} workers ({} islands) | {}", transport->size() - 1, rt.num_islands(), layout),
-      cfg, "", peak_gflops, "worker");
   Client client = rt.client("trainer");
   std::string stopped;
   {
-    Trainer trainer(cfg, client, rt.num_islands(), peak_gflops, resume);
+    Trainer trainer(cfg, client, rt.num_islands(), resume);  // (the start-up GEMM probe is in it)
+    pwm::train::print_header(
+        "pathways", fmt::format("controller + {} workers ({} islands) | {}", transport->size() - 1, rt.num_islands(), layout),
+        cfg, "", trainer.report().peak(), "worker");
+    if (resume) fmt::print("[{}] resumed from {} at step {}\n", run_name(cfg), cfg.outputs.ckpt, trainer.first_step());
     if (!trainer.run()) stopped = trainer.stop_error();
   }
   rt.shutdown();  // (after the trainer has dropped its arrays: the steps still in flight end first)

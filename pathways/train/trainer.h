@@ -44,7 +44,7 @@ pwm::train::TrainerSpec trainer_spec();
 // a non-finite step (--skip-nonfinite), the one line saying why, with the workers released: the
 // caller prints it once and every rank exits non-zero (main.cc).
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume, double peak_gflops);
+                           bool resume);
 
 // Runs on world rank 0 (the controller) only; every call blocks until the programs it
 // dispatches have been accepted, and the statistics' fetches until the step has run.
@@ -52,8 +52,10 @@ class Trainer final : public pwm::train::Trainer {
  public:
   // Places the slices through `client`, initializes the state on the workers (or, with `resume`,
   // loads the checkpoint already validated by train::load_resume_checkpoint) and builds the step
-  // program. The kernels must be registered under `names` (kernels.h) on every rank.
-  Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, double peak_gflops, bool resume,
+  // program. The kernels must be registered under `names` (kernels.h) on every rank. The GEMM
+  // peak (train/peak.h): --peak-gflops, else every worker probes its step's products now (the
+  // gemm_probe kernel on every slice at once) and again at every probe_peak.
+  Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, bool resume,
           const KernelNames& names = {});
   ~Trainer() override;
 
@@ -69,11 +71,12 @@ class Trainer final : public pwm::train::Trainer {
   bool step(int64_t step) override;
   bool drain() override;
   void pause() override { last_end_us_ = -1; }
+  void probe_peak() override;  // the gemm_probe kernel on every slice at once
   double evaluate() override;
   bool save(int64_t steps_done) override;
   std::optional<std::string> finish() override;
   void fail() override;  // (only a non-finite stop: a failed write throws)
-  pwm::train::TrainReport& report() override { return report_; }
+  pwm::train::TrainReport& report() override { return *report_; }
 
  private:
   using ArrayState = State<Array>;
@@ -84,6 +87,7 @@ class Trainer final : public pwm::train::Trainer {
   };
 
   void place_slices(int num_islands);
+  double probe_workers(double budget_s);  // the gemm_probe kernel on every slice: the mean rate
   Program build_step_program() const;  // by mode; empty for opbyop (no program: a call per node)
   Program chained_program() const;
   bool controller_routing() const;  // --moe-routing controller
@@ -107,7 +111,7 @@ class Trainer final : public pwm::train::Trainer {
   bool pipe_;
   int R_, S_, devices_;  // replicas, slices per replica (stages), devices per slice
   Shapes sh_;
-  pwm::train::TrainReport report_;
+  std::unique_ptr<pwm::train::TrainReport> report_;  // made once the start-up peak is known
   Trace trace_;
   RunOptions ro_;
   std::vector<Slice> slices_;  // replica-major: slice r x S + s is replica r's stage s

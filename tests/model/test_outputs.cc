@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -154,7 +156,7 @@ TEST(TrainReport, MetricsAppearOnlyWhenComplete) {
   c.outputs.metrics = dir.file("m.jsonl");
   c.workload.steps = 1;
   {
-    TrainReport r(c, "test", 1, 1.0, true);
+    TrainReport r(c, "test", 1, Peak::given(1.0), true);
     StepRecord s;
     s.compute_ms = s.comm_ms = s.wait_ms = {1.0};
     r.step(s);
@@ -162,9 +164,56 @@ TEST(TrainReport, MetricsAppearOnlyWhenComplete) {
     EXPECT_FALSE(r.failed());
   }  // never finished: nothing at all
   EXPECT_TRUE(dir.listing().empty());
-  TrainReport r(c, "test", 1, 1.0, true);
+  TrainReport r(c, "test", 1, Peak::given(1.0), true);
   r.finish("0");
   EXPECT_NE(slurp(c.outputs.metrics).find("\"final\":true"), std::string::npos);
+}
+
+// Issue 39: MFU never exceeds 100%. A step faster than the peak raises the peak to its rate (and
+// the final line says so); probes only raise it; the final line carries the peak used.
+TEST(TrainReport, TheGemmPeakIsNeverBelowAnAchievedRate) {
+  TempDir dir;
+  TrainConfig c;
+  c.outputs.metrics = dir.file("m.jsonl");
+  c.workload.steps = 3;
+  const double fpt = c.model.flops_per_token(), tokens = static_cast<double>(c.tokens_per_step());
+  auto gflops = [&](double step_ms) { return tokens / (step_ms * 1e-3) * fpt / 2 / 1e9; };  // 2 ranks
+  const double probe = 1.5 * gflops(20);  // between the rates of a 20 ms step and a 10 ms one
+  TrainReport r(c, "test", 2, Peak::probed(probe), true);
+  r.probed(0.5 * probe);  // a slower probe does not lower the peak
+  EXPECT_EQ(r.peak().gflops(), probe);
+  EXPECT_EQ(r.peak().source(), "model-shape GEMM, highest of 2 probes");
+  StepRecord s;
+  s.compute_ms = s.comm_ms = s.wait_ms = {1.0, 1.0};
+  for (double ms : {20.0, 10.0, 20.0}) {
+    s.step_ms = ms;
+    r.step(s);
+    EXPECT_LE(r.mfu(r.tokens_per_s(ms)), 1.0);
+    ++s.step;
+  }
+  EXPECT_EQ(r.peak().gflops(), gflops(10));
+  EXPECT_TRUE(r.peak().raised());
+  r.finish("0");
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(slurp(c.outputs.metrics));
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 5u);  // header, 3 steps, final
+  EXPECT_EQ(lines[0]["peak_gflops_per_rank"], probe);  // the header: the start-up peak
+  EXPECT_EQ(lines[2]["mfu"], 1.0);  // the step that set the peak
+  const nlohmann::json& f = lines[4];
+  EXPECT_EQ(f["peak_gflops_per_rank"], gflops(10));
+  EXPECT_EQ(f["mfu"], gflops(20) / gflops(10));  // the median step against the highest rate
+  EXPECT_EQ(f["peak_source"],
+            fmt::format("achieved step rate, above the model-shape GEMM's highest of 2 probes, {:.1f} GFLOP/s", probe));
+  EXPECT_EQ(f["peak_probes"], 2);
+  EXPECT_EQ(f["peak_probe_gflops_per_rank"], probe);
+  // --peak-gflops: no probes; below the achieved rate, raised the same way.
+  Peak given = Peak::given(10);
+  EXPECT_EQ(given.source(), "--peak-gflops");
+  EXPECT_FALSE(given.achieved(9));
+  EXPECT_TRUE(given.achieved(12));
+  EXPECT_EQ(given.gflops(), 12);
+  EXPECT_EQ(given.source(), "achieved step rate, above --peak-gflops 10");
 }
 
 // Issue 42: a non-finite step is skipped while --skip-nonfinite allows (its line marked, the
@@ -177,7 +226,7 @@ TEST(TrainReport, NonFiniteStepsAreSkippedThenStopTheRun) {
   c.workload.steps = 4;
   c.workload.skip_nonfinite = 1;
   c.optim.lr = 0.5;
-  TrainReport r(c, "test", 1, 1.0, true);
+  TrainReport r(c, "test", 1, Peak::given(1.0), true);
   StepRecord s;
   s.compute_ms = s.comm_ms = s.wait_ms = {1.0};
   s.loss = 2.5;

@@ -147,7 +147,7 @@ CaseKernels register_case(const Case& c, const std::string& metrics, const std::
 }
 
 void train_case(const CaseKernels& k, const Case& c, Client& client, int num_islands) {
-  Trainer(k.cfg, client, num_islands, 50.0, false, k.names).run();
+  Trainer(k.cfg, client, num_islands, false, k.names).run();
 }
 
 void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, const std::string& dir) {
@@ -155,7 +155,7 @@ void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, con
   pwm::train::TrainConfig cfg = workload(c, ref_path);
   auto data = pwm::train::open_training_data(cfg);
   collectives::run_inproc(cfg.mesh.dp * cfg.mesh.tp, [&](int, std::shared_ptr<collectives::Transport> t) {
-    spmd::Trainer trainer(cfg, t, *data, 50.0, std::nullopt);
+    spmd::Trainer trainer(cfg, t, *data, pwm::train::Peak::given(50.0), nullptr, std::nullopt);
     trainer.run();
   });
   const Metrics ref = read_metrics(ref_path), got = read_metrics(pathways_metrics);

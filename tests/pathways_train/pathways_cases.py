@@ -525,6 +525,13 @@ def case_full_disk_leaves_nothing():
     assert not sc.temp_leftovers(small) and not sc.temp_leftovers(sc.TMP), "temporary files left"
 
 
+def case_mfu_never_over_one():
+    # Issue 39: the workers' model-shape probes through the runtime; a pipeline's devices too.
+    sc.check_mfu_never_over_one(3, ["--dp", "2", "--granularity", "chained"], "pathways", "chained_dp2")
+    sc.check_mfu_never_over_one(3, ["--stages", "2", "--islands", "2x1", "--microbatches", "2"], "pathways",
+                                "pipeline_s2")
+
+
 def case_nonfinite_stops_the_run():
     # As spmd_train (tests/spmd, nonfinite_stops_the_run): the controller sees the step's loss
     # with up to two later steps in flight; the run still ends at the first non-finite step, no

@@ -11,16 +11,18 @@ import unittest
 
 import compare_report
 
-HEAD = {"trainer": "t", "config": {"batch": 4, "model": "d_model=8 seq_len=16"}, "peak_gflops_per_rank": 10.0}
+HEAD = {"trainer": "t", "config": {"batch": 4, "model": "d_model=8 seq_len=16"}, "peak_gflops_per_rank": 10.0,
+        "ranks": 1, "flops_per_token": 1e6}
 
 
-def write_run(path, step_ms, weights="aa"):
+def write_run(path, step_ms, weights="aa", peak=1.28):
     with open(path, "w") as f:
         f.write(json.dumps(HEAD) + "\n")
         for i, ms in enumerate(step_ms):
             f.write(json.dumps({"step": i, "loss": 5.0 - i, "step_ms": ms}) + "\n")
         f.write(json.dumps({"final": True, "mfu": 0.5, "tokens_per_s": 64 / (step_ms[-1] / 1e3), "final_loss": 1.0,
-                            "final_val_loss": 1.5, "weights_hash": weights, "comm_share": 0.1}) + "\n")
+                            "final_val_loss": 1.5, "weights_hash": weights, "comm_share": 0.1,
+                            "peak_gflops_per_rank": peak, "peak_source": f"probe {peak}"}) + "\n")
 
 
 def write_trace(path, fwd_ms):
@@ -43,7 +45,8 @@ class CompareReport(unittest.TestCase):
             files, traces = [], []
             for k, ms in enumerate(per_round, start=1):
                 files.append(os.path.join(d, f"{name}.r{k}.jsonl"))
-                write_run(files[-1], [3 * ms] + [ms] * 5, weights="aa" if name != "chained" else "bb")
+                write_run(files[-1], [3 * ms] + [ms] * 5, weights="aa" if name != "chained" else "bb",
+                          peak=2.56 if k == 2 else 1.28)
                 traces.append(os.path.join(d, f"{name}.r{k}.trace.json"))
                 write_trace(traces[-1], 60.0 if name == "chained" else 30.0)
             args.append(f"{name}={','.join(files)}:{','.join(traces)}")
@@ -75,6 +78,10 @@ class CompareReport(unittest.TestCase):
         self.assertIn("chained: slower than spmd, 0.800x (0.80-0.80, 75% coverage)", text)
         # The attribution: chained's forward is 30 ms longer in its traces.
         self.assertIn("chained vs spmd, ms per step and device: step 100 vs 100; forward 60 vs 30 (+30)", text)
+        # MFU: spmd's pooled median step (100 ms: 640 tokens/s of 1 MFLOP) over the rounds' highest
+        # peak, 2.56 GFLOP/s, which the report names.
+        self.assertAlmostEqual(rows["spmd"]["mfu"], 0.25)
+        self.assertIn("spmd 2.6 GFLOP/s (probe 2.56)", text)
         self.assertFalse(rows["chained"]["weights_identical"])
         self.assertTrue(rows["fused"]["weights_identical"])
 

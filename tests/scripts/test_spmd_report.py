@@ -34,6 +34,14 @@ class SpmdReport(unittest.TestCase):
     def test_per_round(self):
         self.assertEqual(spmd_report.per_round(['fp32=4.5,2.25', 'bf16=']), {'fp32': [4.5, 2.25], 'bf16': []})
 
+    def test_mfu_against_the_peak_the_run_ended_with(self):
+        # The final line's peak (the run's highest probe, or its fastest step) above every other.
+        with open(os.path.join(self.d, 'spmd_dp2.r1.jsonl'), 'w') as f:
+            f.write(json.dumps({'ranks': 2, 'peak_gflops_per_rank': 3.0, 'flops_per_token': 1e9}) + '\n')
+            f.write(json.dumps({'final': True, 'tokens_per_s': 9.0, 'peak_gflops_per_rank': 4.5,
+                                'step_ms_p50': 100.0, 'comm_share': 0.1}) + '\n')
+        self.assertEqual(spmd_report.mfu(self.d, 'dp2.r1', [[4.0, 2.0], [4.0, 2.0]]), (1.0, 4.5))
+
     def test_summary(self):
         with contextlib.redirect_stdout(io.StringIO()) as stdout:
             spmd_report.main([self.d, '2', '3.0,1.5', '16 8', '12 9', 'fp32=4.5,2.25', 'bf16='])

@@ -705,6 +705,55 @@ def case_main(cases, prefix):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---- Issue 39: MFU against a peak that is a peak ----------------------------------------------
+
+
+def assert_peak_is_a_peak(path, what):
+    """No MFU over 1 in the metrics at `path`, and the final line's peak at least every step's
+    achieved model FLOP rate per rank (tokens/s x flops per token / ranks). Returns (final, the
+    steps, their achieved rates)."""
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    head, final = lines[0], lines[-1]
+    steps = [j for j in lines if "step_ms" in j]
+    achieved = [s["tokens_per_s"] * head["flops_per_token"] / head["ranks"] / 1e9 for s in steps]
+    assert steps and final.get("final"), f"{what}: no steps or no final line"
+    assert all(s["mfu"] <= 1.0 for s in steps), f"{what}: a step's MFU over 1: {[s['mfu'] for s in steps]}"
+    assert 0 < final["mfu"] <= 1.0, f"{what}: final MFU {final['mfu']}"
+    peak = final["peak_gflops_per_rank"]
+    assert peak >= max(achieved) * (1 - 1e-12), f"{what}: peak {peak} below an achieved rate {max(achieved)}"
+    assert peak >= head["peak_gflops_per_rank"], f"{what}: the peak fell below the start-up one"
+    print(f"{what}: MFU {final['mfu']:.3f} against {peak:.2f} GFLOP/s per rank ({final['peak_source']}); "
+          f"fastest step {max(achieved):.2f}")
+    return final, steps, achieved
+
+
+def check_mfu_never_over_one(n, mesh, exe, name):
+    """Issue 39 for one trainer: the model-shape probes (start-up, the evaluation pause after step
+    3, after the last step: 3 probes), then a --peak-gflops below every step's rate, which the
+    first step raises to its own rate (and says so)."""
+    i = TINY.index("--peak-gflops")
+    probed = TINY[:i] + TINY[i + 2:]
+    path = os.path.join(TMP, name + "_probed.jsonl")
+    run(n, probed + mesh + ["--eval-every", "3", "--metrics", path], exe=exe)
+    final, _, _ = assert_peak_is_a_peak(path, f"{name}, probed")
+    assert final["peak_probes"] == 3 and final["peak_probe_gflops_per_rank"] > 0, final
+    assert final["peak_source"] in ("model-shape GEMM, highest of 3 probes",) or final["peak_source"].startswith(
+        "achieved step rate, above the model-shape GEMM's highest of 3 probes"), final["peak_source"]
+    path = os.path.join(TMP, name + "_given.jsonl")
+    p = run(n, probed + mesh + ["--peak-gflops", "0.001", "--metrics", path], exe=exe)
+    final, steps, achieved = assert_peak_is_a_peak(path, f"{name}, --peak-gflops 0.001")
+    assert final["peak_source"] == "achieved step rate, above --peak-gflops 0.001", final["peak_source"]
+    assert final["peak_probes"] == 0 and final["peak_probe_gflops_per_rank"] == 0, final
+    assert abs(final["peak_gflops_per_rank"] - max(achieved)) <= 1e-12 * max(achieved), final
+    assert max(s["mfu"] for s in steps) == 1.0, "no step set the peak"
+    assert "is above the GEMM peak of 0.0 GFLOP/s (--peak-gflops)" in p.stdout, p.stdout
+
+
+def case_mfu_never_over_one():
+    check_mfu_never_over_one(2, ["--dp", "2"], "spmd", "spmd_dp2")
+
+
 def main():
     global BUILD, TMP
     case, BUILD = sys.argv[1], sys.argv[2]
