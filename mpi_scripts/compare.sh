@@ -19,7 +19,8 @@
 #                   one that holds 1 reads "same within noise" (mpi_scripts/measure.py). The
 #                   default takes about two and a half minutes on 2 cores. Losses and weights
 #                   come from round 1; later rounds evaluate one validation batch, not 4
-#   --hostfile F    passed to mpirun (for a cluster; see docs/cluster.md)
+#   --hostfile F    passed to mpirun (for a cluster, e.g. from compare.sbatch; docs/cluster.md):
+#                   fused and chained then run on one island spanning the hosts (--islands 1xNP)
 #   --hosts K       run everything on an emulated cluster of K hosts (mpi_scripts/cluster.sh):
 #                   ranks go round-robin over the hosts, so every run crosses host boundaries;
 #                   fused and chained use one island spanning the hosts (--islands 1xNP), the
@@ -83,7 +84,7 @@ while [ $# -gt 0 ]; do
       [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
         { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
       shift 2 ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

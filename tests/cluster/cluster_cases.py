@@ -160,10 +160,10 @@ def case_compare_hostfile_two_hosts():
     # hostfile (cluster.sh puts its launch agent in the launchers' environment, as ssh reaches the
     # nodes of a cluster). The runtime's default, one island per host, holds 2 devices at most, so
     # fused and chained must run on one island spanning the hosts; every row reaches the table, and
-    # at dp 3 fused and chained end with spmd's weights. A tiny model and 4 steps: ~10 s.
+    # at dp 3 fused and chained end with spmd's weights. A tiny model, 2 rounds of 4 steps: ~15 s.
     out = os.path.join(sc.TMP, "compare")
     model = "--d-model 64 --layers 3 --heads 4 --head-dim 16 --d-ff 128 --seq-len 32 --batch 24 --eval-batches 1"
-    p = run_on_cluster(2, 2, f"BUILD_DIR={os.path.abspath(sc.BUILD)} bash {ROOT}/mpi_scripts/compare.sh --np 3 --steps 4 "
+    p = run_on_cluster(2, 2, f"BUILD_DIR={os.path.abspath(sc.BUILD)} bash {ROOT}/mpi_scripts/compare.sh --np 3 --steps 4 --rounds 2 "
                              f"--hostfile $PWM_HOSTFILE --out {out} -- {model}", timeout=240)
     rows = re.findall(r"^\s*(spmd|fused|chained|pipeline)\s+\d+\s", p.stdout, re.M)
     assert rows == ["spmd", "fused", "chained", "pipeline"], f"the table's rows are {rows}:\n{p.stdout}"
