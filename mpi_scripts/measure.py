@@ -134,15 +134,31 @@ def paired_ratio(ref, cand, higher_is_better=True):
 
 # ---- Attribution from the traces ----------------------------------------------------------------
 
-# What a trace span counts as, by its first word (the trainers' span names: spmd_train's
-# forward/block_bwd/optimizer/wait, pathways_train's kernels). Spans that enclose others
-# (spmd's backward, fused's fused_step) are not counted; eval and start-up spans neither.
+# What a trace span counts as, by the first word of its name and that word's prefix (the trainers'
+# span names: spmd_train's forward/block_bwd/optimizer/wait, pathways_train's kernels with their
+# _tp/_ep/_acc variants, the pipeline's head_acc and pipe_update). Spans that enclose others
+# (spmd's backward, fused's fused_step) are not counted; eval, probes and start-up spans neither.
 CATEGORIES = {
     "forward": "forward", "block_fwd": "forward", "embed_fwd": "forward", "head": "forward", "batch": "forward",
     "block_bwd": "backward", "embed_bwd": "backward",
     "dp_allreduce": "gradient reduction", "wait": "gradient reduction",
-    "optimizer": "update", "update": "update",
+    "optimizer": "update", "update": "update", "pipe_update": "update", "pipe_sqnorm": "update",
 }
+
+
+def category(name):
+    """The category of a span name, None when it counts as none (the longest known prefix of its
+    first word that ends at an underscore or the word's end)."""
+    word = name.split()[0] if name else ""
+    while word:
+        if word in CATEGORIES:
+            return CATEGORIES[word]
+        if "_" not in word:
+            return None
+        word = word.rsplit("_", 1)[0]
+    return None
+
+
 STEP_END = ("optimizer", "fused_step", "update", "pipe_update")
 
 
@@ -167,7 +183,7 @@ def step_breakdown(trace_path):
     for t0, t1 in zip(ends, ends[1:]):
         w = {"step": (t1 - t0) / 1e3}
         for e in ev:
-            cat = CATEGORIES.get(e["name"].split()[0])
+            cat = category(e["name"])
             if cat is None or e["pid"] not in devices or e.get("tid", 0) != 0:
                 continue
             a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)

@@ -106,6 +106,15 @@ class Attribution(unittest.TestCase):
         line = measure.attribution("fused", "spmd", dict(bd, forward=25, step=90, rest=10), bd)
         self.assertTrue(line.startswith("fused vs spmd, ms per step and device: step 90 vs 100; forward 25 vs 35 (-10)"), line)
 
+    def test_kernel_variants_take_their_base_name(self):
+        self.assertEqual(measure.category("block_bwd_acc 3"), "backward")
+        self.assertEqual(measure.category("block_fwd_ep"), "forward")
+        self.assertEqual(measure.category("head_acc"), "forward")
+        self.assertEqual(measure.category("pipe_update"), "update")
+        self.assertIsNone(measure.category("backward"))      # encloses the block_bwd spans
+        self.assertIsNone(measure.category("fused_step"))
+        self.assertIsNone(measure.category("island_loss"))
+
     def test_no_trace_says_so(self):
         self.assertIn("no trace", measure.attribution("a", "b", None, {"step": 1}))
 
