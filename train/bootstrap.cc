@@ -71,18 +71,22 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   return std::nullopt;
 }
 
+namespace {
+// The mean of every rank's probe rate (every rank probes at once, as it runs).
+double mean_rate(collectives::Communicator& world, double rate) {
+  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
+  return rate / world.size();
+}
+}  // namespace
+
 Peak gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, model::GemmProbe* probe) {
   if (cfg.exec.peak_gflops > 0) return Peak::given(cfg.exec.peak_gflops);
   PWM_CHECK(probe != nullptr, "a rank without its GEMM probe");
-  double rate = startup_probe(*probe);
-  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
-  return Peak::probed(rate / world.size());
+  return Peak::probed(mean_rate(world, startup_probe(*probe)));
 }
 
 double probe_gemm_peak(collectives::Communicator& world, model::GemmProbe& probe, double budget_s) {
-  double rate = probe.run(budget_s);
-  world.allreduce(&rate, &rate, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kSum);
-  return rate / world.size();
+  return mean_rate(world, probe.run(budget_s));
 }
 
 void print_header(const std::string& tag, const std::string& who, const TrainConfig& cfg, const std::string& where,

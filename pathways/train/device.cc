@@ -52,6 +52,25 @@ const model::ParamLayout& TrainingDevice::layout(const Pos& p) {
   return it->second;
 }
 
+const TrainingDevice::PieceParts& TrainingDevice::piece_parts(const Pos& p, int piece) {
+  const auto key = std::make_tuple(p.tp, p.tp_rank, ep_rank(p), piece);
+  auto it = piece_parts_.find(key);
+  if (it != piece_parts_.end()) return it->second;
+  using collectives::BucketedAllreduce;
+  const model::StepPlan& plan = shapes_.plan(p.tp);
+  std::vector<BucketedAllreduce::Range> dense = plan.finish_order(), experts;
+  if (cfg().mesh.ep > 1) {
+    pwm::train::ExpertSplit split = pwm::train::split_experts(layout(p), dense);
+    dense = std::move(split.dense);
+    experts = std::move(split.experts);
+  }
+  auto parts = [&](const std::vector<BucketedAllreduce::Range>& units) {
+    if (units.empty()) return std::vector<BucketedAllreduce::Part>{};
+    return BucketedAllreduce::parts(BucketedAllreduce::cut(units, cfg().exec.bucket_bytes), plan.piece_ranges(piece));
+  };
+  return piece_parts_.emplace(key, PieceParts{parts(dense), parts(experts)}).first->second;
+}
+
 model::Workspace<float>& TrainingDevice::step_memory(const model::ParamLayout& layout) {
   grads_.resize(static_cast<size_t>(layout.total()));
   tokens_.resize(static_cast<size_t>(shapes_.tokens()));

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "collectives/bucketed_allreduce.h"
 #include "collectives/communicator.h"
 #include "common/trace.h"
 #include "train/data.h"
@@ -55,6 +56,14 @@ class TrainingDevice {
   const pwm::train::TrainConfig& flat_cfg() const { return flat_cfg_; }
   const pwm::train::TextDataset& data() const;
   const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp and expert-parallel rank)
+  // Where step-plan piece `piece` of this shard falls in spmd_train's buckets under --bucket-bytes
+  // (BucketedAllreduce::cut of the plan's finish order, then parts): the dense ranges' buckets
+  // (summed over dp) and, with expert parallelism, the experts' (summed over the expert group).
+  // Computed on first use and kept: dp_allreduce asks for it every step.
+  struct PieceParts {
+    std::vector<collectives::BucketedAllreduce::Part> dense, experts;
+  };
+  const PieceParts& piece_parts(const Pos& p, int piece);
   // The expert-parallel rank of a device (--expert-parallel P: P consecutive dp ranks split each
   // MoE layer's experts, as spmd_train's mesh); 0 without.
   int ep_rank(const Pos& p) const { return cfg().mesh.ep > 1 ? p.dp_rank % cfg().mesh.ep : 0; }
@@ -150,6 +159,7 @@ class TrainingDevice {
   std::shared_ptr<collectives::Transport> transport_;
   std::shared_ptr<const pwm::train::TextDataset> data_;
   std::map<std::tuple<int, int, int>, model::ParamLayout> layouts_;  // by tp, tp rank, ep rank
+  std::map<std::tuple<int, int, int, int>, PieceParts> piece_parts_;  // by tp, tp rank, ep rank, piece
   std::unique_ptr<model::Workspace<float>> ws_;
   std::unique_ptr<model::GemmProbe> probe_;
   bool probe_made_ = false;

@@ -322,24 +322,14 @@ namespace {
 // adjacent parts in one call, as a piece was reduced before (no extra messages at dp 2).
 void sum_as_buckets(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int piece, const float* in, float* out,
                     size_t n) {
-  using Range = collectives::BucketedAllreduce::Range;
-  using collectives::BucketedAllreduce;
-  const model::StepPlan& plan = dev.shapes().plan(p.tp);
-  std::vector<Range> dense = plan.finish_order(), experts;
-  if (dev.cfg().mesh.ep > 1) {
-    pwm::train::ExpertSplit split = pwm::train::split_experts(dev.layout(p), dense);
-    dense = std::move(split.dense);
-    experts = std::move(split.experts);
-  }
+  const TrainingDevice::PieceParts& pp = dev.piece_parts(p, piece);
   const double t0 = now_s();
   std::vector<collectives::Work> works;
   size_t covered = 0;
   for (const bool over_experts : {false, true}) {
-    const std::vector<Range>& units = over_experts ? experts : dense;
-    if (units.empty()) continue;
+    const auto& parts = over_experts ? pp.experts : pp.dense;
+    if (parts.empty()) continue;
     Communicator* c = over_experts ? dev.expert_comm(ctx, p) : dev.dp_comm(ctx, p);
-    std::vector<BucketedAllreduce::Part> parts =
-        BucketedAllreduce::parts(BucketedAllreduce::cut(units, dev.cfg().exec.bucket_bytes), plan.piece_ranges(piece));
     for (size_t i = 0; i < parts.size();) {
       size_t j = i + 1, count = static_cast<size_t>(parts[i].count);
       if (c == nullptr || c->size() <= 2)
