@@ -218,6 +218,7 @@ void Worker::count_reads(LoadedProgram& lp) {
     } else if (in.op == Op::kSend || in.op == Op::kCopy) {
       lp.readers[in.slot]++;
     }
+    if (in.op == Op::kSend || in.op == Op::kRecv) lp.transfers.push_back(static_cast<uint32_t>(&in - p.instrs.data()));
   }
 }
 

@@ -9,8 +9,10 @@
 //
 // Execution rules (why they are deadlock-free is in docs/pathways.md, "Gang scheduling"):
 //  - a run's receives are posted as soon as its stage is released (at once under parallel
-//    dispatch), before its inputs exist; its intermediate buffers are allocated when first
-//    written (a node's outputs when it starts, a receive's when it is posted; with a memory
+//    dispatch), before its inputs exist, and a send as soon as its buffer is ready, wherever
+//    either sits in the instruction list (checked at every pass and after every kernel); its
+//    intermediate buffers are allocated when first written (a node's outputs when it starts, a
+//    receive's when it is posted; with a memory
 //    cap, all at admission, so that admitted runs always fit), and every buffer of a run is
 //    dropped by the run after its last reader is done (freed unless the store holds it);
 //  - a run sent with kRunInOrder runs its kernels strictly in instruction order, and posts a

@@ -128,8 +128,12 @@ class Worker {
   // One pass over a run's instructions (sends, receives, copies, kernels), never blocking except
   // inside a kernel; true if anything moved.
   bool progress_run(Run& run);
+  // Posts the run's ready sends and (not in order) its released receives, wherever they sit in
+  // its list; true if it posted any.
+  bool post_transfers(Run& run);
   // Posts send i of the run (its buffer is ready).
   void post_send(Run& run, size_t i);
+  void post_recv(Run& run, size_t i);  // its buffer written here (allocated when first written)
   // Runs kernel instruction i if its inputs are ready and, for a gang kernel, its turn in the
   // island's order has come; true if it ran.
   bool try_exec(Run& run, size_t i);

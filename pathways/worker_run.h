@@ -23,6 +23,7 @@ struct LoadedProgram {
   std::vector<uint32_t> readers;       // per slot: instructions reading it (exec inputs, sends, copies)
   std::vector<uint8_t> intermediate;   // per slot: bound to no parameter and no output
   std::vector<uint32_t> execs_before;  // per instruction: kExec instructions before it
+  std::vector<uint32_t> transfers;     // the kSend and kRecv instructions, in program order
 };
 
 enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };

@@ -115,6 +115,32 @@ bool Worker::admit() {
   return any;
 }
 
+bool Worker::post_transfers(Run& run) {
+  // A transfer sits in the list where its consumer is, which can be far behind kernels that are
+  // ready one after another (a 1F1B stage's next backward before the activation it just made; a
+  // replica's gradient piece, consumed by the exchange after the whole backward): the walk would
+  // reach it only after them. So every send whose buffer is ready is posted here (isend only
+  // hands the buffer over, and the receiver's tag is the transfer's: no order between transfers
+  // to match), and, unless the run is in order (whose receives wait for their kernels: the
+  // schedule bounds the buffers), every receive of a released stage: the transfer then moves
+  // while the kernels before its consumer run.
+  bool any = false;
+  const WorkerProgram& p = run.prog->p;
+  for (uint32_t i : run.prog->transfers) {
+    if (i < run.first || run.state[i] != kWaiting) continue;
+    const Instr& in = p.instrs[i];
+    if (in.stage >= run.released) break;
+    if (in.op == Op::kSend && run.slots[in.slot]->resolved()) {
+      post_send(run, i);
+      any = true;
+    } else if (in.op == Op::kRecv && !(run.h.flags & kRunInOrder)) {
+      post_recv(run, i);
+      any = true;
+    }
+  }
+  return any;
+}
+
 bool Worker::progress_run(Run& run) {
   if (!run.prog) return false;
   // Fast path: a run whose last instruction waits for an input still being computed (a queue
@@ -122,20 +148,7 @@ bool Worker::progress_run(Run& run) {
   if (run.blocked_on && run.left == 1 && !run.blocked_on->resolved()) return false;
   run.blocked_on = nullptr;
   const WorkerProgram& p = run.prog->p;
-  bool any = false;
-  // In order, a send can sit behind kernels that are ready one after another (a 1F1B stage's
-  // next backward before the activation it just made): each long kernel ends the pass, so the
-  // walk below would reach the send only after them. Post every send whose buffer is ready
-  // first: isend only hands the buffer over, and the receiver's tag is the transfer's.
-  if (run.h.flags & kRunInOrder)
-    for (size_t i = run.first; i < p.instrs.size(); ++i) {
-      const Instr& in = p.instrs[i];
-      if (in.stage >= run.released) break;
-      if (in.op == Op::kSend && run.state[i] == kWaiting && run.slots[in.slot]->resolved()) {
-        post_send(run, i);
-        any = true;
-      }
-    }
+  bool any = post_transfers(run);
   for (size_t i = run.first; i < p.instrs.size(); ++i) {
     if (run.state[i] == kDone) continue;
     const Instr& in = p.instrs[i];
@@ -146,10 +159,7 @@ bool Worker::progress_run(Run& run) {
         if (run.state[i] == kWaiting) {
           // In order: the buffer is taken only shortly before the kernels that read it.
           if ((run.h.flags & kRunInOrder) && run.prog->execs_before[i] > run.execs_done + kInOrderRecvAhead) break;
-          note_posted(run, i);
-          run.reqs[i] = t_->irecv(static_cast<char*>(write_ptr(run, in.slot)) + in.offset, in.bytes, in.peer,
-                                  tags::data_tag(run.h.xfer_base, in.xfer));
-          run.state[i] = kPosted;
+          post_recv(run, i);
           any = true;
         }
         size_t got = 0;
@@ -188,7 +198,10 @@ bool Worker::progress_run(Run& run) {
         break;
       }
       case Op::kExec:
-        if (try_exec(run, i)) any = true;
+        if (try_exec(run, i)) {
+          any = true;
+          post_transfers(run);  // its outputs' sends leave now, not when the walk reaches them
+        }
         if (long_kernel_ran_) return true;  // back to the loop (see loop())
         break;
     }

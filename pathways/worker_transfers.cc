@@ -57,6 +57,14 @@ void Worker::post_send(Run& run, size_t i) {
   run.state[i] = kPosted;
 }
 
+void Worker::post_recv(Run& run, size_t i) {
+  const Instr& in = run.prog->p.instrs[i];
+  note_posted(run, i);
+  run.reqs[i] = t_->irecv(static_cast<char*>(write_ptr(run, in.slot)) + in.offset, in.bytes, in.peer,
+                          tags::data_tag(run.h.xfer_base, in.xfer));
+  run.state[i] = kPosted;
+}
+
 bool Worker::progress_moves() {
   bool any = false;
   for (auto it = moves_.begin(); it != moves_.end();) {

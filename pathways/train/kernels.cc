@@ -309,12 +309,15 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
 
 void add_replica_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
-  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island; island_loss [1] =
-  // the micro-batches; replica_add [1] = the piece's size, [2] = the replicas.
+  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island, [2] = the shards
+  // (1 or dp); island_loss [1] = the micro-batches; replica_add [1] = the piece's (or chunk's)
+  // size, [2] = the replicas; dp_reduce_scatter and dp_allgather [1] = the piece's size, [2] =
+  // the island's dp.
   add("fused_grads", true, [S](Attrs a) {
-    const int tp = tp_of(a);
+    const int tp = tp_of(a), shards = static_cast<int>(a[ReplicaAttrs::kFusedShards]);
     std::vector<ArgSpec> out;
-    for (int i = 0; i < S->plan(tp).num_pieces(); ++i) out.push_back(piece(S, tp, i));
+    for (int i = 0; i < S->plan(tp).num_pieces(); ++i)
+      out.push_back(shards > 1 ? split_f32(static_cast<int64_t>(replica_chunk(S->piece(tp, i), shards))) : piece(S, tp, i));
     out.push_back(split_f64(1));
     return sig(S->state(tp), out);
   }, fused_grads);
@@ -324,7 +327,12 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   add("replica_add", false, [](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
   }, replica_add);
-  add("replica_fwd", false, [](Attrs a) { return sig({split_f32(a[1])}, {split_f32(a[1])}); }, replica_fwd);
+  add("dp_reduce_scatter", true, [](Attrs a) {
+    return sig({split_f32(a[1])}, {split_f32(static_cast<int64_t>(replica_chunk(a[1], static_cast<int>(a[2]))))});
+  }, dp_reduce_scatter);
+  add("dp_allgather", true, [](Attrs a) {
+    return sig({split_f32(static_cast<int64_t>(replica_chunk(a[1], static_cast<int>(a[2]))))}, {split_f32(a[1])});
+  }, dp_allgather);
   add("replica_update", true, [S](Attrs a) { return update_sig(S, a, replica_update_args(*S, tp_of(a))); },
       replica_update);
 }

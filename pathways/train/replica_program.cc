@@ -5,8 +5,15 @@
 // its island (the resource manager never makes a slice span islands), and the paper moves the
 // gradients between the pods over the DCN as the program's own transfers. An edge from island
 // r's piece to island q's replica_add is lowered to one send per device (shard k to shard k): the
-// worker posts it as soon as the piece's producer ends, so in chained granularity the transfer
-// of layer l's gradient runs while the island computes the backward of layers l-1..0.
+// worker posts it as soon as the piece's producer ends (wherever the send sits in its list), so in
+// chained granularity the transfer of layer l's gradient runs while the island computes the
+// backward of layers l-1..0.
+//
+// With dp = D > 1 devices per island, what crosses is 1/D of each piece per device, as PaLM's
+// (and spmd_train's hierarchical) exchange: the island's sum is a ReduceScatter (dp_reduce_scatter;
+// fused: fused_grads' outputs are the device's chunk of the summed pieces), device k of each
+// island sends its chunk k to device k of the others, replica_add sums the chunks, and
+// dp_allgather makes each piece whole on every device for the update.
 #include <fmt/format.h>
 
 #include "common/check.h"
@@ -33,35 +40,33 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
     for (const Array& x : a.list()) v.push_back(b.param_like(x));
     st.push_back(State<Value>::from(v));
   }
-  // Each island's step: its gradient pieces, reduced over the island's dp group, and its loss.
-  std::vector<std::vector<Value>> pieces(R);
+  // Each island's step: its gradient pieces, reduced over the island's dp group (D > 1: this
+  // device's chunk of the sum), and its loss.
+  std::vector<std::vector<Value>> pieces(R, std::vector<Value>(static_cast<size_t>(P)));
   std::vector<Value> loss(R);
-  // recv[r][q][i]: island q's piece i as received on island r (early exchange only).
-  std::vector<std::vector<std::vector<Value>>> recv(R, std::vector<std::vector<Value>>(R, std::vector<Value>(static_cast<size_t>(P))));
-  // Early exchange (chained, dp = tp = 1): a worker visits its instruction list in program order
-  // and goes back to the top after every kernel, so a send placed where its consumer is (after
-  // the whole backward, for replica_add) would be posted only when the backward is over. Each
-  // final piece is therefore forwarded at once: right after the node that finishes it, one
-  // replica_fwd node (a copy) on every other island consumes it, so the send sits right after
-  // the producer in the sender's list. Not with dp or tp > 1: a gang node (the dp reduction,
-  // the tp blocks) waits for every lower-numbered node of its worker, which the forwarded nodes
-  // of an island traced earlier would be, serializing that island behind the other's backward.
-  const bool early = granularity == Granularity::kChained && cfg.mesh.dp == 1 && cfg.mesh.tp == 1;
   const int64_t M = plan.microbatches();
+  const int D = cfg.mesh.dp;
+  // What a device exchanges of piece i: the piece, or its chunk (D > 1).
+  const auto xchg_size = [&](int i) { return static_cast<int64_t>(replica_chunk(sh.piece(tp, i), D)); };
   for (int r = 0; r < R; ++r) {
     const Slice& sl = slices[static_cast<size_t>(r)];
     if (granularity == Granularity::kFused) {
-      auto o = b.call(names("fused_grads"), sl, st[r].list(), {tp, r});
+      auto o = b.call(names("fused_grads"), sl, st[r].list(), {tp, r, D});
       PWM_CHECK_EQ(static_cast<int>(o.size()), P + 1);
       pieces[r].assign(o.begin(), o.begin() + P);
       loss[r] = o[static_cast<size_t>(P)];
       continue;
     }
     PWM_CHECK(granularity == Granularity::kChained, "replicas run fused or chained, not {}", pwm::train::name(granularity));
+    // A piece is final after its last micro-batch's backward unit (block_bwd(l); embed_bwd for
+    // the tied piece). Its island sum (D > 1) is the next node of the island, so that the chunk
+    // exists, and its sends leave (the worker posts a ready send wherever it sits in the list),
+    // while the island computes the backward of the layers below: the exchange overlaps the
+    // backward at every D and T. A blocking ReduceScatter inside the island between two
+    // backward units; the slow link is the one it hides.
     std::vector<int64_t> seen(static_cast<size_t>(P), 0);  // backward units per piece so far
     const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
       auto out = b.call(k, sl, in, at);
-      if (!early) return out;
       int piece = -1;
       size_t idx = 0;
       if (k.rfind(names("block_bwd"), 0) == 0) {
@@ -70,19 +75,16 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
       } else if (k == names("embed_bwd")) {
         piece = StepPlan::kTiedPiece;
       }
-      if (piece >= 0 && ++seen[static_cast<size_t>(piece)] == M)  // the last micro-batch's: final
-        for (int q = 0; q < R; ++q)
-          if (q != r)
-            recv[q][r][static_cast<size_t>(piece)] =
-                b.call(names("replica_fwd"), slices[static_cast<size_t>(q)], {out[idx]}, {tp, sh.piece(tp, piece)})[0];
+      if (piece >= 0 && ++seen[static_cast<size_t>(piece)] == M) {
+        const Value& g = out[idx];
+        pieces[r][static_cast<size_t>(piece)] =
+            D > 1 ? b.call(names("dp_reduce_scatter"), sl, {g}, {tp, sh.piece(tp, piece), D})[0] : g;
+      }
       return out;
     };
     Grads<Value> g = trace_grads(sh, names, tp, st[r], call, r);
-    for (int i = 0; i < P; ++i) {
-      Value& p = g.pieces[static_cast<size_t>(i)];
-      // dp = 1: the island's piece is the device's own (no node: a copy would be the only work).
-      pieces[r].push_back(cfg.mesh.dp > 1 ? b.call(names("dp_allreduce"), sl, {p}, {tp, sh.piece(tp, i)})[0] : p);
-    }
+    for (int i = 0; i < P; ++i)
+      PWM_CHECK(pieces[r][static_cast<size_t>(i)].id().node >= 0, "replica_program: piece {} never finished", i);
     loss[r] = b.call(names("island_loss"), sl, g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
   }
   // The exchange: on every island, each piece summed over the islands in island order (the same
@@ -98,9 +100,10 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
     std::vector<Value> sum(static_cast<size_t>(P));
     for (int i : order) {
       std::vector<Value> in;
-      for (int q = 0; q < R; ++q)
-        in.push_back(early && q != r ? recv[r][q][static_cast<size_t>(i)] : pieces[q][static_cast<size_t>(i)]);
-      sum[static_cast<size_t>(i)] = b.call(names("replica_add"), slices[static_cast<size_t>(r)], in, {tp, sh.piece(tp, i), R})[0];
+      for (int q = 0; q < R; ++q) in.push_back(pieces[q][static_cast<size_t>(i)]);
+      const Slice& sl = slices[static_cast<size_t>(r)];
+      Value s = b.call(names("replica_add"), sl, in, {tp, xchg_size(i), R})[0];
+      sum[static_cast<size_t>(i)] = D > 1 ? b.call(names("dp_allgather"), sl, {s}, {tp, sh.piece(tp, i), D})[0] : s;
     }
     for (auto& v : b.call(names("replica_update"), slices[static_cast<size_t>(r)],
                           replica_update_args(sh, tp).pack<Value>(st[r], nullptr, sum, loss), {tp}))

@@ -1,5 +1,8 @@
 #include "pathways/train/step_io.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "model/transformer.h"
 
 namespace pwm::pathways::train {
@@ -77,6 +80,13 @@ StageLayers stage_layers(const Shapes& sh, int stage) {
 
 UpdateArgs replica_update_args(const Shapes& sh, int tp) {
   return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().mesh.replicas), false};
+}
+
+void copy_chunk(std::span<const float> src, int k, std::span<float> dst) {
+  const size_t c = dst.size(), begin = std::min(src.size(), static_cast<size_t>(k) * c);
+  const size_t n = std::min(c, src.size() - begin);
+  std::memcpy(dst.data(), src.data() + begin, sizeof(float) * n);
+  std::fill(dst.begin() + static_cast<std::ptrdiff_t>(n), dst.end(), 0.0f);
 }
 
 UpdateArgs update_args(const Shapes& sh, int tp) {

@@ -179,7 +179,15 @@ UpdateArgs replica_update_args(const Shapes& sh, int tp);
 // configuration (cfg().mesh.replicas).
 struct ReplicaAttrs {
   static constexpr size_t kBatchReplica = 2;  // batch: tp, micro-batch, replica
-  static constexpr size_t kFusedReplica = 1;  // fused_grads: tp, replica
+  static constexpr size_t kFusedReplica = 1;  // fused_grads: tp, replica, shards
+  static constexpr size_t kFusedShards = 2;   // 1: whole pieces; dp: each device's chunk
 };
+
+// With dp > 1 devices per island, the islands exchange each piece in dp chunks, device k of one
+// island with device k of the other (1/dp of the piece each): chunk k is elements
+// [k c, (k + 1) c) of the piece's n, c = ceil(n / dp), the last one zero-padded.
+inline size_t replica_chunk(int64_t n, int dp) { return static_cast<size_t>((n + dp - 1) / dp); }
+// dst (replica_chunk(src.size(), dp) elements) = chunk k of src, zero-padded.
+void copy_chunk(std::span<const float> src, int k, std::span<float> dst);
 
 }  // namespace pwm::pathways::train

@@ -417,9 +417,12 @@ void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
 // replica_add on each island sums the islands' pieces in island order, so every island holds
 // the same bits and applies the same update (docs/pathways_train.md, "Replicas").
 
-// The whole island step (attrs: tp, replica): the plan into the device's gradient buffer with the
-// bucketed dp AllReduce inside the island, as fused_step; outputs the plan's pieces (copies out
-// of the buffer, for the exchange) and the island's loss (the dp sum of the local means).
+// The whole island step (attrs: tp, replica, shards): the plan into the device's gradient buffer
+// with the bucketed dp AllReduce inside the island, as fused_step; outputs the plan's pieces
+// (copies out of the buffer, for the exchange) and the island's loss (the dp sum of the local
+// means). shards = dp > 1: each piece's chunk of this device's dp rank only (replica_chunk), the
+// 1/dp share it exchanges with its peers; the buffer already holds the whole sum, so the chunk
+// has the bits the whole piece has.
 void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
@@ -433,15 +436,56 @@ void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
     comm_s += now_s() - t0;
   }
   dev.add_comm(comm_s);
+  const int shards = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedShards));
+  std::vector<float> whole;
   for (int i = 0; i < plan.num_pieces(); ++i) {
-    float* out = ctx.out<float>(static_cast<size_t>(i)).data();
+    auto o = ctx.out<float>(static_cast<size_t>(i));
+    float* out = o.data();
+    if (shards > 1) {
+      whole.resize(static_cast<size_t>(dev.shapes().piece(p.tp, i)));
+      out = whole.data();
+    }
     for (const auto& [b, e] : plan.piece_ranges(i)) {
       std::memcpy(out, dev.grads() + b, sizeof(float) * static_cast<size_t>(e - b));
       out += e - b;
     }
+    if (shards > 1) copy_chunk(whole, p.dp_rank, o);
   }
   ctx.out<double>(static_cast<size_t>(plan.num_pieces()))[0] = loss;
   dev.backward_done(scope);
+}
+
+// This island's sum of one piece over its dp group, of which this device keeps chunk k = its dp
+// rank (attrs: tp, size, dp): a ReduceScatter of the piece zero-padded to dp x replica_chunk
+// elements. Replaces dp_allreduce when the islands exchange 1/dp of each piece (dp_allgather
+// makes it whole after the exchange): at dp = 2 each element is a + b, the bits of the
+// AllReduce and of spmd_train's hierarchical ReduceScatter.
+void dp_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  auto in = ctx.in<float>(0);
+  auto out = ctx.out<float>(0);
+  Communicator* c = dev.dp_comm(ctx, pos(ctx));
+  PWM_CHECK(c != nullptr && out.size() == replica_chunk(static_cast<int64_t>(in.size()), c->size()),
+            "dp_reduce_scatter: {} elements into chunks of {}", in.size(), out.size());
+  std::vector<float> padded(out.size() * static_cast<size_t>(c->size()), 0.0f);
+  std::memcpy(padded.data(), in.data(), sizeof(float) * in.size());
+  const double t0 = now_s();
+  c->reduce_scatter(padded.data(), out.data(), out.size(), collectives::DataType::kFloat32, ReduceOp::kSum);
+  dev.add_comm(now_s() - t0);
+}
+
+// The whole piece again from the dp group's chunks (attrs: tp, size, dp): an AllGather, the padding
+// dropped. No arithmetic: every device ends with the same bits.
+void dp_allgather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  auto in = ctx.in<float>(0);
+  auto out = ctx.out<float>(0);
+  Communicator* c = dev.dp_comm(ctx, pos(ctx));
+  PWM_CHECK(c != nullptr && in.size() == replica_chunk(static_cast<int64_t>(out.size()), c->size()),
+            "dp_allgather: chunks of {} into {} elements", in.size(), out.size());
+  std::vector<float> all(in.size() * static_cast<size_t>(c->size()));
+  const double t0 = now_s();
+  c->allgather(in.data(), all.data(), in.size(), collectives::DataType::kFloat32);
+  dev.add_comm(now_s() - t0);
+  std::memcpy(out.data(), all.data(), sizeof(float) * out.size());
 }
 
 // The island's loss (chained; attrs: tp, micro-batches): the dp sum of the local means.
@@ -468,13 +512,6 @@ void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
     auto b = ctx.in<float>(r);
     for (size_t i = 0; i < o.size(); ++i) o[i] += b[i];
   }
-}
-
-// Another island's piece as received here (attrs: tp, size): a copy, so that the transfer has a
-// consumer placed right after the piece's producer (replica_program.cc, early exchange).
-void replica_fwd(TrainingDevice&, KernelContext& ctx, Scope&) {
-  auto o = ctx.out<float>(0);
-  std::memcpy(o.data(), ctx.in<float>(0).data(), sizeof(float) * o.size());
 }
 
 // inputs: replica_update_args(): the state, the summed pieces, each island's loss.

@@ -459,12 +459,15 @@ void Trainer::report_layout_and_memory() {
     report_->set_extra_list("stage_islands", isl);
   }
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
-  report_->set_extra("state_bytes", 3.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
+  // The model state a device holds (docs/train.md, as spmd_train's): parameters, gradients and
+  // both AdamW moments of its shard, 16 bytes a parameter.
+  report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
   if (R_ > 1) {
-    // Bytes between islands per step: every device sends each piece and its loss to its peer in
-    // each other island.
+    // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
+    // it, replica_program.cc) and its loss to its peer in each other island.
     int64_t piece_bytes = 0;
-    for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i) piece_bytes += sh_.piece(tp, i) * static_cast<int64_t>(sizeof(float));
+    for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i)
+      piece_bytes += static_cast<int64_t>(replica_chunk(sh_.piece(tp, i), cfg_.mesh.dp) * sizeof(float));
     report_->set_extra("dcn_bytes_per_step",
                        static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
     if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));

@@ -7,6 +7,7 @@ The reference is always spmd_train on the same workload (tiny model, default cor
 same dp/tp sharding the Pathways runs (fused, chained, opbyop) must give the same bits; the MPMD
 pipeline adds the embedding's two gradient parts in another order, so it agrees to a tolerance.
 """
+import json
 import os
 import shutil
 import signal
@@ -177,7 +178,7 @@ def case_pipeline_replicas_match_spmd():
         # Between the replicas per step: every device sends each of its stage's pieces (the
         # stages' pieces tile the whole gradient; the tied one once, on stage 0) and the last
         # stage its loss: 2 x 1 x (the whole gradient + 8 bytes) as for replicas of one slice.
-        assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 12 + 8), f
+        assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 16 + 8), f
 
 
 def stage0_forwards_before_first_backward(trace_path):
@@ -377,7 +378,7 @@ def case_replicas_equal_spmd_dp():
             assert_bitwise(ref, got, f"pathways {g} --replicas 2 {' '.join(extra)}")
             f = got[2]
             # 2 islands x 1 device x (the pieces: the whole gradient) + one loss each, in bytes.
-            assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 12 + 8), f
+            assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 16 + 8), f
             assert f["xchg_exposed_ms"] >= 0 and f["xchg_tail_ms"] >= 0, f
             assert f["peak_rss_bytes"] > f["state_bytes"] > 0, f
     # Without --islands the host is one island holding both replicas' slices: the same bits.
@@ -386,15 +387,70 @@ def case_replicas_equal_spmd_dp():
 
 
 def case_replicas_dp2_match_spmd_dp4():
-    # 2 replicas x dp 2 (5 ranks) against spmd_train --dp 4: the four ranks' gradients are summed
-    # as (a + b) + (c + d) here and in the order of SPMD's ring chunks there, so the two agree to
-    # float rounding only: sc.RTOL (1e-5 relative on every loss, the dp/tp decomposition bound of
-    # tests/spmd; measured differences are printed).
+    # 2 replicas x dp 2 (5 ranks). Against spmd_train --replicas 2 --dp 2 (its hierarchical
+    # exchange, the default): both sum every element as (a + b) + (c + d), a ReduceScatter inside
+    # the replica (island) then the two replicas' shards, so the bits are equal: asserted bitwise.
+    # Against spmd_train --dp 4 the four ranks' gradients are summed in the order of SPMD's ring
+    # chunks, so the two agree to float rounding only: sc.RTOL (1e-5 relative on every loss, the
+    # dp/tp decomposition bound of tests/spmd; measured differences are printed).
+    hier = sc.train(4, "spmd_r2dp2", ["--replicas", "2", "--dp", "2"])
     ref = sc.train(4, "spmd_dp4", ["--dp", "4"])
     for g in ("fused", "chained"):
         got = sc.train(5, f"r2dp2_{g}", ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--granularity", g],
                        exe="pathways")
+        assert_bitwise(hier, got, f"pathways {g} --replicas 2 --dp 2 vs spmd --replicas 2 --dp 2")
         sc.assert_close_curves(ref, got, sc.RTOL, f"pathways {g} --replicas 2 --dp 2 vs spmd --dp 4")
+        # Each device sends its half of every piece and its loss to its peer: 2 islands x 2
+        # devices x (half the gradient + 8 bytes); the tiny model's pieces (its 2 layers, the
+        # tied embedding and final norm) have even sizes, so no chunk is padded. The parameters
+        # from the state (parameters, gradients and both moments: 16 bytes each, per device), the
+        # same in both trainers.
+        f = got[2]
+        assert f["state_bytes"] == hier[2]["state_bytes"], (f["state_bytes"], hier[2]["state_bytes"])
+        params = f["state_bytes"] // 16
+        want = 2 * 2 * (4 * params // 2 + 8)
+        assert f["dcn_bytes_per_step"] == want, (f["dcn_bytes_per_step"], want, "at dp 1 it would be", 2 * 2 * (4 * params + 8))
+
+
+def sends_before_last_backward(trace_path):
+    """From the runtime's trace (PWM_PW_TRACE), per worker and replicas-step run: whether the
+    worker posted a send to the other island before its last backward unit of that run ended."""
+    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
+    runs = {e["args"]["run"] for e in ev if e.get("cat") == "node" and e["args"]["program"].startswith("replicas-")}
+    got = {}
+    for pid in {e["pid"] for e in ev if e["pid"] > 0}:
+        for run in runs:
+            bwd = [e["ts"] + e["dur"] for e in ev if e["pid"] == pid and e.get("cat") == "node" and
+                   e["args"]["run"] == run and "_block_bwd" in e["args"]["kernel"]]
+            sends = [e["ts"] for e in ev if e["pid"] == pid and e.get("cat") == "transfer" and
+                     e["args"]["run"] == run and e["name"].startswith("send")]
+            if bwd and sends:
+                got[(pid, run)] = min(sends) < max(bwd)
+    return got
+
+
+def case_replicas_exchange_overlaps_backward():
+    # Chained at every D and T: a piece's sends (D > 1: of its chunk, after the island's
+    # ReduceScatter, the next node) are posted when the piece is final, while the island still
+    # computes the backward of the layers below, not when the exchange's nodes come after the
+    # whole backward. Checked from the runtime's own record of each worker's kernels and
+    # transfers: on every worker, in every step, the first send is posted before the last
+    # block_bwd ends (4 layers: three backward units follow the first final piece).
+    four = ["--layers", "4", "--steps", "3"]
+    for mesh, n in ((["--dp", "1", "--islands", "2x1"], 3), (["--dp", "2", "--islands", "2x2"], 5),
+                    (["--tp", "2", "--islands", "2x2"], 5)):
+        t = os.path.join(sc.TMP, f"rt{n}{mesh[0]}.json")
+        env = sc.ENV
+        sc.ENV = dict(env, PWM_PW_TRACE=t)
+        try:
+            sc.train(n, f"xchg{n}{mesh[0]}", ["--replicas", "2", "--granularity", "chained"] + mesh + four, exe="pathways")
+        finally:
+            sc.ENV = env
+        got = sends_before_last_backward(t)
+        what = " ".join(mesh)
+        print(f"{what}: (worker, run) -> first send before the last backward ends: {got}")
+        assert len(got) >= (n - 1) * 3, f"{what}: {len(got)} worker-steps with sends and backward units, want {(n - 1) * 3}"
+        assert all(got.values()), f"{what}: a worker posted its first send only after its backward: {got}"
 
 
 def case_replicas_resume_across_meshes():
