@@ -205,6 +205,13 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+std::vector<double> round_rates(double n, const std::vector<double>& seconds) {
+  std::vector<double> v;
+  v.reserve(seconds.size());
+  for (double s : seconds) v.push_back(n / s);
+  return v;
+}
+
 double cpu_seconds() {
   rusage u;
   getrusage(RUSAGE_SELF, &u);

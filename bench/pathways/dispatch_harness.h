@@ -37,6 +37,11 @@ struct Row {
   double median_per_s = 0;  // median repetition
   int clients = 0;          // fig 8
   double busy = 0;          // fig 8: summed kernel time / (workers x wall), best repetition
+  // Every timed round's rate, in round order (the JSON's round_computations_per_s). Fig. 5/6 and
+  // Fig. 8: entry i of every row at one T (SPMD's included) is from round i, the SPMD chain and
+  // the Pathways session run back to back, so a row pairs with its SPMD row by position. Fig. 7:
+  // the repetitions of that row alone (parallel and sequential do not alternate).
+  std::vector<double> round_per_s = {};
 };
 
 // The flags. A figure's list is parsed only when the figure runs (--figs).
@@ -105,6 +110,8 @@ int count_wrong(const Array& a, float want);
 // the repetitions (the fastest time); the median is kept in the JSON as well.
 double best(const std::vector<double>& v);  // smallest; 0 if empty
 double median(std::vector<double> v);       // upper median; 0 if empty
+// `n` computations over each of `seconds`: the rate of every round, in the same order.
+std::vector<double> round_rates(double n, const std::vector<double>& seconds);
 double cpu_seconds();                       // this process, all threads
 
 }  // namespace pwm::pathways::bench

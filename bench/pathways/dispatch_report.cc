@@ -65,7 +65,8 @@ int print_rows(const Bench& b, const Results& res) {
 nlohmann::json row_json(const Results& res, const Row& r) {
   nlohmann::json o{{"fig", std::to_string(r.fig)}, {"mode", mode_name(r.mode)}, {"workers", r.workers},
                    {"compute_us", r.compute_us}, {"computations_per_s", r.per_s},
-                   {"median_computations_per_s", r.median_per_s}, {"wrong", r.wrong}};
+                   {"median_computations_per_s", r.median_per_s}, {"wrong", r.wrong},
+                   {"round_computations_per_s", r.round_per_s}};
   if (r.fig == 7) o["stages"] = r.stages;
   if (r.fig != 7 && r.fig != 8 && res.effective_us(r.compute_us) >= 0)
     o["effective_compute_us"] = res.effective_us(r.compute_us);

@@ -94,9 +94,13 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
     send_go(*b, more);
     if (!more) break;
   }
-  for (Mode m : {Mode::kSpmd, Mode::kOpByOp, Mode::kChained, Mode::kFused})
-    rows->push_back({t == 0 ? 5 : 6, m, b->workers, 0, t, chain / best(out.times[m]), out.wrong[m],
-                     chain / median(out.times[m])});
+  // Every mode has a time from every timed round (SPMD's included), so the rows' round rates
+  // pair by position.
+  for (Mode m : {Mode::kSpmd, Mode::kOpByOp, Mode::kChained, Mode::kFused}) {
+    Row row{t == 0 ? 5 : 6, m, b->workers, 0, t, chain / best(out.times[m]), out.wrong[m], chain / median(out.times[m])};
+    row.round_per_s = round_rates(chain, out.times[m]);
+    rows->push_back(row);
+  }
 }
 
 }  // namespace

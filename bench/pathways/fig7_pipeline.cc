@@ -36,8 +36,10 @@ void run_pipeline(const Bench& b, std::vector<Row>* rows) {
         if (r >= 0) times.push_back(now_s() - t0);
         wrong += count_wrong(y, static_cast<float>(k));
       }
-      rows->push_back({7, seq ? Mode::kSequential : Mode::kParallel, W, static_cast<int>(k), b.opt.stage_us,
-                      k / best(times), wrong, k / median(times)});
+      Row row{7, seq ? Mode::kSequential : Mode::kParallel, W, static_cast<int>(k), b.opt.stage_us,
+              k / best(times), wrong, k / median(times)};
+      row.round_per_s = round_rates(static_cast<double>(k), times);
+      rows->push_back(row);
     }
   }
   rt.shutdown();

@@ -100,12 +100,15 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
     if (!more) break;
   }
   const int n = b->opt.fig8_chain(t);
-  rows->push_back({8, Mode::kSpmd, b->workers, 0, t, n / best(spmd_times), wrong_spmd, n / median(spmd_times)});
+  Row spmd{8, Mode::kSpmd, b->workers, 0, t, n / best(spmd_times), wrong_spmd, n / median(spmd_times)};
+  spmd.round_per_s = round_rates(n, spmd_times);  // round i's, as every clients row's rates[k][i]
+  rows->push_back(spmd);
   for (int64_t k : b->opt.clients) {
     Row row{8, Mode::kClients, b->workers, 0, t, *std::max_element(rates[k].begin(), rates[k].end()), wrong[k],
             median(rates[k])};
     row.clients = static_cast<int>(k);
     row.busy = *std::max_element(busy[k].begin(), busy[k].end());
+    row.round_per_s = rates[k];
     rows->push_back(row);
   }
 }
