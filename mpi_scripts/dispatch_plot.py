@@ -13,14 +13,21 @@ the files hold those figures:
   fig7.png   a pipeline of k stages: parallel vs sequential dispatch, computations/s;
   fig8_*.png multi-tenancy: utilization against SPMD by number of clients, one line per T (a plot
              per run that has Fig. 8);
-and prints the break-even table. Plots need gnuplot (Debian gnuplot-nox); a missing gnuplot is
-one line on stderr, not an error.
+and prints the break-even table and, per run, every Pathways row of Fig. 5/6 and 8 against SPMD
+at its T as docs/measurement.md prescribes: the median of the rounds' paired ratios (SPMD and
+Pathways ran back to back in each round; dispatch_bench's round_computations_per_s) with its
+order-statistic interval and verdict (measure.py). The plots and the break-even keep
+dispatch_bench's best-over-best ratio. Plots need gnuplot (Debian gnuplot-nox); a missing gnuplot
+is one line on stderr, not an error.
+Unit-tested in tests/scripts/test_dispatch_plot.py.
 """
 import json
 import os
 import re
 import subprocess
 import sys
+
+import measure
 
 MODES = ("opbyop", "chained", "fused")
 
@@ -69,8 +76,49 @@ def write_data(path, rows):
             f.write(" ".join(str(x) for x in r) + "\n")
 
 
-def main():
-    out_dir, files = sys.argv[1], sys.argv[2:]
+def spmd_key(row):
+    """Which SPMD row a row's rounds pair with: Fig. 8 runs rounds of its own, Fig. 5 (T = 0) and 6
+    share theirs."""
+    return ("8" if row["fig"] == "8" else "5/6", row["compute_us"])
+
+
+def paired_ratios(doc):
+    """[(row, measure.Ratio)]: every Pathways row of Fig. 5/6 and 8 over the SPMD row at its T, paired
+    by round (entry i of both lists ran in round i), in the rows' order. Rows without per-round
+    rates (written by a dispatch_bench before round_computations_per_s) are left out."""
+    spmd = {spmd_key(r): r["round_computations_per_s"] for r in doc["rows"]
+            if r["mode"] == "spmd" and r.get("round_computations_per_s")}
+    out = []
+    for r in doc["rows"]:
+        ref, cand = spmd.get(spmd_key(r)), r.get("round_computations_per_s")
+        if r["fig"] != "7" and r["mode"] != "spmd" and ref and cand:
+            out.append((r, measure.paired_ratio(ref, cand)))
+    return out
+
+
+def row_name(row):
+    """'fig 6, T = 100 us, chained' or 'fig 8, T = 330 us, 4 clients'."""
+    what = row["mode"]
+    if what == "clients":
+        what = f"{row['clients']} client{'s' if row['clients'] != 1 else ''}"
+    return f"fig {row['fig']}, T = {row['compute_us']} us, {what}"
+
+
+def ratio_lines(label, doc):
+    """The report's lines for one run: a heading and a verdict per paired ratio (measure.Ratio);
+    one line saying so when the run's rows have no per-round rates; none without Fig. 5/6 or 8."""
+    if not any(r["fig"] != "7" and r["mode"] != "spmd" for r in doc["rows"]):
+        return []
+    pairs = paired_ratios(doc)
+    if not pairs:
+        return [f"{label}: no per-round rates (an older dispatch_bench): no paired ratios"]
+    return ([f"{label}: Pathways / SPMD computations per second, median of the rounds' paired ratios (interval):"]
+            + ["  " + ratio.verdict(row_name(r), "spmd") for r, ratio in pairs])
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    out_dir, files = argv[0], argv[1:]
     docs = []
     for p in files:
         with open(p) as f:
@@ -118,6 +166,9 @@ plot {', '.join(plots)}
         for hosts, label, o, c, w in sorted(breakeven):
             fmt = lambda v: f"{v} us" if v is not None else "not reached"
             print(f"{label:>28} {w:>8} {fmt(o):>10} {fmt(c):>10}")
+    for p, label, hosts, doc in docs:
+        for line in ratio_lines(label, doc):
+            print(line)
 
     # Fig. 6: break-even against hosts, for runs of one worker per host (the paper's axis).
     per_host = sorted((h, o, c) for h, label, o, c, w in breakeven if label.endswith(", 1/host"))
