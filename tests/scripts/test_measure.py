@@ -1,5 +1,5 @@
 """mpi_scripts/measure.py against hand-computed values: the rounds' order, the paired ratio, the
-median's order-statistic interval and its coverage, the verdict's words and the attribution."""
+median's (and any quantile's) order-statistic interval and its coverage, the verdict's words and the attribution."""
 import contextlib
 import io
 import json
@@ -38,6 +38,31 @@ class Interval(unittest.TestCase):
         self.assertEqual((lo, hi, cov), (0.95, 1.1, 0.75))
         self.assertIsNone(measure.median_interval([1.0]))
         self.assertIn("75% coverage", measure.Ratio([1.0, 1.1, 0.95]).text())
+
+
+class QuantileInterval(unittest.TestCase):
+    def test_the_median_gives_median_intervals(self):
+        for n in range(2, 40):
+            v = [float((7 * i) % n) for i in range(n)] if n % 7 else [float(i) for i in range(n)]
+            lo, hi, cov = measure.quantile_interval(v, 0.5)
+            want = measure.median_interval(v)
+            self.assertEqual((lo, hi), want[:2], n)
+            self.assertAlmostEqual(cov, want[2], msg=n)
+
+    def test_lower_quartile_of_eleven_is_min_to_6th(self):
+        # B ~ Bin(11, 1/4) draws below the quartile; P(B = i) = C(11, i) 3^(11-i) / 4^11.
+        # Lower tail P(B < 1) = 177147/4^11 = 4.2% <= 5%, P(B < 2) = 19.7%: j = 1. Upper tail
+        # P(B >= 6) = 3.4%, P(B >= 5) = 11.5%: k = 6. Coverage P(1 <= B <= 5) = 3873177 / 4^11.
+        lo, hi, cov = measure.quantile_interval([11, 3, 9, 1, 7, 5, 10, 2, 8, 4, 6], 0.25)
+        self.assertEqual((lo, hi), (1, 6))
+        self.assertAlmostEqual(cov, 3873177 / 4 ** 11)
+
+    def test_short_of_coverage_gives_min_and_max_with_theirs(self):
+        # n = 5: P(B = 0) = 243/1024 already exceeds a tail, so min and max: P(1 <= B <= 4) = 780/1024.
+        self.assertEqual(measure.quantile_interval([5, 4, 3, 2, 1], 0.25), (1, 5, 780 / 1024))
+        self.assertIsNone(measure.quantile_interval([1.0], 0.25))
+        with self.assertRaises(ValueError):
+            measure.quantile_interval([1.0, 2.0], 1.0)
         self.assertEqual(measure.Ratio([1.034]).text(), "1.034x (one round: no interval)")
 
 
