@@ -12,6 +12,10 @@ speed, and the report of predicted against measured.
         dispatch_T_<r> at T > 0), predicted by PWM_SIM from WORK_DIR/dispatch.profile.json (or
         PROFILE). Prints the table, writes OUT_DIR/validation.json and OUT_DIR/validation.png;
         exit code 0 when every row is within TOLERANCE (10%), else 1.
+Beside each measured figure, its order-statistic interval over the launches (measure.py:
+median_interval for a median, quantile_interval for dispatch_bench's lower quartile) and whether
+the prediction lies inside it: outside means the launches place the figure away from the
+prediction, inside that they cannot tell the two apart.
 Unit-tested in tests/scripts/test_sim_report.py.
 """
 import json
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import measure
 from dispatch_plot import line_plot, write_data
 from sim_fit import low_quartile, med, read_json, read_lines, write_json
 
@@ -60,6 +65,17 @@ def spread(v):
     return (max(v) - min(v)) / med(v) if v else 0.0
 
 
+def interval_fields(launches, predicted, quantile=0.5):
+    """The measured figure's interval over the launches (measure.median_interval, or
+    measure.quantile_interval for another quantile) and whether `predicted` lies inside it:
+    'interval' [lo, hi], 'coverage', 'inside'; all None for one launch (no interval)."""
+    iv = measure.median_interval(launches) if quantile == 0.5 else measure.quantile_interval(launches, quantile)
+    if iv is None:
+        return {'interval': None, 'coverage': None, 'inside': None}
+    lo, hi, cov = iv
+    return {'interval': [lo, hi], 'coverage': cov, 'inside': lo <= predicted <= hi}
+
+
 def last_line_json(text):
     """The JSON object on the last line of a program's output (pwm_sim prints its result last)."""
     return json.loads(text.strip().splitlines()[-1])
@@ -79,7 +95,8 @@ def trainer_rows(w):
         steps = [f['step_ms_p50'] for f in finals]
         rows.append({'config': name, 'measured': med(steps), 'predicted': p['step_ms'], 'unit': 'ms/step', 'spread': spread(steps),
                      'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s'],
-                     'speed': read_json(os.path.join(w, name + '.profile.json')).get('scaled')})
+                     'speed': read_json(os.path.join(w, name + '.profile.json')).get('scaled'),
+                     **interval_fields(steps, p['step_ms'])})
     return rows
 
 
@@ -115,7 +132,7 @@ def dispatch_rows(by, predict):
         p = predict(eff)
         per = [1e6 / r['computations_per_s'] for r in rs]
         rows.append({'config': f"fig5_{mode}_T{t}", 'measured': low_quartile(per), 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
-                     'spread': spread(per), 'launches': per})
+                     'spread': spread(per), 'launches': per, **interval_fields(per, 1e6 / p[mode], quantile=0.25)})
     return rows
 
 
@@ -141,20 +158,38 @@ def within(rows, tol=TOLERANCE):
     return sum(abs(r['error']) <= tol for r in rows)
 
 
+def inside(rows):
+    """(predictions inside the measured interval, rows with an interval)."""
+    return sum(r.get('inside') is True for r in rows), sum(r.get('inside') is not None for r in rows)
+
+
+def interval_text(r):
+    """'10.000-12.000 (75%)' (the coverage the launches give), or 'one launch'."""
+    if not r.get('interval'):
+        return 'one launch'
+    return f"{r['interval'][0]:.3f}-{r['interval'][1]:.3f} ({100 * r['coverage']:.0f}%)"
+
+
 def passed(rows, tol=TOLERANCE):
     """Whether there are rows and every one is within tol (the script's exit code 0)."""
     return bool(rows) and within(rows, tol) == len(rows)
 
 
 def table(rows, load):
-    """The report's lines: a header, a line per row, the count within 10% and 5% and the load."""
-    lines = [f"{'configuration':32} {'measured':>12} {'spread':>7} {'predicted':>12} {'unit':8} {'error':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}"]
+    """The report's lines: a header, a line per row, the count within 10% and 5%, how many predictions
+    lie inside their measured interval, and the load."""
+    lines = [f"{'configuration':32} {'measured':>12} {'spread':>7} {'interval (coverage)':>26} {'predicted':>12} {'unit':8} {'error':>7} "
+             f"{'pred in':>7}   {'tok/s meas':>10} {'tok/s pred':>10} {'error':>7}"]
     for r in rows:
         tok = f"{r['measured_tok_s']:10.0f} {r['predicted_tok_s']:10.0f} {100*r['tok_error']:6.1f}%" if 'tok_error' in r else ''
         sp = r.get('speed') or {}
         spd = f"   speed x{sp['kernel_factor']:.2f}" if sp else ''
-        lines.append(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {r['predicted']:12.3f} {r['unit']:8} {100*r['error']:6.1f}%   {tok}{spd}")
-    lines.append(f"{within(rows)}/{len(rows)} within 10% ({within(rows, 0.05)} within 5%); load {load[0]:.2f} {load[1]:.2f}")
+        where = {True: 'inside', False: 'outside'}.get(r.get('inside'), '-')
+        lines.append(f"{r['config']:32} {r['measured']:12.3f} {100*r['spread']:6.1f}% {interval_text(r):>26} {r['predicted']:12.3f} {r['unit']:8} "
+                     f"{100*r['error']:6.1f}% {where:>7}   {tok}{spd}")
+    n_in, n_iv = inside(rows)
+    lines.append(f"{within(rows)}/{len(rows)} within 10% ({within(rows, 0.05)} within 5%); {n_in}/{n_iv} predictions inside the "
+                 f"measured interval; load {load[0]:.2f} {load[1]:.2f}")
     return lines
 
 

@@ -2,7 +2,9 @@
 # Runs the real configurations that fit on this machine and compares each with the simulator's
 # prediction from a profile (mpi_scripts/sim_calibrate.sh): predicted vs measured median step
 # time (for dispatch_bench: us per computation, the lower quartile of the launches) and tokens/s, the error of each, a table on stdout,
-# results/sim/validation.json and results/sim/validation.png (predicted vs measured).
+# results/sim/validation.json and results/sim/validation.png (predicted vs measured). Beside each
+# measured figure its order-statistic interval over the launches (mpi_scripts/measure.py) and
+# whether the prediction lies inside it (sim_report.py).
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
 #                               [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)] [--out results/sim]

@@ -1,5 +1,6 @@
 """mpi_scripts/sim_report.py against hand-computable inputs: the speed scaling, the dispatch rows'
-statistic, and the report's pass/fail against its tolerance (end to end with a stand-in pwm_sim)."""
+statistic, the measured figure's interval over the launches and whether the prediction lies in
+it, and the report's pass/fail against its tolerance (end to end with a stand-in pwm_sim)."""
 import contextlib
 import io
 import json
@@ -89,6 +90,29 @@ class Rows(unittest.TestCase):
             self.assertEqual(rows[0]['config'], 'fig5_fused_T0')
             self.assertEqual((rows[0]['measured'], rows[0]['predicted'], rows[0]['unit']), (2.0, 4.0, 'us/comp'))
             self.assertEqual(rows[1]['measured'], 200.0)
+            # The lower quartile's interval over 4 launches: B ~ Bin(4, 1/4) below it, P(B = 0) =
+            # 81/256 is more than a tail, so min and max, covering P(1 <= B <= 3) = 174/256.
+            self.assertEqual((rows[0]['interval'], rows[0]['coverage'], rows[0]['inside']), ([1.0, 5.0], 174 / 256, True))
+            # One launch: no interval.
+            self.assertEqual((rows[1]['interval'], rows[1]['coverage'], rows[1]['inside']), (None, None, None))
+
+    def test_interval_of_the_median_or_the_lower_quartile_and_the_prediction_in_it(self):
+        # Five launches: the median's interval is their min and max, 1 - 2/32.
+        self.assertEqual(sim_report.interval_fields([10.0, 12.0, 11.0, 10.5, 11.5], 12.5),
+                         {'interval': [10.0, 12.0], 'coverage': 30 / 32, 'inside': False})
+        self.assertTrue(sim_report.interval_fields([10.0, 12.0, 11.0, 10.5, 11.5], 12.0)['inside'])  # the edge is in
+        # Eleven launches, the lower quartile: the minimum and the 6th (measure.quantile_interval).
+        launches = [11.0, 3.0, 9.0, 1.0, 7.0, 5.0, 10.0, 2.0, 8.0, 4.0, 6.0]
+        f = sim_report.interval_fields(launches, 6.5, quantile=0.25)
+        self.assertEqual((f['interval'], f['inside']), ([1.0, 6.0], False))
+        self.assertAlmostEqual(f['coverage'], 3873177 / 4 ** 11)
+        self.assertTrue(sim_report.interval_fields(launches, 1.0, quantile=0.25)['inside'])  # the minimum, the edge
+
+    def test_inside_counts_rows_with_an_interval(self):
+        rows = [{'inside': True}, {'inside': False}, {'inside': None}, {}]
+        self.assertEqual(sim_report.inside(rows), (1, 2))
+        self.assertEqual(sim_report.interval_text({'interval': [1.0, 2.5], 'coverage': 0.75}), '1.000-2.500 (75%)')
+        self.assertEqual(sim_report.interval_text({'interval': None}), 'one launch')
 
 
 FAKE_SIM = """#!{python}
@@ -139,13 +163,21 @@ class Report(unittest.TestCase):
         self.assertAlmostEqual(trainer['error'], 0.5 / 11)
         self.assertAlmostEqual(fused['error'], 1 / 24)
         self.assertIn('speed x1.25', lines[1])
-        self.assertTrue(lines[-1].startswith('2/2 within 10% (2 within 5%); load '), lines[-1])
+        # Three launches 10, 12, 11 ms: the median's interval is min and max, 1 - 2/8 = 75%;
+        # 11.5 predicted lies inside. The dispatch point had one launch: no interval.
+        self.assertEqual((trainer['interval'], trainer['coverage'], trainer['inside']), ([10.0, 12.0], 0.75, True))
+        self.assertIn(' 10.000-12.000 (75%) ', lines[1])
+        self.assertIn(' inside ', lines[1])
+        self.assertIsNone(fused['inside'])
+        self.assertIn(' one launch ', lines[2])
+        self.assertTrue(lines[-1].startswith('2/2 within 10% (2 within 5%); 1/1 predictions inside the measured interval; load '),
+                        lines[-1])
 
     def test_one_outside_fails(self):
         code, lines, doc = self.run_report(fused_rate=4e5)  # 2.5 us against 2.0: +25%
         self.assertEqual(code, 1)
         self.assertAlmostEqual(doc['rows'][1]['error'], 0.25)
-        self.assertTrue(lines[-1].startswith('1/2 within 10% (1 within 5%)'), lines[-1])
+        self.assertTrue(lines[-1].startswith('1/2 within 10% (1 within 5%); 1/1 predictions inside'), lines[-1])
 
 
 if __name__ == '__main__':
