@@ -4,9 +4,10 @@
 # bound to a core), the paper's layout, where the controller's CPU is not taken from a device.
 # Then Fig. 5's host axis on emulated clusters (mpi_scripts/cluster.sh): 1, 2 and 4 hosts with 1
 # and 2 workers per host (ranks round-robin over the hosts; the controller shares host 0).
-# Writes results/dispatch_*.json and draws results/fig5.png, fig6.png, fig7.png, fig8_*.png
-# (mpi_scripts/dispatch_plot.py). Do not run it while anything compiles: the numbers compare
-# throughputs on the same 2 cores.
+# Writes results/dispatch_*.json, draws results/fig5.png, fig6.png, fig7.png, fig8_*.png and
+# prints every Pathways row against SPMD as the median of the rounds' paired ratios with its
+# interval (mpi_scripts/dispatch_plot.py, docs/measurement.md). Do not run it while anything
+# compiles: the numbers compare throughputs on the same 2 cores.
 # Usage: mpi_scripts/dispatch_bench.sh [extra dispatch_bench flags...]
 #   NPS="3"            one-host runs at these rank counts only, and no own-core run
 #   HOSTS="1 2 4"      host counts of the cluster sweep ("" to skip it); PER_HOST="1 2"
