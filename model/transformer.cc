@@ -22,12 +22,12 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
   l0_ = layer_begin;
   l1_ = layer_end;
   const int64_t N = B * T_, C = C_, D = c.head_dim;
-  xs_.assign(static_cast<size_t>((l1_ - l0_ + 1) * N * C), S(0));
+  xs_ = LazyArray<S>(static_cast<size_t>((l1_ - l0_ + 1) * N * C));
   dx_.assign(static_cast<size_t>(N * C), S(0));
   layers_.resize(static_cast<size_t>(l1_ - l0_));
   moe_.resize(static_cast<size_t>(l1_ - l0_));
   x_ptr_.resize(static_cast<size_t>(l1_ - l0_ + 1));
-  arena_.assign(static_cast<size_t>((l1_ - l0_) * layer_elements(layout, B)), S(0));
+  arena_ = LazyArray<S>(static_cast<size_t>((l1_ - l0_) * layer_elements(layout, B)));
   unbind_all();
   f_mean.assign(N, S(0));
   f_rstd.assign(N, S(0));

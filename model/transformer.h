@@ -30,6 +30,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/lazy_array.h"
 #include "model/config.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -122,9 +123,11 @@ class Activations {
  private:
   int64_t B_, T_, C_;
   int l0_, l1_;
-  std::vector<S> xs_;  // [(l1 - l0 + 1), N, C]
+  // The layers' inputs and saved state: reserved, resident only where written (a runtime that
+  // binds its own buffers for every call, pathways_train's unit kernels, never touches them).
+  LazyArray<S> xs_;  // [(l1 - l0 + 1), N, C]
   std::vector<S> dx_;  // [N, C]
-  std::vector<S> arena_;  // [(l1 - l0), layer_elements]
+  LazyArray<S> arena_;  // [(l1 - l0), layer_elements]
   std::vector<Layer> layers_;
   std::vector<MoeState<S>> moe_;  // per layer of the range (empty vectors for dense layers)
   std::vector<S*> x_ptr_;  // x(l) for l in [l0, l1]

@@ -104,7 +104,8 @@ def exchange_lines(table):
         if "dcn_bytes_per_step" in t:
             parts.append(f"between islands {t['dcn_bytes_per_step'] / 1e6:.2f} MB/step")
         if "xchg_exposed_ms" in t:
-            parts.append(f"exchange exposed {t['xchg_exposed_ms']:.1f} ms/step")
+            share = f" ({100 * t['xchg_exposed_ms'] / t['step_ms_p50']:.1f}% of its p50 step)" if t.get("step_ms_p50") else ""
+            parts.append(f"exchange exposed {t['xchg_exposed_ms']:.1f} ms/step{share}")
         if "xchg_tail_ms" in t:
             parts.append(f"after the last island's backward {t['xchg_tail_ms']:.1f} ms/step")
         if key in t and full:

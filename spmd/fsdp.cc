@@ -1,8 +1,5 @@
 #include "spmd/fsdp.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 
@@ -15,24 +12,6 @@ namespace pwm::spmd {
 using collectives::DataType;
 using collectives::ReduceOp;
 using collectives::Work;
-
-LazyBuffer::LazyBuffer(size_t floats) : bytes_(std::max<size_t>(floats, 1) * sizeof(float)) {
-  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  PWM_CHECK(p != MAP_FAILED, "fsdp: cannot reserve {} bytes of address space", bytes_);
-  data_ = static_cast<float*>(p);
-}
-
-LazyBuffer::~LazyBuffer() {
-  if (data_ != nullptr) ::munmap(data_, bytes_);
-}
-
-void LazyBuffer::release(int64_t begin, int64_t end) {
-  // Only whole pages inside the range: a page shared with a neighbouring piece keeps its bytes.
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(data_ + begin) + page - 1) / page * page;
-  const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + end) / page * page;
-  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
-}
 
 Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, const model::StepPlan& plan,
            collectives::Communicator* dp, collectives::Communicator* replicas)
@@ -55,8 +34,8 @@ Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, cons
   add(layout.final_norm_offset(), layout.total());
   // A gather writes D * s >= n floats from a piece's start: up to D - 1 past the buffer's end.
   const size_t floats = static_cast<size_t>(layout.total() + D_);
-  tied_params_ = std::make_unique<LazyBuffer>(floats);
-  tied_grads_ = std::make_unique<LazyBuffer>(floats);
+  tied_params_ = LazyArray<float>(floats);
+  tied_grads_ = LazyArray<float>(floats);
   for (auto& slot : slot_) slot.assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
   rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
   hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
@@ -142,7 +121,7 @@ void Fsdp::gather_tied(const float* params_shard) {
   Work w[2];
   for (int i = 0; i < 2; ++i) {
     const Piece& p = i == 0 ? pieces_.front() : pieces_.back();
-    w[i] = dp_->iallgather(params_shard + p.off, tied_params_->data() + p.lo, static_cast<size_t>(p.s),
+    w[i] = dp_->iallgather(params_shard + p.off, tied_params_.data() + p.lo, static_cast<size_t>(p.s),
                            DataType::kFloat32);
     hold(p.s * D_ * static_cast<int64_t>(sizeof(float)));
   }
@@ -152,7 +131,7 @@ void Fsdp::gather_tied(const float* params_shard) {
 
 void Fsdp::release_tied() {
   for (const Piece* p : {&pieces_.front(), &pieces_.back()}) {
-    tied_params_->release(p->lo, p->lo + p->s * D_);
+    tied_params_.release(p->lo, p->lo + p->s * D_);
     hold(-p->s * D_ * static_cast<int64_t>(sizeof(float)));
   }
 }
@@ -212,7 +191,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
 
   auto& act = ws.act;
   auto& scratch = ws.scratch;
-  const float* pt = tied_params_->data();
+  const float* pt = tied_params_.data();
   double loss_sum = 0;
   int64_t t_fwd = 0, t_bwd = 0;
   for (const model::Unit& u : plan_.units()) {
@@ -278,7 +257,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
 float* Fsdp::begin_tied_grads() {
   // The tied gradients accumulate over the micro-batches in full and are reduce-scattered once.
   const Piece &pe = pieces_.front(), &pf = pieces_.back();
-  float* gt = tied_grads_->data();
+  float* gt = tied_grads_.data();
   std::fill(gt + pe.lo, gt + pe.hi, 0.0f);
   std::fill(gt + pf.lo, gt + pf.hi, 0.0f);
   hold((pe.s + pf.s) * D_ * static_cast<int64_t>(sizeof(float)));
@@ -287,13 +266,13 @@ float* Fsdp::begin_tied_grads() {
 
 void Fsdp::finish_tied_grads(float* grads_shard) {
   const Piece &pe = pieces_.front(), &pf = pieces_.back();
-  float* gt = tied_grads_->data();
+  float* gt = tied_grads_.data();
   for (const Piece* p : {&pe, &pf}) {
     Work w = dp_->ireduce_scatter(gt + p->lo, rs_tmp_.data(), static_cast<size_t>(p->s), DataType::kFloat32,
                                   ReduceOp::kSum);
     wait(w);
     std::copy(rs_tmp_.begin(), rs_tmp_.begin() + p->s, grads_shard + p->off);
-    tied_grads_->release(p->lo, p->lo + p->s * D_);
+    tied_grads_.release(p->lo, p->lo + p->s * D_);
   }
   hold(-(pe.s + pf.s) * D_ * static_cast<int64_t>(sizeof(float)));
 }
@@ -309,7 +288,7 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
     hold(p.s * D_ * fbytes);
   };
   if (L_ > 0) start(0);
-  model::embed_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
+  model::embed_forward<float>(layout_, tied_params_.data(), tokens, ws.act);
   for (int l = 0; l < L_; ++l) {
     wait(gathers[l]);
     model::block_forward<float>(layout_, layer_base(l, false), l, ws.act, ws.scratch, tp_reduce);
@@ -317,7 +296,7 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
     hold(-layer_piece(l).s * D_ * fbytes);
     if (l + 1 < L_) start(l + 1);
   }
-  return model::head_forward<float>(layout_, tied_params_->data(), tokens, ws.act);
+  return model::head_forward<float>(layout_, tied_params_.data(), tokens, ws.act);
 }
 
 double Fsdp::validation_loss_sum(const train::TextDataset& data, int data_index, const float* params_shard,

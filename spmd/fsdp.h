@@ -28,7 +28,7 @@
 // tokens/s with two slots of each kind and prefetch; docs/spmd.md). The model's functions index a
 // layer by its offset in the full buffer, so they get the slot's address minus that offset (as
 // pathways/train/step_kernels.cc does for its layer pieces). The embedding and final norm live in
-// a reserved range laid out as the full buffer (LazyBuffer).
+// a reserved range laid out as the full buffer (common/lazy_array.h).
 //
 // Which ranks must call: every rank of the dp group (and of the replica group), every method
 // that communicates, in the same order. Not thread-safe.
@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "common/lazy_array.h"
 #include "train/data.h"
 #include "model/params.h"
 #include "model/step_plan.h"
@@ -48,25 +49,6 @@
 #include "model/transformer.h"
 
 namespace pwm::spmd {
-
-// An address range of `floats` floats reserved (mmap, no memory committed), laid out as the full
-// parameter buffer: pages become resident when first written, and release() returns them (their
-// contents become 0). Used for the embedding and final norm, which sit at the two ends of the
-// buffer.
-class LazyBuffer {
- public:
-  explicit LazyBuffer(size_t floats);
-  ~LazyBuffer();
-  LazyBuffer(const LazyBuffer&) = delete;
-  LazyBuffer& operator=(const LazyBuffer&) = delete;
-  float* data() const { return data_; }
-  // Returns the pages lying wholly inside elements [begin, end).
-  void release(int64_t begin, int64_t end);
-
- private:
-  float* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 class Fsdp {
  public:
@@ -141,7 +123,7 @@ class Fsdp {
   int D_, r_, L_;
   std::vector<Piece> pieces_;  // embed, layers 0..L-1, final_norm
   int64_t shard_total_ = 0, max_layer_s_ = 0;
-  std::unique_ptr<LazyBuffer> tied_params_, tied_grads_;  // embedding and final norm
+  LazyArray<float> tied_params_, tied_grads_;  // embedding and final norm
   // [grads]: the layer slots and the layer holding each (-1: free).
   std::vector<float> slot_[2];
   int slot_layer_[2] = {-1, -1};

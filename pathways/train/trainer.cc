@@ -414,7 +414,6 @@ std::optional<std::string> Trainer::finish() {
     if (hash_of(r) != h)
       throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the islands' updates "
                               "diverged): a bug in the exchange", r, cfg_.workload.steps));
-  report_layout_and_memory();
   if (!cfg_.outputs.trace.empty()) write_trace();
   report_->finish(h);
   return h;
@@ -426,8 +425,9 @@ void Trainer::report_layout_and_memory() {
     report_->set_extra("bubble", median(bubbles_));
     report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
   }
-  // Memory: every worker's peak resident set, and the model state each device holds (parameters
-  // and the two AdamW moments of its shard).
+  // Memory: every worker's peak resident set, after the last step and before the final
+  // evaluation and checkpoint (as spmd_train's: their whole-model buffers are not training
+  // state), and the model state each device holds.
   int64_t peak_rss = 0;
   for (auto& sl : slices_)
     for (int64_t b : dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>())

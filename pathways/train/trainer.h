@@ -74,6 +74,9 @@ class Trainer final : public pwm::train::Trainer {
   void probe_peak() override;  // the gemm_probe kernel on every slice at once
   double evaluate() override;
   bool save(int64_t steps_done) override;
+  // The bubble, the layout and memory figures (peak resident set, state), before the final
+  // evaluation's whole-model buffers exist, as spmd_train's.
+  void before_final() override { report_layout_and_memory(); }
   std::optional<std::string> finish() override;
   void fail() override;  // (only a non-finite stop: a failed write throws)
   pwm::train::TrainReport& report() override { return *report_; }

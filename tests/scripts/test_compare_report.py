@@ -85,6 +85,23 @@ class CompareReport(unittest.TestCase):
         self.assertFalse(rows["chained"]["weights_identical"])
         self.assertTrue(rows["fused"]["weights_identical"])
 
+    def test_exchange_lines(self):
+        # --palm's rows: fused exposes its whole exchange (tail 800 ms), chained 20 ms of it.
+        table = [{"name": "spmd_1host"},
+                 {"name": "pw_fused", "dcn_bytes_per_step": 30.94e6, "xchg_exposed_ms": 1600.0, "xchg_tail_ms": 800.0,
+                  "step_ms_p50": 3200.0},
+                 {"name": "pw_chained", "dcn_bytes_per_step": 30.94e6, "xchg_exposed_ms": 64.0, "xchg_tail_ms": 20.0,
+                  "step_ms_p50": 2000.0}]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            compare_report.exchange_lines(table)
+        text = out.getvalue()
+        self.assertIn("pw_chained: between islands 30.94 MB/step, exchange exposed 64.0 ms/step (3.2% of its p50 step), "
+                      "after the last island's backward 20.0 ms/step, hidden 98% (of fused's 800.0 ms)", text)
+        self.assertIn("exchange exposed 1600.0 ms/step (50.0% of its p50 step)", text)
+        self.assertAlmostEqual(table[2]["exchange_hidden_share"], 0.975)
+        self.assertAlmostEqual(table[1]["exchange_hidden_share"], 0.0)
+
 
 if __name__ == "__main__":
     unittest.main()
