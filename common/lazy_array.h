@@ -3,7 +3,7 @@
 // contents read 0 again). For memory a run may never touch, or touch in parts: the model's own
 // activations, which pathways_train's unit kernels replace by the object store's buffers
 // (model::Activations); spmd_train --fsdp's embedding and final norm, laid out as the full
-// parameter buffer and gathered piece by piece (spmd/fsdp.h).
+// parameter buffer and gathered piece by piece (train/fsdp.h).
 //
 // T must be trivially copyable (the pages are zero bytes). Movable, not copyable; not
 // thread-safe. Throws pwm::Error when the address space cannot be reserved.

@@ -103,7 +103,10 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
       report_(cfg, "spmd", transport->size(), std::move(peak), transport->rank() == 0), probe_(std::move(probe)) {
   // The state is allocated here, at its size (a shard with --fsdp): never a full buffer first,
   // which the peak resident bytes would count.
-  if (cfg_.mesh.fsdp) fsdp_ = std::make_unique<Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
+  if (cfg_.mesh.fsdp) {
+    fsdp_ = std::make_unique<train::Fsdp>(cfg_, layout_, plan_, &dp_comm_, &replica_comm_);
+    PWM_CHECK_EQ(fsdp_->shard_total(), train::Fsdp::shard_total(layout_, cfg_.mesh.dp));
+  }
   const size_t n = static_cast<size_t>(fsdp_ ? fsdp_->shard_total() : layout_.total());
   params_.assign(n, 0.0f);
   grads_.assign(n, 0.0f);

@@ -12,7 +12,7 @@
 // one AllReduce over all of them (same tp index), hierarchical a ReduceScatter inside the
 // replica's dp group, an AllReduce of each shard across the replicas, an AllGather inside
 // (collectives::BucketedAllreduce's two-level form). With --fsdp the dp axis shards parameters,
-// gradients and moments instead (spmd/fsdp.h).
+// gradients and moments instead (train/fsdp.h).
 //
 // Which ranks must call: every world rank constructs a Trainer and calls run(), collectively.
 #pragma once
@@ -33,7 +33,7 @@
 #include "train/loop.h"
 #include "train/report.h"
 #include "model/transformer.h"
-#include "spmd/fsdp.h"
+#include "train/fsdp.h"
 
 namespace pwm::spmd {
 
@@ -126,7 +126,7 @@ class Trainer final : public train::Trainer {
   model::ExpertComm<float> expert_comm_fn_;  // the model's view of ep_comm_ (size 1: none)
   double alltoall_s_ = 0;                     // time inside the expert AllToAlls this step
   std::vector<size_t> alltoall_send_counts_, alltoall_recv_counts_;  // expert_comm_fn_'s counts, reused
-  std::unique_ptr<Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
+  std::unique_ptr<train::Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
   train::TrainReport report_;
   std::unique_ptr<model::GemmProbe> probe_;  // this rank's GEMM peak probe (null: --peak-gflops)
   train::StepRecord rec_;

@@ -78,6 +78,15 @@ model::Workspace<float>& TrainingDevice::step_memory(const model::ParamLayout& l
   return *ws_;
 }
 
+pwm::train::Fsdp& TrainingDevice::fsdp(KernelContext& ctx, const Pos& p) {
+  if (!fsdp_) {
+    // One island: no replicas' communicator (a cross-island sum is the program's, not a kernel's).
+    fsdp_ = std::make_unique<pwm::train::Fsdp>(cfg(), layout(p), shapes_.plan(p.tp), dp_comm(ctx, p), nullptr);
+    fsdp_grads_.assign(static_cast<size_t>(fsdp_->shard_total()), 0.0f);
+  }
+  return *fsdp_;
+}
+
 model::GemmProbe* TrainingDevice::gemm_probe() {
   if (!probe_made_) probe_ = pwm::train::make_gemm_probe(cfg());
   probe_made_ = true;

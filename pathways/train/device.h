@@ -30,6 +30,7 @@
 #include "model/params.h"
 #include "train/step.h"
 #include "model/transformer.h"
+#include "train/fsdp.h"
 #include "pathways/kernel.h"
 #include "pathways/train/step_io.h"
 
@@ -86,6 +87,13 @@ class TrainingDevice {
   collectives::Communicator* dp_comm(KernelContext& ctx, const Pos& p);
   // A tp reduction for the model that adds its time to *comm_s.
   model::TpReduce<float> tp_reducer(collectives::Communicator* c, double* comm_s);
+  // --fsdp (fused, one island): the sharding of this device's tp layout over its dp group
+  // (train/fsdp.h), made on first use over the dp communicator; its gradient shard is
+  // fsdp_grads(). Which devices call: every member of the dp group, in the same order.
+  pwm::train::Fsdp& fsdp(KernelContext& ctx, const Pos& p);
+  float* fsdp_grads() { return fsdp_grads_.data(); }
+  // Fsdp::peak_gathered_bytes() (0 without --fsdp): what the device held beyond its shards.
+  int64_t fsdp_held_bytes() const { return fsdp_ ? fsdp_->peak_gathered_bytes() : 0; }
 
   // Mixture of Experts (tp = 1). The expert-parallel group (the P devices that split the experts)
   // and the expert group (the devices holding the same experts: their gradients' sum); nullptr
@@ -179,6 +187,8 @@ class TrainingDevice {
   pwm::train::TrainConfig flat_cfg_;
   int64_t clock_offset_us_ = 0;
   std::unique_ptr<Trace> trace_;
+  std::unique_ptr<pwm::train::Fsdp> fsdp_;
+  std::vector<float> fsdp_grads_;
 };
 
 // Times one kernel: its span goes to the device's trace and, for the kernels of a training step,

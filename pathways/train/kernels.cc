@@ -60,27 +60,48 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
     if (c == nullptr) return {};
     return [c](const float* shard, float* out, size_t n) { c->allgather(shard, out, n, collectives::DataType::kFloat32); };
   };
+  std::vector<float> whole;  // --fsdp: the dp shards gathered into the tp layout first
+  if (dev.cfg().mesh.fsdp) {
+    whole.resize(static_cast<size_t>(dev.layout(p).total()));
+    dev.fsdp(ctx, p).gather_full(buf, whole.data());
+    buf = whole.data();
+  }
   return pwm::train::gather_full(dev.layout(p), buf, gather_over(dev.tp_comm(ctx, p)), gather_over(dev.ep_comm(ctx, p)));
+}
+
+// A state array from the tp layout's values `fill` writes: in place, or with --fsdp through one
+// full tp buffer, of which the device keeps its dp shard (as spmd_train's constructor).
+void state_from(TrainingDevice& dev, KernelContext& ctx, const Pos& p, size_t out,
+                const std::function<void(float*)>& fill) {
+  if (!dev.cfg().mesh.fsdp) {
+    fill(ctx.out<float>(out).data());
+    return;
+  }
+  std::vector<float> whole(static_cast<size_t>(dev.layout(p).total()));
+  fill(whole.data());
+  dev.fsdp(ctx, p).take_shard(whole.data(), ctx.out<float>(out).data());
 }
 
 }  // namespace
 
 void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const ParamLayout& layout = dev.layout(pos(ctx));
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
-  model::init_params(layout, dev.cfg().model.seed, ctx.out<float>(kParams).data());
+  state_from(dev, ctx, p, kParams, [&](float* o) { model::init_params(layout, dev.cfg().model.seed, o); });
   for (size_t i : {kAdamM, kAdamV}) std::ranges::fill(ctx.out<float>(i), 0.0f);
   ctx.out<int64_t>(kStep)[0] = 0;
 }
 
 void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const ParamLayout& layout = dev.layout(pos(ctx));
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
   auto ck = pwm::train::load_resume_checkpoint(dev.cfg());
   PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", dev.cfg().outputs.ckpt);
-  pwm::train::scatter_full(layout, ck->params, ctx.out<float>(kParams).data());
-  pwm::train::scatter_full(layout, ck->adam_m, ctx.out<float>(kAdamM).data());
-  pwm::train::scatter_full(layout, ck->adam_v, ctx.out<float>(kAdamV).data());
+  state_from(dev, ctx, p, kParams, [&](float* o) { pwm::train::scatter_full(layout, ck->params, o); });
+  state_from(dev, ctx, p, kAdamM, [&](float* o) { pwm::train::scatter_full(layout, ck->adam_m, o); });
+  state_from(dev, ctx, p, kAdamV, [&](float* o) { pwm::train::scatter_full(layout, ck->adam_v, o); });
   ctx.out<int64_t>(kStep)[0] = ck->step;
 }
 
@@ -95,9 +116,13 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   // without the division (val_total adds the islands' sums in island order, then divides).
   const bool replica = ctx.attrs().size() > 1;
   const int r = replica ? static_cast<int>(ctx.attr(1)) : 0;
-  double sum = pwm::train::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
-                                          ctx.in<float>(0).data(), ws, dev.tokens(),
-                                          dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s), dev.expert_alltoall(ctx, p));
+  double sum =
+      dev.cfg().mesh.fsdp
+          ? dev.fsdp(ctx, p).validation_loss_sum(dev.data(), p.dp_rank, ctx.in<float>(0).data(), ws, dev.tokens(),
+                                                 dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s))
+          : pwm::train::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
+                                            ctx.in<float>(0).data(), ws, dev.tokens(),
+                                            dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s), dev.expert_alltoall(ctx, p));
   if (Communicator* c = dev.dp_comm(ctx, p))
     c->allreduce(&sum, &sum, 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   ctx.out<double>(0)[0] =
@@ -123,8 +148,12 @@ void gemm_probe(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   ctx.out<double>(0)[0] = !probe ? 0.0 : budget_s > 0 ? probe->run(budget_s) : pwm::train::startup_probe(*probe);
 }
 
-// This worker process's peak resident set (bytes, from common/memory.h).
-void memory(TrainingDevice&, KernelContext& ctx, Scope&) { ctx.out<int64_t>(0)[0] = peak_resident_bytes(); }
+// This worker process's peak resident set (bytes, from common/memory.h), and the state it held
+// beyond its arrays: with --fsdp the most gathered weights and gradients at once (0 without).
+void memory(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  ctx.out<int64_t>(0)[0] = peak_resident_bytes();
+  ctx.out<int64_t>(0)[1] = dev.fsdp_held_bytes();
+}
 
 void weights_hash(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const uint64_t h = pwm::train::weights_hash(full(dev, ctx, pos(ctx), ctx.in<float>(0).data()));
@@ -230,19 +259,21 @@ Signature update_sig(const Shapes* S, Attrs a, const UpdateArgs& args) {
 // Set-up, the fused step, evaluation, checkpoints, hashing and memory.
 void add_state_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
-  add("init", false, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
-  add("load", false, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
+  // With --fsdp the state kernels make the device's Fsdp over the dp communicator: gang-scheduled.
+  const bool fsdp = S->cfg().mesh.fsdp;
+  add("init", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
+  add("load", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
   add("fused_step", true, [S](Attrs a) { return sig(S->state(tp_of(a)), state_out(S, a)); },
       fused_step);
-  add("eval", true, [S](Attrs a) { return sig({split_f32(S->total(tp_of(a)))}, {split_f64(1)}); }, evaluate);
+  add("eval", true, [S](Attrs a) { return sig({split_f32(S->state_floats(tp_of(a)))}, {split_f64(1)}); }, evaluate);
   add("val_total", false, [](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
   }, val_total);
-  add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}}); },
+  add("memory", false, [](Attrs) { return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {2}}, Sharding::kSplit}}); },
       memory);
   add("gemm_probe", false, [](Attrs) { return sig({}, {split_f64(1)}); }, gemm_probe);
   add("hash", true, [S](Attrs a) {
-    return sig({split_f32(S->total(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
+    return sig({split_f32(S->state_floats(tp_of(a)))}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
   }, weights_hash);
   add("save", true, [S](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "model/transformer.h"
+#include "train/fsdp.h"
 
 namespace pwm::pathways::train {
 
@@ -44,8 +45,13 @@ int64_t Shapes::stats_words() const { return StepStats::words(cfg_.model.experts
 
 int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }
 
+int64_t Shapes::state_floats(int tp) const {
+  return cfg_.mesh.fsdp ? pwm::train::Fsdp::shard_total(layout(tp), cfg_.mesh.dp) : total(tp);
+}
+
 std::vector<ArgSpec> Shapes::state(int tp) const {
-  return {split_f32(total(tp)), split_f32(total(tp)), split_f32(total(tp)), rep_i64(1)};
+  const int64_t n = state_floats(tp);
+  return {split_f32(n), split_f32(n), split_f32(n), rep_i64(1)};
 }
 
 ArgSpec split_f32(int64_t n) { return {TensorSpec{DataType::kFloat32, {n}}, Sharding::kSplit}; }

@@ -55,6 +55,8 @@ class Shapes {
   int64_t saved(int tp) const;                                                // one layer's activations
   int64_t piece(int tp, int p) const { return plan(tp).piece_size(p); }       // a gradient piece
   std::vector<ArgSpec> state(int tp) const;                                   // State's specs
+  // The floats of each of params, m and v on a device: total(tp), or with --fsdp its dp shard.
+  int64_t state_floats(int tp) const;
   int64_t stats_words() const;  // StepStats::words of the model, per device
   bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
   // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).

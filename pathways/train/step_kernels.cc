@@ -147,6 +147,43 @@ double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, co
 
 }  // namespace
 
+// --fsdp: the step on the dp shards, spmd_train's own (train/fsdp.h): every layer gathered before
+// its forward and its backward, its gradient reduce-scattered into the shard, the norm summed
+// over tp and dp, AdamW on the shard (written to the new state: the inputs copied, then updated
+// in place, the same arithmetic per element).
+pwm::train::UpdateResult fsdp_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step, double* comm_s,
+                                   double* loss_out) {
+  pwm::train::Fsdp& f = dev.fsdp(ctx, p);
+  model::Workspace<float>& ws = dev.step_memory(dev.layout(p));
+  pwm::train::StepHooks hooks;
+  trace_units(dev, hooks);
+  hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
+  double red[2] = {f.accumulate(dev.data(), step, p.dp_rank, ctx.in<float>(kParams).data(), dev.fsdp_grads(), ws,
+                                dev.tokens(), hooks),
+                   f.grad_sq_norm(dev.fsdp_grads())};
+  // Testing hook: as finish_step's, after the gradients and before the update.
+  if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) ::raise(SIGKILL);
+  *comm_s += f.comm_seconds();
+  const double t0 = now_s();
+  if (Communicator* c = dev.tp_comm(ctx, p))
+    c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  Communicator* dp = dev.dp_comm(ctx, p);  // (--fsdp needs dp >= 2)
+  dp->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  dp->allreduce(&red[0], &red[0], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  *comm_s += now_s() - t0;
+  *loss_out = red[0] / p.dp;
+  for (size_t i : {kParams, kAdamM, kAdamV}) {
+    auto out = ctx.out<float>(i);
+    std::memcpy(out.data(), ctx.in<float>(i).data(), sizeof(float) * out.size());
+  }
+  const bool skip = pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1]);
+  const pwm::train::UpdateResult u{model::lr_at(dev.cfg().optim, step), std::sqrt(red[1])};
+  if (!skip)
+    f.adamw(step, u.lr, model::clip_factor(dev.cfg().optim, red[1]), ctx.out<float>(kParams).data(), dev.fsdp_grads(),
+            ctx.out<float>(kAdamM).data(), ctx.out<float>(kAdamV).data());
+  return u;
+}
+
 // The whole step: the plan executed directly (pwm::train::accumulate_gradients) into the device's
 // layout-shaped gradient buffer, with the bucketed, overlapped dp AllReduce inside.
 void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
@@ -154,6 +191,13 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const ParamLayout& layout = dev.layout(p);
   const int64_t step = ctx.in<int64_t>(kStep)[0];
   double comm_s = 0;
+  if (dev.cfg().mesh.fsdp) {
+    double loss = 0;
+    const pwm::train::UpdateResult u = fsdp_step(dev, ctx, p, step, &comm_s, &loss);
+    ctx.out<int64_t>(kStep)[0] = step + 1;
+    dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
+    return;
+  }
   const double local = fused_gradients(dev, ctx, p, dev.cfg(), p.dp_rank, &comm_s);
   double loss = 0;
   const pwm::train::UpdateResult u =

@@ -57,7 +57,9 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   const int workers = world - 1;
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (cfg.mesh.fsdp) PWM_THROW("pathways_train does not shard parameters (--fsdp): leave it out (spmd_train runs --fsdp)");
+  if (cfg.mesh.fsdp && (p.granularity != Granularity::kFused || p.stages > 1 || cfg.mesh.replicas > 1 || cfg.model.moe()))
+    PWM_THROW("pathways_train runs --fsdp at --granularity fused on one slice (no --stages, --replicas or MoE): its "
+              "gathers and reduce-scatters as program nodes are not built; use --granularity fused, or spmd_train");
   validate_moe(cfg);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
@@ -428,10 +430,14 @@ void Trainer::report_layout_and_memory() {
   // Memory: every worker's peak resident set, after the last step and before the final
   // evaluation and checkpoint (as spmd_train's: their whole-model buffers are not training
   // state), and the model state each device holds.
-  int64_t peak_rss = 0;
-  for (auto& sl : slices_)
-    for (int64_t b : dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>())
-      peak_rss = std::max(peak_rss, b);
+  int64_t peak_rss = 0, gathered = 0;  // (memory: [rss, held beyond the arrays] per device)
+  for (auto& sl : slices_) {
+    const std::vector<int64_t> m = dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>();
+    for (size_t i = 0; i + 1 < m.size(); i += 2) {
+      peak_rss = std::max(peak_rss, m[i]);
+      gathered = std::max(gathered, m[i + 1]);
+    }
+  }
   report_->set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
   // Per slice (a pipeline: per stage), the largest of its workers' object-store high-water marks
   // and of their intermediates (activations, gradients in flight) alive at once.
@@ -461,7 +467,9 @@ void Trainer::report_layout_and_memory() {
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   // The model state a device holds (docs/train.md, as spmd_train's): parameters, gradients and
   // both AdamW moments of its shard, 16 bytes a parameter.
-  report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.total(tp)) * sizeof(float));
+  // --fsdp: of its dp shard, plus the most gathered weights and gradients it held at once.
+  report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
+                                        static_cast<double>(gathered));
   if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
     // it, replica_program.cc) and its loss to its peer in each other island.

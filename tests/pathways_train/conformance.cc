@@ -80,6 +80,8 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
+    // Sharded data parallelism (--fsdp, fused): the step on the dp shards, spmd_train's Fsdp.
+    c.push_back({"fused_dp2_fsdp", {"--dp", "2", "--fsdp"}, gran("fused")});
     // Three data-parallel devices: from three summands on the order of a sum shows in the bits,
     // and chained's per-layer pieces must be summed as spmd_train's buckets (dp_allreduce,
     // docs/pathways_train.md, "The dp sums"); with small buckets every piece spans several.

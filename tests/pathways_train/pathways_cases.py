@@ -489,6 +489,59 @@ def case_replicas_resume_across_meshes():
     assert_bitwise(d, r, "resumed at 2 replicas vs spmd --dp 2")
 
 
+def case_fsdp_fused_equals_spmd():
+    # Issue 40: pathways_train --fsdp (fused: the step on the dp shards, spmd_train's own Fsdp)
+    # against spmd_train --fsdp, bitwise (the same functions on the same shards), and against
+    # plain dp: at dp 2 each reduce-scattered element is a + b, as the AllReduce's, so losses and
+    # weights are bitwise equal; the reported gradient norm is summed per shard, then over dp,
+    # which rounds differently (1e-16 relative; it is the same on every rank, so the clipping and
+    # the weights agree). The state per device: both trainers count the shards plus the gathered
+    # buffers at their peak.
+    for mesh, n in ((["--dp", "2"], 2), (["--dp", "2", "--tp", "2"], 4), (["--dp", "2", "--microbatches", "2"], 2)):
+        tag = "".join(mesh)
+        ref = sc.train(n, "spmd_fsdp" + tag, mesh + ["--fsdp"])
+        plain = sc.train(n, "spmd_plain" + tag, mesh)
+        got = sc.train(n + 1, "pw_fsdp" + tag, mesh + ["--fsdp", "--granularity", "fused"], exe="pathways")
+        assert_bitwise(ref, got, f"pathways fused --fsdp {' '.join(mesh)} vs spmd --fsdp")
+        what = f"pathways fused --fsdp {' '.join(mesh)} vs spmd without --fsdp"
+        if "--microbatches" in mesh:
+            # FSDP reduce-scatters each micro-batch's layer gradient and adds it to the shard;
+            # plain dp accumulates the micro-batches, then sums over dp: another order, so a
+            # tolerance (as spmd_train's own fsdp_matches_dp).
+            sc.assert_close_curves(plain, got, sc.RTOL, what)
+            continue
+        for st in plain[0]:
+            assert plain[0][st]["loss"] == got[0][st]["loss"], f"{what}: step {st} loss"
+            a, b = plain[0][st]["grad_norm"], got[0][st]["grad_norm"]
+            assert abs(a - b) <= 1e-12 * a, f"{what}: step {st} grad norm {b!r} vs {a!r}"
+        assert plain[1] == got[1] and plain[2]["weights_hash"] == got[2]["weights_hash"], what
+        print(f"{what}: losses, validation losses and weights bitwise equal, gradient norms within 1e-12")
+        assert got[2]["state_bytes"] == ref[2]["state_bytes"] < plain[2]["state_bytes"], (
+            got[2]["state_bytes"], ref[2]["state_bytes"], plain[2]["state_bytes"])
+    # Checkpoints hold full tensors: a --fsdp run killed after its step-4 checkpoint resumes in
+    # pathways_train --fsdp, bitwise equal to spmd_train --fsdp resumed from it, and with the
+    # weights of spmd_train without --fsdp resumed from it (dp 2, as above).
+    ck = os.path.join(sc.TMP, "fsdp.ckpt")
+    p = sc.run(3, sc.TINY + ["--dp", "2", "--fsdp", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5"],
+               expect_ok=False, exe="pathways")
+    assert p.returncode != 0
+    cks = [os.path.join(sc.TMP, f"fsdp_{i}.ckpt") for i in range(3)]
+    for c in cks:
+        shutil.copy(ck, c)
+    a = sc.train(3, "pw_fsdp_resumed", ["--dp", "2", "--fsdp", "--ckpt", cks[0], "--resume"], exe="pathways")
+    b = sc.train(2, "spmd_fsdp_resumed", ["--dp", "2", "--fsdp", "--ckpt", cks[1], "--resume"])
+    c = sc.train(2, "spmd_dp2_resumed", ["--dp", "2", "--ckpt", cks[2], "--resume"])
+    assert min(a[0]) == 4 and min(b[0]) == 4 and min(c[0]) == 4, f"resumed at {min(a[0])}, {min(b[0])}, {min(c[0])}"
+    assert_bitwise(b, a, "pathways --fsdp resumed vs spmd --fsdp resumed")
+    assert a[2]["weights_hash"] == c[2]["weights_hash"], "pathways --fsdp resumed vs spmd --dp 2 resumed: weights"
+    # What is not built is refused in one line, before training.
+    m = os.path.join(sc.TMP, "fsdp_refused.jsonl")
+    for extra in (["--granularity", "chained"], ["--replicas", "2", "--islands", "2x2"]):
+        n = 5 if "--replicas" in extra else 3
+        sc.expect_error(n, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m] + extra,
+                        "pathways_train runs --fsdp at --granularity fused on one slice", [m], exe="pathways")
+
+
 def case_replicas_bad_inputs_fail_cleanly():
     m = os.path.join(sc.TMP, "bad.jsonl")
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--dp", "2", "--metrics", m], "ranks", [m], exe="pathways")

@@ -451,7 +451,7 @@ def case_compare_script_flags():
 # ---- issue 15: the mesh replicas x dp x tp, sharded data parallelism ------------------------------
 
 def tiny_pieces():
-    """The TINY model's FSDP pieces (spmd/fsdp.h), counted from its shapes (model/params.h):
+    """The TINY model's FSDP pieces (train/fsdp.h), counted from its shapes (model/params.h):
     elements of the embedding, of one layer, of the final norm, and the number of layers."""
     a = dict(zip(TINY[::2], TINY[1::2]))
     C, L, H, D, F = (int(a[k]) for k in ("--d-model", "--layers", "--heads", "--head-dim", "--d-ff"))

@@ -1,4 +1,4 @@
-#include "spmd/fsdp.h"
+#include "train/fsdp.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include "common/time.h"
 #include "model/optim.h"
 
-namespace pwm::spmd {
+namespace pwm::train {
 
 using collectives::DataType;
 using collectives::ReduceOp;
@@ -42,6 +42,13 @@ Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, cons
 }
 
 Fsdp::~Fsdp() = default;
+
+int64_t Fsdp::shard_total(const model::ParamLayout& layout, int D) {
+  const auto s = [D](int64_t n) { return (n + D - 1) / D; };
+  int64_t t = s(layout.get("embed").size) + s(layout.total() - layout.final_norm_offset());
+  for (int l = 0; l < layout.config().n_layers; ++l) t += s(layout.layer(l).end - layout.layer(l).begin);
+  return t;
+}
 
 void Fsdp::hold(int64_t bytes) {
   held_ += bytes;
@@ -315,4 +322,4 @@ double Fsdp::validation_loss_sum(const train::TextDataset& data, int data_index,
   return sum;
 }
 
-}  // namespace pwm::spmd
+}  // namespace pwm::train

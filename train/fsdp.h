@@ -48,7 +48,7 @@
 #include "train/step.h"
 #include "model/transformer.h"
 
-namespace pwm::spmd {
+namespace pwm::train {
 
 class Fsdp {
  public:
@@ -60,6 +60,10 @@ class Fsdp {
   ~Fsdp();
 
   int64_t shard_total() const { return shard_total_; }
+  // The same count without a communicator: the floats of one dp rank's shard of `layout` over
+  // D ranks (each piece's ceil(n / D)). For a runtime that sizes the shards before any
+  // device exists (pathways_train's kernel signatures).
+  static int64_t shard_total(const model::ParamLayout& layout, int D);
 
   // This rank's shard of a full (tp-layout) buffer. Local.
   void take_shard(const float* full, float* shard) const;
@@ -132,4 +136,4 @@ class Fsdp {
   double comm_s_ = 0;
 };
 
-}  // namespace pwm::spmd
+}  // namespace pwm::train
