@@ -13,6 +13,7 @@
 #include "common/memory.h"
 #include "common/time.h"
 #include "train/checkpoint.h"
+#include "train/expert_comm.h"
 #include "train/full_state.h"
 #include "model/optim.h"
 #include "train/step.h"
@@ -183,46 +184,15 @@ void Trainer::make_reducers() {
 }
 
 void Trainer::make_expert_comm() {
-  if (cfg_.mesh.ep == 1) return;
-  expert_comm_fn_.size = cfg_.mesh.ep;
-  expert_comm_fn_.counts = [this](const int64_t* send, int64_t* recv, int64_t per) {
-    const int64_t t0 = now_us();
-    ep_comm_.alltoall(send, recv, static_cast<size_t>(per), DataType::kInt64);
-    alltoall_s_ += (now_us() - t0) * 1e-6;
-  };
-  // Rows of `width` floats: one AllToAll of equal counts under a capacity (every block the same
-  // size), the variable-count form for dropless.
-  expert_comm_fn_.rows = [this](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
-                                int64_t width) {
-    const int64_t t0 = now_us();
-    const int P = cfg_.mesh.ep;
-    bool equal = true;
-    std::vector<size_t>& sc = alltoall_send_counts_;
-    std::vector<size_t>& rc = alltoall_recv_counts_;
-    sc.resize(static_cast<size_t>(P));
-    rc.resize(static_cast<size_t>(P));
-    for (int p = 0; p < P; ++p) {
-      sc[p] = static_cast<size_t>(send_rows[p] * width);
-      rc[p] = static_cast<size_t>(recv_rows[p] * width);
-      equal = equal && sc[p] == sc[0] && rc[p] == sc[0];
-    }
-    if (equal)
-      ep_comm_.alltoall(send, recv, sc[0], DataType::kFloat32);
-    else
-      ep_comm_.alltoallv(send, sc, recv, rc, DataType::kFloat32);
-    const int64_t t1 = now_us();
-    alltoall_s_ += (t1 - t0) * 1e-6;
-    if (trace_.enabled())
-      trace_.span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
-  };
+  // Its AllToAlls' time is the step's AllToAll time (alltoall_s_, outside comm_s_).
+  expert_comm_fn_ = train::expert_alltoall(cfg_.mesh.ep > 1 ? &ep_comm_ : nullptr, {&alltoall_s_}, &trace_);
 }
 
 train::MoeRecord Trainer::moe_record(const model::MoeStats& mine, const std::vector<double>& alltoall_ms) {
   std::vector<double> v = train::pack_moe_stats(mine, cfg_.model.experts);
   if (cfg_.data_parallel() > 1)
     flat_comm_.allreduce(v.data(), v.data(), v.size(), DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  const double groups = static_cast<double>(cfg_.data_parallel() * cfg_.workload.microbatches * cfg_.model.moe_layers());
-  train::MoeRecord r = train::moe_record(v, groups);
+  train::MoeRecord r = train::moe_record(v, cfg_);
   r.alltoall_ms = alltoall_ms;
   return r;
 }

@@ -125,7 +125,6 @@ class Trainer final : public train::Trainer {
   std::vector<int> expert_of_;
   model::ExpertComm<float> expert_comm_fn_;  // the model's view of ep_comm_ (size 1: none)
   double alltoall_s_ = 0;                     // time inside the expert AllToAlls this step
-  std::vector<size_t> alltoall_send_counts_, alltoall_recv_counts_;  // expert_comm_fn_'s counts, reused
   std::unique_ptr<train::Fsdp> fsdp_;                                  // with --fsdp: params_... are shards
   train::TrainReport report_;
   std::unique_ptr<model::GemmProbe> probe_;  // this rank's GEMM peak probe (null: --peak-gflops)

@@ -161,7 +161,8 @@ std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts) {
   return v;
 }
 
-MoeRecord moe_record(const std::vector<double>& v, double groups) {
+MoeRecord moe_record(const std::vector<double>& v, const TrainConfig& cfg) {
+  const double groups = static_cast<double>(cfg.data_parallel() * cfg.workload.microbatches * cfg.model.moe_layers());
   MoeRecord r;
   const double choices = v[0], dropped = v[1], rows = v[2];
   r.dropped_share = choices > 0 ? dropped / choices : 0;

@@ -27,10 +27,11 @@ struct MoeRecord {
   double round_trips = -1;  // pathways_train: the controller's routing round trips (-1: none to count)
   std::vector<double> route_wait_ms;  // pathways_train, per device: idle before the routed block forwards
 };
-// A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum
-// (`groups` = ranks x micro-batches x MoE layers, for the losses' means).
+// A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum over
+// every data-parallel rank of `cfg` (the losses' means are per routing group: data-parallel
+// ranks x micro-batches x MoE layers).
 std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts);
-MoeRecord moe_record(const std::vector<double>& summed, double groups);
+MoeRecord moe_record(const std::vector<double>& summed, const TrainConfig& cfg);
 
 // One step as seen by every rank (vectors are indexed by rank).
 struct StepRecord {

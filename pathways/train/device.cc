@@ -7,6 +7,7 @@
 
 #include "common/time.h"
 #include "pathways/object_store.h"
+#include "train/expert_comm.h"
 #include "train/peak.h"
 #include "train/report.h"
 
@@ -146,50 +147,20 @@ Communicator* TrainingDevice::expert_comm(KernelContext& ctx, const Pos& p) {
 }
 
 model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, const Pos& p, std::span<const int64_t> counts) {
-  model::ExpertComm<float> e;
-  Communicator* c = ep_comm(ctx, p);
-  if (!c) return e;
-  const int P = cfg().mesh.ep;
-  e.size = P;
-  if (counts.empty()) {
-    e.counts = [this, c](const int64_t* send, int64_t* recv, int64_t per) {
-      const double t0 = now_s();
-      c->alltoall(send, recv, static_cast<size_t>(per), collectives::DataType::kInt64);
-      const double t = now_s() - t0;
-      comm_s_ += t;
-      alltoall_s_ += t;
-    };
-  } else {
-    // From the controller (Trainer::route): the rows this device receives for its experts from
-    // each member of its group, then its own rows per expert (its router's: checked).
-    const int64_t E = cfg().model.experts;
-    PWM_CHECK_EQ(static_cast<int64_t>(counts.size()), 2 * E);
-    e.counts = [counts, E, P, dp = p.dp_rank](const int64_t* send, int64_t* recv, int64_t per) {
-      for (int64_t x = 0; x < E; ++x)
-        PWM_CHECK(send[x] == counts[static_cast<size_t>(E + x)],
-                  "moe: the controller's counts for device {} differ from its router's (expert {}: {} vs {})", dp, x,
-                  counts[static_cast<size_t>(E + x)], send[x]);
-      PWM_CHECK_EQ(P * per, E);
-      std::copy(counts.begin(), counts.begin() + E, recv);
-    };
-  }
-  e.rows = [this, c, P](const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows, int64_t width) {
-    const int64_t t0 = now_us();
-    std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
-    bool equal = true;
-    for (int q = 0; q < P; ++q) {
-      sc[q] = static_cast<size_t>(send_rows[q] * width);
-      rc[q] = static_cast<size_t>(recv_rows[q] * width);
-      equal = equal && sc[q] == sc[0] && rc[q] == sc[0];
-    }
-    if (equal)
-      c->alltoall(send, recv, sc[0], collectives::DataType::kFloat32);
-    else
-      c->alltoallv(send, sc, recv, rc, collectives::DataType::kFloat32);
-    const int64_t t1 = now_us();
-    comm_s_ += (t1 - t0) * 1e-6;
-    alltoall_s_ += (t1 - t0) * 1e-6;
-    if (trace_) trace_->span("expert alltoall", "comm", t0, t1, 0, fmt::format(R"({{"bytes":{}}})", 4 * width * send_rows[0]));
+  // The time is the step's communication and its AllToAll time.
+  model::ExpertComm<float> e = pwm::train::expert_alltoall(ep_comm(ctx, p), {&comm_s_, &alltoall_s_}, trace_.get());
+  if (e.size == 1 || counts.empty()) return e;
+  // From the controller (Trainer::route): the rows this device receives for its experts from
+  // each member of its group, then its own rows per expert (its router's: checked). No exchange.
+  const int64_t E = cfg().model.experts;
+  PWM_CHECK_EQ(static_cast<int64_t>(counts.size()), 2 * E);
+  e.counts = [counts, E, P = e.size, dp = p.dp_rank](const int64_t* send, int64_t* recv, int64_t per) {
+    for (int64_t x = 0; x < E; ++x)
+      PWM_CHECK(send[x] == counts[static_cast<size_t>(E + x)],
+                "moe: the controller's counts for device {} differ from its router's (expert {}: {} vs {})", dp, x,
+                counts[static_cast<size_t>(E + x)], send[x]);
+    PWM_CHECK_EQ(P * per, E);
+    std::copy(counts.begin(), counts.begin() + E, recv);
   };
   return e;
 }

@@ -323,9 +323,7 @@ pwm::train::MoeRecord Trainer::moe_record(const std::vector<StepStats>& devices,
     alltoall_ms.push_back(d.moe[n]);
     wait_ms.push_back(d.moe[n + 1]);
   }
-  const double groups =
-      static_cast<double>(cfg_.data_parallel() * cfg_.workload.microbatches * cfg_.model.moe_layers());
-  pwm::train::MoeRecord r = pwm::train::moe_record(sum, groups);
+  pwm::train::MoeRecord r = pwm::train::moe_record(sum, cfg_);
   r.alltoall_ms = alltoall_ms;
   r.round_trips = static_cast<double>(round_trips);
   r.route_wait_ms = wait_ms;
