@@ -118,7 +118,7 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const int r = replica ? static_cast<int>(ctx.attr(1)) : 0;
   double sum =
       dev.cfg().mesh.fsdp
-          ? dev.fsdp(ctx, p).validation_loss_sum(dev.data(), p.dp_rank, ctx.in<float>(0).data(), ws, dev.tokens(),
+          ? dev.fsdp(ctx, p).validation_loss_sum(dev.data(), r * p.dp + p.dp_rank, ctx.in<float>(0).data(), ws, dev.tokens(),
                                                  dev.tp_reducer(dev.tp_comm(ctx, p), &comm_s))
           : pwm::train::validation_loss_sum(dev.flat_cfg(), layout, dev.data(), r * p.dp + p.dp_rank,
                                             ctx.in<float>(0).data(), ws, dev.tokens(),
@@ -252,7 +252,8 @@ std::vector<ArgSpec> stage_pieces(const Shapes* S, int tp, int stage) {
 Signature update_sig(const Shapes* S, Attrs a, const UpdateArgs& args) {
   const int tp = tp_of(a);
   std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-  for (size_t i = 0; i < args.pieces; ++i) pieces.push_back(piece(S, tp, static_cast<int>(i)));
+  for (size_t i = 0; i < args.pieces; ++i)  // (--fsdp: the replicas' one piece, the gradient shard)
+    pieces.push_back(S->cfg().mesh.fsdp ? split_f32(S->state_floats(tp)) : piece(S, tp, static_cast<int>(i)));
   return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
 }
 
@@ -352,6 +353,9 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
     out.push_back(split_f64(1));
     return sig(S->state(tp), out);
   }, fused_grads);
+  add("fsdp_grads", true, [S](Attrs a) {
+    return sig(S->state(tp_of(a)), {split_f32(S->state_floats(tp_of(a))), split_f64(1)});
+  }, fsdp_grads);
   add("island_loss", true, [](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
   }, island_loss);

@@ -87,6 +87,7 @@ void dp_reduce_start(TrainingDevice&, KernelContext&, Scope&);
 void dp_reduce_finish(TrainingDevice&, KernelContext&, Scope&);
 void update(TrainingDevice&, KernelContext&, Scope&);
 void fused_grads(TrainingDevice&, KernelContext&, Scope&);
+void fsdp_grads(TrainingDevice&, KernelContext&, Scope&);
 void island_loss(TrainingDevice&, KernelContext&, Scope&);
 void replica_add(TrainingDevice&, KernelContext&, Scope&);
 void dp_reduce_scatter(TrainingDevice&, KernelContext&, Scope&);

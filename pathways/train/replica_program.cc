@@ -50,6 +50,12 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
   const auto xchg_size = [&](int i) { return static_cast<int64_t>(replica_chunk(sh.piece(tp, i), D)); };
   for (int r = 0; r < R; ++r) {
     const Slice& sl = slices[static_cast<size_t>(r)];
+    if (granularity == Granularity::kFused && cfg.mesh.fsdp) {  // one piece: the gradient shard
+      auto o = b.call(names("fsdp_grads"), sl, st[r].list(), {tp, r});
+      pieces[r] = {o[0]};
+      loss[r] = o[1];
+      continue;
+    }
     if (granularity == Granularity::kFused) {
       auto o = b.call(names("fused_grads"), sl, st[r].list(), {tp, r, D});
       PWM_CHECK_EQ(static_cast<int>(o.size()), P + 1);
@@ -96,6 +102,19 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
   for (int l = static_cast<int>(cfg.model.n_layers) - 1; l >= 0; --l) order.push_back(StepPlan::layer_piece(l));
   order.push_back(StepPlan::kTiedPiece);
   PWM_CHECK_EQ(static_cast<int>(order.size()), P);
+  if (cfg.mesh.fsdp) {
+    // --fsdp: device k's gradient shard is what it exchanges (its 1/D); summed, it is the update's.
+    for (int r = 0; r < R; ++r) {
+      std::vector<Value> in;
+      for (int q = 0; q < R; ++q) in.push_back(pieces[q][0]);
+      const Slice& sl = slices[static_cast<size_t>(r)];
+      Value s = b.call(names("replica_add"), sl, in, {tp, sh.state_floats(tp), R})[0];
+      for (auto& v : b.call(names("replica_update"), sl, replica_update_args(sh, tp).pack<Value>(st[r], nullptr, {s}, loss),
+                            {tp}))
+        b.output(v);
+    }
+    return b.build();
+  }
   for (int r = 0; r < R; ++r) {
     std::vector<Value> sum(static_cast<size_t>(P));
     for (int i : order) {

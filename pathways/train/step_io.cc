@@ -85,7 +85,8 @@ StageLayers stage_layers(const Shapes& sh, int stage) {
 }
 
 UpdateArgs replica_update_args(const Shapes& sh, int tp) {
-  return {static_cast<size_t>(sh.plan(tp).num_pieces()), static_cast<size_t>(sh.cfg().mesh.replicas), false};
+  const size_t pieces = sh.cfg().mesh.fsdp ? 1 : static_cast<size_t>(sh.plan(tp).num_pieces());
+  return {pieces, static_cast<size_t>(sh.cfg().mesh.replicas), false};
 }
 
 void copy_chunk(std::span<const float> src, int k, std::span<float> dst) {

@@ -172,8 +172,9 @@ StageLayers stage_layers(const Shapes& sh, int stage);
 // then its layers'), and on the last stage every replica's loss in replica order.
 UpdateArgs pipe_update_args(const Shapes& sh, int stage);
 UpdateArgs update_args(const Shapes& sh, int tp);
-// The replicas' update (replica_update): the state, the pieces summed over the islands, and one
-// loss per island (the island's dp sum of its devices' micro-batch means), in island order.
+// The replicas' update (replica_update): the state, the pieces summed over the islands (--fsdp:
+// one, the gradient shard), and one loss per island (the island's dp sum of its devices'
+// micro-batch means), in island order.
 UpdateArgs replica_update_args(const Shapes& sh, int tp);
 
 // The replicas' kernels' attributes after tp (attrs[0]): the island (replica) index where the

@@ -147,31 +147,44 @@ double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, co
 
 }  // namespace
 
-// --fsdp: the step on the dp shards, spmd_train's own (train/fsdp.h): every layer gathered before
-// its forward and its backward, its gradient reduce-scattered into the shard, the norm summed
-// over tp and dp, AdamW on the shard (written to the new state: the inputs copied, then updated
-// in place, the same arithmetic per element).
-pwm::train::UpdateResult fsdp_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step, double* comm_s,
-                                   double* loss_out) {
+namespace {
+
+// --fsdp: the step on the dp shards, spmd_train's own (train/fsdp.h). The gradients: every layer
+// gathered before its forward and its backward, its gradient reduce-scattered over the island's
+// dp group into the device's gradient shard (dev.fsdp_grads()); reads data-parallel index
+// `data_index`; returns the device's mean loss.
+double fsdp_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step, int data_index,
+                      double* comm_s) {
   pwm::train::Fsdp& f = dev.fsdp(ctx, p);
-  model::Workspace<float>& ws = dev.step_memory(dev.layout(p));
   pwm::train::StepHooks hooks;
   trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
-  double red[2] = {f.accumulate(dev.data(), step, p.dp_rank, ctx.in<float>(kParams).data(), dev.fsdp_grads(), ws,
-                                dev.tokens(), hooks),
-                   f.grad_sq_norm(dev.fsdp_grads())};
+  const double local = f.accumulate(dev.data(), step, data_index, ctx.in<float>(kParams).data(), dev.fsdp_grads(),
+                                    dev.step_memory(dev.layout(p)), dev.tokens(), hooks);
+  *comm_s += f.comm_seconds();
+  return local;
+}
+
+// The update on the shards: the squared norm of the summed gradient shard `grads` summed over tp
+// and dp, the loss (`loss_sum`: over every data-parallel device, or null: this device's
+// `local_loss`, summed here over dp), AdamW on the shard written to the new state (the inputs
+// copied, then updated in place: the same arithmetic per element as spmd_train's).
+pwm::train::UpdateResult fsdp_update(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step,
+                                     const float* grads, double local_loss, const double* loss_sum, double* comm_s,
+                                     double* loss_out) {
+  pwm::train::Fsdp& f = dev.fsdp(ctx, p);
   // Testing hook: as finish_step's, after the gradients and before the update.
   if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) ::raise(SIGKILL);
-  *comm_s += f.comm_seconds();
+  double red[2] = {loss_sum ? *loss_sum : local_loss, f.grad_sq_norm(grads)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
     c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   Communicator* dp = dev.dp_comm(ctx, p);  // (--fsdp needs dp >= 2)
   dp->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
-  dp->allreduce(&red[0], &red[0], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+  if (!loss_sum)
+    dp->allreduce(&red[0], &red[0], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
   *comm_s += now_s() - t0;
-  *loss_out = red[0] / p.dp;
+  *loss_out = red[0] / dev.cfg().data_parallel();
   for (size_t i : {kParams, kAdamM, kAdamV}) {
     auto out = ctx.out<float>(i);
     std::memcpy(out.data(), ctx.in<float>(i).data(), sizeof(float) * out.size());
@@ -179,10 +192,12 @@ pwm::train::UpdateResult fsdp_step(TrainingDevice& dev, KernelContext& ctx, cons
   const bool skip = pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1]);
   const pwm::train::UpdateResult u{model::lr_at(dev.cfg().optim, step), std::sqrt(red[1])};
   if (!skip)
-    f.adamw(step, u.lr, model::clip_factor(dev.cfg().optim, red[1]), ctx.out<float>(kParams).data(), dev.fsdp_grads(),
+    f.adamw(step, u.lr, model::clip_factor(dev.cfg().optim, red[1]), ctx.out<float>(kParams).data(), grads,
             ctx.out<float>(kAdamM).data(), ctx.out<float>(kAdamV).data());
   return u;
 }
+
+}  // namespace
 
 // The whole step: the plan executed directly (pwm::train::accumulate_gradients) into the device's
 // layout-shaped gradient buffer, with the bucketed, overlapped dp AllReduce inside.
@@ -193,7 +208,8 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   double comm_s = 0;
   if (dev.cfg().mesh.fsdp) {
     double loss = 0;
-    const pwm::train::UpdateResult u = fsdp_step(dev, ctx, p, step, &comm_s, &loss);
+    const double local = fsdp_gradients(dev, ctx, p, step, p.dp_rank, &comm_s);
+    const pwm::train::UpdateResult u = fsdp_update(dev, ctx, p, step, dev.fsdp_grads(), local, nullptr, &comm_s, &loss);
     ctx.out<int64_t>(kStep)[0] = step + 1;
     dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
     return;
@@ -532,6 +548,24 @@ void dp_allgather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   std::memcpy(out.data(), all.data(), sizeof(float) * out.size());
 }
 
+// --fsdp: the whole island step on the shards (attrs: tp, replica): the device's gradient shard
+// summed over the island's dp group (Fsdp's reduce-scatters; the flat view's data index and
+// scale, as fused_grads), which is what it exchanges with its peers, and the island's loss.
+void fsdp_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos p = pos(ctx);
+  const int replica = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedReplica));
+  double comm_s = 0;
+  double loss = fsdp_gradients(dev, ctx, p, ctx.in<int64_t>(kStep)[0], replica * p.dp + p.dp_rank, &comm_s);
+  const double t0 = now_s();
+  dev.dp_comm(ctx, p)->allreduce(&loss, &loss, 1, collectives::DataType::kFloat64, ReduceOp::kSum,
+                                 Algorithm::kRecursiveDoubling);
+  dev.add_comm(comm_s + now_s() - t0);
+  auto out = ctx.out<float>(0);
+  std::memcpy(out.data(), dev.fsdp_grads(), sizeof(float) * out.size());
+  ctx.out<double>(1)[0] = loss;
+  dev.backward_done(scope);
+}
+
 // The island's loss (chained; attrs: tp, micro-batches): the dp sum of the local means.
 void island_loss(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   double local = 0;
@@ -558,13 +592,27 @@ void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
   }
 }
 
-// inputs: replica_update_args(): the state, the summed pieces, each island's loss.
+// inputs: replica_update_args(): the state, the summed pieces (--fsdp: one, the summed gradient
+// shard), each island's loss.
 void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   StepStats xchg;  // the exchange's timing (StepStats' three exchange words)
   xchg.xchg_exposed_ms = dev.exchange_exposed_s() * 1e3;
   xchg.bwd_end_us = dev.backward_end_ctrl_us();
   xchg.update_start_us = dev.now_ctrl_us();
   const Pos p = pos(ctx);
+  if (dev.cfg().mesh.fsdp) {
+    const UpdateArgs args = replica_update_args(dev.shapes(), p.tp);
+    PWM_CHECK_EQ(ctx.num_inputs(), args.count());
+    const int64_t step = ctx.in<int64_t>(kStep)[0];
+    double total = 0;  // island order, as the gradients
+    for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
+    double comm_s = 0, loss = 0;
+    const pwm::train::UpdateResult u =
+        fsdp_update(dev, ctx, p, step, ctx.in<float>(args.piece(0)).data(), 0.0, &total, &comm_s, &loss);
+    ctx.out<int64_t>(kStep)[0] = step + 1;
+    dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
+    return;
+  }
   const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
   const UpdateArgs args = replica_update_args(dev.shapes(), p.tp);

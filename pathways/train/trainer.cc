@@ -57,9 +57,9 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   const int workers = world - 1;
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (cfg.mesh.fsdp && (p.granularity != Granularity::kFused || p.stages > 1 || cfg.mesh.replicas > 1 || cfg.model.moe()))
-    PWM_THROW("pathways_train runs --fsdp at --granularity fused on one slice (no --stages, --replicas or MoE): its "
-              "gathers and reduce-scatters as program nodes are not built; use --granularity fused, or spmd_train");
+  if (cfg.mesh.fsdp && (p.granularity != Granularity::kFused || p.stages > 1 || cfg.model.moe()))
+    PWM_THROW("pathways_train runs --fsdp at --granularity fused (no --stages, no MoE): its gathers and "
+              "reduce-scatters as program nodes are not built; use --granularity fused, or spmd_train");
   validate_moe(cfg);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
@@ -471,9 +471,10 @@ void Trainer::report_layout_and_memory() {
   if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
     // it, replica_program.cc) and its loss to its peer in each other island.
-    int64_t piece_bytes = 0;
+    int64_t piece_bytes = 0;  // (--fsdp: the gradient shard)
     for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i)
       piece_bytes += static_cast<int64_t>(replica_chunk(sh_.piece(tp, i), cfg_.mesh.dp) * sizeof(float));
+    if (cfg_.mesh.fsdp) piece_bytes = sh_.state_floats(tp) * static_cast<int64_t>(sizeof(float));
     report_->set_extra("dcn_bytes_per_step",
                        static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
     if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));

@@ -518,6 +518,23 @@ def case_fsdp_fused_equals_spmd():
         print(f"{what}: losses, validation losses and weights bitwise equal, gradient norms within 1e-12")
         assert got[2]["state_bytes"] == ref[2]["state_bytes"] < plain[2]["state_bytes"], (
             got[2]["state_bytes"], ref[2]["state_bytes"], plain[2]["state_bytes"])
+    # Two replicas of dp 2, one island each (5 ranks): each device's gradient shard (its 1/2 of
+    # the island's sum) is what crosses to its peer, replica_add sums the two (a + b), the update
+    # runs on the shard: bitwise equal to spmd_train --fsdp --replicas 2 (its AllReduce of the
+    # shard over the replicas), with spmd_train --replicas 2's weights and losses.
+    r2 = ["--replicas", "2", "--dp", "2"]
+    ref = sc.train(4, "spmd_r2_fsdp", r2 + ["--fsdp"])
+    plain = sc.train(4, "spmd_r2_plain", r2)
+    got = sc.train(5, "pw_r2_fsdp", r2 + ["--fsdp", "--islands", "2x2"], exe="pathways")
+    assert_bitwise(ref, got, "pathways fused --fsdp --replicas 2 --dp 2 vs spmd --fsdp --replicas 2 --dp 2")
+    assert plain[2]["weights_hash"] == got[2]["weights_hash"], "pathways --fsdp --replicas 2 vs spmd --replicas 2: weights"
+    assert all(plain[0][st]["loss"] == got[0][st]["loss"] for st in plain[0]), "losses vs spmd --replicas 2"
+    # Across the islands per step: 2 islands x 2 devices x (the shard, half the gradient of the
+    # tiny model's even-sized pieces, + the loss).
+    params = plain[2]["state_bytes"] // 16
+    want = 2 * 2 * (4 * params // 2 + 8)
+    assert got[2]["dcn_bytes_per_step"] == want, (got[2]["dcn_bytes_per_step"], want)
+    assert got[2]["state_bytes"] == ref[2]["state_bytes"], (got[2]["state_bytes"], ref[2]["state_bytes"])
     # Checkpoints hold full tensors: a --fsdp run killed after its step-4 checkpoint resumes in
     # pathways_train --fsdp, bitwise equal to spmd_train --fsdp resumed from it, and with the
     # weights of spmd_train without --fsdp resumed from it (dp 2, as above).
@@ -536,10 +553,9 @@ def case_fsdp_fused_equals_spmd():
     assert a[2]["weights_hash"] == c[2]["weights_hash"], "pathways --fsdp resumed vs spmd --dp 2 resumed: weights"
     # What is not built is refused in one line, before training.
     m = os.path.join(sc.TMP, "fsdp_refused.jsonl")
-    for extra in (["--granularity", "chained"], ["--replicas", "2", "--islands", "2x2"]):
-        n = 5 if "--replicas" in extra else 3
+    for extra, n in ((["--granularity", "chained"], 3), (["--stages", "2", "--layers", "2"], 5)):
         sc.expect_error(n, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m] + extra,
-                        "pathways_train runs --fsdp at --granularity fused on one slice", [m], exe="pathways")
+                        "pathways_train runs --fsdp at --granularity fused", [m], exe="pathways")
 
 
 def case_replicas_bad_inputs_fail_cleanly():
