@@ -565,7 +565,10 @@ def case_replicas_bad_inputs_fail_cleanly():
                     exe="pathways")
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m],
                     "--stages 2 needs 4 workers (--replicas 2 x 2 stages", [m], exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m], "--fsdp", [m], exe="pathways")
+    # (--fsdp with --replicas runs at --granularity fused: case fsdp_fused_equals_spmd.)
+    sc.expect_error(5, sc.TINY + ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--fsdp", "--granularity",
+                                  "chained", "--metrics", m], "pathways_train runs --fsdp at --granularity fused", [m],
+                    exe="pathways")
 
 
 # ---- Issue 17: the testing hooks, the pre-run check and checked writes in pathways_train --------
