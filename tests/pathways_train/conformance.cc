@@ -80,8 +80,12 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
-    // Sharded data parallelism (--fsdp, fused): the step on the dp shards, spmd_train's Fsdp.
+    // Sharded data parallelism (--fsdp, fused): the step on the dp shards, spmd_train's Fsdp; and
+    // inside each of two islands, the shards exchanged between them (4 workers: in process only).
     c.push_back({"fused_dp2_fsdp", {"--dp", "2", "--fsdp"}, gran("fused")});
+    pwm::train::MpmdConfig two_islands = gran("fused");
+    two_islands.islands = "2x2";
+    c.push_back({"fused_r2_dp2_fsdp", {"--replicas", "2", "--dp", "2", "--fsdp"}, two_islands, true, 4});
     // Three data-parallel devices: from three summands on the order of a sum shows in the bits,
     // and chained's per-layer pieces must be summed as spmd_train's buckets (dp_allreduce,
     // docs/pathways_train.md, "The dp sums"); with small buckets every piece spans several.
@@ -156,7 +160,7 @@ void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, con
   const std::string ref_path = dir + "/spmd.jsonl";
   pwm::train::TrainConfig cfg = workload(c, ref_path);
   auto data = pwm::train::open_training_data(cfg);
-  collectives::run_inproc(cfg.mesh.dp * cfg.mesh.tp, [&](int, std::shared_ptr<collectives::Transport> t) {
+  collectives::run_inproc(cfg.mesh_ranks(), [&](int, std::shared_ptr<collectives::Transport> t) {
     spmd::Trainer trainer(cfg, t, *data, pwm::train::Peak::given(50.0), nullptr, std::nullopt);
     trainer.run();
   });

@@ -592,16 +592,24 @@ def case_kill_rank_and_step_sleep_are_honoured():
     m2 = os.path.join(sub, "sleep.jsonl")
     cmd = sc.MPIRUN + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + [
         "--dp", "2", "--steps", "60", "--step-sleep-ms", "500", "--metrics", m2]
-    proc = subprocess.Popen(cmd, env=sc.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = os.path.join(sc.TMP, "sleep.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=sc.ENV, stdout=out, stderr=subprocess.STDOUT)
     tmp = []
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:
             tmp = sc.temp_leftovers(sub)
-            if tmp and sum(1 for _ in open(tmp[0])) >= 3:  # the header and two steps
-                break
+            try:
+                if tmp and sum(1 for _ in open(tmp[0])) >= 3:  # the header and two steps
+                    break
+            except FileNotFoundError:
+                # Gone since the glob: the start-up check's probe (the same temporary name, made
+                # and removed at once: common/atomic_file.h) or the job's end (the poll sees it).
+                pass
             time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before it could be stopped (--step-sleep-ms ignored?)"
+        assert proc.poll() is None, (f"the run ended before it could be stopped (--step-sleep-ms ignored?), exit "
+                                     f"{proc.returncode}:\n{open(log).read()[-3000:]}")
         assert tmp, "the metrics file's temporary file never appeared"
         os.kill(int(tmp[0].rsplit(".", 1)[1]), signal.SIGTERM)
         assert proc.wait(timeout=120) != 0, "the job exited 0 after a SIGTERM"
