@@ -36,6 +36,12 @@
 #                   reference), spmd_flat and spmd_hier (spmd_train --replicas 2
 #                   --replica-reduce flat|hierarchical), pw_fused and pw_chained
 #                   (pathways_train --replicas 2); results in DIR/palm-unshaped, DIR/palm-RATE
+#   --palm-fsdp     the same with sharded data parallelism inside each island (PaLM's own
+#                   layout): 2 replicas of dp 2 --fsdp, 2 slots per host (4 compute ranks on
+#                   this machine's cores, so slower than --palm); rows spmd_1host (spmd_train
+#                   --replicas 2 --dp 2 --fsdp on one host, the reference), spmd_hier (over the 2
+#                   hosts) and pw_fused (pathways_train, fused: chained does not run --fsdp);
+#                   results in DIR/palm-fsdp-unshaped, DIR/palm-fsdp-RATE
 #   --moe           the Mixture-of-Experts model instead (docs/results/moe.md): E = 4 experts,
 #                   top-2, every other layer MoE, split over the NP devices (--expert-parallel NP),
 #                   rows spmd_capacity and spmd_dropless (spmd_train at --capacity-factor 1.25 and
@@ -48,7 +54,7 @@
 #                   DIR/moe-skewS
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0; MOE=0
+NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0; PALM_FSDP=0; MOE=0
 MOE_SKEW=
 PRECISION=fp32
 # value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
@@ -79,12 +85,13 @@ while [ $# -gt 0 ]; do
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --palm) PALM=1; shift ;;
+    --palm-fsdp) PALM=1; PALM_FSDP=1; shift ;;
     --moe) MOE=1; shift ;;
     --moe-skew) MOE_SKEW=$(value "$@") || exit 2
       [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
         { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
       shift 2 ;;
-    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -199,10 +206,16 @@ palm_run() {  # palm_run NAME OPTIONAL NRANKS BINARY FLAGS... (launcher in PALM_
 }
 palm_set() {  # palm_set RATE (empty: unshaped)
   local rate=$1 label=${1:-unshaped}
+  # --palm-fsdp: 2 slots per host, filled in order: spmd_train's replica r (ranks 2r, 2r+1) on
+  # host r; pathways_train's controller and first worker on host 0 with the fifth rank, its two
+  # middle workers on host 1: each host's two workers are one island.
+  local slots=1 mesh=() rows=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained) n_spmd=2 n_pw=3
+  [ "$PALM_FSDP" = 1 ] && { slots=2; mesh=(--dp 2 --fsdp); rows=(spmd_1host spmd_hier pw_fused); n_spmd=4; n_pw=5
+                            label="fsdp-$label"; }
   PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"; : > "$PALM_DIR/cpu.txt"
   METRICS=(); TRACES=(); declare -gA SKIPPED=()
   local cluster
-  cluster=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts 2 --slots 1 ${rate:+--dcn-rate "$rate"}) || exit 1
+  cluster=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts 2 --slots "$slots" ${rate:+--dcn-rate "$rate"}) || exit 1
   trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "'"$cluster"'" >/dev/null' EXIT
   # OpenMPI's TCP transport sends a message above btl_tcp_eager_limit (64 KiB) by rendezvous: the
   # data moves only once the receiver has answered, and both answer only between kernels, so a
@@ -217,28 +230,31 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   one_host+=($PWM_MPIRUN_YIELD)  # as the cluster's launcher
   local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ "${tcp[@]}")
   local desc="2 emulated hosts ($cluster), one replica per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd dp=2 on one host"
+  [ "$PALM_FSDP" = 1 ] && desc="2 emulated hosts ($cluster) of 2 slots, one replica of dp 2 --fsdp per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd --replicas 2 --dp 2 --fsdp on one host"
   echo "palm: $desc"
+  local one_ref=(--dp 2)
+  [ "$PALM_FSDP" = 1 ] && one_ref=(--replicas 2 --dp 2 --fsdp)
   for ROUND in $(seq "$ROUNDS"); do
-    local order=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained)
-    [ $((ROUND % 2)) -eq 0 ] && order=(pw_chained pw_fused spmd_hier spmd_flat spmd_1host)
+    local order=("${rows[@]}")
+    [ $((ROUND % 2)) -eq 0 ] && order=($(printf '%s\n' "${rows[@]}" | tac))
     for r in "${order[@]}"; do
       case $r in
-        spmd_1host) PALM_LAUNCH=("${one_host[@]}"); palm_run spmd_1host 0 2 spmd/spmd_train --dp 2 ;;
-        spmd_flat) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_flat 1 2 spmd/spmd_train --replicas 2 --replica-reduce flat ;;
-        spmd_hier) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_hier 1 2 spmd/spmd_train --replicas 2 --replica-reduce hierarchical ;;
-        pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 3 pathways/train/pathways_train --replicas 2 --granularity fused ;;
-        pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 3 pathways/train/pathways_train --replicas 2 --granularity chained ;;
+        spmd_1host) PALM_LAUNCH=("${one_host[@]}"); palm_run spmd_1host 0 "$n_spmd" spmd/spmd_train "${one_ref[@]}" ;;
+        spmd_flat) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_flat 1 "$n_spmd" spmd/spmd_train --replicas 2 "${mesh[@]}" --replica-reduce flat ;;
+        spmd_hier) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_hier 1 "$n_spmd" spmd/spmd_train --replicas 2 "${mesh[@]}" --replica-reduce hierarchical ;;
+        pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity fused ;;
+        pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity chained ;;
       esac
     done
   done
   bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "$cluster" >/dev/null; trap - EXIT
   local runs=()
-  for r in spmd_1host spmd_flat spmd_hier pw_fused pw_chained; do
+  for r in "${rows[@]}"; do
     [ -n "${SKIPPED[$r]:-}" ] || runs+=("$r=${METRICS[$r]}:${TRACES[$r]}")
   done
-  python3 - "$PALM_DIR/workload.json" "$NP" "$STEPS" "$desc" "${EXTRA[@]}" <<'PY'
+  python3 - "$PALM_DIR/workload.json" "$n_spmd" "$STEPS" "$desc" "${EXTRA[@]}" <<'PY'
 import json, sys
-json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16, "cluster": sys.argv[4],
+json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 32 // int(sys.argv[2]), "cluster": sys.argv[4],
            "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
            "data": "/usr/share/common-licenses", "extra_flags": sys.argv[5:],
            "precision": __import__("os").environ["PWM_COMPARE_PRECISION"]}, open(sys.argv[1], "w"))
@@ -250,7 +266,7 @@ PY
 }
 if [ "$PALM" = 1 ]; then
   if [ -n "$DCN_RATE" ]; then palm_set "$DCN_RATE"; else palm_set ""; palm_set 1gbit; fi
-  echo "compare.sh --palm: finished in ${SECONDS} s"
+  echo "compare.sh --palm$([ "$PALM_FSDP" = 1 ] && echo -fsdp): finished in ${SECONDS} s"
   exit 0
 fi
 PT=pathways/train/pathways_train
