@@ -43,11 +43,71 @@ Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, cons
 
 Fsdp::~Fsdp() = default;
 
-int64_t Fsdp::shard_total(const model::ParamLayout& layout, int D) {
+std::vector<int64_t> Fsdp::chunk_sizes(const model::ParamLayout& layout, int D) {
   const auto s = [D](int64_t n) { return (n + D - 1) / D; };
-  int64_t t = s(layout.get("embed").size) + s(layout.total() - layout.final_norm_offset());
-  for (int l = 0; l < layout.config().n_layers; ++l) t += s(layout.layer(l).end - layout.layer(l).begin);
+  std::vector<int64_t> c{s(layout.get("embed").size)};
+  for (int l = 0; l < layout.config().n_layers; ++l) c.push_back(s(layout.layer(l).end - layout.layer(l).begin));
+  c.push_back(s(layout.total() - layout.final_norm_offset()));
+  return c;
+}
+
+int64_t Fsdp::shard_total(const model::ParamLayout& layout, int D) {
+  int64_t t = 0;
+  for (int64_t n : chunk_sizes(layout, D)) t += n;
   return t;
+}
+
+const float* Fsdp::gather_layer(int l, const float* params_shard) {
+  comm_s_ = 0;
+  const Piece& p = layer_piece(l);
+  Work w = dp_->iallgather(params_shard + p.off, take_slot(l, false), static_cast<size_t>(p.s), DataType::kFloat32);
+  hold(p.s * D_ * static_cast<int64_t>(sizeof(float)));
+  wait(w);
+  return layer_base(l, false);
+}
+
+void Fsdp::release_layer(int l) {
+  put_slot(l, false);
+  hold(-layer_piece(l).s * D_ * static_cast<int64_t>(sizeof(float)));
+}
+
+const float* Fsdp::gather_tied_params(const float* params_shard) {
+  comm_s_ = 0;
+  gather_tied(params_shard);
+  return tied_params_.data();
+}
+
+float* Fsdp::begin_layer_grads(int l) {
+  const Piece& p = layer_piece(l);
+  float* g = take_slot(l, true);
+  std::fill(g, g + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
+  hold((p.hi - p.lo) * static_cast<int64_t>(sizeof(float)));
+  return layer_base(l, true);
+}
+
+void Fsdp::reduce_layer_grads(int l, float* chunk) {
+  comm_s_ = 0;
+  const Piece& p = layer_piece(l);
+  Work w = dp_->ireduce_scatter(slot_[1].data(), chunk, static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
+  wait(w);
+  put_slot(l, true);
+  hold(-(p.hi - p.lo) * static_cast<int64_t>(sizeof(float)));
+}
+
+void Fsdp::reduce_tied_grads(const float* embed, const float* final_norm, float* embed_chunk, float* final_chunk) {
+  comm_s_ = 0;
+  // As finish_tied_grads: each piece zero-padded to D chunks, reduce-scattered.
+  const Piece* pieces[2] = {&pieces_.front(), &pieces_.back()};
+  const float* from[2] = {embed, final_norm};
+  float* to[2] = {embed_chunk, final_chunk};
+  std::vector<float> padded;
+  for (int i = 0; i < 2; ++i) {
+    const Piece& p = *pieces[i];
+    padded.assign(static_cast<size_t>(p.s * D_), 0.0f);
+    std::copy(from[i], from[i] + (p.hi - p.lo), padded.begin());
+    Work w = dp_->ireduce_scatter(padded.data(), to[i], static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
+    wait(w);
+  }
 }
 
 void Fsdp::hold(int64_t bytes) {

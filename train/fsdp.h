@@ -84,10 +84,32 @@ class Fsdp {
   double validation_loss_sum(const train::TextDataset& data, int data_index, const float* params_shard,
                              model::Workspace<float>& ws, int32_t* tokens, const model::TpReduce<float>& tp_reduce);
 
+  // ---- One unit at a time: a runtime that runs the plan's units as separate calls
+  // (pathways_train --granularity chained), with the gathers, sums and buffers of accumulate(),
+  // each call blocking. The shard's pieces in order: the embedding, layers 0..L-1, the final
+  // norm (chunk_sizes(): each piece's ceil(n / D), the floats of its part of the shard).
+  static std::vector<int64_t> chunk_sizes(const model::ParamLayout& layout, int D);
+  // Layer l's weights gathered into the weight slot (until release_layer); returns the address
+  // the model indexes layer l by.
+  const float* gather_layer(int l, const float* params_shard);
+  void release_layer(int l);
+  // The embedding and final norm gathered (until release_tied_params), in a buffer laid out as
+  // the full tp layout (only their ranges hold values).
+  const float* gather_tied_params(const float* params_shard);
+  void release_tied_params() { release_tied(); }
+  // Layer l's gradient slot, zeroed (its padding too); returns the address to index it by. Then
+  // reduce_layer_grads reduce-scatters it into `chunk` (chunk_sizes()[1 + l] floats) and frees it.
+  float* begin_layer_grads(int l);
+  void reduce_layer_grads(int l, float* chunk);
+  // The embedding's and the final norm's gradients (their layout sizes, summed over the
+  // micro-batches) reduce-scattered into their chunks.
+  void reduce_tied_grads(const float* embed, const float* final_norm, float* embed_chunk, float* final_chunk);
+
   // Bytes of gathered weights, full-layer gradients and reduce-scatter scratch held at most at
   // once since construction (what the shards do not account for).
   int64_t peak_gathered_bytes() const { return peak_held_; }
-  // Seconds spent waiting for gathers and reduce-scatters in the last accumulate().
+  // Seconds spent waiting for gathers and reduce-scatters in the last accumulate() (or the last
+  // gather_*/reduce_* call of the unit-at-a-time API).
   double comm_seconds() const { return comm_s_; }
 
  private:

@@ -283,7 +283,7 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
 std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
   return [S](Attrs a) {
     const int tp = tp_of(a);
-    std::vector<ArgSpec> in{split_f32(S->total(tp)), split_f32(S->act())};
+    std::vector<ArgSpec> in{split_f32(S->state_floats(tp)), split_f32(S->act())};
     if (a.size() > 2 && a[2] != 0) in.push_back(S->route_counts());  // the controller's counts
     return sig(in, {split_f32(S->act()), split_f32(S->saved(tp))});
   };
@@ -291,8 +291,11 @@ std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
 std::function<Signature(Attrs)> block_bwd_sig(const Shapes* S, bool acc) {
   return [S, acc](Attrs a) {
     const int tp = tp_of(a);
-    const ArgSpec g = piece(S, tp, model::StepPlan::layer_piece(static_cast<int>(a[1])));
-    std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->saved(tp)), split_f32(S->act()), split_f32(S->act())};
+    // (--fsdp: the layer's gradient chunk, reduce-scattered over dp inside the kernel.)
+    const int l = static_cast<int>(a[1]);
+    const ArgSpec g = S->cfg().mesh.fsdp ? split_f32(S->fsdp_chunk(tp, 1 + l)) : piece(S, tp, model::StepPlan::layer_piece(l));
+    std::vector<ArgSpec> in = {split_f32(S->state_floats(tp)), split_f32(S->saved(tp)), split_f32(S->act()),
+                               split_f32(S->act())};
     if (acc) in.push_back(g);
     return sig(in, {split_f32(S->act()), g});
   };
@@ -302,14 +305,18 @@ std::function<Signature(Attrs)> block_bwd_sig(const Shapes* S, bool acc) {
 void add_unit_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
   add("batch", false, [S](Attrs) { return sig({rep_i64(1)}, {split_i32(S->tokens())}); }, batch);
-  add("embed_fwd", false, [S](Attrs a) {
-    return sig({split_f32(S->total(tp_of(a))), split_i32(S->tokens())}, {split_f32(S->act())});
+  // --fsdp: the kernels that read weights gather them over dp inside (Fsdp::gather_layer, as
+  // XLA's partitioner puts a sharded weight's all-gather inside the compiled function), and the
+  // block backward reduce-scatters its gradient: gang-scheduled.
+  const bool fsdp = S->cfg().mesh.fsdp;
+  add("embed_fwd", fsdp, [S](Attrs a) {
+    return sig({split_f32(S->state_floats(tp_of(a))), split_i32(S->tokens())}, {split_f32(S->act())});
   }, embed_fwd);
   for (bool coll : {false, true}) {
     const std::string sfx = coll ? "_tp" : "";
-    add("block_fwd" + sfx, coll, block_fwd_sig(S), block_fwd);
+    add("block_fwd" + sfx, coll || fsdp, block_fwd_sig(S), block_fwd);
     for (bool acc : {false, true})
-      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, block_bwd_sig(S, acc), block_bwd);
+      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll || fsdp, block_bwd_sig(S, acc), block_bwd);
   }
   // An MoE layer with --expert-parallel: the same kernels with the experts' AllToAll inside
   // (gang-scheduled); and the router's counts ahead of the layer (--moe-routing controller).
@@ -320,9 +327,9 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
                {ArgSpec{TensorSpec{DataType::kInt64, {S->cfg().model.experts}}, Sharding::kSplit}});
   }, moe_counts);
   for (bool acc : {false, true})
-    add(acc ? "head_acc" : "head", false, [S, acc](Attrs a) {
+    add(acc ? "head_acc" : "head", fsdp, [S, acc](Attrs a) {
       const int tp = tp_of(a);
-      std::vector<ArgSpec> in = {split_f32(S->total(tp)), split_f32(S->act()), split_i32(S->tokens())};
+      std::vector<ArgSpec> in = {split_f32(S->state_floats(tp)), split_f32(S->act()), split_i32(S->tokens())};
       if (acc) in.push_back(tied(S, tp));
       return sig(in, {split_f64(1), split_f32(S->act()), tied(S, tp)});
     }, head);
@@ -337,6 +344,19 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
   add("update", true, [S](Attrs a) { return update_sig(S, a, update_args(*S, tp_of(a))); }, update);
+  // --fsdp (chained): the tied piece reduce-scattered into the embedding's and final norm's
+  // chunks; the update on the shard from its chunks in shard order, then the micro-batch losses.
+  add("tied_reduce_scatter", true, [S](Attrs a) {
+    const int tp = tp_of(a), L = static_cast<int>(S->cfg().model.n_layers);
+    return sig({tied(S, tp)}, {split_f32(S->fsdp_chunk(tp, 0)), split_f32(S->fsdp_chunk(tp, L + 1))});
+  }, tied_reduce_scatter);
+  add("sharded_update", true, [S](Attrs a) {
+    const int tp = tp_of(a), L = static_cast<int>(S->cfg().model.n_layers);
+    std::vector<ArgSpec> in = S->state(tp);
+    for (int i = 0; i < L + 2; ++i) in.push_back(split_f32(S->fsdp_chunk(tp, i)));
+    for (int64_t m = 0; m < S->cfg().workload.microbatches; ++m) in.push_back(split_f64(1));
+    return sig(in, state_out(S, a));
+  }, sharded_update);
 }
 
 void add_replica_kernels(const AddFn& add, const Shapes* S) {
@@ -353,9 +373,9 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
     out.push_back(split_f64(1));
     return sig(S->state(tp), out);
   }, fused_grads);
-  add("fsdp_grads", true, [S](Attrs a) {
+  add("shard_grads", true, [S](Attrs a) {
     return sig(S->state(tp_of(a)), {split_f32(S->state_floats(tp_of(a))), split_f64(1)});
-  }, fsdp_grads);
+  }, shard_grads);
   add("island_loss", true, [](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
   }, island_loss);

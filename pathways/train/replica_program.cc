@@ -51,7 +51,7 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
   for (int r = 0; r < R; ++r) {
     const Slice& sl = slices[static_cast<size_t>(r)];
     if (granularity == Granularity::kFused && cfg.mesh.fsdp) {  // one piece: the gradient shard
-      auto o = b.call(names("fsdp_grads"), sl, st[r].list(), {tp, r});
+      auto o = b.call(names("shard_grads"), sl, st[r].list(), {tp, r});
       pieces[r] = {o[0]};
       loss[r] = o[1];
       continue;

@@ -49,6 +49,10 @@ int64_t Shapes::state_floats(int tp) const {
   return cfg_.mesh.fsdp ? pwm::train::Fsdp::shard_total(layout(tp), cfg_.mesh.dp) : total(tp);
 }
 
+int64_t Shapes::fsdp_chunk(int tp, int i) const {
+  return pwm::train::Fsdp::chunk_sizes(layout(tp), cfg_.mesh.dp).at(static_cast<size_t>(i));
+}
+
 std::vector<ArgSpec> Shapes::state(int tp) const {
   const int64_t n = state_floats(tp);
   return {split_f32(n), split_f32(n), split_f32(n), rep_i64(1)};

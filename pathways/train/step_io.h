@@ -57,6 +57,9 @@ class Shapes {
   std::vector<ArgSpec> state(int tp) const;                                   // State's specs
   // The floats of each of params, m and v on a device: total(tp), or with --fsdp its dp shard.
   int64_t state_floats(int tp) const;
+  // --fsdp: the floats of piece i of the shard (train/fsdp.h chunk_sizes: 0 the embedding, 1 + l
+  // layer l, L + 1 the final norm).
+  int64_t fsdp_chunk(int tp, int i) const;
   int64_t stats_words() const;  // StepStats::words of the model, per device
   bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
   // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).

@@ -169,7 +169,7 @@ double fsdp_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int
 // and dp, the loss (`loss_sum`: over every data-parallel device, or null: this device's
 // `local_loss`, summed here over dp), AdamW on the shard written to the new state (the inputs
 // copied, then updated in place: the same arithmetic per element as spmd_train's).
-pwm::train::UpdateResult fsdp_update(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step,
+pwm::train::UpdateResult shard_update(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step,
                                      const float* grads, double local_loss, const double* loss_sum, double* comm_s,
                                      double* loss_out) {
   pwm::train::Fsdp& f = dev.fsdp(ctx, p);
@@ -209,7 +209,7 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   if (dev.cfg().mesh.fsdp) {
     double loss = 0;
     const double local = fsdp_gradients(dev, ctx, p, step, p.dp_rank, &comm_s);
-    const pwm::train::UpdateResult u = fsdp_update(dev, ctx, p, step, dev.fsdp_grads(), local, nullptr, &comm_s, &loss);
+    const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(), local, nullptr, &comm_s, &loss);
     ctx.out<int64_t>(kStep)[0] = step + 1;
     dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
     return;
@@ -236,13 +236,42 @@ void batch(TrainingDevice& dev, KernelContext& ctx, Scope&) {
                          rows.end, ctx.out<int32_t>(0).data());
 }
 
+namespace {
+// The weights a unit kernel reads (input 0): the state's parameters, or with --fsdp (input 0 is
+// the device's shard) layer `layer`'s gathered over dp (layer < 0: the embedding and final norm),
+// released when the kernel's scope ends.
+struct Weights {
+  Weights(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int layer) : layer(layer) {
+    const float* in = ctx.in<float>(0).data();
+    if (!dev.cfg().mesh.fsdp) {
+      params = in;
+      return;
+    }
+    f = &dev.fsdp(ctx, p);
+    params = layer >= 0 ? f->gather_layer(layer, in) : f->gather_tied_params(in);
+    dev.add_comm(f->comm_seconds());
+  }
+  ~Weights() {
+    if (f == nullptr) return;
+    if (layer >= 0) f->release_layer(layer);
+    else f->release_tied_params();
+  }
+  Weights(const Weights&) = delete;
+  Weights& operator=(const Weights&) = delete;
+  const float* params = nullptr;
+  pwm::train::Fsdp* f = nullptr;
+  int layer;
+};
+}  // namespace
+
 // inputs: params, tokens; output: x(0)
 void embed_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const ParamLayout& layout = dev.layout(pos(ctx));
   dev.step_memory(layout);
   BoundActivations b(dev);
   b.act.bind_x(0, ctx.out<float>(0).data());
-  model::embed_forward<float>(layout, ctx.in<float>(0).data(), ctx.in<int32_t>(1).data(), b.act);
+  const Weights w(dev, ctx, pos(ctx), -1);
+  model::embed_forward<float>(layout, w.params, ctx.in<int32_t>(1).data(), b.act);
 }
 
 // inputs: params, x(l)[, with attrs[2] = 1 (--moe-routing controller) the counts the controller
@@ -262,8 +291,9 @@ void block_fwd(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   if (routed) dev.routed(scope);
   const model::ExpertComm<float> ep =
       moe ? dev.expert_alltoall(ctx, u.p, routed ? ctx.in<int64_t>(2) : std::span<const int64_t>{}) : model::ExpertComm<float>{};
-  model::block_forward<float>(u.layout, ctx.in<float>(0).data(), l, b.act, u.ws.scratch,
-                              dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s), ep);
+  const Weights w(dev, ctx, u.p, l);
+  model::block_forward<float>(u.layout, w.params, l, b.act, u.ws.scratch, dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s),
+                              ep);
   dev.add_comm(comm_s);
   if (moe) {
     dev.add_moe(b.act.moe(l).stats);
@@ -297,7 +327,8 @@ void head(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   b.act.bind_x(L, const_cast<float*>(ctx.in<float>(kHeadX).data()));
   b.act.bind_dx(ctx.out<float>(kHeadDx).data());
   const int32_t* tokens = ctx.in<int32_t>(kHeadTokens).data();
-  const float* params = ctx.in<float>(kHeadParams).data();
+  const Weights w(dev, ctx, p, -1);
+  const float* params = w.params;
   ctx.out<double>(kHeadLoss)[0] = model::head_forward<float>(layout, params, tokens, b.act);
   auto tied = ctx.out<float>(kHeadTied);
   if (ctx.num_inputs() > kHeadTiedPrev)
@@ -326,7 +357,22 @@ void block_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   std::memcpy(dx, ctx.in<float>(kBwdDx).data(), sizeof(float) * dev.shapes().act());  // turned into d/dx(l) in place
   b.act.bind_dx(dx);
   auto g = ctx.out<float>(kBwdGrad);
-  if (ctx.num_inputs() > kBwdGradPrev)
+  const bool acc = ctx.num_inputs() > kBwdGradPrev;
+  if (dev.cfg().mesh.fsdp) {  // the micro-batch's layer gradient reduce-scattered, then added
+    pwm::train::Fsdp& f = dev.fsdp(ctx, u.p);
+    const Weights w(dev, ctx, u.p, l);
+    model::block_backward<float>(u.layout, w.params, f.begin_layer_grads(l), l, b.act, u.ws.scratch,
+                                 dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
+    std::vector<float> sum(acc ? g.size() : 0);
+    f.reduce_layer_grads(l, acc ? sum.data() : g.data());
+    if (acc) {  // as Fsdp::accumulate: the previous micro-batches' chunk + this one's
+      auto prev = ctx.in<float>(kBwdGradPrev);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = prev[i] + sum[i];
+    }
+    dev.add_comm(comm_s + f.comm_seconds());
+    return;
+  }
+  if (acc)
     std::memcpy(g.data(), ctx.in<float>(kBwdGradPrev).data(), sizeof(float) * g.size());
   else
     std::fill(g.begin(), g.end(), 0.0f);
@@ -470,6 +516,40 @@ void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
 }
 
+// --fsdp (chained; attrs: tp): the tied piece (embed then final_norm, summed over the
+// micro-batches) reduce-scattered into the embedding's and the final norm's chunks.
+void tied_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pos(ctx);
+  const ParamLayout& layout = dev.layout(p);
+  const int64_t embed_n = layout.get("embed").size;
+  pwm::train::Fsdp& f = dev.fsdp(ctx, p);
+  const float* tied = ctx.in<float>(0).data();
+  f.reduce_tied_grads(tied, tied + embed_n, ctx.out<float>(0).data(), ctx.out<float>(1).data());
+  dev.add_comm(f.comm_seconds());
+}
+
+// --fsdp (chained; attrs: tp): inputs the state (shards), the gradient's chunks in shard order
+// (embedding, layers, final norm), the micro-batch losses; the update on the shard.
+void sharded_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+  const Pos p = pos(ctx);
+  const int64_t step = ctx.in<int64_t>(kStep)[0];
+  constexpr size_t kArgs = kStep + 1;  // the state's arrays
+  const size_t chunks = static_cast<size_t>(dev.cfg().model.n_layers) + 2, M = ctx.num_inputs() - kArgs - chunks;
+  float* g = dev.fsdp_grads();
+  for (size_t i = 0; i < chunks; ++i) {
+    auto c = ctx.in<float>(kArgs + i);
+    g = std::copy(c.begin(), c.end(), g);
+  }
+  PWM_CHECK_EQ(g - dev.fsdp_grads(), dev.fsdp(ctx, p).shard_total());
+  double local = 0;
+  for (size_t m = 0; m < M; ++m) local += ctx.in<double>(kArgs + chunks + m)[0];
+  local /= static_cast<double>(M);
+  double comm_s = 0, loss = 0;
+  const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(), local, nullptr, &comm_s, &loss);
+  ctx.out<int64_t>(kStep)[0] = step + 1;
+  dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
+}
+
 // ---- Replicas: one slice per island, the cross-island exchange as program nodes ----------------
 //
 // Each island runs its own step on its slice; a gradient piece reduced inside the island goes to
@@ -551,7 +631,7 @@ void dp_allgather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 // --fsdp: the whole island step on the shards (attrs: tp, replica): the device's gradient shard
 // summed over the island's dp group (Fsdp's reduce-scatters; the flat view's data index and
 // scale, as fused_grads), which is what it exchanges with its peers, and the island's loss.
-void fsdp_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
+void shard_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
   const int replica = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedReplica));
   double comm_s = 0;
@@ -608,7 +688,7 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
     for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
     double comm_s = 0, loss = 0;
     const pwm::train::UpdateResult u =
-        fsdp_update(dev, ctx, p, step, ctx.in<float>(args.piece(0)).data(), 0.0, &total, &comm_s, &loss);
+        shard_update(dev, ctx, p, step, ctx.in<float>(args.piece(0)).data(), 0.0, &total, &comm_s, &loss);
     ctx.out<int64_t>(kStep)[0] = step + 1;
     dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
     return;

@@ -92,6 +92,19 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
                           const RouteFn<V>& route) {
   const StepPlan& plan = sh.plan(tp);
   Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route);
+  if (sh.cfg().mesh.fsdp) {
+    // --fsdp: the layers' pieces are already their dp chunks (block_bwd reduce-scatters each
+    // micro-batch's gradient, as spmd_train's Fsdp); the tied piece is reduce-scattered once, and
+    // the update takes the chunks in the shard's order.
+    const int L = static_cast<int>(sh.cfg().model.n_layers);
+    std::vector<V> tied = call(names("tied_reduce_scatter"), {g.pieces[StepPlan::kTiedPiece]}, {tp});
+    std::vector<V> in = st.list();
+    in.push_back(tied[0]);
+    for (int l = 0; l < L; ++l) in.push_back(g.pieces[static_cast<size_t>(StepPlan::layer_piece(l))]);
+    in.push_back(tied[1]);
+    in.insert(in.end(), g.losses.begin(), g.losses.end());
+    return call(names("sharded_update"), in, {tp});
+  }
   std::vector<V> reduced;
   for (int i = 0; i < plan.num_pieces(); ++i) {
     std::vector<int64_t> at{tp, sh.piece(tp, i), sh.piece(tp, i), i};

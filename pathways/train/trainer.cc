@@ -57,9 +57,10 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   const int workers = world - 1;
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (cfg.mesh.fsdp && (p.granularity != Granularity::kFused || p.stages > 1 || cfg.model.moe()))
-    PWM_THROW("pathways_train runs --fsdp at --granularity fused (no --stages, no MoE): its gathers and "
-              "reduce-scatters as program nodes are not built; use --granularity fused, or spmd_train");
+  if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe() ||
+                        (cfg.mesh.replicas > 1 && p.granularity != Granularity::kFused)))
+    PWM_THROW("pathways_train runs --fsdp on one slice at any granularity, and with --replicas at --granularity "
+              "fused (no --stages, no MoE); use those, or spmd_train");
   validate_moe(cfg);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)

@@ -80,9 +80,10 @@ const std::vector<Case>& cases() {
         c.push_back({std::string(g) + "_" + mesh, flags, gran(g)});
       }
     c.push_back({"chained_dp2_sequential", {"--dp", "2"}, gran("chained", true)});
-    // Sharded data parallelism (--fsdp, fused): the step on the dp shards, spmd_train's Fsdp; and
+    // Sharded data parallelism (--fsdp): the step on the dp shards, spmd_train's Fsdp; and
     // inside each of two islands, the shards exchanged between them (4 workers: in process only).
-    c.push_back({"fused_dp2_fsdp", {"--dp", "2", "--fsdp"}, gran("fused")});
+    for (const char* g : {"fused", "chained", "opbyop"})
+      c.push_back({std::string(g) + "_dp2_fsdp", {"--dp", "2", "--fsdp"}, gran(g)});
     pwm::train::MpmdConfig two_islands = gran("fused");
     two_islands.islands = "2x2";
     c.push_back({"fused_r2_dp2_fsdp", {"--replicas", "2", "--dp", "2", "--fsdp"}, two_islands, true, 4});

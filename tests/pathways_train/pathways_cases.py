@@ -489,9 +489,12 @@ def case_replicas_resume_across_meshes():
     assert_bitwise(d, r, "resumed at 2 replicas vs spmd --dp 2")
 
 
-def case_fsdp_fused_equals_spmd():
-    # Issue 40: pathways_train --fsdp (fused: the step on the dp shards, spmd_train's own Fsdp)
-    # against spmd_train --fsdp, bitwise (the same functions on the same shards), and against
+def case_fsdp_equals_spmd():
+    # Issue 40: pathways_train --fsdp against spmd_train --fsdp, bitwise: fused runs spmd_train's
+    # own Fsdp step on the shards; chained and opbyop run its unit-at-a-time calls, one kernel per
+    # unit (each layer gathered inside its forward and backward kernels, each micro-batch's layer
+    # gradient reduce-scattered and added to the chunk, the tied piece reduce-scattered once), the
+    # same sums in the same order. Fused also against
     # plain dp: at dp 2 each reduce-scattered element is a + b, as the AllReduce's, so losses and
     # weights are bitwise equal; the reported gradient norm is summed per shard, then over dp,
     # which rounds differently (1e-16 relative; it is the same on every rank, so the clipping and
@@ -501,6 +504,11 @@ def case_fsdp_fused_equals_spmd():
         tag = "".join(mesh)
         ref = sc.train(n, "spmd_fsdp" + tag, mesh + ["--fsdp"])
         plain = sc.train(n, "spmd_plain" + tag, mesh)
+        for g in ("chained", "opbyop"):
+            if g == "opbyop" and "--microbatches" in mesh:
+                continue
+            other = sc.train(n + 1, f"pw_fsdp_{g}" + tag, mesh + ["--fsdp", "--granularity", g], exe="pathways")
+            assert_bitwise(ref, other, f"pathways {g} --fsdp {' '.join(mesh)} vs spmd --fsdp")
         got = sc.train(n + 1, "pw_fsdp" + tag, mesh + ["--fsdp", "--granularity", "fused"], exe="pathways")
         assert_bitwise(ref, got, f"pathways fused --fsdp {' '.join(mesh)} vs spmd --fsdp")
         what = f"pathways fused --fsdp {' '.join(mesh)} vs spmd without --fsdp"
@@ -553,9 +561,10 @@ def case_fsdp_fused_equals_spmd():
     assert a[2]["weights_hash"] == c[2]["weights_hash"], "pathways --fsdp resumed vs spmd --dp 2 resumed: weights"
     # What is not built is refused in one line, before training.
     m = os.path.join(sc.TMP, "fsdp_refused.jsonl")
-    for extra, n in ((["--granularity", "chained"], 3), (["--stages", "2", "--layers", "2"], 5)):
+    for extra, n in ((["--replicas", "2", "--islands", "2x2", "--granularity", "chained"], 5),
+                     (["--stages", "2", "--layers", "2"], 5)):
         sc.expect_error(n, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m] + extra,
-                        "pathways_train runs --fsdp at --granularity fused", [m], exe="pathways")
+                        "pathways_train runs --fsdp on one slice at any granularity", [m], exe="pathways")
 
 
 def case_replicas_bad_inputs_fail_cleanly():
@@ -565,9 +574,9 @@ def case_replicas_bad_inputs_fail_cleanly():
                     exe="pathways")
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m],
                     "--stages 2 needs 4 workers (--replicas 2 x 2 stages", [m], exe="pathways")
-    # (--fsdp with --replicas runs at --granularity fused: case fsdp_fused_equals_spmd.)
+    # (--fsdp with --replicas runs at --granularity fused: case fsdp_equals_spmd.)
     sc.expect_error(5, sc.TINY + ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--fsdp", "--granularity",
-                                  "chained", "--metrics", m], "pathways_train runs --fsdp at --granularity fused", [m],
+                                  "chained", "--metrics", m], "with --replicas at --granularity fused", [m],
                     exe="pathways")
 
 
