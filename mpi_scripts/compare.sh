@@ -40,7 +40,7 @@
 #                   layout): 2 replicas of dp 2 --fsdp, 2 slots per host (4 compute ranks on
 #                   this machine's cores, so slower than --palm); rows spmd_1host (spmd_train
 #                   --replicas 2 --dp 2 --fsdp on one host, the reference), spmd_hier (over the 2
-#                   hosts) and pw_fused (pathways_train, fused: chained does not run --fsdp);
+#                   hosts), pw_fused and pw_chained (pathways_train --replicas 2 --dp 2 --fsdp);
 #                   results in DIR/palm-fsdp-unshaped, DIR/palm-fsdp-RATE
 #   --moe           the Mixture-of-Experts model instead (docs/results/moe.md): E = 4 experts,
 #                   top-2, every other layer MoE, split over the NP devices (--expert-parallel NP),
@@ -210,7 +210,7 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   # host r; pathways_train's controller and first worker on host 0 with the fifth rank, its two
   # middle workers on host 1: each host's two workers are one island.
   local slots=1 mesh=() rows=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained) n_spmd=2 n_pw=3
-  [ "$PALM_FSDP" = 1 ] && { slots=2; mesh=(--dp 2 --fsdp); rows=(spmd_1host spmd_hier pw_fused); n_spmd=4; n_pw=5
+  [ "$PALM_FSDP" = 1 ] && { slots=2; mesh=(--dp 2 --fsdp); rows=(spmd_1host spmd_hier pw_fused pw_chained); n_spmd=4; n_pw=5
                             label="fsdp-$label"; }
   PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"; : > "$PALM_DIR/cpu.txt"
   METRICS=(); TRACES=(); declare -gA SKIPPED=()

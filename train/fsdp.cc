@@ -36,7 +36,12 @@ Fsdp::Fsdp(const train::TrainConfig& cfg, const model::ParamLayout& layout, cons
   const size_t floats = static_cast<size_t>(layout.total() + D_);
   tied_params_ = LazyArray<float>(floats);
   tied_grads_ = LazyArray<float>(floats);
-  for (auto& slot : slot_) slot.assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
+  // The slots and the reduce-scatter scratch are made on first use: the program nodes' API
+  // (pathways_train chained) keeps its gathered layers and gradients in the runtime's arrays.
+}
+
+void Fsdp::ensure_rs_tmp() {
+  if (!rs_tmp_.empty()) return;
   rs_tmp_.assign(static_cast<size_t>(std::max(max_layer_s_, std::max(pieces_.front().s, pieces_.back().s))), 0.0f);
   hold(static_cast<int64_t>(rs_tmp_.size() * sizeof(float)));
 }
@@ -57,41 +62,36 @@ int64_t Fsdp::shard_total(const model::ParamLayout& layout, int D) {
   return t;
 }
 
-const float* Fsdp::gather_layer(int l, const float* params_shard) {
+void Fsdp::gather_layer(int l, const float* params_shard, float* out) {
   comm_s_ = 0;
   const Piece& p = layer_piece(l);
-  Work w = dp_->iallgather(params_shard + p.off, take_slot(l, false), static_cast<size_t>(p.s), DataType::kFloat32);
-  hold(p.s * D_ * static_cast<int64_t>(sizeof(float)));
+  Work w = dp_->iallgather(params_shard + p.off, out, static_cast<size_t>(p.s), DataType::kFloat32);
   wait(w);
-  return layer_base(l, false);
 }
 
-void Fsdp::release_layer(int l) {
-  put_slot(l, false);
-  hold(-layer_piece(l).s * D_ * static_cast<int64_t>(sizeof(float)));
-}
+const float* Fsdp::layer_base(int l, const float* gathered) const { return gathered - layer_piece(l).lo; }
+float* Fsdp::layer_base(int l, float* gathered) const { return gathered - layer_piece(l).lo; }
 
-const float* Fsdp::gather_tied_params(const float* params_shard) {
+void Fsdp::gather_tied_params(const float* params_shard) {
+  PWM_CHECK(!tied_held_, "fsdp: the embedding and final norm are gathered twice");
   comm_s_ = 0;
   gather_tied(params_shard);
+  tied_held_ = true;
+}
+
+const float* Fsdp::tied_params() const {
+  PWM_CHECK(tied_held_, "fsdp: the embedding and final norm are read before their gather");
   return tied_params_.data();
 }
 
-float* Fsdp::begin_layer_grads(int l) {
-  const Piece& p = layer_piece(l);
-  float* g = take_slot(l, true);
-  std::fill(g, g + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
-  hold((p.hi - p.lo) * static_cast<int64_t>(sizeof(float)));
-  return layer_base(l, true);
+void Fsdp::release_tied_params() {
+  PWM_CHECK(tied_held_, "fsdp: the embedding and final norm are released but not held");
+  release_tied();
+  tied_held_ = false;
 }
 
-void Fsdp::reduce_layer_grads(int l, float* chunk) {
-  comm_s_ = 0;
-  const Piece& p = layer_piece(l);
-  Work w = dp_->ireduce_scatter(slot_[1].data(), chunk, static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
-  wait(w);
-  put_slot(l, true);
-  hold(-(p.hi - p.lo) * static_cast<int64_t>(sizeof(float)));
+Work Fsdp::start_reduce_layer(int l, const float* grads, float* chunk) {
+  return dp_->ireduce_scatter(grads, chunk, static_cast<size_t>(layer_piece(l).s), DataType::kFloat32, ReduceOp::kSum);
 }
 
 void Fsdp::reduce_tied_grads(const float* embed, const float* final_norm, float* embed_chunk, float* final_chunk) {
@@ -120,6 +120,7 @@ float* Fsdp::take_slot(int l, bool grads) {
   PWM_CHECK(holder < 0, "fsdp: layer {} needs the {} slot that layer {} still holds", l, grads ? "gradient" : "weight",
             holder);
   holder = l;
+  if (slot_[grads].empty()) slot_[grads].assign(static_cast<size_t>(max_layer_s_ * D_), 0.0f);
   return slot_[grads].data();
 }
 
@@ -129,7 +130,7 @@ void Fsdp::put_slot(int l, bool grads) {
   holder = -1;
 }
 
-float* Fsdp::layer_base(int l, bool grads) {
+float* Fsdp::slot_base(int l, bool grads) {
   PWM_CHECK(slot_layer_[grads] == l, "fsdp: layer {} is not in the {} slot", l, grads ? "gradient" : "weight");
   // Points before the slot by the layer's offset; the model only dereferences it at offsets
   // inside the layer, i.e. inside the slot.
@@ -214,6 +215,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
     if (hooks.span) hooks.span(name, t0, t1);
   };
   const int64_t fbytes = sizeof(float);
+  ensure_rs_tmp();
   std::fill(grads_shard, grads_shard + shard_total_, 0.0f);
   gather_tied(params_shard);
   float* gt = begin_tied_grads();
@@ -274,7 +276,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
       case UnitKind::kBlockForward: {
         const int l = u.layer;
         need(l);
-        model::block_forward<float>(layout_, layer_base(l, false), l, act, scratch, hooks.tp_reduce);
+        model::block_forward<float>(layout_, slot_base(l, false), l, act, scratch, hooks.tp_reduce);
         if (l != L_ - 1) drop(l);  // the last layer's backward follows at once
         break;
       }
@@ -294,7 +296,7 @@ double Fsdp::accumulate(const train::TextDataset& data, int64_t step, int data_i
         float* g = take_slot(l, true);
         std::fill(g, g + p.s * D_, 0.0f);  // the padding too: the reduce-scatter reads it
         hold((p.hi - p.lo) * fbytes);
-        model::block_backward<float>(layout_, layer_base(l, false), layer_base(l, true), l, act, scratch,
+        model::block_backward<float>(layout_, slot_base(l, false), slot_base(l, true), l, act, scratch,
                                      hooks.tp_reduce);
         // Reads D * s floats from the layer's start: the padding was zeroed above.
         rs = dp_->ireduce_scatter(g, rs_tmp_.data(), static_cast<size_t>(p.s), DataType::kFloat32, ReduceOp::kSum);
@@ -332,6 +334,7 @@ float* Fsdp::begin_tied_grads() {
 }
 
 void Fsdp::finish_tied_grads(float* grads_shard) {
+  ensure_rs_tmp();
   const Piece &pe = pieces_.front(), &pf = pieces_.back();
   float* gt = tied_grads_.data();
   for (const Piece* p : {&pe, &pf}) {
@@ -358,7 +361,7 @@ double Fsdp::forward_loss(const float* params_shard, const int32_t* tokens, mode
   model::embed_forward<float>(layout_, tied_params_.data(), tokens, ws.act);
   for (int l = 0; l < L_; ++l) {
     wait(gathers[l]);
-    model::block_forward<float>(layout_, layer_base(l, false), l, ws.act, ws.scratch, tp_reduce);
+    model::block_forward<float>(layout_, slot_base(l, false), l, ws.act, ws.scratch, tp_reduce);
     put_slot(l, false);
     hold(-layer_piece(l).s * D_ * fbytes);
     if (l + 1 < L_) start(l + 1);

@@ -84,32 +84,36 @@ class Fsdp {
   double validation_loss_sum(const train::TextDataset& data, int data_index, const float* params_shard,
                              model::Workspace<float>& ws, int32_t* tokens, const model::TpReduce<float>& tp_reduce);
 
-  // ---- One unit at a time: a runtime that runs the plan's units as separate calls
-  // (pathways_train --granularity chained), with the gathers, sums and buffers of accumulate(),
-  // each call blocking. The shard's pieces in order: the embedding, layers 0..L-1, the final
-  // norm (chunk_sizes(): each piece's ceil(n / D), the floats of its part of the shard).
+  // ---- As program nodes (pathways_train --granularity chained and opbyop): the runtime holds a
+  // gathered piece and a layer's full gradient as arrays of its own, made and read by these calls
+  // (each blocking, or returning the started collective). Piece i of the shard: 0 the embedding,
+  // 1 + l layer l, L + 1 the final norm; chunk_sizes()[i] = s floats of it on each rank, gathered
+  // D * s (the piece, then its zero padding).
   static std::vector<int64_t> chunk_sizes(const model::ParamLayout& layout, int D);
-  // Layer l's weights gathered into the weight slot (until release_layer); returns the address
-  // the model indexes layer l by.
-  const float* gather_layer(int l, const float* params_shard);
-  void release_layer(int l);
-  // The embedding and final norm gathered (until release_tied_params), in a buffer laid out as
-  // the full tp layout (only their ranges hold values).
-  const float* gather_tied_params(const float* params_shard);
-  void release_tied_params() { release_tied(); }
-  // Layer l's gradient slot, zeroed (its padding too); returns the address to index it by. Then
-  // reduce_layer_grads reduce-scatters it into `chunk` (chunk_sizes()[1 + l] floats) and frees it.
-  float* begin_layer_grads(int l);
-  void reduce_layer_grads(int l, float* chunk);
+  // Layer l's weights gathered into `out` (D * s floats). Collective (dp).
+  void gather_layer(int l, const float* params_shard, float* out);
+  // The address the model indexes layer l by, for a gathered layer (or a full-layer gradient of
+  // the same D * s floats): the array's start minus the layer's offset in the layout.
+  const float* layer_base(int l, const float* gathered) const;
+  float* layer_base(int l, float* gathered) const;
+  // The embedding and final norm gathered into a buffer laid out as the full tp layout, held
+  // (tied_params()) until release_tied_params(): as accumulate() holds them, for the whole step.
+  // Collective (dp).
+  void gather_tied_params(const float* params_shard);
+  const float* tied_params() const;
+  void release_tied_params();
+  // Starts the reduce-scatter of layer l's full gradient (D * s floats, the padding zeroed) into
+  // `chunk` (s floats); both stay the caller's until the returned work completes. Collective (dp).
+  collectives::Work start_reduce_layer(int l, const float* grads, float* chunk);
   // The embedding's and the final norm's gradients (their layout sizes, summed over the
-  // micro-batches) reduce-scattered into their chunks.
+  // micro-batches) reduce-scattered into their chunks. Collective (dp).
   void reduce_tied_grads(const float* embed, const float* final_norm, float* embed_chunk, float* final_chunk);
 
   // Bytes of gathered weights, full-layer gradients and reduce-scatter scratch held at most at
   // once since construction (what the shards do not account for).
   int64_t peak_gathered_bytes() const { return peak_held_; }
   // Seconds spent waiting for gathers and reduce-scatters in the last accumulate() (or the last
-  // gather_*/reduce_* call of the unit-at-a-time API).
+  // blocking call of the program nodes' API).
   double comm_seconds() const { return comm_s_; }
 
  private:
@@ -130,12 +134,14 @@ class Fsdp {
   float* take_slot(int l, bool grads);
   void put_slot(int l, bool grads);
   // The address the model indexes layer l by (the slot minus the layer's offset in the buffer).
-  float* layer_base(int l, bool grads);
+  float* slot_base(int l, bool grads);
   void hold(int64_t bytes);
+  void ensure_rs_tmp();  // rs_tmp_ made (and counted) on first use
   // Visits (tensor, layout begin, layout end, shard offset) for every owned piece of a tensor.
   void for_owned(const std::function<void(const model::ParamInfo&, int64_t, int64_t, int64_t)>& fn) const;
   void gather_tied(const float* params_shard);
   void release_tied();
+  bool tied_held_ = false;  // gather_tied_params() until release_tied_params()
   double forward_loss(const float* params_shard, const int32_t* tokens, model::Workspace<float>& ws,
                       const model::TpReduce<float>& tp_reduce);
   // A timed wait (counted in comm_seconds()).

@@ -205,6 +205,14 @@ void TrainingDevice::start_reduce(KernelContext& ctx, const Pos& p, std::span<co
   add_comm((now_us() - t0) * 1e-6);  // (the kernel wrapper's poll after this body tests it first)
 }
 
+void TrainingDevice::start_layer_reduce_scatter(KernelContext& ctx, const Pos& p, int layer, const float* grads,
+                                                float* chunk) {
+  const int64_t t0 = now_us();
+  PendingReduce r{fsdp(ctx, p).start_reduce_layer(layer, grads, chunk), chunk, layer, t0};
+  reduces_.push_back(std::move(r));
+  add_comm((now_us() - t0) * 1e-6);
+}
+
 void TrainingDevice::reduce_done(PendingReduce& r) {
   r.done = true;
   if (trace_) trace_->span(fmt::format("dp_reduce layer {}", r.layer), "reduce", r.start_us, now_us());

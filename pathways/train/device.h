@@ -87,7 +87,7 @@ class TrainingDevice {
   collectives::Communicator* dp_comm(KernelContext& ctx, const Pos& p);
   // A tp reduction for the model that adds its time to *comm_s.
   model::TpReduce<float> tp_reducer(collectives::Communicator* c, double* comm_s);
-  // --fsdp (fused, one island): the sharding of this device's tp layout over its dp group
+  // --fsdp: the sharding of this device's tp layout over its dp group
   // (train/fsdp.h), made on first use over the dp communicator; its gradient shard is
   // fsdp_grads(). Which devices call: every member of the dp group, in the same order.
   pwm::train::Fsdp& fsdp(KernelContext& ctx, const Pos& p);
@@ -145,6 +145,9 @@ class TrainingDevice {
   // order. The span from start to the completion seen by a poll or the finish goes to the trace
   // ("dp_reduce layer L", category "reduce"); the time inside them is the step's communication.
   void start_reduce(KernelContext& ctx, const Pos& p, std::span<const float> in, std::span<float> out, int layer);
+  // The same for --fsdp's reduce-scatter of layer `layer`'s full gradient into the device's chunk
+  // (Fsdp::start_reduce_layer; finished by finish_reduce(chunk)).
+  void start_layer_reduce_scatter(KernelContext& ctx, const Pos& p, int layer, const float* grads, float* chunk);
   void poll_reduces();
   void finish_reduce(const float* out);
 

@@ -252,8 +252,12 @@ std::vector<ArgSpec> stage_pieces(const Shapes* S, int tp, int stage) {
 Signature update_sig(const Shapes* S, Attrs a, const UpdateArgs& args) {
   const int tp = tp_of(a);
   std::vector<ArgSpec> pieces, losses(args.losses, split_f64(1));
-  for (size_t i = 0; i < args.pieces; ++i)  // (--fsdp: the replicas' one piece, the gradient shard)
-    pieces.push_back(S->cfg().mesh.fsdp ? split_f32(S->state_floats(tp)) : piece(S, tp, static_cast<int>(i)));
+  // (--fsdp: the replicas' one piece, the gradient shard, or its chunks in shard order.)
+  const bool fsdp = S->cfg().mesh.fsdp, chunks = args.pieces > 1;
+  for (size_t i = 0; i < args.pieces; ++i)
+    pieces.push_back(!fsdp   ? piece(S, tp, static_cast<int>(i))
+                     : chunks ? split_f32(S->fsdp_chunk(tp, static_cast<int>(i)))
+                              : split_f32(S->state_floats(tp)));
   return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), nullptr, pieces, losses), state_out(S, a));
 }
 
@@ -279,11 +283,16 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   add("save", true, [S](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
 }
 
+// --fsdp: what fsdp_gather returns for the tied pieces, which the device holds (step_kernels.cc).
+ArgSpec fsdp_tied_marker() { return ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}; }
+
 // A layer's block (attrs: tp, layer[, 1: the controller's counts are input 2]).
 std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
   return [S](Attrs a) {
     const int tp = tp_of(a);
-    std::vector<ArgSpec> in{split_f32(S->state_floats(tp)), split_f32(S->act())};
+    // (--fsdp: input 0 is the layer's gathered weights, fsdp_gather's output.)
+    const int64_t w = S->cfg().mesh.fsdp ? S->fsdp_gathered_layer(tp, static_cast<int>(a[1])) : S->state_floats(tp);
+    std::vector<ArgSpec> in{split_f32(w), split_f32(S->act())};
     if (a.size() > 2 && a[2] != 0) in.push_back(S->route_counts());  // the controller's counts
     return sig(in, {split_f32(S->act()), split_f32(S->saved(tp))});
   };
@@ -291,11 +300,13 @@ std::function<Signature(Attrs)> block_fwd_sig(const Shapes* S) {
 std::function<Signature(Attrs)> block_bwd_sig(const Shapes* S, bool acc) {
   return [S, acc](Attrs a) {
     const int tp = tp_of(a);
-    // (--fsdp: the layer's gradient chunk, reduce-scattered over dp inside the kernel.)
+    // (--fsdp: input 0 is the layer's gathered weights, and the output the micro-batch's full
+    // layer gradient, padded as a gathered layer, which fsdp_rs_* reduce-scatter; no _acc form.)
     const int l = static_cast<int>(a[1]);
-    const ArgSpec g = S->cfg().mesh.fsdp ? split_f32(S->fsdp_chunk(tp, 1 + l)) : piece(S, tp, model::StepPlan::layer_piece(l));
-    std::vector<ArgSpec> in = {split_f32(S->state_floats(tp)), split_f32(S->saved(tp)), split_f32(S->act()),
-                               split_f32(S->act())};
+    const bool fsdp = S->cfg().mesh.fsdp;
+    const ArgSpec g = fsdp ? split_f32(S->fsdp_gathered_layer(tp, l)) : piece(S, tp, model::StepPlan::layer_piece(l));
+    std::vector<ArgSpec> in = {split_f32(fsdp ? S->fsdp_gathered_layer(tp, l) : S->state_floats(tp)),
+                               split_f32(S->saved(tp)), split_f32(S->act()), split_f32(S->act())};
     if (acc) in.push_back(g);
     return sig(in, {split_f32(S->act()), g});
   };
@@ -305,18 +316,19 @@ std::function<Signature(Attrs)> block_bwd_sig(const Shapes* S, bool acc) {
 void add_unit_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
   add("batch", false, [S](Attrs) { return sig({rep_i64(1)}, {split_i32(S->tokens())}); }, batch);
-  // --fsdp: the kernels that read weights gather them over dp inside (Fsdp::gather_layer, as
-  // XLA's partitioner puts a sharded weight's all-gather inside the compiled function), and the
-  // block backward reduce-scatters its gradient: gang-scheduled.
+  // --fsdp: the kernels that read weights take them gathered (fsdp_gather's output: input 0 of
+  // embed_fwd and head the tied pieces', of block_fwd and block_bwd the layer's), and the block
+  // backward returns the full layer gradient; the collectives are nodes of their own (below).
   const bool fsdp = S->cfg().mesh.fsdp;
-  add("embed_fwd", fsdp, [S](Attrs a) {
-    return sig({split_f32(S->state_floats(tp_of(a))), split_i32(S->tokens())}, {split_f32(S->act())});
+  const auto weights = [S, fsdp](int tp) { return fsdp ? fsdp_tied_marker() : split_f32(S->state_floats(tp)); };
+  add("embed_fwd", false, [S, weights](Attrs a) {
+    return sig({weights(tp_of(a)), split_i32(S->tokens())}, {split_f32(S->act())});
   }, embed_fwd);
   for (bool coll : {false, true}) {
     const std::string sfx = coll ? "_tp" : "";
-    add("block_fwd" + sfx, coll || fsdp, block_fwd_sig(S), block_fwd);
+    add("block_fwd" + sfx, coll, block_fwd_sig(S), block_fwd);
     for (bool acc : {false, true})
-      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll || fsdp, block_bwd_sig(S, acc), block_bwd);
+      add("block_bwd" + sfx + (acc ? "_acc" : ""), coll, block_bwd_sig(S, acc), block_bwd);
   }
   // An MoE layer with --expert-parallel: the same kernels with the experts' AllToAll inside
   // (gang-scheduled); and the router's counts ahead of the layer (--moe-routing controller).
@@ -327,9 +339,9 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
                {ArgSpec{TensorSpec{DataType::kInt64, {S->cfg().model.experts}}, Sharding::kSplit}});
   }, moe_counts);
   for (bool acc : {false, true})
-    add(acc ? "head_acc" : "head", fsdp, [S, acc](Attrs a) {
+    add(acc ? "head_acc" : "head", false, [S, acc, weights](Attrs a) {
       const int tp = tp_of(a);
-      std::vector<ArgSpec> in = {split_f32(S->state_floats(tp)), split_f32(S->act()), split_i32(S->tokens())};
+      std::vector<ArgSpec> in = {weights(tp), split_f32(S->act()), split_i32(S->tokens())};
       if (acc) in.push_back(tied(S, tp));
       return sig(in, {split_f64(1), split_f32(S->act()), tied(S, tp)});
     }, head);
@@ -346,6 +358,30 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   add("update", true, [S](Attrs a) { return update_sig(S, a, update_args(*S, tp_of(a))); }, update);
   // --fsdp (chained): the tied piece reduce-scattered into the embedding's and final norm's
   // chunks; the update on the shard from its chunks in shard order, then the micro-batch losses.
+  // --fsdp (chained, opbyop; attrs: tp, layer, or -1 for the tied pieces): a piece's weights
+  // all-gathered over dp into an array of their own before the unit that reads them; a layer's
+  // full gradient reduce-scattered into its chunk, started after its block_bwd and finished after
+  // the next backward unit (fsdp_rs_start / _finish, as dp_reduce_start / _finish), or blocking
+  // (fsdp_reduce_scatter, --no-overlap). Inputs: the gradient, fsdp_rs_finish also the started
+  // buffer, and with attrs[2] = 1 the chunk so far (the last input).
+  add("fsdp_gather", true, [S](Attrs a) {
+    const int tp = tp_of(a), l = static_cast<int>(a[1]);
+    return sig({split_f32(S->state_floats(tp))}, {l < 0 ? fsdp_tied_marker() : split_f32(S->fsdp_gathered_layer(tp, l))});
+  }, fsdp_gather);
+  enum class Rs { kStart, kFinish, kBlocking };
+  const auto rs_sig = [S](Rs rs) {
+    return [S, rs](Attrs a) {
+      const int tp = tp_of(a), l = static_cast<int>(a[1]);
+      const ArgSpec g = split_f32(S->fsdp_gathered_layer(tp, l)), c = split_f32(S->fsdp_chunk(tp, 1 + l));
+      std::vector<ArgSpec> in{g};
+      if (rs == Rs::kFinish) in.push_back(c);
+      if (rs != Rs::kStart && a.size() > 2 && a[2] != 0) in.push_back(c);
+      return sig(in, {c});
+    };
+  };
+  add("fsdp_rs_start", true, rs_sig(Rs::kStart), fsdp_rs_start);
+  add("fsdp_rs_finish", true, rs_sig(Rs::kFinish), fsdp_rs_finish);
+  add("fsdp_reduce_scatter", true, rs_sig(Rs::kBlocking), fsdp_reduce_scatter);
   add("tied_reduce_scatter", true, [S](Attrs a) {
     const int tp = tp_of(a), L = static_cast<int>(S->cfg().model.n_layers);
     return sig({tied(S, tp)}, {split_f32(S->fsdp_chunk(tp, 0)), split_f32(S->fsdp_chunk(tp, L + 1))});
@@ -388,7 +424,10 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   add("dp_allgather", true, [](Attrs a) {
     return sig({split_f32(static_cast<int64_t>(replica_chunk(a[1], static_cast<int>(a[2]))))}, {split_f32(a[1])});
   }, dp_allgather);
-  add("replica_update", true, [S](Attrs a) { return update_sig(S, a, replica_update_args(*S, tp_of(a))); },
+  // replica_update: attrs[1] = 1 (--fsdp, chained): the gradient shard as its chunks.
+  add("replica_update", true, [S](Attrs a) {
+    return update_sig(S, a, replica_update_args(*S, tp_of(a), a.size() > 1 && a[1] != 0));
+  },
       replica_update);
 }
 

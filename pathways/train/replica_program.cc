@@ -24,8 +24,58 @@ namespace pwm::pathways::train {
 using model::StepPlan;
 using pwm::train::Granularity;
 
+namespace {
+
+// --fsdp at chained: island r's step as the single-island chained step traces it (the layers'
+// gathers and reduce-scatters as nodes: their chunks exist as each layer's backward ends), the
+// tied piece cut into its chunks; each chunk, this device's 1/D of its piece, is exchanged as
+// itself (no island sum is left to do) and replica_update takes the summed chunks in shard order.
+void fsdp_chained(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, const std::vector<Slice>& slices,
+                  const std::vector<State<Value>>& st, int64_t* fsdp_held) {
+  const int R = static_cast<int>(slices.size()), tp = sh.cfg().mesh.tp;
+  const int L = static_cast<int>(sh.cfg().model.n_layers);
+  std::vector<std::vector<Value>> chunks(static_cast<size_t>(R));  // per island, in shard order
+  std::vector<Value> loss(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    const Slice& sl = slices[static_cast<size_t>(r)];
+    const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
+      return b.call(k, sl, in, std::move(at));
+    };
+    Grads<Value> g = trace_grads(sh, names, tp, st[static_cast<size_t>(r)], call, r);
+    if (fsdp_held != nullptr) *fsdp_held = g.fsdp_held;
+    auto tied = call(names("tied_reduce_scatter"), {g.pieces[StepPlan::kTiedPiece]}, {tp});
+    auto& c = chunks[static_cast<size_t>(r)];
+    c.push_back(tied[0]);
+    for (int l = 0; l < L; ++l) c.push_back(g.pieces[static_cast<size_t>(StepPlan::layer_piece(l))]);
+    c.push_back(tied[1]);
+    loss[static_cast<size_t>(r)] =
+        call(names("island_loss"), g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
+  }
+  // As the plain replicas' exchange: the chunks in the order the backward finishes them (the
+  // last layer first, the tied pieces last), summed in island order on every island.
+  std::vector<int> order;
+  for (int l = L - 1; l >= 0; --l) order.push_back(1 + l);
+  order.push_back(0);
+  order.push_back(L + 1);
+  for (int r = 0; r < R; ++r) {
+    const Slice& sl = slices[static_cast<size_t>(r)];
+    std::vector<Value> sum(static_cast<size_t>(L + 2));
+    for (int i : order) {
+      std::vector<Value> in;
+      for (int q = 0; q < R; ++q) in.push_back(chunks[static_cast<size_t>(q)][static_cast<size_t>(i)]);
+      sum[static_cast<size_t>(i)] = b.call(names("replica_add"), sl, in, {tp, sh.fsdp_chunk(tp, i), R})[0];
+    }
+    for (auto& v : b.call(names("replica_update"), sl,
+                          replica_update_args(sh, tp, true).pack<Value>(st[static_cast<size_t>(r)], nullptr, sum, loss),
+                          {tp, 1}))
+      b.output(v);
+  }
+}
+
+}  // namespace
+
 Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
-                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
+                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states, int64_t* fsdp_held) {
   const int R = static_cast<int>(slices.size());
   const pwm::train::TrainConfig& cfg = sh.cfg();
   PWM_CHECK(R == cfg.mesh.replicas && R > 1 && states.size() == slices.size(), "replica_program: {} slices for {} replicas",
@@ -39,6 +89,10 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
     std::vector<Value> v;
     for (const Array& x : a.list()) v.push_back(b.param_like(x));
     st.push_back(State<Value>::from(v));
+  }
+  if (cfg.mesh.fsdp && granularity == Granularity::kChained) {
+    fsdp_chained(b, sh, names, slices, st, fsdp_held);
+    return b.build();
   }
   // Each island's step: its gradient pieces, reduced over the island's dp group (D > 1: this
   // device's chunk of the sum), and its loss.

@@ -88,8 +88,9 @@ StageLayers stage_layers(const Shapes& sh, int stage) {
   return {sh.pipe().layer_begin(stage, L), sh.pipe().layer_begin(stage + 1, L)};
 }
 
-UpdateArgs replica_update_args(const Shapes& sh, int tp) {
-  const size_t pieces = sh.cfg().mesh.fsdp ? 1 : static_cast<size_t>(sh.plan(tp).num_pieces());
+UpdateArgs replica_update_args(const Shapes& sh, int tp, bool fsdp_chunks) {
+  const size_t shard = fsdp_chunks ? static_cast<size_t>(sh.cfg().model.n_layers) + 2 : 1;
+  const size_t pieces = sh.cfg().mesh.fsdp ? shard : static_cast<size_t>(sh.plan(tp).num_pieces());
   return {pieces, static_cast<size_t>(sh.cfg().mesh.replicas), false};
 }
 

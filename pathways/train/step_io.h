@@ -60,6 +60,9 @@ class Shapes {
   // --fsdp: the floats of piece i of the shard (train/fsdp.h chunk_sizes: 0 the embedding, 1 + l
   // layer l, L + 1 the final norm).
   int64_t fsdp_chunk(int tp, int i) const;
+  // --fsdp (chained, opbyop): a gathered layer as an array, D * fsdp_chunk floats (the layer, then
+  // zero padding): its weights (fsdp_gather) or its full gradient (block_bwd's output).
+  int64_t fsdp_gathered_layer(int tp, int l) const { return cfg_.mesh.dp * fsdp_chunk(tp, 1 + l); }
   int64_t stats_words() const;  // StepStats::words of the model, per device
   bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
   // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).
@@ -176,9 +179,10 @@ StageLayers stage_layers(const Shapes& sh, int stage);
 UpdateArgs pipe_update_args(const Shapes& sh, int stage);
 UpdateArgs update_args(const Shapes& sh, int tp);
 // The replicas' update (replica_update): the state, the pieces summed over the islands (--fsdp:
-// one, the gradient shard), and one loss per island (the island's dp sum of its devices'
+// the gradient shard, one piece, or with fsdp_chunks its chunks in shard order: the embedding,
+// the layers, the final norm), and one loss per island (the island's dp sum of its devices'
 // micro-batch means), in island order.
-UpdateArgs replica_update_args(const Shapes& sh, int tp);
+UpdateArgs replica_update_args(const Shapes& sh, int tp, bool fsdp_chunks = false);
 
 // The replicas' kernels' attributes after tp (attrs[0]): the island (replica) index where the
 // kernel reads data or scales by it. Every replica kernel takes the number of replicas from the

@@ -237,30 +237,21 @@ void batch(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 }
 
 namespace {
-// The weights a unit kernel reads (input 0): the state's parameters, or with --fsdp (input 0 is
-// the device's shard) layer `layer`'s gathered over dp (layer < 0: the embedding and final norm),
-// released when the kernel's scope ends.
+// The weights a unit kernel reads (input 0): the state's parameters, or with --fsdp the gathered
+// weights fsdp_gather made: layer `layer`'s array (indexed from its start minus the layer's
+// offset), or (layer < 0) the embedding and final norm the device's Fsdp holds for the step
+// (input 0 is then fsdp_gather's marker, which orders the gather before the kernel).
 struct Weights {
-  Weights(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int layer) : layer(layer) {
-    const float* in = ctx.in<float>(0).data();
+  Weights(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int layer) {
     if (!dev.cfg().mesh.fsdp) {
-      params = in;
+      params = ctx.in<float>(0).data();
       return;
     }
     f = &dev.fsdp(ctx, p);
-    params = layer >= 0 ? f->gather_layer(layer, in) : f->gather_tied_params(in);
-    dev.add_comm(f->comm_seconds());
+    params = layer >= 0 ? f->layer_base(layer, ctx.in<float>(0).data()) : f->tied_params();
   }
-  ~Weights() {
-    if (f == nullptr) return;
-    if (layer >= 0) f->release_layer(layer);
-    else f->release_tied_params();
-  }
-  Weights(const Weights&) = delete;
-  Weights& operator=(const Weights&) = delete;
   const float* params = nullptr;
   pwm::train::Fsdp* f = nullptr;
-  int layer;
 };
 }  // namespace
 
@@ -358,18 +349,13 @@ void block_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   b.act.bind_dx(dx);
   auto g = ctx.out<float>(kBwdGrad);
   const bool acc = ctx.num_inputs() > kBwdGradPrev;
-  if (dev.cfg().mesh.fsdp) {  // the micro-batch's layer gradient reduce-scattered, then added
-    pwm::train::Fsdp& f = dev.fsdp(ctx, u.p);
+  if (dev.cfg().mesh.fsdp) {  // the micro-batch's full layer gradient (fsdp_rs_* cut it)
+    PWM_CHECK(!acc, "--fsdp: block_bwd takes no gradient so far (fsdp_rs_finish adds the chunks)");
     const Weights w(dev, ctx, u.p, l);
-    model::block_backward<float>(u.layout, w.params, f.begin_layer_grads(l), l, b.act, u.ws.scratch,
+    std::fill(g.begin(), g.end(), 0.0f);  // the padding too: the reduce-scatter reads it
+    model::block_backward<float>(u.layout, w.params, w.f->layer_base(l, g.data()), l, b.act, u.ws.scratch,
                                  dev.tp_reducer(dev.tp_comm(ctx, u.p), &comm_s));
-    std::vector<float> sum(acc ? g.size() : 0);
-    f.reduce_layer_grads(l, acc ? sum.data() : g.data());
-    if (acc) {  // as Fsdp::accumulate: the previous micro-batches' chunk + this one's
-      auto prev = ctx.in<float>(kBwdGradPrev);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = prev[i] + sum[i];
-    }
-    dev.add_comm(comm_s + f.comm_seconds());
+    dev.add_comm(comm_s);
     return;
   }
   if (acc)
@@ -525,7 +511,68 @@ void tied_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   pwm::train::Fsdp& f = dev.fsdp(ctx, p);
   const float* tied = ctx.in<float>(0).data();
   f.reduce_tied_grads(tied, tied + embed_n, ctx.out<float>(0).data(), ctx.out<float>(1).data());
+  f.release_tied_params();  // the step's last reader was its last head
   dev.add_comm(f.comm_seconds());
+}
+
+// --fsdp (chained, opbyop; attrs: tp, layer or -1): input the parameters' shard; output layer
+// l's weights gathered over dp, or for -1 a marker (1): the embedding and final norm are gathered
+// into the device's Fsdp, held until tied_reduce_scatter (as spmd_train holds them for the step:
+// the model reads them where the full layout has them, which one array of their own is not).
+void fsdp_gather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pos(ctx);
+  pwm::train::Fsdp& f = dev.fsdp(ctx, p);
+  const int l = static_cast<int>(ctx.attr(1));
+  const float* shard = ctx.in<float>(0).data();
+  if (l < 0) {
+    f.gather_tied_params(shard);
+    ctx.out<int64_t>(0)[0] = 1;
+  } else {
+    f.gather_layer(l, shard, ctx.out<float>(0).data());
+  }
+  dev.add_comm(f.comm_seconds());
+}
+
+namespace {
+// The chunk so far (attrs[2] = 1: the last input) plus this micro-batch's, as Fsdp::accumulate
+// adds into the shard; the first micro-batch's is copied.
+void add_chunk(KernelContext& ctx, std::span<const float> sum) {
+  auto out = ctx.out<float>(0);
+  PWM_CHECK_EQ(out.size(), sum.size());
+  if (ctx.attrs().size() > 2 && ctx.attr(2) != 0) {
+    auto prev = ctx.in<float>(ctx.num_inputs() - 1);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = prev[i] + sum[i];
+  } else if (out.data() != sum.data()) {
+    std::memcpy(out.data(), sum.data(), sizeof(float) * out.size());
+  }
+}
+}  // namespace
+
+// --fsdp (attrs: tp, layer): input the layer's full gradient; output the buffer its chunk lands
+// in, complete when fsdp_rs_finish has run (its only reader). The same reduce-scatter as
+// spmd_train's (Fsdp::start_reduce_layer): the same bits.
+void fsdp_rs_start(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  dev.start_layer_reduce_scatter(ctx, pos(ctx), static_cast<int>(ctx.attr(1)), ctx.in<float>(0).data(),
+                                 ctx.out<float>(0).data());
+}
+
+// inputs: the gradient (kept alive while the reduce-scatter reads it), the started buffer[, the
+// chunk so far]; output: the chunk.
+void fsdp_rs_finish(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  auto started = ctx.in<float>(1);
+  dev.finish_reduce(started.data());
+  add_chunk(ctx, started);
+}
+
+// The blocking form (--no-overlap): inputs the gradient[, the chunk so far]; output the chunk.
+void fsdp_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const Pos p = pos(ctx);
+  std::vector<float> sum(ctx.out<float>(0).size());
+  const int64_t t0 = now_us();
+  collectives::Work w = dev.fsdp(ctx, p).start_reduce_layer(static_cast<int>(ctx.attr(1)), ctx.in<float>(0).data(), sum.data());
+  w.wait();
+  dev.add_comm((now_us() - t0) * 1e-6);
+  add_chunk(ctx, sum);
 }
 
 // --fsdp (chained; attrs: tp): inputs the state (shards), the gradient's chunks in shard order
@@ -672,8 +719,8 @@ void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
   }
 }
 
-// inputs: replica_update_args(): the state, the summed pieces (--fsdp: one, the summed gradient
-// shard), each island's loss.
+// inputs: replica_update_args(): the state, the summed pieces (--fsdp: the summed gradient
+// shard, or with attrs[1] = 1 its chunks), each island's loss.
 void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   StepStats xchg;  // the exchange's timing (StepStats' three exchange words)
   xchg.xchg_exposed_ms = dev.exchange_exposed_s() * 1e3;
@@ -681,14 +728,23 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   xchg.update_start_us = dev.now_ctrl_us();
   const Pos p = pos(ctx);
   if (dev.cfg().mesh.fsdp) {
-    const UpdateArgs args = replica_update_args(dev.shapes(), p.tp);
+    const UpdateArgs args = replica_update_args(dev.shapes(), p.tp, ctx.attrs().size() > 1 && ctx.attr(1) != 0);
     PWM_CHECK_EQ(ctx.num_inputs(), args.count());
     const int64_t step = ctx.in<int64_t>(kStep)[0];
     double total = 0;  // island order, as the gradients
     for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
+    const float* g = ctx.in<float>(args.piece(0)).data();
+    if (args.pieces > 1) {  // the chunks, in shard order, into the device's gradient shard
+      float* to = dev.fsdp_grads();
+      for (size_t i = 0; i < args.pieces; ++i) {
+        auto c = ctx.in<float>(args.piece(i));
+        to = std::copy(c.begin(), c.end(), to);
+      }
+      PWM_CHECK_EQ(to - dev.fsdp_grads(), dev.fsdp(ctx, p).shard_total());
+      g = dev.fsdp_grads();
+    }
     double comm_s = 0, loss = 0;
-    const pwm::train::UpdateResult u =
-        shard_update(dev, ctx, p, step, ctx.in<float>(args.piece(0)).data(), 0.0, &total, &comm_s, &loss);
+    const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, g, 0.0, &total, &comm_s, &loss);
     ctx.out<int64_t>(kStep)[0] = step + 1;
     dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
     return;

@@ -16,6 +16,120 @@ using model::StepPlan;
 using model::Unit;
 using model::UnitKind;
 
+namespace {
+
+// --fsdp (chained, opbyop): the gathers and reduce-scatters as nodes of the step, in the order
+// spmd_train's Fsdp::accumulate runs them. A piece's weights are gathered (fsdp_gather) before
+// the first unit that reads them and dropped after the last (the runtime frees an array when its
+// last reader ends): the tied pieces once for the whole step (embed_fwd and every head), layer l
+// before its forward and again before its backward, except that the last layer's backward reuses
+// its forward's and layer 0's next forward its backward's. Layer l's full gradient (block_bwd's
+// output) is reduce-scattered into its chunk: fsdp_rs_start right after block_bwd(l), and
+// fsdp_rs_finish after the gather of layer l - 1 (after embed_bwd for layer 0), so that the two
+// collectives run at once, as Fsdp::accumulate runs them (or one blocking fsdp_reduce_scatter with
+// --no-overlap). Not across block_bwd(l - 1): the runtime progresses a collective only between
+// kernels and inside waits (no progress thread), so the sum would be complete when block_bwd(l - 1)
+// starts anyway, and the gradient it reads would be held through that backward for nothing (a
+// layer's gradient more per device; docs/pathways_train.md has the measurement). Each finish adds
+// the chunk so far (the previous micro-batches'), as Fsdp::accumulate adds into the shard: the
+// same sums in the same order, the same bits.
+//
+// It also counts what the device holds beyond its state: the gathered weights, the full layer
+// gradients and the started chunks live at once, at most (Grads::fsdp_held, the state_bytes
+// figure of docs/train.md), from the node order and each array's last reader.
+template <typename V>
+class FsdpNodes {
+ public:
+  FsdpNodes(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call)
+      : sh_(sh), names_(names), tp_(tp), st_(st), call_(call), L_(sh.plan(tp).layers()),
+        overlap_(sh.cfg().exec.overlap), chunks_(static_cast<size_t>(L_)) {}
+
+  // The gathered weights of layer l (l < 0: the tied pieces'), gathered unless held.
+  V weights(int l) {
+    Held& h = held(l);
+    if (!h.live) {
+      h.value = call_(names_("fsdp_gather"), {st_.params}, {tp_, l})[0];
+      h.live = true;
+      alloc(gathered_bytes(l));
+    }
+    return h.value;
+  }
+  // After a unit read layer l's (or the tied) weights: dropped unless `keep`.
+  void read(int l, bool keep) {
+    Held& h = held(l);
+    if (keep || !h.live) return;
+    h.live = false;
+    free(gathered_bytes(l));
+  }
+  // block_bwd(l) made `grad` (the unit read layer l's weights: dropped unless `keep_weights`).
+  void backward(int l, const V& grad, bool keep_weights) {
+    alloc(gathered_bytes(l));  // the gradient, while the weights are still live
+    read(l, keep_weights);
+    if (!overlap_) {  // (its kernel reduce-scatters into a chunk of its own, then adds)
+      alloc(chunk_bytes(l));
+      chunks_[static_cast<size_t>(l)] = finish(names_("fsdp_reduce_scatter"), l, {grad});
+      free(gathered_bytes(l) + chunk_bytes(l));
+      return;
+    }
+    PWM_CHECK(!pending_.live, "fsdp: layer {}'s reduce-scatter is still open", pending_.layer);
+    alloc(chunk_bytes(l));
+    V started = call_(names_("fsdp_rs_start"), {grad}, {tp_, l})[0];
+    pending_ = {l, grad, started, true};
+  }
+  // The started reduce-scatter finished (if one is): after the next layer's gather, before its
+  // backward, or after embed_bwd.
+  void finish_pending() {
+    if (!pending_.live) return;
+    const int l = pending_.layer;
+    chunks_[static_cast<size_t>(l)] = finish(names_("fsdp_rs_finish"), l, {pending_.grad, pending_.started});
+    free(gathered_bytes(l) + chunk_bytes(l));
+    pending_.live = false;
+  }
+  const V& chunk(int l) const { return chunks_[static_cast<size_t>(l)]; }
+  int64_t peak() const { return peak_; }
+  // Counted: `bytes` made at a node's start (its outputs exist while it runs), freed after its
+  // last reader.
+  void alloc(int64_t bytes) { peak_ = std::max(peak_, live_ += bytes); }
+  void free(int64_t bytes) { live_ -= bytes; }
+
+ private:
+  struct Held {
+    V value;
+    bool live = false;
+  };
+  struct Pending {
+    int layer = -1;
+    V grad, started;
+    bool live = false;
+  };
+  Held& held(int l) { return l < 0 ? tied_ : layers_[l]; }
+  // (The tied pieces' weights are held by the device's Fsdp for the whole step, which counts them.)
+  int64_t gathered_bytes(int l) const { return l < 0 ? 0 : 4 * sh_.fsdp_gathered_layer(tp_, l); }
+  int64_t chunk_bytes(int l) const { return 4 * sh_.fsdp_chunk(tp_, 1 + l); }
+  V finish(const std::string& k, int l, std::vector<V> in) {
+    const bool prev = has_chunk_[l];
+    if (prev) in.push_back(chunks_[static_cast<size_t>(l)]);
+    has_chunk_[l] = true;
+    return call_(k, std::move(in), {tp_, l, prev ? 1 : 0})[0];
+  }
+
+  const Shapes& sh_;
+  const KernelNames& names_;
+  const int tp_;
+  const State<V>& st_;
+  const CallFn<V>& call_;
+  const int L_;
+  const bool overlap_;
+  std::vector<V> chunks_;
+  std::map<int, bool> has_chunk_;
+  Held tied_;
+  std::map<int, Held> layers_;
+  Pending pending_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
                      int replica, const RouteFn<V>& route) {
@@ -23,7 +137,12 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
   const int L = plan.layers();
   std::vector<V> pieces(static_cast<size_t>(plan.num_pieces())), losses;
   V& tied = pieces[StepPlan::kTiedPiece];
-  for (int64_t m = 0; m < plan.microbatches(); ++m) {
+  const int64_t M = plan.microbatches();
+  std::unique_ptr<FsdpNodes<V>> fsdp;
+  if (sh.cfg().mesh.fsdp) fsdp = std::make_unique<FsdpNodes<V>>(sh, names, tp, st, call);
+  // The weights unit `layer` reads (-1: the tied pieces'): the state's, or with --fsdp gathered.
+  const auto weights = [&](int layer) { return fsdp ? fsdp->weights(layer) : st.params; };
+  for (int64_t m = 0; m < M; ++m) {
     const bool acc = m > 0;  // the backward units add to the previous micro-batch's pieces
     V tokens, x, dx;
     std::vector<V> xs(static_cast<size_t>(L)), saved(static_cast<size_t>(L));  // per layer: x(l), saved(l)
@@ -33,10 +152,10 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
         case UnitKind::kBatch:
           tokens = call(k, {st.step}, replica < 0 ? std::vector<int64_t>{tp, m} : std::vector<int64_t>{tp, m, replica})[0];
           break;
-        case UnitKind::kEmbedForward: x = call(k, {st.params, tokens}, {tp})[0]; break;
+        case UnitKind::kEmbedForward: x = call(k, {weights(-1), tokens}, {tp})[0]; break;
         case UnitKind::kBlockForward: {
           xs[u.layer] = x;
-          std::vector<V> in{st.params, x};
+          std::vector<V> in{weights(u.layer), x};
           std::vector<int64_t> at{tp, u.layer};
           if (route && sh.moe_layer(u.layer)) {  // the controller sizes the layer's expert call
             in.push_back(route(call(names("moe_counts"), {st.params, x}, {tp, u.layer})[0]));
@@ -45,11 +164,14 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
           auto o = call(names.unit(u, tp, sh.expert_exchange(u.layer)), in, at);
           x = o[0];
           saved[u.layer] = o[1];
+          if (fsdp) fsdp->read(u.layer, u.layer == L - 1);  // the last layer's backward follows
           break;
         }
         case UnitKind::kHead: {
           std::vector<V> in(acc ? kHeadTiedPrev + 1 : kHeadTiedPrev);
-          in[kHeadParams] = st.params;
+          in[kHeadParams] = weights(-1);
+          // (The tied piece's whole gradient lives from the first head to its reduce-scatter.)
+          if (fsdp && !acc) fsdp->alloc(4 * sh.piece(tp, StepPlan::kTiedPiece));
           in[kHeadX] = x;
           in[kHeadTokens] = tokens;
           if (acc) in[kHeadTiedPrev] = tied;
@@ -57,6 +179,7 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
           losses.push_back(h[kHeadLoss]);
           dx = h[kHeadDx];
           tied = h[kHeadTied];
+          if (fsdp) fsdp->read(-1, m < M - 1);  // held for the step's heads
           break;
         }
         default: PWM_THROW("{} is not a forward unit", model::unit_kind_name(u.kind));
@@ -66,32 +189,41 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
       const std::string k = names.unit(u, tp, u.kind == UnitKind::kBlockBackward && sh.expert_exchange(u.layer));
       if (u.kind == UnitKind::kBlockBackward) {
         V& g = pieces[static_cast<size_t>(plan.piece_of(u))];
-        std::vector<V> in(acc ? kBwdGradPrev + 1 : kBwdGradPrev);
-        in[kBwdParams] = st.params;
+        // (--fsdp: the micro-batch's full layer gradient, reduce-scattered and added by the
+        // FsdpNodes' nodes: block_bwd never adds.)
+        const bool add = acc && !fsdp;
+        std::vector<V> in(add ? kBwdGradPrev + 1 : kBwdGradPrev);
+        in[kBwdParams] = weights(u.layer);
+        if (fsdp) fsdp->finish_pending();  // the previous layer's, beside this layer's gather
         in[kBwdSaved] = saved[u.layer];
         in[kBwdX] = xs[u.layer];
         in[kBwdDx] = dx;
-        if (acc) in[kBwdGradPrev] = g;
-        auto b = call(k, in, {tp, u.layer});
+        if (add) in[kBwdGradPrev] = g;
+        auto b = call(add || !acc ? k : names.unit(model::Unit{u.kind, 0, u.layer}, tp), in, {tp, u.layer});
         dx = b[kBwdDxOut];
         g = b[kBwdGrad];
+        if (fsdp) fsdp->backward(u.layer, g, u.layer == 0 && m < M - 1);  // layer 0's next forward follows
       } else {  // embed_bwd
         std::vector<V> in(kEBwdTied + 1);
         in[kEBwdTokens] = tokens;
         in[kEBwdDx] = dx;
         in[kEBwdTied] = tied;
         tied = call(k, in, {tp})[0];
+        if (fsdp) fsdp->finish_pending();
       }
     }
   }
-  return {std::move(pieces), std::move(losses)};
+  if (!fsdp) return {std::move(pieces), std::move(losses)};
+  for (int l = 0; l < L; ++l) pieces[static_cast<size_t>(StepPlan::layer_piece(l))] = fsdp->chunk(l);
+  return {std::move(pieces), std::move(losses), fsdp->peak()};
 }
 
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                          const RouteFn<V>& route) {
+                          const RouteFn<V>& route, int64_t* fsdp_held) {
   const StepPlan& plan = sh.plan(tp);
   Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route);
+  if (fsdp_held != nullptr) *fsdp_held = g.fsdp_held;
   if (sh.cfg().mesh.fsdp) {
     // --fsdp: the layers' pieces are already their dp chunks (block_bwd reduce-scatters each
     // micro-batch's gradient, as spmd_train's Fsdp); the tied piece is reduce-scattered once, and
@@ -123,9 +255,9 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
 }
 
 template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&,
-                                       const RouteFn<Value>&);
+                                       const RouteFn<Value>&, int64_t*);
 template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&,
-                                       const RouteFn<Array>&);
+                                       const RouteFn<Array>&, int64_t*);
 template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int,
                                   const RouteFn<Value>&);
 

@@ -36,17 +36,22 @@ using RouteFn = std::function<V(const V& counts)>;
 // The plan's units alone (forward and backward of every micro-batch): the gradient pieces (not
 // reduced) and the micro-batch losses. replica >= 0: island `replica` of the replicas (its batch
 // nodes read that island's rows).
+// --fsdp: the layers' pieces are their chunks (reduce-scattered over dp) and the tied piece is
+// whole; fsdp_held is the most bytes of gathered weights, full layer gradients and started chunks
+// the device holds at once (step_program.cc, FsdpNodes).
 template <typename V>
 struct Grads {
   std::vector<V> pieces, losses;
+  int64_t fsdp_held = 0;
 };
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
                      int replica, const RouteFn<V>& route = {});
 
+// fsdp_held (optional): Grads::fsdp_held of the step's trace.
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                          const RouteFn<V>& route = {});
+                          const RouteFn<V>& route = {}, int64_t* fsdp_held = nullptr);
 
 // The chained step with --moe-routing controller: trace_step cut before every MoE layer's block
 // forward (of every micro-batch) into programs built once. Segment k ends with the layer's
@@ -75,8 +80,12 @@ SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const S
 // other islands (runtime transfers, posted as soon as the piece exists) and replica_add sums the
 // islands' copies in island order on every island; replica_update applies the same update on
 // every island. Outputs: each island's StepOutputs in island order.
+// --fsdp: at fused one piece, the device's gradient shard (shard_grads); at chained the
+// single-island chained step's nodes per island (gathers and reduce-scatters as nodes), each
+// chunk exchanged as its layer's backward finishes it. fsdp_held (optional): Grads::fsdp_held.
 Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
-                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states);
+                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states,
+                        int64_t* fsdp_held = nullptr);
 
 // The pipeline's step over `slices`: cfg.mesh.replicas pipelines of S = sh.pipe().stages stages, replica
 // r's stage s on slices[r S + s] (a dp x tp slice holding stage_layers(sh, s)). Each stage's layer

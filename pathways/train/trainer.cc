@@ -57,10 +57,8 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   const int workers = world - 1;
   if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe() ||
-                        (cfg.mesh.replicas > 1 && p.granularity != Granularity::kFused)))
-    PWM_THROW("pathways_train runs --fsdp on one slice at any granularity, and with --replicas at --granularity "
-              "fused (no --stages, no MoE); use those, or spmd_train");
+  if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe()))
+    PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
   validate_moe(cfg);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
@@ -159,7 +157,7 @@ Program Trainer::single(const std::string& kernel, const Slice& s, const std::ve
 
 Program Trainer::build_step_program() const {
   if (pipe_) return pipeline_program(sh_, names_, cfg_.mpmd.schedule, slices_, states_);
-  if (R_ > 1) return replica_program(sh_, names_, cfg_.mpmd.granularity, slices_, states_);
+  if (R_ > 1) return replica_program(sh_, names_, cfg_.mpmd.granularity, slices_, states_, &fsdp_program_held_);
   switch (cfg_.mpmd.granularity) {
     case Granularity::kFused: return single(names_("fused_step"), slices_[0], states_[0].list(), {cfg_.mesh.tp});
     case Granularity::kChained: return controller_routing() ? Program{} : chained_program();  // (segmented_step)
@@ -198,7 +196,8 @@ Program Trainer::chained_program() const {
   const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
     return b.call(k, slices_[0], in, std::move(at));
   };
-  for (auto& v : trace_step<Value>(sh_, names_, cfg_.mesh.tp, State<Value>::from(st), call)) b.output(v);
+  for (auto& v : trace_step<Value>(sh_, names_, cfg_.mesh.tp, State<Value>::from(st), call, {}, &fsdp_program_held_))
+    b.output(v);
   return b.build();
 }
 
@@ -209,7 +208,7 @@ std::vector<Array> Trainer::run_step() {
     const CallFn<Array> call = [&](const std::string& k, std::vector<Array> in, std::vector<int64_t> at) {
       return client_.call(k, slices_[0], in, std::move(at), ro_);
     };
-    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call, route);
+    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call, route, &fsdp_program_held_);
   }
   if (route) {  // chained, cut at the routing (segmented_step): built on the first step
     if (!segmented_) segmented_ = std::make_unique<SegmentedStep>(segmented_step(sh_, names_, slices_[0], states_[0]));
@@ -466,9 +465,10 @@ void Trainer::report_layout_and_memory() {
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   // The model state a device holds (docs/train.md, as spmd_train's): parameters, gradients and
   // both AdamW moments of its shard, 16 bytes a parameter.
-  // --fsdp: of its dp shard, plus the most gathered weights and gradients it held at once.
+  // --fsdp: of its dp shard, plus the most gathered weights and gradients it held at once (the
+  // kernels' own, and at chained and opbyop the program's arrays of them).
   report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
-                                        static_cast<double>(gathered));
+                                        static_cast<double>(gathered + fsdp_program_held_));
   if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
     // it, replica_program.cc) and its loss to its peer in each other island.

@@ -122,6 +122,9 @@ class Trainer final : public pwm::train::Trainer {
   int64_t first_step_ = 0;
   Program step_prog_;
   std::unique_ptr<SegmentedStep> segmented_;  // chained with --moe-routing controller
+  // --fsdp at chained and opbyop: the most bytes of gathered weights and gradient arrays the
+  // step's program holds on a device at once (Grads::fsdp_held), set when the step is traced.
+  mutable int64_t fsdp_program_held_ = 0;
   // Steps: two stay in flight while the controller reads the statistics of the one before.
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause

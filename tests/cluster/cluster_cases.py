@@ -102,11 +102,14 @@ def case_pathways_replicas_two_hosts():
         assert_bitwise(ref, got, f"pathways {g} --replicas 2 over 2 hosts vs spmd --dp 2 on one host")
         assert got[2]["dcn_bytes_per_step"] > 0
     # Issue 40: FSDP inside each island (--dp 2 --fsdp, 5 ranks round-robin over 2 hosts of 3
-    # slots: each host's two workers are its island), the gradient shards crossing over TCP:
-    # bitwise equal to spmd_train --fsdp --replicas 2 --dp 2 on one host.
+    # slots: each host's two workers are its island), the gradient shards (fused) or each layer's
+    # chunks as they are made (chained) crossing over TCP: bitwise equal to spmd_train --fsdp
+    # --replicas 2 --dp 2 on one host.
     ref = sc.train(4, "spmd_r2dp2_fsdp_ref", ["--replicas", "2", "--dp", "2", "--fsdp"])
-    got = train_on_cluster(2, 3, 5, "pw_r2dp2_fsdp", ["--replicas", "2", "--dp", "2", "--fsdp"], exe="pathways")
-    assert_bitwise(ref, got, "pathways fused --fsdp --replicas 2 --dp 2 over 2 hosts vs spmd on one host")
+    for g in ("fused", "chained"):
+        got = train_on_cluster(2, 3, 5, "pw_r2dp2_fsdp_" + g, ["--replicas", "2", "--dp", "2", "--fsdp", "--granularity", g],
+                               exe="pathways")
+        assert_bitwise(ref, got, f"pathways {g} --fsdp --replicas 2 --dp 2 over 2 hosts vs spmd on one host")
 
 
 def case_spmd_replicas_two_hosts():

@@ -84,9 +84,11 @@ const std::vector<Case>& cases() {
     // inside each of two islands, the shards exchanged between them (4 workers: in process only).
     for (const char* g : {"fused", "chained", "opbyop"})
       c.push_back({std::string(g) + "_dp2_fsdp", {"--dp", "2", "--fsdp"}, gran(g)});
-    pwm::train::MpmdConfig two_islands = gran("fused");
-    two_islands.islands = "2x2";
-    c.push_back({"fused_r2_dp2_fsdp", {"--replicas", "2", "--dp", "2", "--fsdp"}, two_islands, true, 4});
+    for (const char* g : {"fused", "chained"}) {
+      pwm::train::MpmdConfig two_islands = gran(g);
+      two_islands.islands = "2x2";
+      c.push_back({std::string(g) + "_r2_dp2_fsdp", {"--replicas", "2", "--dp", "2", "--fsdp"}, two_islands, true, 4});
+    }
     // Three data-parallel devices: from three summands on the order of a sum shows in the bits,
     // and chained's per-layer pieces must be summed as spmd_train's buckets (dp_allreduce,
     // docs/pathways_train.md, "The dp sums"); with small buckets every piece spans several.

@@ -106,21 +106,23 @@ def case_pipeline_stages_of_dp_tp_match_spmd():
             assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
 
 
-def backward_during_reductions(trace_path):
+def backward_during_reductions(trace_path, kernels=("dp_reduce_start", "dp_reduce_finish", "dp_allreduce")):
     """From a --trace file, per worker row: (its gradient reductions, how many of its block_bwd
     kernels started inside one, how many sums the device saw complete only after such a
-    block_bwd had started). A reduction's window: from its dp_reduce_start kernel to its
-    dp_reduce_finish kernel (paired in order: every device finishes them in the order it started
-    them), or a blocking dp_allreduce kernel's own span. Order of events on one worker's clock."""
+    block_bwd had started). A reduction's window: from its start kernel (dp_reduce_start) to its
+    finish kernel (dp_reduce_finish; paired in order: every device finishes them in the order it
+    started them), or a blocking kernel's own span (dp_allreduce). Order of events on one
+    worker's clock."""
+    start, finish, blocking = kernels
     import json
     ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
     rows = {}
     for pid in {e["pid"] for e in ev if e["name"].startswith("block_bwd")}:
         mine = sorted((e for e in ev if e["pid"] == pid), key=lambda e: e["ts"])
-        starts = [e["ts"] for e in mine if e["name"] == "dp_reduce_start"]
-        ends = [e["ts"] for e in mine if e["name"] == "dp_reduce_finish"]
-        assert len(starts) == len(ends), f"row {pid}: {len(starts)} dp_reduce_start, {len(ends)} dp_reduce_finish"
-        win = list(zip(starts, ends)) + [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["name"] == "dp_allreduce"]
+        starts = [e["ts"] for e in mine if e["name"] == start]
+        ends = [e["ts"] for e in mine if e["name"] == finish]
+        assert len(starts) == len(ends), f"row {pid}: {len(starts)} {start}, {len(ends)} {finish}"
+        win = list(zip(starts, ends)) + [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["name"] == blocking]
         seen = [e["ts"] + e["dur"] for e in mine if e.get("cat") == "reduce"]  # the sums' completions
         bwd = [e["ts"] for e in mine if e["name"].startswith("block_bwd")]
         during = [t for t in bwd if any(a < t < b for a, b in win)]
@@ -154,6 +156,42 @@ def case_pipeline_stage_dp_reduce_overlaps_backward():
             assert nred in (2 * steps, 3 * steps), f"{name}: worker row {pid} has {nred} reductions for {steps} steps"
             want = steps if name == "overlap" else 0
             assert during == want, f"{name}: worker row {pid}: {during} block_bwd started inside a reduction, want {want}"
+    assert got["overlap"][2]["weights_hash"] == got["no_overlap"][2]["weights_hash"], "overlap changed the bits"
+
+
+def case_fsdp_reduce_scatter_overlaps_gather():
+    # Issue 40: with --fsdp at chained, layer l's gradient is reduce-scattered while layer l-1's
+    # weights are gathered (fsdp_rs_start after block_bwd(l), fsdp_gather of l-1, fsdp_rs_finish
+    # before block_bwd(l-1)), as spmd_train's Fsdp runs the two. Checked on every worker's own
+    # trace: with overlap each step's gathers for the backward of layers L-2..0 start inside the
+    # previous layer's reduce-scatter window; with --no-overlap (the control: the blocking
+    # fsdp_reduce_scatter node) none does. No block_bwd starts inside a window: the reduce-scatter
+    # is complete before the next backward (the runtime progresses it only between kernels and in
+    # waits; step_program.cc, FsdpNodes). The same bits either way.
+    import json
+    dp, L, steps = 2, 4, 3
+    flags = ["--dp", str(dp), "--fsdp", "--granularity", "chained", "--layers", str(L), "--steps", str(steps),
+             "--d-model", "256", "--d-ff", "1024", "--head-dim", "64"]
+    got = {}
+    for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
+        t = os.path.join(sc.TMP, f"fsdp_rs_{name}.json")
+        got[name] = sc.train(dp + 1, "fsdp_rs_" + name, flags + extra + ["--trace", t], exe="pathways")
+        rows = backward_during_reductions(t, ("fsdp_rs_start", "fsdp_rs_finish", "fsdp_reduce_scatter"))
+        assert len(rows) == dp, f"{name}: block_bwd on rows {sorted(rows)}, want {dp} workers"
+        ev = [e for e in json.load(open(t))["traceEvents"] if e.get("ph") == "X"]
+        for pid, (nrs, during, _) in rows.items():
+            mine = sorted((e for e in ev if e["pid"] == pid), key=lambda e: e["ts"])
+            starts = [e["ts"] for e in mine if e["name"] == "fsdp_rs_start"]
+            ends = [e["ts"] for e in mine if e["name"] == "fsdp_rs_finish"]
+            win = list(zip(starts, ends)) + [(e["ts"], e["ts"] + e["dur"]) for e in mine
+                                             if e["name"] == "fsdp_reduce_scatter"]
+            gathers = sum(1 for e in mine if e["name"] == "fsdp_gather" and any(a < e["ts"] < b for a, b in win))
+            print(f"{name}: worker row {pid}: {nrs} reduce-scatters, {gathers} gathers and {during} block_bwd "
+                  f"started inside one")
+            assert nrs == L * steps, f"{name}: worker row {pid} has {nrs} reduce-scatters for {L} layers x {steps} steps"
+            want = (L - 1) * steps if name == "overlap" else 0
+            assert gathers == want, f"{name}: worker row {pid}: {gathers} gathers inside a reduce-scatter, want {want}"
+            assert during == 0, f"{name}: worker row {pid}: a block_bwd started inside a reduce-scatter"
     assert got["overlap"][2]["weights_hash"] == got["no_overlap"][2]["weights_hash"], "overlap changed the bits"
 
 
@@ -491,10 +529,11 @@ def case_replicas_resume_across_meshes():
 
 def case_fsdp_equals_spmd():
     # Issue 40: pathways_train --fsdp against spmd_train --fsdp, bitwise: fused runs spmd_train's
-    # own Fsdp step on the shards; chained and opbyop run its unit-at-a-time calls, one kernel per
-    # unit (each layer gathered inside its forward and backward kernels, each micro-batch's layer
-    # gradient reduce-scattered and added to the chunk, the tied piece reduce-scattered once), the
-    # same sums in the same order. Fused also against
+    # own Fsdp step on the shards; chained and opbyop run one kernel per unit with the collectives
+    # as nodes of their own (each layer gathered by an fsdp_gather node before its forward and its
+    # backward, each micro-batch's full layer gradient reduce-scattered by fsdp_rs_start/_finish
+    # around the next backward unit, or one blocking node with --no-overlap, and added to the
+    # chunk; the tied piece reduce-scattered once), the same sums in the same order. Fused also against
     # plain dp: at dp 2 each reduce-scattered element is a + b, as the AllReduce's, so losses and
     # weights are bitwise equal; the reported gradient norm is summed per shard, then over dp,
     # which rounds differently (1e-16 relative; it is the same on every rank, so the clipping and
@@ -504,11 +543,16 @@ def case_fsdp_equals_spmd():
         tag = "".join(mesh)
         ref = sc.train(n, "spmd_fsdp" + tag, mesh + ["--fsdp"])
         plain = sc.train(n, "spmd_plain" + tag, mesh)
-        for g in ("chained", "opbyop"):
-            if g == "opbyop" and "--microbatches" in mesh:
+        for g in ("chained", "opbyop", "chained --no-overlap"):
+            if g != "chained" and "--microbatches" not in mesh:
                 continue
-            other = sc.train(n + 1, f"pw_fsdp_{g}" + tag, mesh + ["--fsdp", "--granularity", g], exe="pathways")
+            other = sc.train(n + 1, f"pw_fsdp_{g.replace(' ', '')}" + tag, mesh + ["--fsdp", "--granularity"] + g.split(),
+                             exe="pathways")
             assert_bitwise(ref, other, f"pathways {g} --fsdp {' '.join(mesh)} vs spmd --fsdp")
+            # The same buffers at the same time as spmd_train's Fsdp (a gathered layer, its full
+            # gradient, the chunk its reduce-scatter lands in, the tied pieces for the step), one
+            # counted from the program's arrays, the other from Fsdp's own.
+            assert other[2]["state_bytes"] == ref[2]["state_bytes"], (g, other[2]["state_bytes"], ref[2]["state_bytes"])
         got = sc.train(n + 1, "pw_fsdp" + tag, mesh + ["--fsdp", "--granularity", "fused"], exe="pathways")
         assert_bitwise(ref, got, f"pathways fused --fsdp {' '.join(mesh)} vs spmd --fsdp")
         what = f"pathways fused --fsdp {' '.join(mesh)} vs spmd without --fsdp"
@@ -543,6 +587,14 @@ def case_fsdp_equals_spmd():
     want = 2 * 2 * (4 * params // 2 + 8)
     assert got[2]["dcn_bytes_per_step"] == want, (got[2]["dcn_bytes_per_step"], want)
     assert got[2]["state_bytes"] == ref[2]["state_bytes"], (got[2]["state_bytes"], ref[2]["state_bytes"])
+    # The same at chained, two micro-batches: each layer's chunk is what crosses, as the island's
+    # backward makes it (the same bytes in all: the chunks make the shard); bitwise equal again.
+    m2 = ["--microbatches", "2"]
+    ref = sc.train(4, "spmd_r2_fsdp_m2", r2 + m2 + ["--fsdp"])
+    got = sc.train(5, "pw_r2_fsdp_chained", r2 + m2 + ["--fsdp", "--islands", "2x2", "--granularity", "chained"],
+                   exe="pathways")
+    assert_bitwise(ref, got, "pathways chained --fsdp --replicas 2 --dp 2 vs spmd --fsdp --replicas 2 --dp 2")
+    assert got[2]["dcn_bytes_per_step"] == want, (got[2]["dcn_bytes_per_step"], want)
     # Checkpoints hold full tensors: a --fsdp run killed after its step-4 checkpoint resumes in
     # pathways_train --fsdp, bitwise equal to spmd_train --fsdp resumed from it, and with the
     # weights of spmd_train without --fsdp resumed from it (dp 2, as above).
@@ -561,10 +613,8 @@ def case_fsdp_equals_spmd():
     assert a[2]["weights_hash"] == c[2]["weights_hash"], "pathways --fsdp resumed vs spmd --dp 2 resumed: weights"
     # What is not built is refused in one line, before training.
     m = os.path.join(sc.TMP, "fsdp_refused.jsonl")
-    for extra, n in ((["--replicas", "2", "--islands", "2x2", "--granularity", "chained"], 5),
-                     (["--stages", "2", "--layers", "2"], 5)):
-        sc.expect_error(n, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m] + extra,
-                        "pathways_train runs --fsdp on one slice at any granularity", [m], exe="pathways")
+    sc.expect_error(5, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m, "--stages", "2", "--layers", "2"],
+                    "pathways_train runs --fsdp without --stages", [m], exe="pathways")
 
 
 def case_replicas_bad_inputs_fail_cleanly():
@@ -574,10 +624,6 @@ def case_replicas_bad_inputs_fail_cleanly():
                     exe="pathways")
     sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m],
                     "--stages 2 needs 4 workers (--replicas 2 x 2 stages", [m], exe="pathways")
-    # (--fsdp with --replicas runs at --granularity fused: case fsdp_equals_spmd.)
-    sc.expect_error(5, sc.TINY + ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--fsdp", "--granularity",
-                                  "chained", "--metrics", m], "with --replicas at --granularity fused", [m],
-                    exe="pathways")
 
 
 # ---- Issue 17: the testing hooks, the pre-run check and checked writes in pathways_train --------
