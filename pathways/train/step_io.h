@@ -63,6 +63,10 @@ class Shapes {
   // --fsdp (chained, opbyop): a gathered layer as an array, D * fsdp_chunk floats (the layer, then
   // zero padding): its weights (fsdp_gather) or its full gradient (block_bwd's output).
   int64_t fsdp_gathered_layer(int tp, int l) const { return cfg_.mesh.dp * fsdp_chunk(tp, 1 + l); }
+  // The embedding's and final norm's weights gathered (held by the device's Fsdp for the step).
+  int64_t fsdp_gathered_tied(int tp) const {
+    return cfg_.mesh.dp * (fsdp_chunk(tp, 0) + fsdp_chunk(tp, static_cast<int>(cfg_.model.n_layers) + 1));
+  }
   int64_t stats_words() const;  // StepStats::words of the model, per device
   bool moe_layer(int layer) const { return cfg_.model.moe() && cfg_.model.moe_layer(layer); }
   // Layer `layer` exchanges rows between devices (an MoE layer under --expert-parallel > 1).

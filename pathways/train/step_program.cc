@@ -54,12 +54,13 @@ class FsdpNodes {
     }
     return h.value;
   }
-  // After a unit read layer l's (or the tied) weights: dropped unless `keep`.
+  // After a unit read layer l's (or the tied) weights: dropped unless `keep` (the tied pieces'
+  // stay counted: the device holds them to tied_reduce_scatter, after the step's backward).
   void read(int l, bool keep) {
     Held& h = held(l);
     if (keep || !h.live) return;
     h.live = false;
-    free(gathered_bytes(l));
+    if (l >= 0) free(gathered_bytes(l));
   }
   // block_bwd(l) made `grad` (the unit read layer l's weights: dropped unless `keep_weights`).
   void backward(int l, const V& grad, bool keep_weights) {
@@ -103,8 +104,10 @@ class FsdpNodes {
     bool live = false;
   };
   Held& held(int l) { return l < 0 ? tied_ : layers_[l]; }
-  // (The tied pieces' weights are held by the device's Fsdp for the whole step, which counts them.)
-  int64_t gathered_bytes(int l) const { return l < 0 ? 0 : 4 * sh_.fsdp_gathered_layer(tp_, l); }
+  // (The tied pieces' weights: in the device's Fsdp, from their gather to tied_reduce_scatter.)
+  int64_t gathered_bytes(int l) const {
+    return 4 * (l < 0 ? sh_.fsdp_gathered_tied(tp_) : sh_.fsdp_gathered_layer(tp_, l));
+  }
   int64_t chunk_bytes(int l) const { return 4 * sh_.fsdp_chunk(tp_, 1 + l); }
   V finish(const std::string& k, int l, std::vector<V> in) {
     const bool prev = has_chunk_[l];

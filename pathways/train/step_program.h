@@ -37,7 +37,8 @@ using RouteFn = std::function<V(const V& counts)>;
 // reduced) and the micro-batch losses. replica >= 0: island `replica` of the replicas (its batch
 // nodes read that island's rows).
 // --fsdp: the layers' pieces are their chunks (reduce-scattered over dp) and the tied piece is
-// whole; fsdp_held is the most bytes of gathered weights, full layer gradients and started chunks
+// whole; fsdp_held is the most bytes of gathered weights (the tied pieces' for the whole step),
+// full layer gradients, the tied piece's gradient and started chunks
 // the device holds at once (step_program.cc, FsdpNodes).
 template <typename V>
 struct Grads {

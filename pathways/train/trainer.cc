@@ -465,10 +465,11 @@ void Trainer::report_layout_and_memory() {
   // (A pipeline stage's state arrays are the whole layout's size: sh.total(1).)
   // The model state a device holds (docs/train.md, as spmd_train's): parameters, gradients and
   // both AdamW moments of its shard, 16 bytes a parameter.
-  // --fsdp: of its dp shard, plus the most gathered weights and gradients it held at once (the
-  // kernels' own, and at chained and opbyop the program's arrays of them).
+  // --fsdp: of its dp shard, plus the most gathered weights and gradients it held at once: the
+  // kernels' own (fused's step, every evaluation), or at chained and opbyop the step program's
+  // arrays and the tied pieces (never at the same time as an evaluation's).
   report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
-                                        static_cast<double>(gathered + fsdp_program_held_));
+                                        static_cast<double>(std::max(gathered, fsdp_program_held_)));
   if (R_ > 1) {
     // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
     // it, replica_program.cc) and its loss to its peer in each other island.
