@@ -125,6 +125,9 @@ class Trainer final : public pwm::train::Trainer {
   // --fsdp at chained and opbyop: the most bytes of gathered weights and gradient arrays the
   // step's program holds on a device at once (Grads::fsdp_held), set when the step is traced.
   mutable int64_t fsdp_program_held_ = 0;
+  // MoE: the runtime's count of this client's puts at the end of the previous step (read once).
+  uint64_t puts_ = 0;
+  bool puts_read_ = false;
   // Steps: two stay in flight while the controller reads the statistics of the one before.
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause
