@@ -156,8 +156,8 @@ Bench start_bench(collectives::MpiEnvironment& env, BenchOptions opt) {
 }
 
 // A phase per T (Fig. 5/6's, then Fig. 8's with its longer chain), each a series of rounds: the
-// SPMD chain, then a runtime session. Worker rank 1 reports the chain to the controller and
-// passes its go message on to the other workers.
+// SPMD chain and a runtime session, in the order pathways_first() gives. Worker rank 1 reports
+// the chain to the controller and passes its go message on to the other workers.
 void run_workers(const Bench& b) {
   calibrate();
   const int rank = b.transport->rank();
@@ -169,17 +169,23 @@ void run_workers(const Bench& b) {
   for (size_t ph = 0; ph < phases.size(); ++ph) {
     const int64_t t = phases[ph];
     const int n = ph < b.opt.ts.size() ? b.opt.chain : b.opt.fig8_chain(t);
-    for (double more = 1; more != 0;) {
-      double msg[3] = {0, 0, iters_per_us()};
-      msg[0] = spmd_chain(wc, n, t, &msg[1]);
-      if (rank == 1) send_spinning(*b.transport, msg, sizeof(msg), 0, b.result_tag);
+    for (double more = 1, round = 0; more != 0; ++round) {
+      const auto spmd = [&] {
+        double msg[3] = {0, 0, iters_per_us()};
+        msg[0] = spmd_chain(wc, n, t, &msg[1]);
+        if (rank == 1) send_spinning(*b.transport, msg, sizeof(msg), 0, b.result_tag);
+      };
+      if (!pathways_first(static_cast<int>(round))) spmd();
       run_worker(b.transport);
+      if (pathways_first(static_cast<int>(round))) spmd();
       if (rank == 1) recv_asleep(*b.transport, &more, sizeof(more), 0, b.result_tag + 1);
       wc.broadcast(&more, 1, collectives::DataType::kFloat64, 0);
     }
   }
   if (!b.opt.stages.empty()) run_worker(b.transport);  // the Fig. 7 session
 }
+
+bool pathways_first(int round) { return round % 2 == 1; }
 
 SpmdRound await_spmd_round(Bench* b) {
   double msg[3];

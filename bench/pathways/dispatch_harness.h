@@ -5,10 +5,12 @@
 //
 // World rank 0 is the controller (it runs the Pathways runtime), ranks 1..W the workers. Every
 // T of Fig. 5/6 and then of Fig. 8 is a phase of rounds: the workers run the SPMD chain (the
-// controller asleep), then a fresh runtime session measures the Pathways modes, then the
-// controller's go message says whether another round at this T follows. SPMD and Pathways thus
-// alternate within seconds and share whatever else the machine is doing. Fig. 7 runs in a last
-// session.
+// controller asleep) and a fresh runtime session measures the Pathways modes, in the order
+// ABCD DCBA: the even rounds (the warm-up is round 0) SPMD first and the modes in their order,
+// the odd ones the modes reversed and SPMD last (pathways_first). Then the controller's go
+// message says whether another round at this T follows. SPMD and Pathways thus alternate within
+// seconds, share whatever else the machine is doing, and neither always goes first. Fig. 7 runs
+// in a last session.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +93,10 @@ Bench start_bench(collectives::MpiEnvironment& env, BenchOptions opt);
 // Ranks 1..W: every round of every phase, then the Fig. 7 session. Returns when the controller
 // has ended the last one.
 void run_workers(const Bench& b);
+
+// Round `round` of a phase (0: the warm-up) runs the Pathways session before the SPMD chain, its
+// modes in reverse order (both sides of every round ask this).
+bool pathways_first(int round);
 
 // Controller side of a round. The workers' SPMD chain of this round: seconds (the slowest
 // worker) and 1 if its result was wrong. Waits asleep; records b->iters_per_us.

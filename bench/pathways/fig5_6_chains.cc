@@ -51,14 +51,14 @@ void time_program(Client& c, const Program& p, Mode mode, const Array& x0, int c
   out->wrong[mode] += count_wrong(y, static_cast<float>(chain));
 }
 
-// One round's runtime session: the three Pathways modes at T, then the runtime's shutdown (before
-// the session's handles go).
-void time_pathways(const Bench& b, Runtime& rt, int64_t t, bool timed, Samples* out) {
+// One round's runtime session: the three Pathways modes at T (`reverse`: fused, chained, opbyop),
+// then the runtime's shutdown (before the session's handles go).
+void time_pathways(const Bench& b, Runtime& rt, int64_t t, bool timed, bool reverse, Samples* out) {
   const int chain = b.opt.chain;
   Client c = rt.client("dispatch_bench");
   Slice s = c.allocate(b.workers);
   Array x0 = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{0});
-  time_opbyop(c, s, x0, chain, t, timed, out);
+  if (!reverse) time_opbyop(c, s, x0, chain, t, timed, out);
   ProgramBuilder cb(fmt::format("chain_T{}", t));
   Value v = cb.param_like(x0);
   for (int i = 0; i < chain; ++i) v = cb.call("bench_step", s, {v}, {t})[0];
@@ -67,8 +67,14 @@ void time_pathways(const Bench& b, Runtime& rt, int64_t t, bool timed, Samples* 
   ProgramBuilder fb(fmt::format("fused_T{}", t));
   fb.output(fb.call("bench_fused", s, {fb.param_like(x0)}, {chain, t})[0]);
   const Program fused = fb.build();
-  time_program(c, chained, Mode::kChained, x0, chain, timed, out);
-  time_program(c, fused, Mode::kFused, x0, chain, timed, out);
+  if (reverse) {
+    time_program(c, fused, Mode::kFused, x0, chain, timed, out);
+    time_program(c, chained, Mode::kChained, x0, chain, timed, out);
+    time_opbyop(c, s, x0, chain, t, timed, out);
+  } else {
+    time_program(c, chained, Mode::kChained, x0, chain, timed, out);
+    time_program(c, fused, Mode::kFused, x0, chain, timed, out);
+  }
   rt.shutdown();
 }
 
@@ -84,11 +90,18 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
     return false;
   };
   for (int r = -1;; ++r) {
-    const SpmdRound spmd = await_spmd_round(b);
-    out.wrong[Mode::kSpmd] += spmd.wrong;
-    if (r >= 0) out.times[Mode::kSpmd].push_back(spmd.seconds);
-    Runtime rt(b->transport, b->runtime_options());
-    time_pathways(*b, rt, t, r >= 0, &out);
+    const bool pw_first = pathways_first(r + 1);
+    const auto spmd = [&] {
+      const SpmdRound sr = await_spmd_round(b);
+      out.wrong[Mode::kSpmd] += sr.wrong;
+      if (r >= 0) out.times[Mode::kSpmd].push_back(sr.seconds);
+    };
+    if (!pw_first) spmd();
+    {
+      Runtime rt(b->transport, b->runtime_options());
+      time_pathways(*b, rt, t, r >= 0, pw_first, &out);
+    }
+    if (pw_first) spmd();
     const int timed = r + 1;  // timed rounds so far
     const bool more = timed < reps || timed % reps != 0 || (timed < 3 * reps && below());
     send_go(*b, more);

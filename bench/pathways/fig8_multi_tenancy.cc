@@ -74,19 +74,25 @@ ClientsSample run_clients(Runtime& rt, const Bench& b, int64_t t, int64_t k) {
   return sample;
 }
 
-// Rounds at T (a warm-up and --fig8-reps timed ones): the SPMD chain, then a session running
-// every client count. Appends T's rows to `rows`.
+// Rounds at T (a warm-up and --fig8-reps timed ones): the SPMD chain and a session running
+// every client count, in the order pathways_first() gives. Appends T's rows to `rows`.
 void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
   std::vector<double> spmd_times;
   std::map<int64_t, std::vector<double>> rates, busy;  // per client count
   std::map<int64_t, int> wrong;
   int wrong_spmd = 0;
   for (int r = -1;; ++r) {
-    const SpmdRound spmd = await_spmd_round(b);
-    wrong_spmd += spmd.wrong;
-    if (r >= 0) spmd_times.push_back(spmd.seconds);
+    const bool pw_first = pathways_first(r + 1);  // (then the client counts in reverse too)
+    const auto spmd = [&] {
+      const SpmdRound sr = await_spmd_round(b);
+      wrong_spmd += sr.wrong;
+      if (r >= 0) spmd_times.push_back(sr.seconds);
+    };
+    if (!pw_first) spmd();
     Runtime rt(b->transport, b->runtime_options());
-    for (int64_t k : b->opt.clients) {
+    std::vector<int64_t> ks = b->opt.clients;
+    if (pw_first) std::reverse(ks.begin(), ks.end());
+    for (int64_t k : ks) {
       const ClientsSample s = run_clients(rt, *b, t, k);
       wrong[k] += s.wrong;
       if (r >= 0) {
@@ -95,6 +101,7 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
       }
     }
     rt.shutdown();
+    if (pw_first) spmd();
     const bool more = r + 1 < b->opt.fig8_reps;
     send_go(*b, more);
     if (!more) break;
