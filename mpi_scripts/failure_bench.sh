@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Goodput under random failures (issue 38; docs/failures.md): each trainer runs the same training
+# twice under mpi_scripts/supervise.sh, once without faults and once while an injector SIGKILLs a
+# random rank of the job at exponentially distributed gaps (mean --mtbf seconds, seeded). The
+# supervisor restarts the job from its newest checkpoint each time. Per trainer:
+# - goodput: the fault-free run's wall time over the faulty run's, for the same steps (useful
+#   steps per second against a run without failures);
+# - the faults, the restarts, and per recovery: the time to detect (the kill to the supervisor's
+#   line that the attempt ended), to restart (that line to the restarted job's first step), and
+#   the steps replayed (done before the kill, done again after it);
+# - whether the faulty run ended with the fault-free run's weights (it must: a restart replays the
+#   lost steps with the same data; the script fails otherwise).
+#
+# Usage: mpi_scripts/failure_bench.sh [--mtbf SECS] [--steps N] [--ckpt-every K] [--seed S]
+#                                     [--models "spmd pathways"] [--out DIR] [-- TRAINER FLAGS...]
+#   --mtbf SECS      mean time between faults (default 60)
+#   --steps N        the training's steps (default 120; about 2 minutes of the default workload
+#                    without faults on 2 cores)
+#   --ckpt-every K   checkpoint interval in steps (default 10): what a fault costs in replay
+#   --models         spmd (spmd_train --dp 2, 2 ranks) and/or pathways (pathways_train --dp 2
+#                    --granularity chained, 3 ranks: its controller is a rank the injector may kill)
+# Results: DIR/failure_bench.json (default results/), the timestamped log of every run (and of
+# its injector: DIR/failure_MODEL_faulty.inject.log).
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+MTBF=60; STEPS=120; CKPT_EVERY=10; SEED=1; MODELS="spmd pathways"; OUT="$PWM_ROOT/results"; EXTRA=()
+value() {
+  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
+    echo "failure_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
+  fi
+  printf '%s' "$2"
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mtbf) MTBF=$(value "$@") || exit 2; shift 2 ;;
+    --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
+    --ckpt-every) CKPT_EVERY=$(value "$@") || exit 2; shift 2 ;;
+    --seed) SEED=$(value "$@") || exit 2; shift 2 ;;
+    --models) MODELS=$(value "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "failure_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+whole() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "failure_bench.sh: error: $1 must be a whole number of at least $3 (got '$2')" >&2; exit 2; }; }
+whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEED" 0
+[[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
+  { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
+for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways ]] || { echo "failure_bench.sh: error: --models takes spmd and/or pathways (got '$m')" >&2; exit 2; }; done
+pwm_install_deps
+pwm_build >/dev/null
+pwm_warn_if_busy
+mkdir -p "$OUT"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+echo "failure_bench: $(getconf _NPROCESSORS_ONLN) cores; commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC'); MTBF $MTBF s, $STEPS steps, a checkpoint every $CKPT_EVERY"
+WORKLOAD=(--steps "$STEPS" --batch 32 --eval-every 0 --eval-batches 1 --log-every 1 --ckpt-every "$CKPT_EVERY" "${EXTRA[@]}")
+
+# Prefixes every line of stdin with the time it was read (seconds since the epoch).
+stamp() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
+
+# run MODEL KIND: one supervised training (KIND: free or faulty), its timestamped log in
+# $OUT/failure_MODEL_KIND.log.
+run() {
+  local model=$1 kind=$2 base="$OUT/failure_$1_$2"
+  local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2)
+  [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
+  rm -f "$base.ckpt" "$base.jsonl" "$base.inject.log"
+  local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"
+             --ckpt "$base.ckpt" --resume --metrics "$base.jsonl")
+  echo "\$ supervise.sh --max-restarts 1000 -- ${cmd[*]}   ($kind)"
+  { bash "$PWM_ROOT/mpi_scripts/supervise.sh" --max-restarts 1000 -- "${cmd[@]}" 2>&1; echo "failure_bench: exit $?"; } |
+    stamp > "$base.log" &
+  local job=$!
+  if [ "$kind" = faulty ]; then
+    # The injector: after each gap, SIGKILL one of the job's ranks at random (a gap in which no
+    # rank runs, e.g. between two attempts, is logged and passes).
+    # (The same seed for every trainer: the same gaps.)
+    python3 - "$MTBF" "$SEED" "$bin" "$base.ckpt" "$job" <<'EOF' | stamp > "$base.inject.log" &
+import os, random, signal, subprocess, sys, time
+mtbf, seed, binary, ckpt, job = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+rng = random.Random(seed)
+while True:
+    end = time.time() + rng.expovariate(1.0 / mtbf)
+    while time.time() < end:
+        if subprocess.run(["kill", "-0", str(job)], capture_output=True).returncode != 0:
+            sys.exit(0)
+        time.sleep(0.05)
+    # The ranks only: their command line starts with the trainer (the launcher's and the
+    # supervisor's hold the same words after theirs).
+    out = subprocess.run(["pgrep", "-f", f"^{binary} .*--ckpt {ckpt}"], capture_output=True, text=True).stdout
+    pids = sorted(int(p) for p in out.split())
+    if not pids:
+        print("failure_bench: inject: no rank running", flush=True)
+        continue
+    victim = rng.choice(pids)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        print(f"failure_bench: inject: SIGKILL pid {victim} of {len(pids)} ranks", flush=True)
+    except ProcessLookupError:
+        print("failure_bench: inject: the rank had ended", flush=True)
+EOF
+  fi
+  wait "$job"
+  wait
+  grep -q "failure_bench: exit 0$" "$base.log" ||
+    { echo "failure_bench.sh: error: the $kind $model run did not finish (log: $base.log)" >&2; exit 1; }
+}
+
+ARGS=()
+for model in $MODELS; do
+  run "$model" free
+  run "$model" faulty
+  ARGS+=("$model" "$OUT/failure_${model}_free" "$OUT/failure_${model}_faulty")
+done
+python3 "$PWM_ROOT/mpi_scripts/failure_report.py" "$OUT/failure_bench.json" "$MTBF" "$STEPS" "$CKPT_EVERY" "${ARGS[@]}"
