@@ -567,12 +567,15 @@ void fsdp_rs_finish(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 // The blocking form (--no-overlap): inputs the gradient[, the chunk so far]; output the chunk.
 void fsdp_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = pos(ctx);
-  std::vector<float> sum(ctx.out<float>(0).size());
+  auto out = ctx.out<float>(0);
+  const bool prev = ctx.attrs().size() > 2 && ctx.attr(2) != 0;
+  std::vector<float> tmp(prev ? out.size() : 0);  // (the first micro-batch's lands in the output)
+  float* sum = prev ? tmp.data() : out.data();
   const int64_t t0 = now_us();
-  collectives::Work w = dev.fsdp(ctx, p).start_reduce_layer(static_cast<int>(ctx.attr(1)), ctx.in<float>(0).data(), sum.data());
+  collectives::Work w = dev.fsdp(ctx, p).start_reduce_layer(static_cast<int>(ctx.attr(1)), ctx.in<float>(0).data(), sum);
   w.wait();
   dev.add_comm((now_us() - t0) * 1e-6);
-  add_chunk(ctx, sum);
+  add_chunk(ctx, {sum, out.size()});
 }
 
 // --fsdp (chained; attrs: tp): inputs the state (shards), the gradient's chunks in shard order
