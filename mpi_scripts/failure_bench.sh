@@ -82,9 +82,11 @@ rng = random.Random(seed)
 while True:
     end = time.time() + rng.expovariate(1.0 / mtbf)
     while time.time() < end:
-        if subprocess.run(["kill", "-0", str(job)], capture_output=True).returncode != 0:
+        try:
+            os.kill(job, 0)  # (no process spawned while the job trains)
+        except ProcessLookupError:
             sys.exit(0)
-        time.sleep(0.05)
+        time.sleep(0.2)
     # The ranks only: their command line starts with the trainer (the launcher's and the
     # supervisor's hold the same words after theirs).
     out = subprocess.run(["pgrep", "-f", f"^{binary} .*--ckpt {ckpt}"], capture_output=True, text=True).stdout

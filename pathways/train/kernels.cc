@@ -356,12 +356,10 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
   add("update", true, [S](Attrs a) { return update_sig(S, a, update_args(*S, tp_of(a))); }, update);
-  // --fsdp (chained): the tied piece reduce-scattered into the embedding's and final norm's
-  // chunks; the update on the shard from its chunks in shard order, then the micro-batch losses.
   // --fsdp (chained, opbyop; attrs: tp, layer, or -1 for the tied pieces): a piece's weights
   // all-gathered over dp into an array of their own before the unit that reads them; a layer's
   // full gradient reduce-scattered into its chunk, started after its block_bwd and finished after
-  // the next backward unit (fsdp_rs_start / _finish, as dp_reduce_start / _finish), or blocking
+  // the next layer's gather (fsdp_rs_start / _finish, as dp_reduce_start / _finish), or blocking
   // (fsdp_reduce_scatter, --no-overlap). Inputs: the gradient, fsdp_rs_finish also the started
   // buffer, and with attrs[2] = 1 the chunk so far (the last input).
   add("fsdp_gather", true, [S](Attrs a) {
@@ -382,6 +380,8 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   add("fsdp_rs_start", true, rs_sig(Rs::kStart), fsdp_rs_start);
   add("fsdp_rs_finish", true, rs_sig(Rs::kFinish), fsdp_rs_finish);
   add("fsdp_reduce_scatter", true, rs_sig(Rs::kBlocking), fsdp_reduce_scatter);
+  // --fsdp: the tied piece reduce-scattered into the embedding's and final norm's chunks; the
+  // update on the shard from its chunks in shard order, then the micro-batch losses.
   add("tied_reduce_scatter", true, [S](Attrs a) {
     const int tp = tp_of(a), L = static_cast<int>(S->cfg().model.n_layers);
     return sig({tied(S, tp)}, {split_f32(S->fsdp_chunk(tp, 0)), split_f32(S->fsdp_chunk(tp, L + 1))});
@@ -427,8 +427,7 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   // replica_update: attrs[1] = 1 (--fsdp, chained): the gradient shard as its chunks.
   add("replica_update", true, [S](Attrs a) {
     return update_sig(S, a, replica_update_args(*S, tp_of(a), a.size() > 1 && a[1] != 0));
-  },
-      replica_update);
+  }, replica_update);
 }
 
 void add_pipeline_kernels(const AddFn& add, const Shapes* S) {

@@ -41,8 +41,12 @@ template <typename V>
 class FsdpNodes {
  public:
   FsdpNodes(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call)
-      : sh_(sh), names_(names), tp_(tp), st_(st), call_(call), L_(sh.plan(tp).layers()),
-        overlap_(sh.cfg().exec.overlap), chunks_(static_cast<size_t>(L_)) {}
+      : sh_(sh), names_(names), tp_(tp), st_(st), call_(call), overlap_(sh.cfg().exec.overlap) {
+    const size_t L = static_cast<size_t>(sh.plan(tp).layers());
+    chunks_.resize(L);
+    has_chunk_.resize(L);
+    layers_.resize(L);
+  }
 
   // The gathered weights of layer l (l < 0: the tied pieces'), gathered unless held.
   V weights(int l) {
@@ -103,16 +107,16 @@ class FsdpNodes {
     V grad, started;
     bool live = false;
   };
-  Held& held(int l) { return l < 0 ? tied_ : layers_[l]; }
+  Held& held(int l) { return l < 0 ? tied_ : layers_[static_cast<size_t>(l)]; }
   // (The tied pieces' weights: in the device's Fsdp, from their gather to tied_reduce_scatter.)
   int64_t gathered_bytes(int l) const {
     return 4 * (l < 0 ? sh_.fsdp_gathered_tied(tp_) : sh_.fsdp_gathered_layer(tp_, l));
   }
   int64_t chunk_bytes(int l) const { return 4 * sh_.fsdp_chunk(tp_, 1 + l); }
   V finish(const std::string& k, int l, std::vector<V> in) {
-    const bool prev = has_chunk_[l];
+    const bool prev = has_chunk_[static_cast<size_t>(l)];
     if (prev) in.push_back(chunks_[static_cast<size_t>(l)]);
-    has_chunk_[l] = true;
+    has_chunk_[static_cast<size_t>(l)] = true;
     return call_(k, std::move(in), {tp_, l, prev ? 1 : 0})[0];
   }
 
@@ -121,12 +125,11 @@ class FsdpNodes {
   const int tp_;
   const State<V>& st_;
   const CallFn<V>& call_;
-  const int L_;
   const bool overlap_;
-  std::vector<V> chunks_;
-  std::map<int, bool> has_chunk_;
+  std::vector<V> chunks_;        // per layer: the chunk so far
+  std::vector<bool> has_chunk_;  // (V has no empty state common to Value and Array)
   Held tied_;
-  std::map<int, Held> layers_;
+  std::vector<Held> layers_;
   Pending pending_;
   int64_t live_ = 0, peak_ = 0;
 };

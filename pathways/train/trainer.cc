@@ -240,10 +240,7 @@ std::vector<double> Trainer::fetch(const Array& a, const std::string& what) {
 bool Trainer::step(int64_t step) {
   // (The runtime's count is read once per step: the previous step's reading is this one's start;
   // this client puts nothing else, route() being its only put.)
-  if (cfg_.model.moe() && !puts_read_) {
-    puts_ = client_.usage().puts;
-    puts_read_ = true;
-  }
+  if (cfg_.model.moe() && !puts_) puts_ = client_.usage().puts;
   const auto out = run_step();
   constexpr size_t kCount = StepOutputs<Array>::kCount;
   PWM_CHECK_EQ(out.size(), states_.size() * kCount);
@@ -252,7 +249,7 @@ bool Trainer::step(int64_t step) {
   // it put back (one per MoE layer and micro-batch with --moe-routing controller; none else).
   if (cfg_.model.moe()) {
     const uint64_t puts = client_.usage().puts;
-    p.round_trips = puts - puts_;
+    p.round_trips = puts - *puts_;
     puts_ = puts;
   }
   for (size_t s = 0; s < states_.size(); ++s) {  // each slice's StepOutputs, in slice order

@@ -126,8 +126,7 @@ class Trainer final : public pwm::train::Trainer {
   // step's program holds on a device at once (Grads::fsdp_held), set when the step is traced.
   mutable int64_t fsdp_program_held_ = 0;
   // MoE: the runtime's count of this client's puts at the end of the previous step (read once).
-  uint64_t puts_ = 0;
-  bool puts_read_ = false;
+  std::optional<uint64_t> puts_;
   // Steps: two stay in flight while the controller reads the statistics of the one before.
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause
