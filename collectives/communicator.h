@@ -192,4 +192,11 @@ class Communicator {
   std::shared_ptr<SeqWindow> window_;  // this rank's collectives of this communicator in flight
 };
 
+// What a float64 sum AllReduce with Algorithm::kRecursiveDoubling over v.size() ranks returns,
+// rank r contributing v[r], computed in one place: the same additions in the same grouping
+// (halving_doubling.cc: the fold of the first 2 rem ranks, then pairs at distance 1, 2, 4, ...,
+// the lower new rank's operand first). For a program that gathers the summands itself (the
+// expert island's squared norms) and must get the collective's bits.
+double recursive_doubling_sum(std::span<const double> v);
+
 }  // namespace pwm::collectives

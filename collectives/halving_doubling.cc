@@ -10,7 +10,11 @@
 //
 // Steps of one rank run in sequence (each exchange depends on the previous one); these
 // algorithms win on latency (log2 n exchanges), not on pipelining.
+#include <algorithm>
+#include <span>
 #include <vector>
+
+#include "collectives/communicator.h"
 
 #include "collectives/algorithms.h"
 
@@ -135,3 +139,26 @@ void allreduce_halving_doubling(Schedule& s, int r, int n, const void* send, voi
 }
 
 }  // namespace pwm::collectives::algo
+
+namespace pwm::collectives {
+
+double recursive_doubling_sum(std::span<const double> v) {
+  const int n = static_cast<int>(v.size());
+  if (n == 0) return 0.0;
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  const int rem = n - p2;
+  std::vector<double> w(static_cast<size_t>(p2));
+  for (int q = 0; q < p2; ++q) w[static_cast<size_t>(q)] = q < rem ? v[2 * q] + v[2 * q + 1] : v[q + rem];
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    std::vector<double> next(w.size());
+    for (int q = 0; q < p2; ++q) {
+      const int lo = std::min(q, q ^ mask), hi = std::max(q, q ^ mask);
+      next[static_cast<size_t>(q)] = w[static_cast<size_t>(lo)] + w[static_cast<size_t>(hi)];
+    }
+    w = std::move(next);
+  }
+  return w[0];
+}
+
+}  // namespace pwm::collectives

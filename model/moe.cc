@@ -199,23 +199,64 @@ void moe_expert_rows(const ParamLayout& layout, const S* params, int l, const S*
   moe_route(c, N, sc.logits.data(), st);
 }
 
+namespace {
+
+// Routes h and writes the dispatched rows into `sent` (padding rows zero); returns their count.
+template <typename S>
+int64_t pack_rows(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, MoeState<S>& st,
+                  MoeScratch<S>& sc, std::vector<S>& sent) {
+  const int64_t C = layout.config().d_model, K = layout.config().top_k;
+  moe_expert_rows(layout, params, l, h, N, st, sc);
+  const int64_t rows = offsets(st.expert_rows).back();
+  grow(sent, static_cast<size_t>(rows * C));
+  std::fill(sent.begin(), sent.begin() + rows * C, S(0));
+  for (int64_t i = 0; i < N * K; ++i)
+    if (st.slot[i] >= 0) std::memcpy(sent.data() + st.slot[i] * C, h + (i / K) * C, sizeof(S) * C);
+  return rows;
+}
+
+}  // namespace
+
+template <typename S>
+void moe_pack(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, MoeState<S>& st,
+              MoeScratch<S>& sc) {
+  pack_rows(layout, params, l, h, N, st, sc, sc.sent);
+  st.send_rows = per_rank(st.expert_rows, layout.local_experts());
+}
+
+template <typename S>
+void moe_combine(const Config& c, int64_t N, S* out, MoeState<S>& st) {
+  // out[n] += gate_k z(slot_k), k in order.
+  const int64_t C = c.d_model, K = c.top_k;
+  for (int64_t i = 0; i < N * K; ++i) {
+    if (st.slot[i] < 0) continue;
+    const S g = st.gate[i];
+    const S* zr = st.back.data() + st.slot[i] * C;
+    S* o = out + (i / K) * C;
+    for (int64_t k = 0; k < C; ++k) o[k] += g * zr[k];
+  }
+}
+
+template <typename S>
+void moe_experts_forward(const ParamLayout& layout, const S* params, int l, int sources, MoeState<S>& st, S* z) {
+  const Shape d = shape_of(layout, sources);
+  int64_t R = 0;
+  for (int64_t r : st.block_rows) R += r;
+  grow(st.ye, static_cast<size_t>(R * 2 * d.F));
+  grow(st.ge, static_cast<size_t>(R * d.F));
+  experts_forward(layout, params, l, d, st, z);
+}
+
 template <typename S>
 void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, S* out,
                  MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
   const Config& c = layout.config();
-  const LayerOffsets& lo = layout.layer(l);
   const Shape d = shape_of(layout, ep.size);
   PWM_CHECK_EQ(static_cast<int64_t>(ep.size), static_cast<int64_t>(layout.ep_size()));
-  moe_expert_rows(layout, params, l, h, N, st, sc);
-  const std::vector<int64_t> off = offsets(st.expert_rows);
-  const int64_t rows = off.back();
+  PWM_CHECK(ep.at == ExpertsAt::kHere, "moe_forward runs local experts (remote ones: moe_pack, moe_combine)");
   // Dispatch: token rows into their slots (padding rows zero). Without expert parallelism the
   // buffer is the experts' input itself.
-  std::vector<S>& sent = d.P > 1 ? sc.sent : st.xe;
-  grow(sent, static_cast<size_t>(rows * d.C));
-  std::fill(sent.begin(), sent.begin() + rows * d.C, S(0));
-  for (int64_t i = 0; i < N * d.K; ++i)
-    if (st.slot[i] >= 0) std::memcpy(sent.data() + st.slot[i] * d.C, h + (i / d.K) * d.C, sizeof(S) * d.C);
+  const int64_t rows = pack_rows(layout, params, l, h, N, st, sc, d.P > 1 ? sc.sent : st.xe);
   if (d.P > 1) {
     dispatch(c, d, sc.sent.data(), st, ep);
   } else {
@@ -224,23 +265,14 @@ void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, 
   }
   int64_t R = 0;
   for (int64_t r : st.recv_rows) R += r;
-  grow(st.ye, static_cast<size_t>(R * 2 * d.F));
-  grow(st.ge, static_cast<size_t>(R * d.F));
   std::vector<S>& z = d.P > 1 ? sc.z : st.back;
   grow(z, static_cast<size_t>(R * d.C));
-  experts_forward(layout, params, l, d, st, z.data());
+  moe_experts_forward(layout, params, l, static_cast<int>(d.P), st, z.data());
   if (d.P > 1) {  // the outputs go back to the tokens' ranks
     grow(st.back, static_cast<size_t>(rows * d.C));
     ep.rows(sc.z.data(), st.recv_rows.data(), st.back.data(), st.send_rows.data(), d.C);
   }
-  // Combine: out[n] += gate_k z(slot_k), k in order.
-  for (int64_t i = 0; i < N * d.K; ++i) {
-    if (st.slot[i] < 0) continue;
-    const S g = st.gate[i];
-    const S* zr = st.back.data() + st.slot[i] * d.C;
-    S* o = out + (i / d.K) * d.C;
-    for (int64_t k = 0; k < d.C; ++k) o[k] += g * zr[k];
-  }
+  moe_combine(c, N, out, st);
   st.stats.expert_rows = R;
 }
 
@@ -314,8 +346,9 @@ namespace {
 // The combine's backward: d gate_k = dy[n] . z(slot_k) (in double), d z(slot_k) = gate_k dy[n]
 // into dback (the dispatched buffer's rows; padding rows zero).
 template <typename S>
-void combine_backward(const Shape& d, int64_t N, int64_t rows, const MoeState<S>& st, const S* dy, S* dgate,
-                      std::vector<S>& dback) {
+void combine_backward(const Shape& d, int64_t N, int64_t rows, MoeState<S>& st, const S* dy, std::vector<S>& dback) {
+  grow(st.dgate, static_cast<size_t>(N * d.K));
+  S* dgate = st.dgate.data();
   grow(dback, static_cast<size_t>(rows * d.C));
   std::fill(dback.begin(), dback.begin() + rows * d.C, S(0));
   for (int64_t i = 0; i < N * d.K; ++i) {
@@ -355,38 +388,61 @@ void router_backward(const Shape& d, int64_t N, const S* dlogits, const S* h, co
 }  // namespace
 
 template <typename S>
-void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
-                  S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
-  const Config& c = layout.config();
-  const LayerOffsets& lo = layout.layer(l);
-  const Shape d = shape_of(layout, ep.size);
-  const int64_t rows = offsets(st.expert_rows).back();
+void moe_backward_combine(const Config& c, int64_t N, const S* dy, MoeState<S>& st, std::vector<S>& dback) {
+  const Shape d{c.d_model, c.d_ff, c.experts, c.top_k, 0, 0};
+  combine_backward(d, N, offsets(st.expert_rows).back(), st, dy, dback);
+}
+
+template <typename S>
+void moe_experts_backward(const ParamLayout& layout, const S* params, S* grads, int l, int sources, MoeState<S>& st,
+                          MoeScratch<S>& sc) {
+  const Shape d = shape_of(layout, sources);
   int64_t R = 0;
-  for (int64_t r : st.recv_rows) R += r;
-  grow(sc.dgate, static_cast<size_t>(N * d.K));
-  // Without expert parallelism the dispatched rows are the experts' rows: one buffer.
-  combine_backward(d, N, rows, st, dy, sc.dgate.data(), d.P > 1 ? sc.dback : sc.dz);
+  for (int64_t r : st.block_rows) R += r;
   grow(sc.dz, static_cast<size_t>(R * d.C));
-  if (d.P > 1) ep.rows(sc.dback.data(), st.send_rows.data(), sc.dz.data(), st.recv_rows.data(), d.C);
   grow(sc.dge, static_cast<size_t>(R * d.F));
   grow(sc.dye, static_cast<size_t>(R * 2 * d.F));
   grow(sc.dxe, static_cast<size_t>(R * d.C));
   experts_backward(layout, params, grads, l, d, st, sc);
+}
+
+template <typename S>
+void moe_backward_finish(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dxback,
+                         int64_t N, S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc) {
+  const Config& c = layout.config();
+  const LayerOffsets& lo = layout.layer(l);
+  const Shape d = shape_of(layout, layout.ep_size());
+  // dh[n] += dx(slot_k), k in order.
+  for (int64_t i = 0; i < N * d.K; ++i) {
+    if (st.slot[i] < 0) continue;
+    const S* src = dxback + st.slot[i] * d.C;
+    S* dst = dh + (i / d.K) * d.C;
+    for (int64_t k = 0; k < d.C; ++k) dst[k] += src[k];
+  }
+  grow(sc.dlogits, static_cast<size_t>(N * d.E));
+  router_backward_logits(c, N, st, st.dgate.data(), loss_scale, sc.dlogits.data());
+  router_backward(d, N, sc.dlogits.data(), h, params + lo.router, grads + lo.router, dh);
+}
+
+template <typename S>
+void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
+                  S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep) {
+  const Shape d = shape_of(layout, ep.size);
+  PWM_CHECK(ep.at == ExpertsAt::kHere, "moe_backward runs local experts (remote ones: moe_backward_combine, _finish)");
+  const int64_t rows = offsets(st.expert_rows).back();
+  int64_t R = 0;
+  for (int64_t r : st.recv_rows) R += r;
+  // Without expert parallelism the dispatched rows are the experts' rows: one buffer.
+  combine_backward(d, N, rows, st, dy, d.P > 1 ? sc.dback : sc.dz);
+  grow(sc.dz, static_cast<size_t>(R * d.C));
+  if (d.P > 1) ep.rows(sc.dback.data(), st.send_rows.data(), sc.dz.data(), st.recv_rows.data(), d.C);
+  moe_experts_backward(layout, params, grads, l, static_cast<int>(d.P), st, sc);
   std::vector<S>& dxback = d.P > 1 ? sc.dxback : sc.dxe;
   if (d.P > 1) {
     grow(sc.dxback, static_cast<size_t>(rows * d.C));
     ep.rows(sc.dxe.data(), st.recv_rows.data(), sc.dxback.data(), st.send_rows.data(), d.C);
   }
-  // dh[n] += dx(slot_k), k in order.
-  for (int64_t i = 0; i < N * d.K; ++i) {
-    if (st.slot[i] < 0) continue;
-    const S* src = dxback.data() + st.slot[i] * d.C;
-    S* dst = dh + (i / d.K) * d.C;
-    for (int64_t k = 0; k < d.C; ++k) dst[k] += src[k];
-  }
-  grow(sc.dlogits, static_cast<size_t>(N * d.E));
-  router_backward_logits(c, N, st, sc.dgate.data(), loss_scale, sc.dlogits.data());
-  router_backward(d, N, sc.dlogits.data(), h, params + lo.router, grads + lo.router, dh);
+  moe_backward_finish(layout, params, grads, l, h, dxback.data(), N, dh, loss_scale, st, sc);
 }
 
 #define PWM_INSTANTIATE_MOE(S)                                                                          \
@@ -398,7 +454,14 @@ void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, c
   template void moe_forward<S>(const ParamLayout&, const S*, int, const S*, int64_t, S*, MoeState<S>&,  \
                                MoeScratch<S>&, const ExpertComm<S>&);                                   \
   template void moe_backward<S>(const ParamLayout&, const S*, S*, int, const S*, const S*, int64_t, S*, \
-                                S, MoeState<S>&, MoeScratch<S>&, const ExpertComm<S>&);
+                                S, MoeState<S>&, MoeScratch<S>&, const ExpertComm<S>&);                 \
+  template void moe_pack<S>(const ParamLayout&, const S*, int, const S*, int64_t, MoeState<S>&, MoeScratch<S>&); \
+  template void moe_combine<S>(const Config&, int64_t, S*, MoeState<S>&);                                 \
+  template void moe_backward_combine<S>(const Config&, int64_t, const S*, MoeState<S>&, std::vector<S>&); \
+  template void moe_backward_finish<S>(const ParamLayout&, const S*, S*, int, const S*, const S*, int64_t, S*, S, \
+                                       MoeState<S>&, MoeScratch<S>&);                                     \
+  template void moe_experts_forward<S>(const ParamLayout&, const S*, int, int, MoeState<S>&, S*);         \
+  template void moe_experts_backward<S>(const ParamLayout&, const S*, S*, int, int, MoeState<S>&, MoeScratch<S>&);
 
 PWM_INSTANTIATE_MOE(float)
 PWM_INSTANTIATE_MOE(double)

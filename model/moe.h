@@ -19,6 +19,13 @@
 // capacity every (rank, expert) block is `capacity` rows, padded with zeros (equal counts: the
 // static shapes of GShard); dropless sends the real rows and exchanges the counts first.
 //
+// Remote experts (ExpertComm::at = kRemote, pathways_train --expert-island): the experts live on
+// devices of their own, which are not members of the tokens' group. The tokens' device runs the
+// router and the combine (moe_pack, moe_combine, moe_backward_combine, moe_backward_finish); the
+// experts' device runs the experts on the rows of every tokens' device (moe_experts_forward,
+// moe_experts_backward); the caller moves the rows between them. The same products in the same
+// order as moe_forward / moe_backward with the same P: the same bits.
+//
 // Blocking: moe_forward/moe_backward call the ExpertComm (which blocks) when P > 1. One thread.
 #pragma once
 
@@ -30,10 +37,20 @@
 
 namespace pwm::model {
 
+// Where an MoE layer's experts run, for block_forward / block_backward.
+enum class ExpertsAt {
+  kHere,    // on the members of the ExpertComm's group, rows moved by its AllToAll
+  kRemote,  // elsewhere: block_forward stops after moe_pack (the caller moves sc.sent's rows to
+            // the experts and calls moe_combine with their outputs in st.back); block_backward's
+            // MoE branch runs moe_backward_finish on st.dxback (the caller ran
+            // moe_backward_combine and moved the experts' input gradients there)
+};
+
 // The expert-parallel group's AllToAll, supplied by the trainer (the model never calls MPI).
 template <typename S>
 struct ExpertComm {
   int size = 1;  // P; 1: every expert is local and the functions are not called
+  ExpertsAt at = ExpertsAt::kHere;  // kRemote: the functions are never called
   // send[p * per + j] goes to rank p; recv[p * per + j] arrives from rank p.
   std::function<void(const int64_t* send, int64_t* recv, int64_t per)> counts;
   // send holds send_rows[p] rows of `width` elements for each rank p, in rank order; recv
@@ -69,13 +86,15 @@ struct MoeState {
   std::vector<S> ye;                // [R, 2F] gate | up pre-activations
   std::vector<S> ge;                // [R, F] SwiGLU outputs
   std::vector<S> back;              // [dispatched rows, C] the experts' outputs, back here
+  std::vector<S> dgate;             // [N, K] the gates' gradients (moe_backward_combine)
+  std::vector<S> dxback;            // remote experts: [dispatched rows, C] the rows' gradients, back here
   MoeStats stats;
 };
 
 // Temporaries of the MoE layers (grown on use, reused across calls).
 template <typename S>
 struct MoeScratch {
-  std::vector<S> logits, sent, z, dback, dz, dge, dye, dxe, dxback, dlogits, dgate;
+  std::vector<S> logits, sent, z, dback, dz, dge, dye, dxe, dxback, dlogits;
 };
 
 // Routing of one group: logits [N, E] in (any values; the skew already added) -> probabilities,
@@ -103,5 +122,33 @@ void moe_forward(const ParamLayout& layout, const S* params, int l, const S* h, 
 template <typename S>
 void moe_backward(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dy, int64_t N,
                   S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc, const ExpertComm<S>& ep);
+
+// ---- Remote experts (ExpertsAt::kRemote) ----
+// The tokens' device. moe_pack: routes h [N, C] and writes the dispatched rows to sc.sent
+// (expert-major, st.expert_rows per expert, padding rows zero; the rows for experts' device p,
+// st.send_rows[p] of them, are contiguous), as moe_forward does before its AllToAll.
+template <typename S>
+void moe_pack(const ParamLayout& layout, const S* params, int l, const S* h, int64_t N, MoeState<S>& st,
+              MoeScratch<S>& sc);
+// out [N, C] += the experts' outputs in st.back (the dispatched buffer's rows), as moe_forward.
+template <typename S>
+void moe_combine(const Config& c, int64_t N, S* out, MoeState<S>& st);
+// st.dgate and `dback` [dispatched rows, C] (the rows' gradients) from dy [N, C].
+template <typename S>
+void moe_backward_combine(const Config& c, int64_t N, const S* dy, MoeState<S>& st, std::vector<S>& dback);
+// dh [N, C] += the rows' gradients `dxback` [dispatched rows, C], then the router's backward
+// from st.dgate (grads += the router's), as moe_backward ends.
+template <typename S>
+void moe_backward_finish(const ParamLayout& layout, const S* params, S* grads, int l, const S* h, const S* dxback,
+                         int64_t N, S* dh, S loss_scale, MoeState<S>& st, MoeScratch<S>& sc);
+// The experts' device (its layout's local experts). st.xe holds the rows of `sources` tokens'
+// devices, source-major then expert, st.block_rows [sources * El] their counts: z [R, C] = the
+// experts' outputs (R the rows), st.ye and st.ge kept for the backward.
+template <typename S>
+void moe_experts_forward(const ParamLayout& layout, const S* params, int l, int sources, MoeState<S>& st, S* z);
+// sc.dz [R, C] (the outputs' gradients) in, sc.dxe [R, C] out; grads += the local experts'.
+template <typename S>
+void moe_experts_backward(const ParamLayout& layout, const S* params, S* grads, int l, int sources, MoeState<S>& st,
+                          MoeScratch<S>& sc);
 
 }  // namespace pwm::model

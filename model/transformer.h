@@ -171,7 +171,8 @@ void embed_forward(const ParamLayout& layout, const S* params, const int32_t* to
                    Activations<S>& act);
 // x(l+1) = x(l) + tp_allreduce(attn_partial + mlp_partial). An MoE layer's MLP branch is
 // model/moe.h's, its rows moved over `ep` when the experts are split (P > 1; then every rank of
-// the expert-parallel group must call, in the same order).
+// the expert-parallel group must call, in the same order). With ep.at = kRemote the MoE branch
+// stops at moe_pack: x(l+1) lacks it until the caller's moe_combine.
 template <typename S>
 void block_forward(const ParamLayout& layout, const S* params, int layer, Activations<S>& act,
                    Scratch<S>& scratch, const TpReduce<S>& tp_allreduce,
@@ -202,6 +203,7 @@ template <typename S>
 void head_backward(const ParamLayout& layout, const S* params, HeadGrads<S> grads, const int32_t* tokens,
                    S grad_scale, Activations<S>& act, Scratch<S>& scratch);
 // act.dx(): d/dx(l+1) -> d/dx(l); accumulates the grads of layer l. One tp_allreduce call.
+// With ep.at = kRemote an MoE layer's branch is moe_backward_finish on act.moe(l).dxback.
 template <typename S>
 void block_backward(const ParamLayout& layout, const S* params, S* grads, int layer,
                     Activations<S>& act, Scratch<S>& scratch, const TpReduce<S>& tp_allreduce,

@@ -119,7 +119,10 @@ void block_forward(const ParamLayout& layout, const S* params, int l, Activation
                  residual);
   }
   // An MoE layer's MLP branch, added after the residual (MoE with tp > 1 is refused: ParamLayout).
-  if (layout.layer(l).moe)
+  // Remote experts: only the routing and the rows to send (the caller combines their outputs).
+  if (layout.layer(l).moe && ep.at == ExpertsAt::kRemote)
+    moe_pack(layout, params, l, ly.h.data(), d.N, act.moe(l), sc.moe);
+  else if (layout.layer(l).moe)
     moe_forward(layout, params, l, ly.h.data(), d.N, y, act.moe(l), sc.moe, ep);
 }
 
@@ -229,7 +232,10 @@ void block_backward(const ParamLayout& layout, const S* params, S* grads, int l,
     gemm<S>(true, false, 2 * d.D, d.C, d.N, S(1), dyin, d.R_in, ly.h.data(), d.C, S(0), red_kv,
             d.C);
   }
-  if (moe)
+  if (moe && ep.at == ExpertsAt::kRemote)  // (the caller ran moe_backward_combine: dx is unchanged since)
+    moe_backward_finish(layout, params, grads, l, ly.h.data(), act.moe(l).dxback.data(), d.N, red, act.loss_scale,
+                        act.moe(l), sc.moe);
+  else if (moe)
     moe_backward(layout, params, grads, l, ly.h.data(), dx, d.N, red, act.loss_scale, act.moe(l), sc.moe, ep);
   if (tp_allreduce) tp_allreduce(red, static_cast<size_t>(d.N * d.C + 2 * d.D * d.C));
   for (int64_t i = 0; i < 2 * d.D * d.C; ++i) g_in[i] += red_kv[i];

@@ -47,7 +47,10 @@
 #                   rows spmd_capacity and spmd_dropless (spmd_train at --capacity-factor 1.25 and
 #                   0) and pw_static, pw_controller, pw_worker (pathways_train --granularity
 #                   chained with --moe-routing static at 1.25, controller and worker dropless),
-#                   each against the SPMD row of the same semantics; once at router skew 0 and
+#                   and isl_static, isl_controller, isl_worker (the same with --expert-island:
+#                   the experts on NP devices of their own, another island; with --hosts 2 the
+#                   dense devices on one host and the experts on the other), each against the
+#                   SPMD row of the same semantics; once at router skew 0 and
 #                   once at --router-skew 3 (or only at --moe-skew S); --rounds defaults to 3,
 #                   --steps to 16 and the batch to 8 sequences per rank here (medians from step
 #                   4 on); with --hosts K the experts' AllToAll crosses the hosts; results in
@@ -116,6 +119,7 @@ pwm_warn_if_busy
 mkdir -p "$OUT"
 MPIRUN=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS)
 ISLAND_SPAN=()
+EXPERT_ISLANDS=(--islands "2x$NP")  # (--moe's isl_* rows: one island per host with --hosts)
 CLUSTER_DESC=""
 if [ "$PALM" = 1 ]; then
   : # palm_set makes its clusters
@@ -127,6 +131,7 @@ elif [ "$HOSTS" != 0 ]; then
   trap 'bash "$PWM_ROOT/mpi_scripts/cluster.sh" down --name "$CLUSTER" >/dev/null' EXIT
   MPIRUN=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$CLUSTER" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _)
   ISLAND_SPAN=(--islands "1x$NP")
+  EXPERT_ISLANDS=()
   CLUSTER_DESC="$HOSTS emulated hosts ($CLUSTER), ranks round-robin over them (spmd: $(( (NP + HOSTS - 1) / HOSTS )) per host at most, pathways: $(( (NP + HOSTS) / HOSTS ))), DCN ${DCN_RATE:-unshaped}"
   echo "cluster: $CLUSTER_DESC"
 elif [ -n "$DCN_RATE" ] && [ "$PALM" = 0 ]; then
@@ -275,20 +280,25 @@ moe_set() {  # moe_set SKEW
   local skew=$1 dir="$OUT/moe-skew$1"
   mkdir -p "$dir"
   local moe=(--experts 4 --top-k 2 --moe-every 2 --expert-parallel "$NP" --router-skew "$skew")
-  local order=(spmd_capacity spmd_dropless pw_static pw_controller pw_worker)
+  local order=(spmd_capacity spmd_dropless pw_static pw_controller pw_worker isl_static isl_controller isl_worker)
   echo "moe: router skew $skew, $ROUNDS rounds of ${order[*]}"
   for ROUND in $(seq "$ROUNDS"); do
     local o=("${order[@]}")
-    [ $((ROUND % 2)) -eq 0 ] && o=(pw_worker pw_controller pw_static spmd_dropless spmd_capacity)
+    if [ $((ROUND % 2)) -eq 0 ]; then  # (reversed: ABC CBA)
+      o=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do o+=("${order[i]}"); done
+    fi
     for r in "${o[@]}"; do
       local n=$NP bin=spmd/spmd_train flags=(--dp "$NP" "${moe[@]}")
       [[ $r == pw_* ]] && { n=$((NP + 1)); bin=$PT; flags+=(--granularity chained "${ISLAND_SPAN[@]}"); }
+      # The experts on an island of their own: NP more devices, one island per host with --hosts
+      # (the dense slice on one host, the experts on the other), else two islands of NP here.
+      [[ $r == isl_* ]] && { n=$((2 * NP + 1)); bin=$PT; flags+=(--granularity chained --expert-island "${EXPERT_ISLANDS[@]}"); }
       case $r in
         spmd_capacity) flags+=(--capacity-factor 1.25) ;;
         spmd_dropless) flags+=(--capacity-factor 0) ;;
-        pw_static) flags+=(--capacity-factor 1.25 --moe-routing static) ;;
-        pw_controller) flags+=(--capacity-factor 0 --moe-routing controller) ;;
-        pw_worker) flags+=(--capacity-factor 0 --moe-routing worker) ;;
+        pw_static | isl_static) flags+=(--capacity-factor 1.25 --moe-routing static) ;;
+        pw_controller | isl_controller) flags+=(--capacity-factor 0 --moe-routing controller) ;;
+        pw_worker | isl_worker) flags+=(--capacity-factor 0 --moe-routing worker) ;;
       esac
       local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" "${WORKLOAD[@]}" "${flags[@]}" --metrics "$dir/$r.r$ROUND.jsonl")
       [ "$ROUND" = 1 ] && echo "\$ ${cmd[*]}"
@@ -299,7 +309,7 @@ moe_set() {  # moe_set SKEW
   done
   python3 "$PWM_ROOT/mpi_scripts/moe_compare_report.py" "$dir" "$skew" 4 "$ROUNDS" \
     spmd_capacity=spmd_capacity spmd_dropless=spmd_dropless pw_static=spmd_capacity pw_controller=spmd_dropless \
-    pw_worker=spmd_dropless
+    pw_worker=spmd_dropless isl_static=spmd_capacity isl_controller=spmd_dropless isl_worker=spmd_dropless
 }
 if [ "$MOE" = 1 ]; then
   echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc --all) cores)${CLUSTER_DESC:+; cluster: $CLUSTER_DESC}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Table of `mpi_scripts/compare.sh --moe`: the Mixture-of-Experts model under SPMD (capacity,
-dropless) and under Pathways' three routings, from interleaved rounds at one routing skew.
+dropless) and under Pathways' three routings, and with the experts on an island of their own (isl_* rows), from interleaved rounds at one routing
+skew.
 
     moe_compare_report.py DIR SKEW WARM ROUNDS ROW=REFERENCE ...
 
@@ -117,6 +118,17 @@ def main(argv=None):
     print("  that are padding;")
     print("  a2a: the expert AllToAlls' share of the step (median device); trips: the controller's round trips per")
     print("  step (runtime-counted); weights: final weights against the reference row (SPMD with the same semantics)")
+    if any(row.startswith("isl_") for row, _ in pairs):
+        print("  isl_*: the experts on devices of their own, another island (--expert-island); their a2a is the dense")
+        print("  devices' wait for the experts' results (the rows' transfers both ways and the experts' compute);")
+        print("  the controller's trips there are one per MoE layer, micro-batch and experts' device")
+        isl = {"isl_controller", "isl_worker"} <= runs.keys()
+        if isl:
+            extra = [(c["step_ms"] - w["step_ms"]) / max(c["round_trips"], 1)
+                     for c, w in zip(runs["isl_controller"], runs["isl_worker"])]
+            table["isl_round_trip_ms"] = statistics.median(extra)
+            print(f"  isl_controller - isl_worker: {statistics.median(extra):.2f} ms ({min(extra):.2f}-{max(extra):.2f}) "
+                  "per round trip (step times paired by round, / trips)")
     per_layer = layer_costs(runs, moe_layers(os.path.join(out, f"{pairs[0][0]}.r1.jsonl")))
     if per_layer:
         table["per_moe_layer"] = per_layer

@@ -152,7 +152,8 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   if (mpmd_settings)  // as texts, as the flags were given
     j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
                     {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},
-                    {"sequential", mpmd.sequential ? "true" : "false"}, {"moe_routing", name(mpmd.moe_routing)}};
+                    {"sequential", mpmd.sequential ? "true" : "false"}, {"moe_routing", name(mpmd.moe_routing)},
+                    {"expert_island", mpmd.expert_island ? "true" : "false"}};
   return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
 }
 

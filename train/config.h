@@ -92,6 +92,9 @@ struct MpmdConfig {
   std::string islands;                  // resource manager islands ("" = by host; "KxM")
   bool sequential = false;              // sequential dispatch (the paper's baseline)
   MoeRouting moe_routing = MoeRouting::kAuto;  // how MoE expert calls are sized (modes.h)
+  // MoE: the experts on an island of their own (--expert-parallel devices, one slice each), the
+  // dense layers on the --dp slice of another; the rows cross between them as program edges.
+  bool expert_island = false;
   // kAuto resolved against the model: static under a capacity, worker when dropless.
   MoeRouting routing(const model::Config& m) const {
     if (moe_routing != MoeRouting::kAuto) return moe_routing;

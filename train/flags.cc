@@ -39,6 +39,10 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
            "MoE expert calls: static (capacity) | controller (dropless, a round trip per MoE layer) | worker "
            "(dropless, counts among the workers) | auto",
            name(p.moe_routing))->group(P);
+  app.add_flag("--expert-island", p.expert_island,
+               "MoE: the experts on an island of their own (--expert-parallel more workers), the rows sent there "
+               "and back as transfers")
+      ->group(P);
 }
 
 }  // namespace

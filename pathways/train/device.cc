@@ -172,6 +172,10 @@ void TrainingDevice::routed(const KernelScope& running) {
   if (last_kernel_end_us_ >= 0) route_wait_s_ += std::max<int64_t>(0, running.start_us_ - last_kernel_end_us_) * 1e-6;
 }
 
+void TrainingDevice::waited_for_experts(const KernelScope& running) {
+  if (last_kernel_end_us_ >= 0) alltoall_s_ += std::max<int64_t>(0, running.start_us_ - last_kernel_end_us_) * 1e-6;
+}
+
 void TrainingDevice::keep_moe(const float* saved, model::MoeState<float>& st) {
   PWM_CHECK(!moe_saved_.count(saved), "moe: a layer's state is kept twice for one saved(l) buffer");
   moe_saved_.emplace(saved, std::move(st));
@@ -260,6 +264,8 @@ void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, do
     s.update_start_us = exchange->update_start_us;
   }
   if (cfg().model.moe()) {
+    for (const auto& [order, st] : moe_ordered_) moe_.add(st);
+    moe_ordered_.clear();
     s.moe = pwm::train::pack_moe_stats(moe_, cfg().model.experts);
     s.moe.push_back(alltoall_s_ * 1e3);
     s.moe.push_back(route_wait_s_ * 1e3);

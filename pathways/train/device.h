@@ -111,7 +111,11 @@ class TrainingDevice {
   void keep_moe(const float* saved, model::MoeState<float>& st);
   void take_moe(const float* saved, model::MoeState<float>& st);
   // The step's MoE statistics, summed over its kernels until report() writes and clears them.
+  // With `order` (micro-batch x layers + layer), summed in that order at report() whatever
+  // order the kernels ran in (--expert-island's forwards of two micro-batches interleave while
+  // their experts run elsewhere): the statistics' sums in spmd_train's order.
   void add_moe(const model::MoeStats& s) { moe_.add(s); }
+  void add_moe(const model::MoeStats& s, int64_t order) { moe_ordered_[order].add(s); }
 
   // Step accounting. Kernels that communicate add their collective time; the step's last kernel
   // (fused step, update, pipeline update) calls report(): the busy time since the previous
@@ -122,6 +126,11 @@ class TrainingDevice {
   // time since this device's previous kernel ended, which it spent waiting for the controller's
   // round trip, goes to the step's routing wait (StepStats::moe).
   void routed(const KernelScope& running);
+  // --expert-island: the running kernel takes the experts' outputs (or their input gradients)
+  // back from the experts' island; the time since this device's previous kernel ended, spent
+  // waiting for the rows to cross and the experts to run, goes to the step's AllToAll time (the
+  // island's counterpart of the exchange inside the block kernels).
+  void waited_for_experts(const KernelScope& running);
   // Replicas: the running kernel ends this device's backward pass (its last gradient is ready);
   // exchange_exposed_s(), called when the update starts, is the time since then not spent in
   // kernels: waiting for the other islands' gradients (StepStats::xchg_exposed_ms).
@@ -183,6 +192,7 @@ class TrainingDevice {
   double route_wait_s_ = 0;  // the step's idle time before routed block forwards (routed())
   int64_t last_kernel_end_us_ = -1;
   model::MoeStats moe_;     // the step's MoE statistics
+  std::map<int64_t, model::MoeStats> moe_ordered_;  // add_moe with an order
   std::map<const float*, model::MoeState<float>> moe_saved_;  // keep_moe / take_moe
   std::vector<model::MoeState<float>> moe_spare_;              // given back by take_moe, for reuse
   int64_t bwd_end_us_ = -1;  // backward_done's time, and the busy time up to it

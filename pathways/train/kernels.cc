@@ -84,8 +84,15 @@ void state_from(TrainingDevice& dev, KernelContext& ctx, const Pos& p, size_t ou
 
 }  // namespace
 
+// The state kernels' position: the slice's, or (attrs[1], --expert-island's experts' device j, a
+// slice of one) dp rank j's, whose layout the device holds.
+Pos state_pos(const TrainingDevice& dev, const KernelContext& ctx) {
+  if (ctx.attrs().size() > 1) return {dev.cfg().mesh.dp, static_cast<int>(ctx.attr(0)), static_cast<int>(ctx.attr(1)), 0};
+  return pos(ctx);
+}
+
 void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const Pos p = pos(ctx);
+  const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
   state_from(dev, ctx, p, kParams, [&](float* o) { model::init_params(layout, dev.cfg().model.seed, o); });
@@ -94,7 +101,7 @@ void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 }
 
 void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
-  const Pos p = pos(ctx);
+  const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
   auto ck = pwm::train::load_resume_checkpoint(dev.cfg());
@@ -215,7 +222,7 @@ using Attrs = std::span<const int64_t>;
 // Evaluation, checkpoints, hashing, merging, the GEMM peak probe and set-up run between steps:
 // their time is not a step's busy time.
 bool counts_as_step_work(const std::string& k) {
-  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge", "gemm_probe"})
+  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge", "expert_merge", "gemm_probe"})
     if (k == n) return false;
   return true;
 }
@@ -355,7 +362,18 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
     return sig({split_f32(a[1]), split_f32(a[1])}, {split_f32(a[1])});
   }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
-  add("update", true, [S](Attrs a) { return update_sig(S, a, update_args(*S, tp_of(a))); }, update);
+  // --expert-island (attrs[1] = 1): then each experts' device's squared norm; one more output, the
+  // loss and squared norm its update reads (step_kernels.cc).
+  add("update", true, [S](Attrs a) {
+    Signature s = update_sig(S, a, update_args(*S, tp_of(a)));
+    if (a.size() > 1 && a[1] != 0) {
+      int64_t n = 0;  // (expert_sqnorm's: one per expert parameter)
+      for (const model::ParamInfo& q : S->layout(1).params()) n += q.expert ? 1 : 0;
+      s.inputs.insert(s.inputs.end(), static_cast<size_t>(S->cfg().mesh.ep), rep_f64(n));
+      s.outputs.push_back(split_f64(2));
+    }
+    return s;
+  }, update);
   // --fsdp (chained, opbyop; attrs: tp, layer, or -1 for the tied pieces): a piece's weights
   // all-gathered over dp into an array of their own before the unit that reads them; a layer's
   // full gradient reduce-scattered into its chunk, started after its block_bwd and finished after
@@ -456,6 +474,68 @@ void add_pipeline_kernels(const AddFn& add, const Shapes* S) {
   }, sum_scalars);
 }
 
+// --expert-island (island_kernels.cc; attrs: tp, layer[, j: the experts' device]). The dense
+// slice's nodes take and give one split block per experts' device; an experts' device's node
+// takes the blocks of every dense device whole. Only the update is gang-scheduled: no kernel
+// here communicates.
+void add_island_kernels(const AddFn& add, const Shapes* S) {
+  using namespace kernels;
+  if (!S->expert_island()) return;
+  const size_t P = static_cast<size_t>(S->cfg().mesh.ep);
+  const ArgSpec params = split_f32(S->total(1)), act = split_f32(S->act());
+  add("moe_send", false, [=](Attrs) {
+    std::vector<ArgSpec> out{act, split_f32(S->saved(1))};
+    out.insert(out.end(), P, S->island_block());
+    out.insert(out.end(), P, S->island_counts());
+    return sig({params, act}, out);
+  }, moe_send);
+  add("expert_fwd", false, [=](Attrs) {
+    return sig({params, S->island_blocks(), S->island_blocks_counts()}, {S->island_blocks()});
+  }, expert_fwd);
+  add("moe_combine", false, [=](Attrs) {
+    std::vector<ArgSpec> in{act, split_f32(S->saved(1))};
+    in.insert(in.end(), P, S->island_block());
+    return sig(in, {act});
+  }, moe_combine);
+  add("moe_bwd_send", false, [=](Attrs) {
+    return sig({split_f32(S->saved(1)), act}, std::vector<ArgSpec>(P, S->island_block()));
+  }, moe_bwd_send);
+  for (bool acc : {false, true}) {
+    add(acc ? "expert_bwd_acc" : "expert_bwd", false, [=](Attrs a) {
+      const ArgSpec g = piece(S, 1, model::StepPlan::layer_piece(static_cast<int>(a[1])));
+      std::vector<ArgSpec> in{params, S->island_blocks(), S->island_blocks()};
+      if (acc) in.push_back(g);
+      return sig(in, {S->island_blocks(), g});
+    }, expert_bwd);
+    add(acc ? "block_bwd_remote_acc" : "block_bwd_remote", false, [=](Attrs a) {
+      Signature s = block_bwd_sig(S, acc)(a);
+      s.inputs.insert(s.inputs.end(), P, S->island_block());
+      return s;
+    }, block_bwd_remote);
+  }
+  // The MoE layers' pieces, in layer order.
+  const auto moe_pieces = [S] {
+    std::vector<ArgSpec> v;
+    for (int l = 0; l < static_cast<int>(S->cfg().model.n_layers); ++l)
+      if (S->moe_layer(l)) v.push_back(piece(S, 1, model::StepPlan::layer_piece(l)));
+    return v;
+  };
+  int64_t expert_params = 0;  // (per experts' device: its squared norm per expert parameter)
+  for (const model::ParamInfo& q : S->layout(1).params()) expert_params += q.expert ? 1 : 0;
+  add("expert_sqnorm", false, [=](Attrs) { return sig(moe_pieces(), {rep_f64(expert_params)}); }, expert_sqnorm);
+  add("expert_update", false, [=](Attrs) {
+    std::vector<ArgSpec> in = S->state(1);
+    in.push_back(rep_f64(2 * S->cfg().mesh.dp));
+    for (const ArgSpec& g : moe_pieces()) in.push_back(g);
+    return sig(in, S->state(1));
+  }, expert_update);
+  add("expert_merge", false, [=](Attrs) {
+    std::vector<ArgSpec> in{params};
+    in.insert(in.end(), P, rep_f32(S->total(1)));
+    return sig(in, {params});
+  }, expert_merge);
+}
+
 }  // namespace
 
 void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet> devices) {
@@ -481,6 +561,7 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
   add_unit_kernels(add, S);
   add_replica_kernels(add, S);
   add_pipeline_kernels(add, S);
+  add_island_kernels(add, S);
 }
 
 }  // namespace pwm::pathways::train

@@ -10,7 +10,8 @@
 //
 // Where the kernels are: kernels.cc (state, evaluation, hash, checkpoint, trace, and the
 // registration), step_kernels.cc (the fused step, one kernel per plan unit kind, the dp
-// reduction and the update), pipeline_kernels.cc (the MPMD pipeline's norm and update, merge).
+// reduction and the update), pipeline_kernels.cc (the MPMD pipeline's norm and update, merge),
+// island_kernels.cc (--expert-island: an MoE layer's block around the experts' own devices).
 #pragma once
 
 #include <map>
@@ -102,6 +103,27 @@ void replica_update(TrainingDevice&, KernelContext&, Scope&);
 void pipe_sqnorm(TrainingDevice&, KernelContext&, Scope&);
 void pipe_update(TrainingDevice&, KernelContext&, Scope&);
 void merge(TrainingDevice&, KernelContext&, Scope&);
+// --expert-island (island_kernels.cc).
+void moe_send(TrainingDevice&, KernelContext&, Scope&);
+void expert_fwd(TrainingDevice&, KernelContext&, Scope&);
+void moe_combine(TrainingDevice&, KernelContext&, Scope&);
+void moe_bwd_send(TrainingDevice&, KernelContext&, Scope&);
+void expert_bwd(TrainingDevice&, KernelContext&, Scope&);
+void block_bwd_remote(TrainingDevice&, KernelContext&, Scope&);
+void expert_sqnorm(TrainingDevice&, KernelContext&, Scope&);
+void expert_update(TrainingDevice&, KernelContext&, Scope&);
+void expert_merge(TrainingDevice&, KernelContext&, Scope&);
+
+// What a block kernel (attrs: tp, layer) works with.
+struct BlockUnit {
+  BlockUnit(TrainingDevice& dev, const KernelContext& ctx)
+      : p(Pos::of(ctx, static_cast<int>(ctx.attr(0)))), layer(static_cast<int>(ctx.attr(1))), layout(dev.layout(p)),
+        ws(dev.step_memory(layout)) {}
+  Pos p;
+  int layer;
+  const model::ParamLayout& layout;
+  model::Workspace<float>& ws;
+};
 }  // namespace kernels
 
 }  // namespace pwm::pathways::train

@@ -62,6 +62,20 @@ ArgSpec split_f32(int64_t n) { return {TensorSpec{DataType::kFloat32, {n}}, Shar
 ArgSpec split_f64(int64_t n) { return {TensorSpec{DataType::kFloat64, {n}}, Sharding::kSplit}; }
 ArgSpec split_i32(int64_t n) { return {TensorSpec{DataType::kInt32, {n}}, Sharding::kSplit}; }
 ArgSpec rep_i64(int64_t n) { return {TensorSpec{DataType::kInt64, {n}}, Sharding::kReplicated}; }
+ArgSpec rep_f32(int64_t n) { return {TensorSpec{DataType::kFloat32, {n}}, Sharding::kReplicated}; }
+ArgSpec rep_f64(int64_t n) { return {TensorSpec{DataType::kFloat64, {n}}, Sharding::kReplicated}; }
+
+int64_t Shapes::island_rows() const {
+  const model::Config& m = cfg_.model;
+  const int64_t N = cfg_.micro_batch() * m.seq_len, El = m.experts / cfg_.mesh.ep;
+  return m.capacity_factor > 0 ? El * m.expert_capacity(N) : N * std::min<int64_t>(m.top_k, El);
+}
+ArgSpec Shapes::island_block() const { return split_f32(island_rows() * cfg_.model.d_model); }
+ArgSpec Shapes::island_counts() const {
+  return {TensorSpec{DataType::kInt64, {cfg_.model.experts / cfg_.mesh.ep}}, Sharding::kSplit};
+}
+ArgSpec Shapes::island_blocks() const { return rep_f32(cfg_.mesh.dp * island_rows() * cfg_.model.d_model); }
+ArgSpec Shapes::island_blocks_counts() const { return rep_i64(cfg_.mesh.dp * (cfg_.model.experts / cfg_.mesh.ep)); }
 
 void StepStats::write(std::span<double> o) const {
   PWM_CHECK_EQ(o.size(), static_cast<size_t>(kWords) + moe.size());

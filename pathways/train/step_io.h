@@ -77,6 +77,20 @@ class Shapes {
   // which the device checks).
   ArgSpec route_counts() const;
 
+  // --expert-island: the experts of every MoE layer on P = --expert-parallel devices of their own,
+  // one slice each (experts' device j holds expert-parallel rank j's experts, the state of that
+  // rank's layout, of which it updates the experts), the dense layers on the --dp slice (dp = P).
+  // A device of the dense slice sends each experts' device one block of rows per MoE layer and
+  // micro-batch: island_rows() rows of d_model (its rows for that device's experts, expert-major;
+  // under a capacity exactly El x capacity, dropless at most N min(K, El), the rest unused) and
+  // El int64 counts (the rows of each expert in the block).
+  bool expert_island() const { return cfg_.mpmd.expert_island && cfg_.model.moe(); }
+  int64_t island_rows() const;
+  ArgSpec island_block() const;         // split: one block per device of the dense slice
+  ArgSpec island_counts() const;        // split: El counts per device of the dense slice
+  ArgSpec island_blocks() const;        // on an experts' device: the dense slice's blocks, in shard order
+  ArgSpec island_blocks_counts() const;
+
  private:
   pwm::train::TrainConfig cfg_;
   PipelineShape pipe_;
@@ -88,6 +102,8 @@ ArgSpec split_f32(int64_t n);
 ArgSpec split_f64(int64_t n);
 ArgSpec split_i32(int64_t n);
 ArgSpec rep_i64(int64_t n);
+ArgSpec rep_f32(int64_t n);
+ArgSpec rep_f64(int64_t n);
 
 // A device's training state: what each step consumes and returns.
 template <typename V>

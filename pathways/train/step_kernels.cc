@@ -29,9 +29,11 @@ Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.att
 
 // This device's squared gradient norm before the tp sum, as spmd_train computes it: with expert
 // parallelism the dense part (the same on every device) plus the experts' summed over the
-// expert-parallel group.
+// expert-parallel group; with --expert-island `given` (island_sq_norm: the experts' gradients are
+// not here).
 double sq_norm(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
-               const model::GradView& grads, double* comm_s) {
+               const model::GradView& grads, double* comm_s, const double* given) {
+  if (given) return *given;
   Communicator* ep = dev.ep_comm(ctx, p);
   if (ep == nullptr) return model::grad_sq_norm_tp(layout, grads);
   double experts = model::grad_sq_norm_tp(layout, grads, model::NormPart::kExperts);
@@ -42,13 +44,16 @@ double sq_norm(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const Para
 }
 
 // The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
+// --expert-island: `given_sq` is this device's squared norm (sq_norm), and `shared` gets the
+// loss and the squared norm the experts' devices' update needs (before the non-finite hook).
 pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
                                 int64_t step, double local_loss, const model::GradView& grads, double* comm_s,
-                                double* loss_out, const double* replicas_loss_sum = nullptr) {
+                                double* loss_out, const double* replicas_loss_sum = nullptr,
+                                const double* given_sq = nullptr, double* shared = nullptr) {
   // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
   // step, after its gradients and before the update, as spmd_train's rank does.
   if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) ::raise(SIGKILL);
-  double red[2] = {local_loss, sq_norm(dev, ctx, p, layout, grads, comm_s)};
+  double red[2] = {local_loss, sq_norm(dev, ctx, p, layout, grads, comm_s, given_sq)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
     c->allreduce(&red[1], &red[1], 1, collectives::DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
@@ -59,6 +64,10 @@ pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, co
   }
   *comm_s += now_s() - t0;
   *loss_out = red[0] / (replicas_loss_sum ? dev.cfg().data_parallel() : p.dp);
+  if (shared) {
+    shared[0] = *loss_out;
+    shared[1] = red[1];
+  }
   const auto in = [&](size_t i) { return ctx.in<float>(i).data(); };
   // A non-finite loss or gradient norm: no update (the state passes through), as spmd_train.
   if (pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1])) {
@@ -85,16 +94,6 @@ collectives::BucketedAllreduce::OnBucketDone bucket_trace(TrainingDevice& dev) {
 void trace_units(TrainingDevice& dev, pwm::train::StepHooks& hooks) {
   if (Trace* t = dev.trace()) hooks.span = [t](const char* name, int64_t t0, int64_t t1) { t->span(name, "compute", t0, t1); };
 }
-
-// What a block kernel (attrs: tp, layer) works with.
-struct BlockUnit {
-  BlockUnit(TrainingDevice& dev, const KernelContext& ctx)
-      : p(pos(ctx)), layer(static_cast<int>(ctx.attr(1))), layout(dev.layout(p)), ws(dev.step_memory(layout)) {}
-  Pos p;
-  int layer;
-  const ParamLayout& layout;
-  model::Workspace<float>& ws;
-};
 
 // The plan executed directly (pwm::train::accumulate_gradients, under `cfg`, reading data index
 // `data_index`) into the device's layout-shaped gradient buffer, with the bucketed, overlapped dp
@@ -483,21 +482,50 @@ void dp_reduce_finish(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   std::memcpy(ctx.out<float>(0).data(), sum.data(), sizeof(float) * sum.size());
 }
 
+// --expert-island: the device's squared gradient norm as spmd_train's rank computes it, from the
+// dense gradients here and each experts' device's per-parameter squared norms (expert_sqnorm, in
+// layout order): with P = 1 one sum over the layout in order (the experts' terms where they fall),
+// with P > 1 the dense part plus the experts' devices' sums added as its AllReduce adds them.
+double island_sq_norm(const ParamLayout& layout, const model::GradView& grads, const std::vector<std::span<const double>>& e) {
+  if (e.size() == 1) {
+    double total = 0.0;
+    size_t i = 0;
+    for (const model::ParamInfo& q : layout.params())
+      total += q.expert ? e[0][i++] : model::sq_norm(grads.at(q.offset, q.size), static_cast<size_t>(q.size));
+    return total;
+  }
+  std::vector<double> sums;
+  for (const auto& v : e) {
+    double t = 0.0;
+    for (double x : v) t += x;
+    sums.push_back(t);
+  }
+  return model::grad_sq_norm_tp(layout, grads, model::NormPart::kDense) + collectives::recursive_doubling_sum(sums);
+}
+
 // inputs: update_args(); the pieces are read where they are (model::GradView), not assembled.
+// --expert-island (attrs[1] = 1): then each experts' device's squared norms (expert_sqnorm); one
+// more output, the loss and the squared norm for the experts' devices' update.
 void update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
   const ParamLayout& layout = dev.layout(p);
   const model::StepPlan& plan = dev.shapes().plan(p.tp);
   const UpdateArgs args = update_args(dev.shapes(), p.tp);
-  PWM_CHECK_EQ(ctx.num_inputs(), args.count());
+  const bool island = ctx.attrs().size() > 1 && ctx.attr(1) != 0;
+  std::vector<std::span<const double>> experts;
+  for (size_t j = args.count(); island && j < ctx.num_inputs(); ++j) experts.push_back(ctx.in<double>(j));
+  PWM_CHECK_EQ(ctx.num_inputs(), args.count() + experts.size());
   const int64_t step = ctx.in<int64_t>(kStep)[0];
   model::GradView grads;
   for (int i = 0; i < plan.num_pieces(); ++i) grads.add(plan.piece_ranges(i), ctx.in<float>(args.piece(i)).data());
+  const double given_sq = island ? island_sq_norm(layout, grads, experts) : 0.0;
   double local = 0;
   for (size_t m = 0; m < args.losses; ++m) local += ctx.in<double>(args.loss(m))[0];
   local /= static_cast<double>(args.losses);
   double comm_s = 0, loss = 0;
-  const pwm::train::UpdateResult u = finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss);
+  double* shared = island ? ctx.out<double>(StepOutputs<int>::kCount).data() : nullptr;
+  const pwm::train::UpdateResult u =
+      finish_step(dev, ctx, p, layout, step, local, grads, &comm_s, &loss, nullptr, island ? &given_sq : nullptr, shared);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
 }

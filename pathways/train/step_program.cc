@@ -136,12 +136,79 @@ class FsdpNodes {
 
 }  // namespace
 
+namespace {
+
+// --expert-island: an MoE layer's block around the experts' devices (island_kernels.cc). The
+// experts' outputs of a micro-batch's layer stay alive to its backward (expert_bwd reads them:
+// the experts' devices keep the layer's state under them).
+template <typename V>
+class IslandNodes {
+ public:
+  IslandNodes(const Shapes& sh, const KernelNames& names, int tp, const CallFn<V>& call, const ExpertIsland<V>& island)
+      : names_(names), tp_(tp), P_(static_cast<int>(island.states.size())), call_(call), island_(island),
+        z_(static_cast<size_t>(sh.plan(tp).layers())), pieces_(island.states.size(),
+                                                               std::vector<V>(static_cast<size_t>(sh.plan(tp).layers()))),
+        has_piece_(static_cast<size_t>(sh.plan(tp).layers()), false) {}
+
+  // x(l+1) and saved(l) from x(l), of micro-batch m.
+  std::pair<V, V> forward(int l, int64_t m, const V& weights, const V& x) {
+    auto o = call_(names_("moe_send"), {weights, x}, {tp_, l, m});
+    std::vector<V> in{o[0], o[1]};
+    auto& z = z_[static_cast<size_t>(l)];
+    z.clear();
+    std::vector<V> counts;  // (with the controller's routing: all round trips before the experts' calls)
+    for (int j = 0; j < P_; ++j) counts.push_back(island_.route ? island_.route(o[2 + P_ + j], j) : o[2 + P_ + j]);
+    for (int j = 0; j < P_; ++j) {
+      z.push_back(island_.call(j, names_("expert_fwd"), {param(j), o[2 + j], counts[static_cast<size_t>(j)]}, {tp_, l, j})[0]);
+      in.push_back(z.back());
+    }
+    return {call_(names_("moe_combine"), in, {tp_, l})[0], o[1]};
+  }
+  // block_bwd_remote's outputs (d/dx(l), the layer's piece) from block_bwd's inputs `in`.
+  std::vector<V> backward(int l, std::vector<V> in, bool acc) {
+    auto d = call_(names_("moe_bwd_send"), {in[kBwdSaved], in[kBwdDx]}, {tp_, l});
+    const size_t li = static_cast<size_t>(l);
+    for (int j = 0; j < P_; ++j) {
+      std::vector<V> e{param(j), z_[li][static_cast<size_t>(j)], d[static_cast<size_t>(j)]};
+      V& g = pieces_[static_cast<size_t>(j)][li];
+      if (has_piece_[li]) e.push_back(g);
+      auto r = island_.call(j, names_(has_piece_[li] ? "expert_bwd_acc" : "expert_bwd"), e, {tp_, l, j});
+      in.push_back(r[0]);
+      g = r[1];
+    }
+    has_piece_[li] = true;
+    return call_(names_(acc ? "block_bwd_remote_acc" : "block_bwd_remote"), in, {tp_, l});
+  }
+  // Per experts' device, its pieces of the MoE layers in layer order.
+  std::vector<std::vector<V>> pieces() const {
+    std::vector<std::vector<V>> out(pieces_.size());
+    for (size_t j = 0; j < pieces_.size(); ++j)
+      for (size_t l = 0; l < has_piece_.size(); ++l)
+        if (has_piece_[l]) out[j].push_back(pieces_[j][l]);
+    return out;
+  }
+
+ private:
+  V param(int j) const { return island_.states[static_cast<size_t>(j)].params; }
+  const KernelNames& names_;
+  const int tp_, P_;
+  const CallFn<V>& call_;
+  const ExpertIsland<V>& island_;
+  std::vector<std::vector<V>> z_;       // per layer, the experts' outputs of the current micro-batch
+  std::vector<std::vector<V>> pieces_;  // per experts' device and layer
+  std::vector<bool> has_piece_;
+};
+
+}  // namespace
+
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                     int replica, const RouteFn<V>& route) {
+                     int replica, const RouteFn<V>& route, const ExpertIsland<V>* island) {
   const StepPlan& plan = sh.plan(tp);
   const int L = plan.layers();
   std::vector<V> pieces(static_cast<size_t>(plan.num_pieces())), losses;
+  std::unique_ptr<IslandNodes<V>> isl;
+  if (island) isl = std::make_unique<IslandNodes<V>>(sh, names, tp, call, *island);
   V& tied = pieces[StepPlan::kTiedPiece];
   const int64_t M = plan.microbatches();
   std::unique_ptr<FsdpNodes<V>> fsdp;
@@ -163,6 +230,10 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
           xs[u.layer] = x;
           std::vector<V> in{weights(u.layer), x};
           std::vector<int64_t> at{tp, u.layer};
+          if (isl && sh.moe_layer(u.layer)) {
+            std::tie(x, saved[u.layer]) = isl->forward(u.layer, m, weights(u.layer), x);
+            break;
+          }
           if (route && sh.moe_layer(u.layer)) {  // the controller sizes the layer's expert call
             in.push_back(route(call(names("moe_counts"), {st.params, x}, {tp, u.layer})[0]));
             at.push_back(1);
@@ -205,6 +276,12 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
         in[kBwdX] = xs[u.layer];
         in[kBwdDx] = dx;
         if (add) in[kBwdGradPrev] = g;
+        if (isl && sh.moe_layer(u.layer)) {
+          auto b = isl->backward(u.layer, std::move(in), add);
+          dx = b[kBwdDxOut];
+          g = b[kBwdGrad];
+          continue;
+        }
         auto b = call(add || !acc ? k : names.unit(model::Unit{u.kind, 0, u.layer}, tp), in, {tp, u.layer});
         dx = b[kBwdDxOut];
         g = b[kBwdGrad];
@@ -219,16 +296,16 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
       }
     }
   }
-  if (!fsdp) return {std::move(pieces), std::move(losses)};
+  if (!fsdp) return {std::move(pieces), std::move(losses), 0, isl ? isl->pieces() : std::vector<std::vector<V>>{}};
   for (int l = 0; l < L; ++l) pieces[static_cast<size_t>(StepPlan::layer_piece(l))] = fsdp->chunk(l);
   return {std::move(pieces), std::move(losses), fsdp->peak()};
 }
 
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                          const RouteFn<V>& route, int64_t* fsdp_held) {
+                          const RouteFn<V>& route, int64_t* fsdp_held, const ExpertIsland<V>* island) {
   const StepPlan& plan = sh.plan(tp);
-  Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route);
+  Grads<V> g = trace_grads(sh, names, tp, st, call, -1, route, island);
   if (fsdp_held != nullptr) *fsdp_held = g.fsdp_held;
   if (sh.cfg().mesh.fsdp) {
     // --fsdp: the layers' pieces are already their dp chunks (block_bwd reduce-scatters each
@@ -257,26 +334,41 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
     }
     reduced.push_back(call(names("dp_allreduce"), {g.pieces[static_cast<size_t>(i)]}, at)[0]);
   }
-  return call(names("update"), update_args(sh, tp).pack<V>(st, nullptr, reduced, g.losses), {tp});
+  std::vector<V> in = update_args(sh, tp).pack<V>(st, nullptr, reduced, g.losses);
+  if (!island) return call(names("update"), in, {tp});
+  const int P = static_cast<int>(island->states.size());
+  for (int j = 0; j < P; ++j)
+    in.push_back(island->call(j, names("expert_sqnorm"), g.expert_pieces[static_cast<size_t>(j)], {tp, j})[0]);
+  std::vector<V> out = call(names("update"), in, {tp, 1});
+  const V shared = out.back();
+  out.pop_back();
+  for (int j = 0; j < P; ++j) {
+    std::vector<V> e = island->states[static_cast<size_t>(j)].list();
+    e.push_back(shared);
+    for (const V& p : g.expert_pieces[static_cast<size_t>(j)]) e.push_back(p);
+    for (V& v : island->call(j, names("expert_update"), e, {tp, j})) out.push_back(std::move(v));
+  }
+  return out;
 }
 
 template std::vector<Value> trace_step(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&,
-                                       const RouteFn<Value>&, int64_t*);
+                                       const RouteFn<Value>&, int64_t*, const ExpertIsland<Value>*);
 template std::vector<Array> trace_step(const Shapes&, const KernelNames&, int, const State<Array>&, const CallFn<Array>&,
-                                       const RouteFn<Array>&, int64_t*);
+                                       const RouteFn<Array>&, int64_t*, const ExpertIsland<Array>*);
 template Grads<Value> trace_grads(const Shapes&, const KernelNames&, int, const State<Value>&, const CallFn<Value>&, int,
-                                  const RouteFn<Value>&);
+                                  const RouteFn<Value>&, const ExpertIsland<Value>*);
 
 // ---- The step cut at the controller's routing (--moe-routing controller, chained) -------------
 
 namespace {
 
-// A value while the segments are traced: made by segment `seg`'s builder, or the step's input
-// `input` (seg < 0).
+// A value while the segments are traced: made by segment `seg`'s builder (on `slice`, null for
+// the step's slice), or the step's input `input` (seg < 0).
 struct SegValue {
   int seg = -1;
   size_t input = 0;
   Value v;
+  const Slice* slice = nullptr;
 };
 
 class Segmenter {
@@ -285,21 +377,28 @@ class Segmenter {
       : sh_(sh), slice_(slice), inputs_(inputs) {
     open();
   }
-  std::vector<SegValue> call(const std::string& k, const std::vector<SegValue>& in, std::vector<int64_t> at) {
+  std::vector<SegValue> call(const std::string& k, const std::vector<SegValue>& in, std::vector<int64_t> at,
+                             const Slice* on = nullptr) {
     std::vector<Value> vals;
     for (const SegValue& x : in) vals.push_back(here(x));
     std::vector<SegValue> out;
-    for (const Value& v : builders_.back()->call(k, slice_, vals, std::move(at))) out.push_back({cur(), 0, v});
+    for (const Value& v : builders_.back()->call(k, on ? *on : slice_, vals, std::move(at))) out.push_back({cur(), 0, v, on});
     return out;
   }
   // The counts end the segment (its output the controller fetches); the next segment starts
-  // with the matrix the controller puts back as its parameter.
-  SegValue cut(const SegValue& counts) {
-    PWM_CHECK(counts.seg == cur(), "the routing counts come from the segment being traced");
-    out_.counts_output.push_back(output_of(counts));
-    open();
-    out_.inputs.back().push_back({SegmentedStep::kPut, 0});
-    return {cur(), 0, builders_.back()->param(slice_, sh_.route_counts())};
+  // with the matrix the controller puts back as its parameter, on `on` (null: the step's slice).
+  // Counts of the segment before the current one, which has no node yet, add a matrix to the
+  // same cut (--expert-island: one per experts' device).
+  SegValue cut(const SegValue& counts, const Slice* on, const ArgSpec& spec) {
+    if (counts.seg == cur()) {
+      out_.counts_output.emplace_back();
+      open();
+    } else {
+      PWM_CHECK(counts.seg == cur() - 1 && nodes_ == 0, "the routing counts come from the segment being traced");
+    }
+    out_.counts_output[static_cast<size_t>(counts.seg)].push_back(output_of(counts));
+    out_.inputs.back().push_back({SegmentedStep::kPut, out_.counts_output[static_cast<size_t>(counts.seg)].size() - 1});
+    return {cur(), 0, builders_.back()->param(on ? *on : slice_, spec), on};
   }
   SegmentedStep finish(const std::vector<SegValue>& outputs) {
     for (const SegValue& o : outputs) out_.outputs.push_back({o.seg, o.seg < 0 ? o.input : output_of(o)});
@@ -313,14 +412,17 @@ class Segmenter {
     builders_.push_back(std::make_unique<ProgramBuilder>(fmt::format("chained-step-{}", builders_.size())));
     out_.inputs.emplace_back();
     params_.emplace_back();
+    nodes_ = 0;
   }
   // x as a value of the current segment: itself, or a parameter bound to where it comes from.
   Value here(const SegValue& x) {
+    ++nodes_;  // (here() runs for a node's inputs: the segment is no longer empty)
     if (x.seg == cur()) return x.v;
     const std::tuple<int, size_t, ValueId> key{x.seg, x.seg < 0 ? x.input : 0, x.seg < 0 ? ValueId{} : x.v.id()};
     auto it = params_.back().find(key);
     if (it != params_.back().end()) return it->second;
-    Value p = x.seg < 0 ? builders_.back()->param_like(inputs_[x.input]) : builders_.back()->param(slice_, x.v.spec());
+    Value p = x.seg < 0 ? builders_.back()->param_like(inputs_[x.input])
+                        : builders_.back()->param(x.slice ? *x.slice : slice_, x.v.spec());
     out_.inputs.back().push_back({x.seg, x.seg < 0 ? x.input : output_of(x)});
     params_.back().emplace(key, p);
     return p;
@@ -343,34 +445,51 @@ class Segmenter {
   std::vector<std::map<std::tuple<int, size_t, ValueId>, Value>> params_;  // per segment
   std::map<int, std::map<ValueId, size_t>> outputs_;                       // per segment: value -> output index
   SegmentedStep out_;
+  int nodes_ = 0;  // node inputs traced into the current segment
 };
 
 }  // namespace
 
-SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st) {
-  const std::vector<Array> inputs = st.list();
+SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st,
+                             const std::vector<Slice>& expert_slices, const std::vector<State<Array>>& expert_states) {
+  std::vector<Array> inputs = st.list();
+  for (const auto& e : expert_states)
+    for (const Array& a : e.list()) inputs.push_back(a);
   Segmenter seg(sh, slice, inputs);
   std::vector<SegValue> sv;
   for (size_t i = 0; i < inputs.size(); ++i) sv.push_back({-1, i, {}});
   const CallFn<SegValue> call = [&](const std::string& k, std::vector<SegValue> in, std::vector<int64_t> at) {
     return seg.call(k, in, std::move(at));
   };
-  const RouteFn<SegValue> route = [&](const SegValue& counts) { return seg.cut(counts); };
-  return seg.finish(trace_step<SegValue>(sh, names, sh.cfg().mesh.tp, State<SegValue>::from(sv), call, route));
+  ExpertIsland<SegValue> island;
+  for (size_t j = 0; j < expert_states.size(); ++j)
+    island.states.push_back(State<SegValue>::from(std::span(sv).subspan(State<SegValue>::kCount * (j + 1))));
+  island.call = [&](int j, const std::string& k, std::vector<SegValue> in, std::vector<int64_t> at) {
+    return seg.call(k, in, std::move(at), &expert_slices[static_cast<size_t>(j)]);
+  };
+  island.route = [&](const SegValue& counts, int j) {
+    return seg.cut(counts, &expert_slices[static_cast<size_t>(j)], sh.island_blocks_counts());
+  };
+  RouteFn<SegValue> route = [&](const SegValue& counts) { return seg.cut(counts, nullptr, sh.route_counts()); };
+  if (!expert_states.empty()) route = {};
+  return seg.finish(trace_step<SegValue>(sh, names, sh.cfg().mesh.tp, State<SegValue>::from(sv), call, route, nullptr,
+                                         expert_states.empty() ? nullptr : &island));
 }
 
-std::vector<Array> SegmentedStep::run(Client& client, const std::vector<Array>& state, const RunOptions& ro,
-                                      const RouteFn<Array>& route) const {
+std::vector<Array> SegmentedStep::run(Client& client, const std::vector<Array>& in_state, const RunOptions& ro,
+                                      const PutFn& put_fn) const {
   std::vector<std::vector<Array>> outs(programs.size());
-  Array put;
+  std::vector<Array> puts;
   const auto source = [&](const Source& s) -> const Array& {
-    return s.seg == kPut ? put : s.seg < 0 ? state.at(s.index) : outs.at(static_cast<size_t>(s.seg)).at(s.index);
+    return s.seg == kPut ? puts.at(s.index) : s.seg < 0 ? in_state.at(s.index) : outs.at(static_cast<size_t>(s.seg)).at(s.index);
   };
   for (size_t k = 0; k < programs.size(); ++k) {
     std::vector<Array> in;
     for (const Source& s : inputs[k]) in.push_back(source(s));
     outs[k] = client.run(programs[k], in, ro);
-    if (k + 1 < programs.size()) put = route(outs[k].at(counts_output[k]));  // the round trip
+    if (k + 1 == programs.size()) break;
+    puts.clear();  // the round trips of the cut after segment k
+    for (size_t i = 0; i < counts_output[k].size(); ++i) puts.push_back(put_fn(outs[k].at(counts_output[k][i]), i));
   }
   std::vector<Array> result;
   for (const Source& s : outputs) result.push_back(source(s));

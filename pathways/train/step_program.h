@@ -40,19 +40,39 @@ using RouteFn = std::function<V(const V& counts)>;
 // whole; fsdp_held is the most bytes of gathered weights (the tied pieces' for the whole step),
 // full layer gradients, the tied piece's gradient and started chunks
 // the device holds at once (step_program.cc, FsdpNodes).
+// --expert-island: the experts' devices (one slice each) and their states; `call` runs a kernel
+// on experts' device j. With one, an MoE layer's block is moe_send, expert_fwd on every experts'
+// device, moe_combine, and its backward moe_bwd_send, expert_bwd, block_bwd_remote
+// (island_kernels.cc); expert_pieces are each experts' device's pieces of the MoE layers, in
+// layer order.
+// --moe-routing controller: `route` gives the counts experts' device j's expert_fwd takes for a
+// layer from the dense slice's counts for it (moe_send's output): the controller fetches them
+// and puts them on the device, a round trip per layer, micro-batch and experts' device, instead
+// of the edge from the dense slice (static and worker routing).
+template <typename V>
+struct ExpertIsland {
+  std::vector<State<V>> states;  // per experts' device
+  std::function<std::vector<V>(int j, const std::string& kernel, std::vector<V> in, std::vector<int64_t> attrs)> call;
+  std::function<V(const V& counts, int j)> route;
+};
 template <typename V>
 struct Grads {
   std::vector<V> pieces, losses;
   int64_t fsdp_held = 0;
+  std::vector<std::vector<V>> expert_pieces;
 };
 template <typename V>
 Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                     int replica, const RouteFn<V>& route = {});
+                     int replica, const RouteFn<V>& route = {}, const ExpertIsland<V>* island = nullptr);
 
-// fsdp_held (optional): Grads::fsdp_held of the step's trace.
+// fsdp_held (optional): Grads::fsdp_held of the step's trace. With an island the step's outputs
+// are the dense slice's StepOutputs, then each experts' device's next state: the update's norm
+// takes the experts' devices' squared norms (expert_sqnorm), their update (expert_update) the
+// update's loss and norm.
 template <typename V>
 std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, const State<V>& st, const CallFn<V>& call,
-                          const RouteFn<V>& route = {}, int64_t* fsdp_held = nullptr);
+                          const RouteFn<V>& route = {}, int64_t* fsdp_held = nullptr,
+                          const ExpertIsland<V>* island = nullptr);
 
 // The chained step with --moe-routing controller: trace_step cut before every MoE layer's block
 // forward (of every micro-batch) into programs built once. Segment k ends with the layer's
@@ -61,19 +81,24 @@ std::vector<V> trace_step(const Shapes& sh, const KernelNames& names, int tp, co
 // paper's fallback for data-dependent shapes: the controller is on the critical path once per
 // MoE layer and micro-batch). Blocks in `route` only.
 struct SegmentedStep {
-  static constexpr int kPut = -2;  // Source::seg of the matrix the controller put back
+  static constexpr int kPut = -2;  // Source::seg of a matrix the controller put back (index: which)
   struct Source {
-    int seg;       // < 0: the step's input `index` (kPut: the routing matrix); else segment seg's output
+    int seg;       // < 0: the step's input `index` (kPut: the index-th routing matrix); else segment seg's output
     size_t index;
   };
   std::vector<Program> programs;
-  std::vector<std::vector<Source>> inputs;  // per segment, one per parameter
-  std::vector<size_t> counts_output;        // per segment but the last: its counts' output index
-  std::vector<Source> outputs;              // the step's (StepOutputs)
-  std::vector<Array> run(Client& client, const std::vector<Array>& state, const RunOptions& ro,
-                         const RouteFn<Array>& route) const;
+  std::vector<std::vector<Source>> inputs;        // per segment, one per parameter
+  std::vector<std::vector<size_t>> counts_output;  // per segment but the last: its counts' outputs
+  std::vector<Source> outputs;                    // the step's (StepOutputs)
+  // put(counts, i): the i-th matrix of a cut from its counts (a round trip).
+  using PutFn = std::function<Array(const Array& counts, size_t i)>;
+  std::vector<Array> run(Client& client, const std::vector<Array>& inputs, const RunOptions& ro, const PutFn& put) const;
 };
-SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st);
+// `inputs`: the state, then (--expert-island) each experts' device's state, on `expert_slices`:
+// a cut before the experts' calls of an MoE layer puts one matrix per experts' device.
+SegmentedStep segmented_step(const Shapes& sh, const KernelNames& names, const Slice& slice, const State<Array>& st,
+                             const std::vector<Slice>& expert_slices = {},
+                             const std::vector<State<Array>>& expert_states = {});
 
 // Replicas (cfg.mesh.replicas = slices.size() > 1): island r's dp x tp slice slices[r] runs its step
 // (Granularity::kChained: the plan's units, one node each; kFused: one fused_grads node), its

@@ -50,6 +50,23 @@ void validate_moe(const pwm::train::TrainConfig& cfg) {
               "controller cannot read the counts inside it");
 }
 
+// --expert-island: an MoE model at chained or opbyop (any routing), one experts' device per dense device (the expert-parallel group is the dp slice: spmd_train's
+// --dp D --expert-parallel D), on one slice (no pipeline, replicas or --fsdp: validate_moe).
+void validate_island(const pwm::train::TrainConfig& cfg, int workers) {
+  if (!cfg.mpmd.expert_island) return;
+  if (!cfg.model.moe()) PWM_THROW("--expert-island places the experts of a Mixture-of-Experts model: add --experts E");
+  if (cfg.mpmd.granularity == Granularity::kFused)
+    PWM_THROW("--expert-island needs --granularity chained or opbyop: the experts' calls are nodes of their own, which a "
+              "fused step (one kernel) cannot send to another island");
+  if (cfg.mesh.ep != cfg.mesh.dp)
+    PWM_THROW("--expert-island needs --expert-parallel equal to --dp (got {} and {}): one experts' device per dense device",
+              cfg.mesh.ep, cfg.mesh.dp);
+  if (workers != 2 * cfg.mesh.dp)
+    PWM_THROW("--expert-island needs {} workers (--dp {} dense devices and {} experts' devices), but the job has {} "
+              "(mpirun -n {})",
+              2 * cfg.mesh.dp, cfg.mesh.dp, cfg.mesh.dp, workers, 2 * cfg.mesh.dp + 1);
+}
+
 // The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
 // pipeline's layers and devices, what the runtime does not run.
 void validate(const pwm::train::TrainConfig& cfg, int world) {
@@ -60,7 +77,9 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe()))
     PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
   validate_moe(cfg);
+  validate_island(cfg, workers);
   if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
+  if (p.expert_island) return cfg.validate(workers / 2);
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
     PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);
   if (p.stages == 1) return cfg.validate(workers);  // dp x tp = the workers (world rank 0 is the controller)
@@ -109,6 +128,9 @@ Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_isl
   const int tp = cfg.mesh.tp;
   for (auto& sl : slices_)
     states_.push_back(ArrayState::from(dispatch(single(names_(resume ? "load" : "init"), sl, {}, {tp}), {}, "init")));
+  for (size_t j = 0; j < expert_slices_.size(); ++j)  // (expert-parallel rank j's state: attrs[1])
+    expert_states_.push_back(ArrayState::from(dispatch(
+        single(names_(resume ? "load" : "init"), expert_slices_[j], {}, {tp, static_cast<int64_t>(j)}), {}, "init")));
   first_step_ = static_cast<int64_t>(states_[0].step.get<int64_t>()[0]);
   report_ = std::make_unique<pwm::train::TrainReport>(
       cfg, run_name(cfg), devices_ * R_ * S_,
@@ -141,9 +163,32 @@ void Trainer::place_slices(int num_islands) {
       }
   } else if (R_ > 1) {  // replica r on island r (mod the islands: one island holds several in tests)
     for (int r = 0; r < R_; ++r) slices_.push_back(client_.allocate(devices_, mesh, r % num_islands));
+  } else if (sh_.expert_island()) {
+    // The dense slice on island 0, the experts' devices on the next island (or beside it when
+    // there is one island), each a slice of its own: device j's node takes every dense device's
+    // block for it whole.
+    slices_.push_back(client_.allocate(devices_, mesh, 0));
+    for (int j = 0; j < cfg_.mesh.ep; ++j) expert_slices_.push_back(client_.allocate(1, {1, 1}, num_islands > 1 ? 1 : 0));
   } else {
     slices_.push_back(client_.allocate(devices_, mesh));
   }
+}
+
+std::vector<Slice> Trainer::all_slices() const {
+  std::vector<Slice> all = slices_;
+  all.insert(all.end(), expert_slices_.begin(), expert_slices_.end());
+  return all;
+}
+
+template <typename V>
+ExpertIsland<V> Trainer::island(const std::vector<State<V>>& states,
+                                std::function<std::vector<V>(const std::string&, const Slice&, std::vector<V>,
+                                                             std::vector<int64_t>)>
+                                    call) const {
+  if (expert_slices_.empty()) return {};
+  return {states, [this, call](int j, const std::string& k, std::vector<V> in, std::vector<int64_t> at) {
+            return call(k, expert_slices_[static_cast<size_t>(j)], std::move(in), std::move(at));
+          }};
 }
 
 Program Trainer::single(const std::string& kernel, const Slice& s, const std::vector<Array>& in,
@@ -189,14 +234,36 @@ Array Trainer::route(const Array& counts) {
   return client_.put<int64_t>(slices_[0], Sharding::kSplit, {dp * 2 * E}, put);
 }
 
+// --expert-island with --moe-routing controller: the controller reads the dense devices' counts
+// for experts' device j (a round trip: [dp, El], each device's rows per expert of j) and puts
+// them on that device, where expert_fwd reads them.
+Array Trainer::island_route(const Array& counts, int j) {
+  const int64_t t0 = now_us();
+  const std::vector<int64_t> rows = counts.get<int64_t>();
+  trace_.span("wait moe counts", "wait", t0, now_us());
+  return client_.put<int64_t>(expert_slices_[static_cast<size_t>(j)], Sharding::kReplicated,
+                              {static_cast<int64_t>(rows.size())}, rows);
+}
+
 Program Trainer::chained_program() const {
   ProgramBuilder b("chained-step");
-  std::vector<Value> st;
-  for (auto& a : states_[0].list()) st.push_back(b.param_like(a));
+  const auto params = [&b](const ArrayState& s) {
+    std::vector<Value> v;
+    for (auto& a : s.list()) v.push_back(b.param_like(a));
+    return State<Value>::from(v);
+  };
+  const State<Value> st = params(states_[0]);
+  std::vector<State<Value>> experts;
+  for (const ArrayState& s : expert_states_) experts.push_back(params(s));
   const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
     return b.call(k, slices_[0], in, std::move(at));
   };
-  for (auto& v : trace_step<Value>(sh_, names_, cfg_.mesh.tp, State<Value>::from(st), call, {}, &fsdp_program_held_))
+  const ExpertIsland<Value> isl =
+      island<Value>(experts, [&b](const std::string& k, const Slice& sl, std::vector<Value> in, std::vector<int64_t> at) {
+        return b.call(k, sl, in, std::move(at));
+      });
+  for (auto& v : trace_step<Value>(sh_, names_, cfg_.mesh.tp, st, call, {}, &fsdp_program_held_,
+                                   expert_slices_.empty() ? nullptr : &isl))
     b.output(v);
   return b.build();
 }
@@ -208,17 +275,35 @@ std::vector<Array> Trainer::run_step() {
     const CallFn<Array> call = [&](const std::string& k, std::vector<Array> in, std::vector<int64_t> at) {
       return client_.call(k, slices_[0], in, std::move(at), ro_);
     };
-    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call, route, &fsdp_program_held_);
+    ExpertIsland<Array> isl = island<Array>(
+        expert_states_, [this](const std::string& k, const Slice& sl, std::vector<Array> in, std::vector<int64_t> at) {
+          return client_.call(k, sl, in, std::move(at), ro_);
+        });
+    if (route && !expert_slices_.empty()) {  // (the island's round trips: island_route)
+      isl.route = [this](const Array& counts, int j) { return island_route(counts, j); };
+      route = {};
+    }
+    return trace_step<Array>(sh_, names_, cfg_.mesh.tp, states_[0], call, route, &fsdp_program_held_,
+                             expert_slices_.empty() ? nullptr : &isl);
   }
   if (route) {  // chained, cut at the routing (segmented_step): built on the first step
-    if (!segmented_) segmented_ = std::make_unique<SegmentedStep>(segmented_step(sh_, names_, slices_[0], states_[0]));
+    if (!segmented_)
+      segmented_ = std::make_unique<SegmentedStep>(
+          segmented_step(sh_, names_, slices_[0], states_[0], expert_slices_, expert_states_));
+    std::vector<Array> in = states_[0].list();
+    for (auto& s : expert_states_)
+      for (auto& a : s.list()) in.push_back(a);
     const int64_t t0 = now_us();
-    auto out = segmented_->run(client_, states_[0].list(), ro_, route);
+    auto out = segmented_->run(client_, in, ro_, [&](const Array& counts, size_t i) {
+      return expert_slices_.empty() ? this->route(counts) : island_route(counts, static_cast<int>(i));
+    });
     trace_.span("dispatch step", "dispatch", t0, now_us());
     return out;
   }
   std::vector<Array> in;
   for (auto& s : states_)
+    for (auto& a : s.list()) in.push_back(a);
+  for (auto& s : expert_states_)
     for (auto& a : s.list()) in.push_back(a);
   return dispatch(step_prog_, in, "step");
 }
@@ -243,7 +328,9 @@ bool Trainer::step(int64_t step) {
   if (cfg_.model.moe() && !puts_) puts_ = client_.usage().puts;
   const auto out = run_step();
   constexpr size_t kCount = StepOutputs<Array>::kCount;
-  PWM_CHECK_EQ(out.size(), states_.size() * kCount);
+  PWM_CHECK_EQ(out.size(), states_.size() * kCount + expert_states_.size() * ArrayState::kCount);
+  for (size_t j = 0; j < expert_states_.size(); ++j)  // (the experts' devices' next states follow)
+    expert_states_[j] = ArrayState::from(std::span(out).subspan(states_.size() * kCount + j * ArrayState::kCount));
   Pending p{step, {}, 0};
   // The controller's round trips of this step, as the runtime counted them: the routing matrices
   // it put back (one per MoE layer and micro-batch with --moe-routing controller; none else).
@@ -353,6 +440,11 @@ void Trainer::record_overlap(const std::vector<StepStats>& devices) {
 // A full-model view for evaluation, hashing and checkpoints (the pipeline merges its stages).
 // (Replica r's; every replica holds the same bits, checked at the end.)
 Array Trainer::merged(Array ArrayState::*which, int r) {
+  if (!expert_states_.empty()) {  // the dense slice's arrays with each rank's experts from its experts' device
+    std::vector<Array> in{states_[0].*which};
+    for (auto& s : expert_states_) in.push_back(s.*which);
+    return dispatch(single(names_("expert_merge"), slices_[0], in, {cfg_.mesh.tp}), in, "merge")[0];
+  }
   if (!pipe_) return states_[static_cast<size_t>(r)].*which;
   std::vector<Array> in;
   for (int s = 0; s < S_; ++s) in.push_back(states_[static_cast<size_t>(r * S_ + s)].*which);
@@ -435,7 +527,7 @@ void Trainer::report_layout_and_memory() {
   // evaluation and checkpoint (as spmd_train's: their whole-model buffers are not training
   // state), and the model state each device holds.
   int64_t peak_rss = 0, gathered = 0;  // (memory: [rss, held beyond the arrays] per device)
-  for (auto& sl : slices_) {
+  for (auto& sl : all_slices()) {
     const std::vector<int64_t> m = dispatch(single(names_("memory"), sl, {}, {tp}), {}, "memory")[0].get<int64_t>();
     for (size_t i = 0; i + 1 < m.size(); i += 2) {
       peak_rss = std::max(peak_rss, m[i]);
@@ -448,7 +540,7 @@ void Trainer::report_layout_and_memory() {
   std::map<int, WorkerStats> by_rank;
   for (const WorkerStats& w : client_.stats()) by_rank[w.rank] = w;
   std::vector<double> store, inter;
-  for (auto& sl : slices_) {
+  for (auto& sl : all_slices()) {
     uint64_t hw = 0, in = 0;
     for (int d : sl.devices()) {
       const WorkerStats& w = by_rank[d + 1];  // device d is world rank d + 1
@@ -494,7 +586,7 @@ void Trainer::write_trace() {
   // Every worker's kernel spans plus the controller's dispatch and wait rows.
   std::vector<std::string> fragments{trace_.fragment()};
   const int64_t words = 1 << 20;  // 8 MiB of trace per worker at most
-  for (auto& sl : slices_) {
+  for (auto& sl : all_slices()) {
     auto all = dispatch(single(names_("trace"), sl, {}, {cfg_.mesh.tp, words}), {}, "trace")[0].get<int64_t>();
     for (size_t d = 0; d + words <= all.size(); d += words)
       fragments.emplace_back(reinterpret_cast<const char*>(&all[d + 1]), static_cast<size_t>(all[d]));

@@ -90,11 +90,13 @@ class Trainer final : public pwm::train::Trainer {
   };
 
   void place_slices(int num_islands);
+  std::vector<Slice> all_slices() const;  // the step's slices, then the experts' devices
   double probe_workers(double budget_s);  // the gemm_probe kernel on every slice: the mean rate
   Program build_step_program() const;  // by mode; empty for opbyop (no program: a call per node)
   Program chained_program() const;
   bool controller_routing() const;  // --moe-routing controller
   Array route(const Array& counts);  // fetch an MoE layer's counts, put the matrix back
+  Array island_route(const Array& counts, int j);  // --expert-island: experts' device j's counts
   pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const;
   std::vector<Array> run_step();
   std::vector<Array> dispatch(const Program& p, const std::vector<Array>& in, const std::string& what);
@@ -119,6 +121,13 @@ class Trainer final : public pwm::train::Trainer {
   RunOptions ro_;
   std::vector<Slice> slices_;  // replica-major: slice r x S + s is replica r's stage s
   std::vector<ArrayState> states_;
+  // --expert-island: one slice of one device per expert-parallel rank, and its state.
+  std::vector<Slice> expert_slices_;
+  std::vector<ArrayState> expert_states_;
+  template <typename V>
+  ExpertIsland<V> island(const std::vector<State<V>>& states, std::function<std::vector<V>(const std::string&, const Slice&,
+                                                                                        std::vector<V>, std::vector<int64_t>)>
+                                                                  call) const;
   int64_t first_step_ = 0;
   Program step_prog_;
   std::unique_ptr<SegmentedStep> segmented_;  // chained with --moe-routing controller

@@ -287,6 +287,25 @@ TEST(InProcGroups, BadGroupsAreClearErrors) {
   EXPECT_THROW(c.allreduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum, Algorithm::kMpi), pwm::Error);
 }
 
+TEST(RecursiveDoubling, SumComputedAloneEqualsTheCollective) {
+  // Summands whose sum depends on the grouping (1e16 + 1 - 1e16 ...): recursive_doubling_sum
+  // must give the AllReduce's bits on every group size, power of two or not.
+  for (int n = 1; n <= 7; ++n) {
+    std::vector<double> v;
+    for (int r = 0; r < n; ++r) v.push_back((r % 2 == 0 ? 1e16 : -1e16) * (1 + r / 2) + 0.37 * r);
+    std::mutex mu;
+    std::vector<double> got;
+    run_inproc(n, [&](int rank, std::shared_ptr<Transport> t) {
+      Communicator c = Communicator::world(t, CommOptions{});
+      double x = v[static_cast<size_t>(rank)];
+      c.allreduce(&x, &x, 1, DataType::kFloat64, ReduceOp::kSum, Algorithm::kRecursiveDoubling);
+      std::lock_guard<std::mutex> lock(mu);
+      got.push_back(x);
+    });
+    for (double g : got) EXPECT_EQ(g, recursive_doubling_sum(v)) << "n = " << n;
+  }
+}
+
 TEST(CostModel, PicksLatencyAlgorithmsForSmallAndBandwidthForLarge) {
   CostModel m;
   EXPECT_EQ(m.pick_allreduce(4, 2, 256 << 10), Algorithm::kRecursiveDoubling);

@@ -62,7 +62,10 @@ void expect_same_routing(const Case& c, const pwm::train::TrainConfig& cfg, int6
   for (const char* k : {"dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"})
     EXPECT_EQ(g["moe"][k].get<double>(), r["moe"][k].get<double>()) << c.name << ": step " << s << " moe " << k;
   const bool controller = c.po.routing(cfg.model) == pwm::train::MoeRouting::kController;
-  const double want = controller ? static_cast<double>(cfg.workload.microbatches * cfg.model.moe_layers()) : 0.0;
+  // (--expert-island: one round trip per experts' device.)
+  const double want = controller ? static_cast<double>(cfg.workload.microbatches * cfg.model.moe_layers() *
+                                                       (c.po.expert_island ? cfg.mesh.ep : 1))
+                                 : 0.0;
   ASSERT_TRUE(g["moe"].contains("round_trips")) << c.name;
   EXPECT_EQ(g["moe"]["round_trips"].get<double>(), want) << c.name << ": step " << s;
 }
@@ -119,6 +122,25 @@ const std::vector<Case>& cases() {
       c.push_back({std::string("moe_controller_") + g + "_mb2",
                    with({"--capacity-factor", "0", "--microbatches", "2", "--moe-every", "1"}),
                    routed(g, MoeRouting::kController)});
+    // --expert-island: the experts on devices of their own, the rows crossing as program edges
+    // (island_kernels.cc): against spmd_train's --dp D --expert-parallel D, bitwise. Two islands of
+    // two in process; under mpirun (one dense device and one experts' device) the one island.
+    const auto island = [&](const char* g, pwm::train::MoeRouting r, const char* islands) {
+      pwm::train::MpmdConfig o = routed(g, r);
+      o.expert_island = true;
+      o.islands = islands;
+      return o;
+    };
+    c.push_back({"moe_island_static_chained", with({"--capacity-factor", "1.25"}),
+                 island("chained", MoeRouting::kStatic, "2x2"), true, 4});
+    c.push_back({"moe_island_worker_opbyop_mb2", with({"--capacity-factor", "0", "--microbatches", "2"}),
+                 island("opbyop", MoeRouting::kWorker, "2x2"), true, 4});
+    c.push_back({"moe_island_controller_chained_mb2",
+                 with({"--capacity-factor", "0", "--microbatches", "2", "--moe-every", "1"}),
+                 island("chained", MoeRouting::kController, "2x2"), true, 4});
+    c.push_back({"moe_island_dp1_worker_chained_mb2",
+                 {"--experts", "4", "--top-k", "2", "--capacity-factor", "0", "--microbatches", "2", "--moe-every", "1"},
+                 island("chained", MoeRouting::kWorker, ""), true, 2});
     pwm::train::MpmdConfig pipe;
     pipe.stages = 2;
     pipe.schedule = pwm::train::Schedule::k1F1B;
@@ -141,7 +163,7 @@ pwm::train::TrainConfig workload(const Case& c, const std::string& metrics) {
                                       false),
             "case {}: flags not parsed", c.name);
   cfg.mpmd = c.po;
-  cfg.validate(c.po.stages > 1 ? 1 : c.workers);
+  cfg.validate(c.po.stages > 1 ? 1 : c.po.expert_island ? c.workers / 2 : c.workers);
   return cfg;
 }
 

@@ -347,6 +347,44 @@ def case_moe_checkpoints_cross_trainers():
     print("MoE checkpoints resume bitwise across the two trainers")
 
 
+def case_moe_expert_island_equals_spmd():
+    # --expert-island (docs/pathways_train.md): the experts on an island of their own (--islands 2x2:
+    # the dense slice's two devices, then the two experts' devices), the rows crossing as the
+    # program's transfers. Against spmd_train's --dp 2 --expert-parallel 2, bitwise: static (a
+    # capacity), worker and controller (dropless) routing, chained and opbyop; the routing figures
+    # equal and the controller's round trips counted. Then a checkpoint written so (every expert gathered from its device)
+    # resumes on the island, and the run ends as the uninterrupted spmd_train run.
+    mb = ["--microbatches", "2"]
+    isl = ["--expert-island", "--islands", "2x2"]
+    refs = {}
+    for routing, cap in (("static", CAPACITY), ("worker", DROPLESS), ("controller", DROPLESS)):
+        ref = refs[routing] = sc.train(2, "isl_spmd_" + routing, MOE + cap + mb)
+        for g in ("chained", "opbyop"):
+            got = sc.train(5, f"isl_{routing}_{g}", MOE + cap + mb + isl + ["--granularity", g, "--moe-routing", routing],
+                           exe="pathways")
+            assert_bitwise(ref, got, f"pathways {g} --expert-island --moe-routing {routing}")
+            for st in got[0]:
+                m, r = got[0][st]["moe"], ref[0][st]["moe"]
+                for k in ("dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"):
+                    assert m[k] == r[k], f"island {routing} {g}: step {st} moe {k}: {m[k]} vs spmd {r[k]}"
+                # The controller's: one per MoE layer, micro-batch and experts' device, as the runtime counted.
+                want = 2 * 2 * 2 if routing == "controller" else 0
+                assert m["round_trips"] == want, f"island {routing} {g}: step {st}: {m['round_trips']} round trips"
+    ck = os.path.join(sc.TMP, "isl.ckpt")
+    run = MOE + CAPACITY + mb + isl + ["--granularity", "chained", "--ckpt", ck]
+    p = sc.run(5, sc.TINY + run + ["--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"], expect_ok=False,
+               exe="pathways")
+    assert p.returncode != 0 and os.path.exists(ck), "--expert-island: no step-4 checkpoint"
+    got = sc.train(5, "isl_resumed", run + ["--resume"], exe="pathways")
+    assert min(got[0]) == 4, f"--expert-island resumed at {min(got[0])}"
+    ref = refs["static"]
+    for st in got[0]:
+        for k in FIELDS:
+            assert got[0][st][k] == ref[0][st][k], f"--expert-island resumed: step {st} {k} differs"
+    assert got[2]["weights_hash"] == ref[2]["weights_hash"], "--expert-island resumed from its checkpoint diverged"
+    print("--expert-island: bitwise spmd_train's at every routing, chained and opbyop, and resumed")
+
+
 def case_moe_bad_settings_are_one_line():
     m = os.path.join(sc.TMP, "moe_bad.jsonl")
     bad = (
@@ -357,6 +395,11 @@ def case_moe_bad_settings_are_one_line():
         (["--dp", "2", "--moe-routing", "worker"], "applies to Mixture-of-Experts models"),
         (MOE + ["--moe-routing", "bogus"], "--moe-routing"),
         (["--experts", "4", "--stages", "2"], "on one slice"),
+        (["--dp", "2", "--expert-island", "--granularity", "chained"], "--expert-island places the experts"),
+        (MOE + CAPACITY + ["--expert-island"], "--expert-island needs --granularity chained or opbyop"),
+        (["--experts", "4", "--dp", "2", "--expert-island", "--granularity", "chained"],
+         "--expert-island needs --expert-parallel equal to --dp"),
+        (MOE + CAPACITY + ["--expert-island", "--granularity", "chained"], "--expert-island needs 4 workers"),
     )
     for args, pattern in bad:
         sc.expect_error(3, sc.TINY + args + ["--metrics", m], pattern, [m], exe="pathways")
