@@ -260,23 +260,7 @@ void expert_update(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     if (dev.shapes().moe_layer(l)) grads.add(plan.piece_ranges(model::StepPlan::layer_piece(l)), ctx.in<float>(i++).data());
   const auto& cfg = dev.cfg().optim;
   const double lr = model::lr_at(cfg, step), clip = model::clip_factor(cfg, sq);
-  for (const model::ParamInfo& q : layout.params()) {
-    const size_t n = static_cast<size_t>(q.size);
-    const float* pin = ctx.in<float>(kParams).data() + q.offset;
-    const float* min = ctx.in<float>(kAdamM).data() + q.offset;
-    const float* vin = ctx.in<float>(kAdamV).data() + q.offset;
-    float* pout = ctx.out<float>(kParams).data() + q.offset;
-    float* mout = ctx.out<float>(kAdamM).data() + q.offset;
-    float* vout = ctx.out<float>(kAdamV).data() + q.offset;
-    if (q.expert && !skip) {
-      model::adamw_span_into(cfg, step, lr, clip, q.weight_decay, pin, grads.at(q.offset, q.size), min, vin, pout, mout,
-                             vout, n);
-    } else {
-      std::memcpy(pout, pin, sizeof(float) * n);
-      std::memcpy(mout, min, sizeof(float) * n);
-      std::memcpy(vout, vin, sizeof(float) * n);
-    }
-  }
+  update_where(dev.cfg(), ctx, layout, grads, step, lr, clip, skip, [](const model::ParamInfo& q) { return q.expert; });
   ctx.out<int64_t>(kStep)[0] = step + 1;
 }
 

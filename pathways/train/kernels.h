@@ -14,6 +14,7 @@
 // island_kernels.cc (--expert-island: an MoE layer's block around the experts' own devices).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,6 +114,14 @@ void block_bwd_remote(TrainingDevice&, KernelContext&, Scope&);
 void expert_sqnorm(TrainingDevice&, KernelContext&, Scope&);
 void expert_update(TrainingDevice&, KernelContext&, Scope&);
 void expert_merge(TrainingDevice&, KernelContext&, Scope&);
+
+// AdamW out of place on the parameters `mine` selects (the state's kParams, kAdamM, kAdamV inputs
+// to the same outputs), the others passed through, and every one passed through with `skip` (a
+// non-finite step): the pipeline's stages and the expert island's two sides update their parts
+// so (pipeline_kernels.cc).
+void update_where(const pwm::train::TrainConfig& cfg, KernelContext& ctx, const model::ParamLayout& layout,
+                  const model::GradView& grads, int64_t step, double lr, double clip, bool skip,
+                  const std::function<bool(const model::ParamInfo&)>& mine);
 
 // What a block kernel (attrs: tp, layer) works with.
 struct BlockUnit {

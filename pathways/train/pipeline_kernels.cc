@@ -14,6 +14,29 @@ namespace pwm::pathways::train::kernels {
 
 using model::ParamLayout;
 
+void update_where(const pwm::train::TrainConfig& tc, KernelContext& ctx, const ParamLayout& layout,
+                  const model::GradView& grads, int64_t step, double lr, double clip, bool skip,
+                  const std::function<bool(const model::ParamInfo&)>& mine) {
+  const auto& cfg = tc.optim;
+  for (const model::ParamInfo& p : layout.params()) {
+    const size_t n = static_cast<size_t>(p.size);
+    const float* pin = ctx.in<float>(kParams).data() + p.offset;
+    const float* min = ctx.in<float>(kAdamM).data() + p.offset;
+    const float* vin = ctx.in<float>(kAdamV).data() + p.offset;
+    float* pout = ctx.out<float>(kParams).data() + p.offset;
+    float* mout = ctx.out<float>(kAdamM).data() + p.offset;
+    float* vout = ctx.out<float>(kAdamV).data() + p.offset;
+    if (mine(p) && !skip) {
+      model::adamw_span_into(cfg, step, lr, clip, p.weight_decay, pin, grads.at(p.offset, p.size), min, vin, pout, mout,
+                             vout, n);
+    } else {
+      std::memcpy(pout, pin, sizeof(float) * n);
+      std::memcpy(mout, min, sizeof(float) * n);
+      std::memcpy(vout, vin, sizeof(float) * n);
+    }
+  }
+}
+
 namespace {
 Pos pipe_pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 }  // namespace
@@ -85,24 +108,9 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
     grads.add(plan.piece_ranges(model::StepPlan::layer_piece(l)), ctx.in<float>(args.piece(1 + l - sl.begin)).data());
   const auto& cfg = dev.cfg().optim;
   const double lr = model::lr_at(cfg, step), clip = model::clip_factor(cfg, total_sq);
-  for (const model::ParamInfo& p : layout.params()) {
-    const bool mine = p.layer < 0 || p.layer >= L || (sl.begin <= p.layer && p.layer < sl.end);
-    const size_t n = static_cast<size_t>(p.size);
-    const float* pin = ctx.in<float>(kParams).data() + p.offset;
-    const float* min = ctx.in<float>(kAdamM).data() + p.offset;
-    const float* vin = ctx.in<float>(kAdamV).data() + p.offset;
-    float* pout = ctx.out<float>(kParams).data() + p.offset;
-    float* mout = ctx.out<float>(kAdamM).data() + p.offset;
-    float* vout = ctx.out<float>(kAdamV).data() + p.offset;
-    if (mine && !skip) {
-      model::adamw_span_into(cfg, step, lr, clip, p.weight_decay, pin, grads.at(p.offset, p.size), min, vin, pout, mout,
-                             vout, n);
-    } else {
-      std::memcpy(pout, pin, sizeof(float) * n);
-      std::memcpy(mout, min, sizeof(float) * n);
-      std::memcpy(vout, vin, sizeof(float) * n);
-    }
-  }
+  update_where(dev.cfg(), ctx, layout, grads, step, lr, clip, skip, [&](const model::ParamInfo& p) {
+    return p.layer < 0 || p.layer >= L || (sl.begin <= p.layer && p.layer < sl.end);
+  });
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, pwm::train::UpdateResult{lr, std::sqrt(total_sq)}, loss, 0.0, ctx.out<double>(StepOutputs<int>::kStats));
 }
