@@ -605,8 +605,11 @@ std::string run_controller(std::shared_ptr<collectives::Transport> transport, co
   const std::string layout =
       cfg.mpmd.stages > 1 ? fmt::format("pipeline S={} {} of dp={} x tp={}{}", cfg.mpmd.stages,
                                         pwm::train::name(cfg.mpmd.schedule), m.dp, m.tp, replicas)
-                          : fmt::format("{} replicas={} dp={} tp={}", pwm::train::name(cfg.mpmd.granularity), m.replicas,
-                                        m.dp, m.tp);
+                          : fmt::format("{} replicas={} dp={} tp={}{}", pwm::train::name(cfg.mpmd.granularity),
+                                        m.replicas, m.dp, m.tp,
+                                        cfg.mpmd.expert_island && cfg.model.moe()
+                                            ? fmt::format(", experts on {} devices of their own", m.ep)
+                                            : "");
   Client client = rt.client("trainer");
   std::string stopped;
   {
