@@ -153,11 +153,12 @@ class IslandNodes {
   // x(l+1) and saved(l) from x(l), of micro-batch m.
   std::pair<V, V> forward(int l, int64_t m, const V& weights, const V& x) {
     auto o = call_(names_("moe_send"), {weights, x}, {tp_, l, m});
-    std::vector<V> in{o[0], o[1]};
+    std::vector<V> in(o.begin(), o.begin() + 2);  // x(l+1) without the branch, saved(l); then the outputs
     auto& z = z_[static_cast<size_t>(l)];
     z.clear();
-    std::vector<V> counts;  // (with the controller's routing: all round trips before the experts' calls)
-    for (int j = 0; j < P_; ++j) counts.push_back(island_.route ? island_.route(o[2 + P_ + j], j) : o[2 + P_ + j]);
+    std::vector<V> counts(o.begin() + 2 + P_, o.begin() + 2 + 2 * P_);
+    if (island_.route)  // the controller's routing: every round trip before the experts' calls
+      for (int j = 0; j < P_; ++j) counts[static_cast<size_t>(j)] = island_.route(counts[static_cast<size_t>(j)], j);
     for (int j = 0; j < P_; ++j) {
       z.push_back(island_.call(j, names_("expert_fwd"), {param(j), o[2 + j], counts[static_cast<size_t>(j)]}, {tp_, l, j})[0]);
       in.push_back(z.back());
@@ -228,12 +229,15 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
         case UnitKind::kEmbedForward: x = call(k, {weights(-1), tokens}, {tp})[0]; break;
         case UnitKind::kBlockForward: {
           xs[u.layer] = x;
-          std::vector<V> in{weights(u.layer), x};
-          std::vector<int64_t> at{tp, u.layer};
           if (isl && sh.moe_layer(u.layer)) {
             std::tie(x, saved[u.layer]) = isl->forward(u.layer, m, weights(u.layer), x);
             break;
           }
+          std::vector<V> in;  // (built by push_back: an initializer list here drew a false -Warray-bounds from GCC 12)
+          in.reserve(3);
+          in.push_back(weights(u.layer));
+          in.push_back(x);
+          std::vector<int64_t> at{tp, u.layer};
           if (route && sh.moe_layer(u.layer)) {  // the controller sizes the layer's expert call
             in.push_back(route(call(names("moe_counts"), {st.params, x}, {tp, u.layer})[0]));
             at.push_back(1);
@@ -298,7 +302,7 @@ Grads<V> trace_grads(const Shapes& sh, const KernelNames& names, int tp, const S
   }
   if (!fsdp) return {std::move(pieces), std::move(losses), 0, isl ? isl->pieces() : std::vector<std::vector<V>>{}};
   for (int l = 0; l < L; ++l) pieces[static_cast<size_t>(StepPlan::layer_piece(l))] = fsdp->chunk(l);
-  return {std::move(pieces), std::move(losses), fsdp->peak()};
+  return {std::move(pieces), std::move(losses), fsdp->peak(), {}};
 }
 
 template <typename V>

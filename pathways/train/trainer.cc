@@ -186,9 +186,12 @@ ExpertIsland<V> Trainer::island(const std::vector<State<V>>& states,
                                                              std::vector<int64_t>)>
                                     call) const {
   if (expert_slices_.empty()) return {};
-  return {states, [this, call](int j, const std::string& k, std::vector<V> in, std::vector<int64_t> at) {
-            return call(k, expert_slices_[static_cast<size_t>(j)], std::move(in), std::move(at));
-          }};
+  ExpertIsland<V> isl;
+  isl.states = states;
+  isl.call = [this, call](int j, const std::string& k, std::vector<V> in, std::vector<int64_t> at) {
+    return call(k, expert_slices_[static_cast<size_t>(j)], std::move(in), std::move(at));
+  };
+  return isl;
 }
 
 Program Trainer::single(const std::string& kernel, const Slice& s, const std::vector<Array>& in,
