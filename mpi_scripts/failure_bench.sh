@@ -17,8 +17,13 @@
 #   --steps N        the training's steps (default 120; about 2 minutes of the default workload
 #                    without faults on 2 cores)
 #   --ckpt-every K   checkpoint interval in steps (default 10): what a fault costs in replay
-#   --models         spmd (spmd_train --dp 2, 2 ranks) and/or pathways (pathways_train --dp 2
+#   --models         spmd (spmd_train --dp 2, 2 ranks), pathways (pathways_train --dp 2
 #                    --granularity chained, 3 ranks: its controller is a rank the injector may kill)
+#                    and/or pathways_spare (pathways_train --replicas 2 --granularity chained
+#                    --spare-workers 2 under mpirun --enable-recovery, 5 ranks: a lost worker is
+#                    replaced in the job from a spare, restored from the other replica; a lost
+#                    controller, or a worker lost with no spare left, ends the job and the
+#                    supervisor restarts it with fresh spares; OpenMPI only)
 # Results: DIR/failure_bench.json (default results/), the timestamped log of every run (and of
 # its injector: DIR/failure_MODEL_faulty.inject.log).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -46,7 +51,9 @@ whole() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "failure_bench.s
 whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEED" 0
 [[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
   { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
-for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways ]] || { echo "failure_bench.sh: error: --models takes spmd and/or pathways (got '$m')" >&2; exit 2; }; done
+for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways and/or pathways_spare (got '$m')" >&2; exit 2; }; done
+[[ " $MODELS " != *" pathways_spare "* || "$PWM_MPI" == openmpi ]] ||
+  { echo "failure_bench.sh: error: pathways_spare needs OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy
@@ -62,13 +69,17 @@ stamp() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$
 # $OUT/failure_MODEL_KIND.log.
 run() {
   local model=$1 kind=$2 base="$OUT/failure_$1_$2"
-  local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2)
+  local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2) launch=() sup=()
   [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
+  # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
+  # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
+  [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(--enable-recovery)
+    flags=(--replicas 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
   rm -f "$base.ckpt" "$base.jsonl" "$base.inject.log"
-  local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"
+  local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD "${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"
              --ckpt "$base.ckpt" --resume --metrics "$base.jsonl")
-  echo "\$ supervise.sh --max-restarts 1000 -- ${cmd[*]}   ($kind)"
-  { bash "$PWM_ROOT/mpi_scripts/supervise.sh" --max-restarts 1000 -- "${cmd[@]}" 2>&1; echo "failure_bench: exit $?"; } |
+  echo "\$ supervise.sh --max-restarts 1000 ${sup[*]} -- ${cmd[*]}   ($kind)"
+  { bash "$PWM_ROOT/mpi_scripts/supervise.sh" --max-restarts 1000 "${sup[@]}" -- "${cmd[@]}" 2>&1; echo "failure_bench: exit $?"; } |
     stamp > "$base.log" &
   local job=$!
   if [ "$kind" = faulty ]; then

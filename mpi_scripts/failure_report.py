@@ -8,7 +8,10 @@ Each BASE.log is one supervised run's output, every line prefixed with the time 
 attempt's metrics (the weights' hash). The
 lines this reads: the trainers' "] step N/M |" lines, "] resumed from F at step S", the
 supervisor's "supervise.sh: attempt K ended with exit X ...", the injector's
-"failure_bench: inject: SIGKILL pid P ..." and the script's "failure_bench: exit X".
+"failure_bench: inject: SIGKILL pid P ..." and the script's "failure_bench: exit X"; with
+pathways_train --spare-workers also the controller's "pathways liveness: the controller lost
+device ..." (the loss seen in the job) and the trainer's "] recovered at step S: ... K step(s)
+replayed ...; step(s) A..B run again" (the state restored, the job goes on).
 """
 import json
 import re
@@ -18,6 +21,9 @@ STEP = re.compile(r"\] step\s+(\d+)/\d+ \|")
 RESUMED = re.compile(r"\] resumed from .* at step (\d+)")
 ENDED = re.compile(r"^supervise\.sh: attempt (\d+) ended with exit (\d+)")
 KILL = re.compile(r"^failure_bench: inject: SIGKILL pid (\d+)")
+LOST = re.compile(r"^pathways liveness: the controller lost device (\d+)")
+SPARE = re.compile(r"; it held no slice;")  # (a lost spare: nothing to recover)
+RECOVERED = re.compile(r"\] recovered at step \d+: .* (\d+) step\(s\) replayed .*; step\(s\) (\d+)\.\.(\d+) run again")
 
 
 def parse(lines):
@@ -29,18 +35,27 @@ def parse(lines):
             t = float(t)
         except ValueError:
             continue
-        for kind, rx in (("step", STEP), ("resumed", RESUMED), ("ended", ENDED), ("kill", KILL)):
+        if m := RECOVERED.search(text):  # the steps computed again: replayed, and those in flight
+            events.append((t, "recovered", int(m.group(1)) + int(m.group(3)) - int(m.group(2)) + 1))
+            continue
+        for kind, rx in (("step", STEP), ("resumed", RESUMED), ("ended", ENDED), ("kill", KILL), ("lost", LOST)):
             m = rx.search(text)
             if m:
-                events.append((t, kind, int(m.group(1))))
+                events.append((t, "lost_spare" if kind == "lost" and SPARE.search(text) else kind, int(m.group(1))))
                 break
     return events
 
 
 def recoveries(events):
-    """Per kill that ended an attempt: detect_s (the kill to the supervisor's line), restart_s
-    (that line to the next attempt's first step), replayed (steps done before the kill and done
-    again: the last step logged before it, minus the step the restart resumed at, plus one)."""
+    """Per kill that ended an attempt ("how": restart): detect_s (the kill to the supervisor's
+    line), restart_s (that line to the next attempt's first step), replayed (steps done before
+    the kill and done again: the last step logged before it, minus the step the restart resumed
+    at, plus one). Per kill the job survived ("how": in-job, pathways_train --spare-workers):
+    detect_s (the kill to the controller's line that it lost the device), restore_s (that line to
+    the trainer's line that it recovered: the remap, the state restored, the replay), back_s
+    (that line to the next step logged) and replayed (the steps computed again: from the
+    restored state to the oldest step in flight, and those in flight). A lost spare ("how":
+    spare) costs nothing but its detection."""
     out = []
     last_step = None  # the last step logged so far
     pending = None    # the kill not yet resolved
@@ -50,17 +65,30 @@ def recoveries(events):
                 pending["restart_s"] = t - pending["ended_t"]
                 out.append(pending)
                 pending = None
+            elif pending and "recovered_t" in pending:
+                pending["back_s"] = t - pending["recovered_t"]
+                out.append(pending)
+                pending = None
             last_step = v
+        elif kind in ("lost", "lost_spare") and pending is not None and "lost_t" not in pending and "ended_t" not in pending:
+            pending.update(lost_t=t, detect_s=t - pending["kill_t"], how="in-job" if kind == "lost" else "spare")
+            if kind == "lost_spare":
+                out.append(pending)
+                pending = None
+        elif kind == "recovered" and pending is not None and "lost_t" in pending:
+            pending.update(recovered_t=t, restore_s=t - pending["lost_t"], replayed=v)
         elif kind == "kill" and pending is None:
             pending = {"kill_t": t, "last_step": last_step}
         elif kind == "ended" and pending is not None and "ended_t" not in pending:
-            pending["ended_t"] = t
-            pending["detect_s"] = t - pending["kill_t"]
+            if "lost_t" in pending:  # seen in the job, but no spare was left: the supervisor restarts
+                pending.pop("detect_s")
+            pending.update(ended_t=t, detect_s=pending.get("detect_s", t - pending["kill_t"]), how="restart")
         elif kind == "resumed" and pending is not None and "ended_t" in pending:
             done = pending["last_step"]
             pending["resumed_at"] = v
             pending["replayed"] = 0 if done is None else max(0, done - v + 1)
-    return [{k: r[k] for k in ("detect_s", "restart_s", "replayed") if k in r} for r in out]
+    keys = ("how", "detect_s", "restart_s", "restore_s", "back_s", "replayed")
+    return [{k: r[k] for k in keys if k in r} for r in out]
 
 
 def read_logs(base):
@@ -92,6 +120,7 @@ def run_summary(base):
         "wall_s": (max(times) - min(times)) if times else 0.0,
         "faults": sum(1 for e in ev if e[1] == "kill"),
         "restarts": sum(1 for e in ev if e[1] == "ended"),
+        "in_job": sum(1 for e in ev if e[1] == "recovered"),
         "recoveries": recoveries(ev),
         "weights_hash": final["weights_hash"] if final else None,
     }
@@ -106,27 +135,34 @@ def report(models, mtbf, steps, ckpt_every):
     """models: [(name, free_summary, faulty_summary)] -> (json dict, text lines)."""
     rows, text = [], []
     text.append(f"failure_bench: MTBF {mtbf:g} s, {steps} steps, a checkpoint every {ckpt_every} steps")
-    text.append(f"{'trainer':>9} {'free s':>8} {'faulty s':>9} {'goodput':>8} {'faults':>7} {'restarts':>9} "
-                f"{'detect s':>9} {'restart s':>10} {'replayed':>9} {'same weights':>13}")
+    text.append(f"{'trainer':>14} {'free s':>8} {'faulty s':>9} {'goodput':>8} {'faults':>7} {'restarts':>9} {'in-job':>7} "
+                f"{'detect s':>9} {'restart s':>10} {'restore s':>10} {'replayed':>9} {'same weights':>13}")
     for name, free, faulty in models:
         goodput = free["wall_s"] / faulty["wall_s"] if faulty["wall_s"] > 0 else None
         rec = faulty["recoveries"]
-        med = {k: median([r[k] for r in rec if k in r]) for k in ("detect_s", "restart_s", "replayed")}
+        med = {k: median([r[k] for r in rec if k in r]) for k in ("detect_s", "restart_s", "restore_s", "replayed")}
         same = free["weights_hash"] is not None and free["weights_hash"] == faulty["weights_hash"]
         rows.append({"trainer": name, "free": free, "faulty": faulty, "goodput": goodput,
                      "median_recovery": med, "same_weights": same})
         f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
-        text.append(f"{name:>9} {free['wall_s']:8.1f} {faulty['wall_s']:9.1f} {f(goodput, 3):>8} {faulty['faults']:7d} "
-                    f"{faulty['restarts']:9d} {f(med['detect_s']):>9} {f(med['restart_s']):>10} "
-                    f"{f(med['replayed'], 0):>9} {'yes' if same else 'NO':>13}")
+        text.append(f"{name:>14} {free['wall_s']:8.1f} {faulty['wall_s']:9.1f} {f(goodput, 3):>8} {faulty['faults']:7d} "
+                    f"{faulty['restarts']:9d} {faulty.get('in_job', 0):7d} {f(med['detect_s']):>9} {f(med['restart_s']):>10} "
+                    f"{f(med['restore_s'], 2):>10} {f(med['replayed'], 0):>9} {'yes' if same else 'NO':>13}")
         full = [r for r in rec if all(k in r for k in ("detect_s", "restart_s", "replayed"))]
         if full:  # (a kill before the first checkpoint restarts from step 0: no resume line)
             r = full[0]
-            text.append(f"{'':>9} one recovery ({name}, the first from a checkpoint): detected {f(r.get('detect_s'))} s after the kill, "
+            text.append(f"{'':>14} one restart ({name}, the first from a checkpoint): detected {f(r.get('detect_s'))} s after the kill, "
                         f"the next attempt's first step {f(r.get('restart_s'))} s later, "
                         f"{r.get('replayed', '-')} steps replayed")
-    text.append("goodput: the fault-free run's wall time over the faulty run's (the same steps); detect, restart "
-                "and replayed: medians over the recoveries")
+        inj = [r for r in rec if r.get("how") == "in-job" and "back_s" in r]
+        if inj:
+            r = inj[0]
+            text.append(f"{'':>14} one recovery in the job ({name}, the first): detected {f(r['detect_s'])} s after the kill, "
+                        f"the state restored and the steps since replayed {f(r['restore_s'], 2)} s later, the next "
+                        f"step {f(r['back_s'], 2)} s after that, {r['replayed']} steps computed again")
+    text.append("goodput: the fault-free run's wall time over the faulty run's (the same steps); detect, restart, "
+                "restore and replayed: medians over the recoveries (restart: the job restarted by the supervisor; "
+                "restore: recovered in the job)")
     return {"mtbf_s": mtbf, "steps": steps, "ckpt_every": ckpt_every, "rows": rows}, text
 
 

@@ -2,7 +2,7 @@
 # Restarts a training job from its newest checkpoint when it fails, a bounded number of times
 # (torchrun's --max-restarts for mpirun jobs; docs/failures.md).
 #
-#   supervise.sh [--max-restarts N] [--inject "FLAGS"] -- COMMAND... [--- RESTART_COMMAND...]
+#   supervise.sh [--max-restarts N] [--inject "FLAGS"] [--done-file FILE] -- COMMAND... [--- RESTART_COMMAND...]
 #
 # COMMAND starts the job with its launcher (mpirun, Hydra's mpiexec, cluster.sh run ...) and must
 # pass the trainer --ckpt FILE and --resume: the trainer then starts from FILE when it exists,
@@ -19,19 +19,24 @@
 #   so in one line.
 # - --inject "FLAGS": words appended to COMMAND on the first attempt only: a fault to inject
 #   (e.g. "--kill-step 5 --kill-rank 1"), which the restarts do not repeat.
+# - --done-file FILE: an attempt that exits 0 has finished only if it wrote FILE (the trainer's
+#   --metrics, which appears only when the run ends well); else it counts as failed. For
+#   launchers whose exit code does not say: OpenMPI's mpirun --enable-recovery (pathways_train
+#   --spare-workers) exits 0 whatever its ranks' exit codes. FILE is removed before each attempt.
 # - --- RESTART_COMMAND: what the restarts run instead of COMMAND, e.g. the same trainer on fewer
 #   ranks (a smaller mesh; checkpoints resume across meshes). It must pass --ckpt and --resume too.
 # - SIGINT/SIGTERM end the running attempt (launch_watch.sh removes its processes) and this
 #   script, without a restart.
 set -uo pipefail
 
-max_restarts=3 inject=""
-usage="usage: supervise.sh [--max-restarts N] [--inject \"FLAGS\"] -- COMMAND... [--- RESTART_COMMAND...]"
+max_restarts=3 inject="" done_file=""
+usage="usage: supervise.sh [--max-restarts N] [--inject \"FLAGS\"] [--done-file FILE] -- COMMAND... [--- RESTART_COMMAND...]"
 die() { echo "supervise.sh: error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --max-restarts) [ $# -ge 2 ] || die "--max-restarts needs a value ($usage)"; max_restarts=$2; shift 2 ;;
     --inject) [ $# -ge 2 ] || die "--inject needs a value ($usage)"; inject=$2; shift 2 ;;
+    --done-file) [ $# -ge 2 ] || die "--done-file needs a value ($usage)"; done_file=$2; shift 2 ;;
     --) shift; break ;;
     *) die "unknown argument '$1' ($usage)" ;;
   esac
@@ -80,19 +85,24 @@ while :; do
     words=("${again[@]}")
   fi
   t0=$(date +%s.%N)
+  [ -z "$done_file" ] || rm -f "$done_file"
   bash "$here/launch_watch.sh" --who supervise.sh -- "${words[@]}" &
   child=$!
   wait "$child"
   rc=$?
   child=""
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  how="exit $rc"
+  if [ "$rc" = 0 ] && [ -n "$done_file" ] && [ ! -e "$done_file" ]; then
+    rc=1 how="exit 0 but without writing $done_file (it did not finish)"
+  fi
   [ "$rc" = 0 ] && exit 0
   if [ "$restarts" -ge "$max_restarts" ]; then
-    echo "supervise.sh: attempt $attempt ended with exit $rc after $secs s; no restart left (--max-restarts $max_restarts)" >&2
+    echo "supervise.sh: attempt $attempt ended with $how after $secs s; no restart left (--max-restarts $max_restarts)" >&2
     exit "$rc"
   fi
   restarts=$((restarts + 1))
   from="from $ckpt"
   [ -e "$ckpt" ] || from="from step 0 (no checkpoint $ckpt yet)"
-  echo "supervise.sh: attempt $attempt ended with exit $rc after $secs s; restart $restarts of at most $max_restarts, $from" >&2
+  echo "supervise.sh: attempt $attempt ended with $how after $secs s; restart $restarts of at most $max_restarts, $from" >&2
 done

@@ -375,4 +375,6 @@ int Runtime::num_islands() const { return c_->rm().num_islands(); }
 std::string Runtime::describe() const { return c_->rm().describe(); }
 void Runtime::shutdown() { c_->shutdown(); }
 
+std::vector<int> Runtime::lost_workers() const { return c_->lost_workers(); }
+
 }  // namespace pwm::pathways

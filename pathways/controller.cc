@@ -56,6 +56,8 @@ void Controller::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::vector<int> Controller::lost_workers() const { return d_ ? d_->lost() : std::vector<int>{}; }
+
 void Controller::submit_run(std::shared_ptr<ProgramState> p, std::vector<std::shared_ptr<ArrayState>> in,
                             std::vector<std::shared_ptr<ArrayState>> out, RunOptions o, uint64_t run_id, uint64_t owner,
                             double weight) {

@@ -73,6 +73,7 @@ class Controller : public std::enable_shared_from_this<Controller> {
 
   void start();     // handshake with every worker, then starts the dispatcher thread
   void shutdown();  // blocks until every worker has left; idempotent
+  std::vector<int> lost_workers() const;  // after shutdown(): Runtime::lost_workers
 
   ResourceManager& rm() { return *rm_; }
   uint64_t new_id() { return next_id_.fetch_add(1); }

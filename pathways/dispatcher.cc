@@ -76,7 +76,7 @@ void Dispatcher::loop() {
 bool Dispatcher::shutdown_step(bool& any) {
   if (!shutdown_sent_ && runs_.empty() && fetch_reqs_.empty() && stats_.empty()) {
     for (int r : workers_) {
-      chan_.post(r, MsgType::kShutdown);
+      chan_.send(r, Shutdown{{lost_.begin(), lost_.end()}});
       chan_.close(r);
     }
     shutdown_sent_ = true;
@@ -147,6 +147,8 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
     if (in[i]->status.failed()) return fail(fmt::format("program '{}': input {} failed: {}", def.name, i, in[i]->status.error()));
     if (!objects_.contains(in[i]->id))
       return fail(fmt::format("program '{}': input {} (object {}) no longer exists", def.name, i, in[i]->id));
+    if (const int l = lost_of(objects_.find(in[i]->id)->ranks); l >= 0)
+      return fail(fmt::format("program '{}': input {} (object {}) was on {}", def.name, i, in[i]->id, lost_line(l)));
   }
   std::shared_ptr<LoweredProgram> lp;
   const bool fresh = !p->lowered;
@@ -222,6 +224,7 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
   const ObjMeta* mp = objects_.find(a->id);
   if (!mp) return f->fail(fmt::format("object {} no longer exists", a->id));
   const ObjMeta& m = *mp;
+  if (const int l = lost_of(m.ranks); l >= 0) return f->fail(fmt::format("object {} was on {}", a->id, lost_line(l)));
   const bool split = m.spec.sharding == Sharding::kSplit;
   auto rec = std::make_shared<FetchRec>();
   rec->a = a;
@@ -327,6 +330,12 @@ void Dispatcher::pump_schedulers() {
 
 void Dispatcher::dispatch(RunRec& r) {
   if (closed_.count(r.owner)) return abandon(r);
+  if (const int l = lost_of({r.waiting.begin(), r.waiting.end()}); l >= 0) {  // lowered before the loss
+    for (auto& a : r.out) a->status.fail(fmt::format("program '{}': {} before the run was sent", r.prog->def.name, lost_line(l)));
+    for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
+    runs_.remove(r.id).reset();
+    return;
+  }
   RunHeader h;
   h.run_id = r.id;
   h.program_id = r.lp->id;

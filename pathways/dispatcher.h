@@ -60,6 +60,8 @@ class Dispatcher {
   void free_owner(uint64_t owner);
   void evict(const LoweredProgram& lp);
   void begin_shutdown() { stopping_ = true; }
+  // The world ranks lost (RuntimeOptions::survive_worker_loss); after the dispatcher has stopped.
+  std::vector<int> lost() const { return {lost_.begin(), lost_.end()}; }
 
  private:
   struct FetchRec {
@@ -101,6 +103,11 @@ class Dispatcher {
   // that none has been silent for longer than the timeout (else the job is aborted, one line).
   void check_liveness(double now);
   std::string awaited_from(int rank);  // what this controller waits for from a worker, for that line
+  // RuntimeOptions::survive_worker_loss: world rank `rank` is lost (dispatcher_liveness.cc).
+  void lose(int rank, const std::string& why);
+  // The first of `ranks` that was lost, or -1.
+  int lost_of(const std::vector<int>& ranks) const;
+  std::string lost_line(int rank) const;  // "device d (world rank r[ on host]) was lost"
 
   Controller& c_;
   const RuntimeOptions& opts_;
@@ -120,6 +127,7 @@ class Dispatcher {
   std::map<uint64_t, std::pair<std::shared_ptr<FutureState<std::vector<WorkerStats>>>, std::vector<WorkerStats>>> stats_;
   std::map<int, uint64_t> caps_;                // world rank -> memory cap (0 = none)
   std::set<uint64_t> closed_;                   // disconnected clients
+  std::set<int> lost_;                          // lost workers (survive_worker_loss)
   std::map<uint64_t, ClientUsage> usage_;       // by client id
   std::map<uint64_t, std::vector<std::weak_ptr<ProgramState>>> programs_by_owner_;
   std::map<int, std::vector<std::pair<uint64_t, std::vector<uint8_t>>>> staged_;  // rank -> (client, kRun body)

@@ -5,6 +5,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "common/time.h"
 #include "pathways/dispatcher.h"
 
@@ -65,11 +68,87 @@ void Dispatcher::check_liveness(double now) {
   const std::vector<int> silent = live_.silent(now);
   if (silent.empty()) return;
   auto on = [&](int r) { return t_.host_of(r).empty() ? std::string() : " on " + t_.host_of(r); };
+  if (opts_.survive_worker_loss && !shutdown_sent_) {
+    for (int r : silent)
+      lose(r, fmt::format("silent for {:.1f} s while the controller waited for {}", live_.silence(r, now), awaited_from(r)));
+    return;
+  }
   std::vector<std::string> who;
   for (int r : silent) who.push_back(fmt::format("world rank {}{} (device {}) for {:.1f} s", r, on(r), r - 1, live_.silence(r, now)));
   t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) has heard nothing from {} while waiting for {}; "
                        "stopped, dead or stuck in a kernel; aborting the job (timeout: --coll-timeout or PWM_COLL_TIMEOUT)",
                        on(0), fmt::join(who, ", and "), awaited_from(silent.front())));
+}
+
+int Dispatcher::lost_of(const std::vector<int>& ranks) const {
+  for (int r : ranks)
+    if (lost_.count(r)) return r;
+  return -1;
+}
+
+std::string Dispatcher::lost_line(int rank) const {
+  const std::string h = t_.host_of(rank);
+  return fmt::format("device {} (world rank {}{}), which was lost", rank - 1, rank, h.empty() ? "" : " on " + h);
+}
+
+void Dispatcher::lose(int rank, const std::string& why) {
+  const std::string h = t_.host_of(rank);
+  const std::string who = fmt::format("device {} (world rank {}{})", rank - 1, rank, h.empty() ? "" : " on " + h);
+  // The remap first: a client that hears of the failure finds its slices on their new devices.
+  std::vector<SliceRemap> plan;
+  try {
+    plan = c_.rm().drain(rank - 1);
+  } catch (const std::exception& e) {
+    t_.abort(fmt::format("pathways liveness: the controller lost {} ({}) and cannot go on without it: {}; aborting the "
+                         "job (--spare-workers adds spare devices)",
+                         who, why, e.what()));
+  }
+  std::vector<std::string> moved;
+  for (const SliceRemap& m : plan)
+    moved.push_back(fmt::format("slice {} device {} -> {}", m.slice, m.from_device, m.to_device));
+  fmt::print(stderr, "pathways liveness: the controller lost {} ({}); {}; its runs are cancelled and its objects lost\n",
+             who, why, moved.empty() ? std::string("it held no slice") : fmt::format("remapped {}", fmt::join(moved, ", ")));
+  std::fflush(stderr);
+  lost_.insert(rank);
+  workers_.erase(std::remove(workers_.begin(), workers_.end(), rank), workers_.end());
+  live_.forget(rank);
+  chan_.drop(rank);
+  // The runs it had a part in: cancelled on the other workers (they answer run_done), failed.
+  const std::string reason = fmt::format("{} was lost", who);
+  std::vector<uint64_t> done;
+  for (auto& [id, rp] : runs_) {
+    RunRec& r = *rp;
+    if (!r.sent || r.workers_done || !r.lp->workers.count(rank)) continue;
+    if (r.error.empty()) r.error = fmt::format("program '{}': {}", r.prog->def.name, reason);
+    r.waiting.erase(rank);
+    r.stage_waiting.erase(rank);
+    for (int w : r.waiting) chan_.send(w, CancelRun{r.id, reason});
+    if (r.waiting.empty()) done.push_back(id);
+  }
+  for (uint64_t id : done)
+    if (RunRec* r = runs_.find(id)) complete_workers(*r);
+  for (auto it = fetch_reqs_.begin(); it != fetch_reqs_.end();) {
+    if (it->second.rank != rank) {
+      ++it;
+      continue;
+    }
+    const std::shared_ptr<FetchRec> rec = it->second.rec;  // (outlives its request's erasure)
+    if (rec->error.empty()) rec->error = fmt::format("fetch of object {}: {}", rec->a->id, reason);
+    it = fetch_reqs_.erase(it);
+    if (--rec->left == 0) finish_fetch(*rec);
+  }
+  for (auto it = stats_.begin(); it != stats_.end();) {  // (answered by the workers left)
+    auto& [f, v] = it->second;
+    std::erase_if(v, [&](const WorkerStats& w) { return w.rank == rank; });
+    if (v.size() < workers_.size()) {
+      ++it;
+      continue;
+    }
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+    f->set(v);
+    it = stats_.erase(it);
+  }
+  urgent_activity_ = true;
 }
 
 std::string Dispatcher::awaited_from(int rank) {

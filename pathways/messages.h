@@ -94,6 +94,15 @@ struct EvictProgram {
   static auto fields(auto& m) { return std::tie(m.program_id); }
 };
 
+// Another device of the run was lost (RuntimeOptions::survive_worker_loss): the worker stops
+// the run where it is and answers run_done with `reason`.
+struct CancelRun {
+  static constexpr MsgType kType = MsgType::kCancelRun;
+  uint64_t run_id = 0;
+  std::string reason;
+  static auto fields(auto& m) { return std::tie(m.run_id, m.reason); }
+};
+
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
 // nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
 // the Perfetto trace; kRunAwaited: a client was waiting for the run's outputs when it was sent
@@ -138,6 +147,14 @@ struct Fetch {
   static constexpr MsgType kType = MsgType::kFetch;
   uint64_t request = 0, object = 0;
   static auto fields(auto& m) { return std::tie(m.request, m.object); }
+};
+
+// The runtime's end; `lost`: the world ranks the controller lost on the way
+// (RuntimeOptions::survive_worker_loss), which take no part in what the job does afterwards.
+struct Shutdown {
+  static constexpr MsgType kType = MsgType::kShutdown;
+  std::vector<uint64_t> lost;
+  static auto fields(auto& m) { return std::tie(m.lost); }
 };
 
 struct Free {

@@ -47,6 +47,14 @@ struct RuntimeOptions {
   // collectives' watchdog timeout by default (PWM_COLL_TIMEOUT, 300 s); pathways_train passes
   // --coll-timeout.
   double timeout_s = 300;
+  // true: a silent worker is lost, not fatal (docs/failures.md, "Recovery in the job"): the
+  // dispatcher says so in one line, drains its device (the resource manager remaps its slices
+  // onto spare devices of the same island, or the job ends when there is none), cancels the
+  // runs it had a part in on the other workers and fails their outputs, and fails every object
+  // it held; the client sees failed arrays and recovers (pathways_train --spare-workers). Needs
+  // an MPI library that keeps the job alive when a rank dies (OpenMPI's mpirun
+  // --enable-recovery); without one, the launcher ends the job first.
+  bool survive_worker_loss = false;
 
   // The defaults with the PWM_PW_* environment settings applied (latency: LatencyPolicy::from_env()).
   static RuntimeOptions from_env();
@@ -75,6 +83,10 @@ class Runtime {
   // Waits for every run in flight, stops every worker (their run_worker returns) and the
   // dispatcher. Idempotent. Work submitted afterwards fails.
   void shutdown();
+  // After shutdown(): the world ranks of the workers lost on the way (survive_worker_loss), in
+  // order. The workers that left normally were told (run_worker returns the same list), so that
+  // whatever the job does next (a final agreement, MPI_Finalize) leaves the lost ones out.
+  std::vector<int> lost_workers() const;
 
  private:
   std::shared_ptr<Controller> c_;

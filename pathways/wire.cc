@@ -18,6 +18,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kMoveIn: return "move_in";
     case MsgType::kStats: return "stats";
     case MsgType::kShutdown: return "shutdown";
+    case MsgType::kCancelRun: return "cancel_run";
     case MsgType::kHello: return "hello";
     case MsgType::kRunDone: return "run_done";
     case MsgType::kStageDone: return "stage_done";
@@ -47,6 +48,7 @@ struct Channel::Peer {
   bool recv_posted = false;
   bool in_body = false;
   bool final_pending = false;    // the header being completed announced the final frame
+  bool dropped = false;          // lost (drop()): neither sent to nor received from
   collectives::Request req;
   std::vector<uint8_t> hdr = std::vector<uint8_t>(sizeof(FrameHeader) + kInlineBytes);
   std::vector<uint8_t> body;
@@ -93,7 +95,7 @@ Writer& Channel::bundle(int p) { return peer(p).bundle; }
 
 size_t Channel::begin_message(int p, MsgType type) {
   Peer& s = peer(p);
-  PWM_CHECK(!s.closed, "message {} posted to rank {} after close", msg_type_name(type), p);
+  PWM_CHECK(!s.closed || s.dropped, "message {} posted to rank {} after close", msg_type_name(type), p);  // (dropped: discarded at flush)
   s.bundle.put<uint32_t>(static_cast<uint32_t>(type));
   s.bundle.put<uint32_t>(0);
   return s.bundle.size() - sizeof(uint32_t);
@@ -102,6 +104,21 @@ size_t Channel::begin_message(int p, MsgType type) {
 void Channel::end_message(int p, size_t at) {
   Writer& b = peer(p).bundle;
   b.patch<uint32_t>(at, static_cast<uint32_t>(b.size() - at - sizeof(uint32_t)));
+}
+
+void Channel::drop(int p) {
+  Peer& s = peer(p);
+  s.dropped = s.closed = true;
+  s.listening = false;
+  s.bundle.take();
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (it->peer != p) {
+      ++it;
+      continue;
+    }
+    dropped_.push_back(std::move(*it));
+    it = sends_.erase(it);
+  }
 }
 
 void Channel::close(int p) {
@@ -115,16 +132,17 @@ void Channel::send_frame(int p, std::vector<uint8_t>&& frame, bool final) {
   auto head = std::make_shared<std::vector<uint8_t>>(sizeof(h) + (h.separate ? 0 : frame.size()));
   std::memcpy(head->data(), &h, sizeof(h));
   if (!h.separate && !frame.empty()) std::memcpy(head->data() + sizeof(h), frame.data(), frame.size());
-  sends_.push_back({t_.isend(head->data(), head->size(), p, tags::kCtrlHeaderTag), head});
+  sends_.push_back({t_.isend(head->data(), head->size(), p, tags::kCtrlHeaderTag), head, p});
   if (h.separate) {
     auto body = std::make_shared<std::vector<uint8_t>>(std::move(frame));
-    sends_.push_back({t_.isend(body->data(), body->size(), p, tags::kCtrlBodyTag), body});
+    sends_.push_back({t_.isend(body->data(), body->size(), p, tags::kCtrlBodyTag), body, p});
   }
 }
 
 bool Channel::flush() {
   bool any = false;
   for (auto& [p, s] : peers_) {
+    if (s->dropped) s->bundle.take();  // (what was written for a lost peer is discarded)
     if (s->closed || s->bundle.size() == 0) continue;
     send_frame(p, s->bundle.take(), false);
     any = true;
@@ -154,6 +172,7 @@ bool Channel::progress(std::vector<Message>& inbox) {
   }
   for (auto& [p, sp] : peers_) {
     Peer& s = *sp;
+    if (s.dropped) continue;
     // A frame may be followed at once by the next; take what has arrived.
     while (s.recv_posted) {
       size_t got = 0;

@@ -41,7 +41,8 @@ enum class MsgType : uint32_t {
   kMoveOut = 9,       // MoveOut (drain)
   kMoveIn = 10,       // MoveIn (drain)
   kStats = 11,        // StatsRequest
-  kShutdown = 12,     // -
+  kShutdown = 12,     // Shutdown
+  kCancelRun = 13,    // CancelRun (a device of the run was lost)
   // worker -> controller
   kHello = 32,       // Hello
   kRunDone = 33,     // RunDone
@@ -176,6 +177,10 @@ class Channel {
   // Tests in-flight sends and receives; appends complete messages, in arrival order per peer,
   // to `inbox`. Returns true if anything completed.
   bool progress(std::vector<Message>& inbox);
+  // `peer` was lost (its process is gone): nothing more is sent to it or received from it, and
+  // the frames in flight to it stop counting as in flight (their buffers and requests are kept
+  // for as long as the channel lives: MPI may still hold them).
+  void drop(int peer);
   size_t sends_in_flight() const { return sends_.size(); }
   bool listening(int peer) const;
   const collectives::Transport& transport() const { return t_; }
@@ -185,6 +190,7 @@ class Channel {
   struct Send {
     collectives::Request req;
     std::shared_ptr<std::vector<uint8_t>> buf;
+    int peer = 0;
   };
   Peer& peer(int p);
   Writer& bundle(int p);
@@ -197,6 +203,7 @@ class Channel {
   collectives::Transport& t_;
   std::map<int, std::unique_ptr<Peer>> peers_;
   std::deque<Send> sends_;
+  std::vector<Send> dropped_;  // frames to lost peers (drop())
 };
 
 }  // namespace pwm::pathways

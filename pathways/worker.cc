@@ -54,6 +54,7 @@ void Worker::loop() {
     }
     any |= progress_moves();
     any |= progress_fetches();
+    if (!abandoned_.empty()) any |= progress_abandoned();
     any |= chan_.flush();
     if (shutdown_ && runs_.empty() && queued_.empty() && moves_.empty() && fetches_.empty()) break;
     if (any) {
@@ -197,7 +198,26 @@ void Worker::handle(Message& m) {
       chan_.send(0, StatsReply{req, s});
       break;
     }
-    case MsgType::kShutdown: shutdown_ = true; break;
+    case MsgType::kCancelRun: {
+      const CancelRun c = decode<CancelRun>(m.body);
+      for (auto it = runs_.begin(); it != runs_.end(); ++it)
+        if (it->h.run_id == c.run_id) {
+          cancel_run(*it, c.reason);
+          finish_run(*it);
+          runs_.erase(it);
+          return;
+        }
+      for (auto& [h, prog] : queued_)
+        if (h.run_id == c.run_id) {
+          h.flags |= kRunCancelled;
+          cancelled_[h.run_id] = c.reason;
+        }
+      break;  // (not found: the run ended here before the cancel came)
+    }
+    case MsgType::kShutdown:
+      for (uint64_t r : decode<Shutdown>(m.body).lost) lost_.push_back(static_cast<int>(r));
+      shutdown_ = true;
+      break;
     case MsgType::kHeartbeat: break;  // (heard: see loop())
     default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
   }
@@ -224,10 +244,11 @@ void Worker::count_reads(LoadedProgram& lp) {
 
 }  // namespace worker_detail
 
-void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options) {
+void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options, std::vector<int>* lost) {
   worker_detail::Worker w(transport, options);
   try {
     w.loop();
+    if (lost) *lost = w.lost();
   } catch (const std::exception& e) {
     // Ended here, with the worker (its buffers, its posted receives) alive: unwinding further
     // would free buffers that MPI may still write into before the job is aborted.

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "collectives/transport.h"
 #include "pathways/latency.h"
@@ -57,7 +58,10 @@ struct WorkerOptions {
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };
 
-// Blocks until the controller's shutdown. Must not be called on world rank 0.
-void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options = WorkerOptions::from_env());
+// Blocks until the controller's shutdown. Must not be called on world rank 0. `lost` (if given)
+// gets the world ranks the controller lost on the way (RuntimeOptions::survive_worker_loss;
+// usually none), which the rank's code after it must leave out of anything collective.
+void run_worker(std::shared_ptr<collectives::Transport> transport, WorkerOptions options = WorkerOptions::from_env(),
+                std::vector<int>* lost = nullptr);
 
 }  // namespace pwm::pathways

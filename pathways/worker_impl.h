@@ -49,6 +49,7 @@ class Worker {
   // Runs until the controller's shutdown (and this worker's last runs, moves and fetches) or a
   // fatal error (which aborts the job).
   void loop();
+  const std::vector<int>& lost() const { return lost_; }  // what the shutdown said (run_worker)
 
  private:
   std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
@@ -147,6 +148,13 @@ class Worker {
   // program on that slice so that its collective sequence numbers stay in step.
   collectives::Communicator& comm(const LoadedProgram& lp, int32_t x);
 
+  // CancelRun: the run stops where it is (another device of it was lost). Its posted transfers
+  // are abandoned, its kernels not yet run never run, its unwritten values fail with `reason`;
+  // finish_run then answers run_done.
+  void cancel_run(Run& run, const std::string& reason);
+  // Tests the abandoned transfers, dropping the ones MPI is done with; true if any was.
+  bool progress_abandoned();
+
   void finish_run(Run& run) {
     for (size_t s = 0; s < run.counted.size(); ++s) uncount(run, s);
     chan_.send(0, RunDone{run.h.run_id, std::move(run.error), run.kernel_s});  // (the run ends here)
@@ -170,11 +178,14 @@ class Worker {
   std::list<Run> runs_;
   std::list<Move> moves_;
   std::list<Fetch> fetches_;
+  std::list<Abandoned> abandoned_;
+  std::vector<int> lost_;  // the world ranks the controller lost (its shutdown message)
   std::map<uint32_t, std::shared_ptr<collectives::Communicator>> comms_;
   std::set<uint64_t> pending_execs_;
   std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
   std::set<uint64_t> early_freed_;             // outputs of queued runs already freed
   std::map<uint64_t, uint32_t> early_release_; // stage releases of queued sequential runs
+  std::map<uint64_t, std::string> cancelled_;   // queued runs cancelled (kRunCancelled): why
   WorkerTrace trace_;
   uint64_t peak_bytes_ = 0;
   uint64_t inter_live_ = 0, inter_peak_ = 0;  // bytes of runs' intermediates (write_ptr)

@@ -31,6 +31,8 @@ enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
 // A worker-local run flag: the run's client was freed while the run waited for memory (its
 // outputs are not entered in the store).
 constexpr uint8_t kRunOwnerGone = 0x80;
+// A worker-local run flag: cancelled (CancelRun) while it waited for memory: it fails at once.
+constexpr uint8_t kRunCancelled = 0x40;
 
 struct Run {
   RunHeader h;
@@ -50,6 +52,13 @@ struct Run {
   std::vector<uint8_t> counted;              // per slot: its bytes are in the worker's intermediate count
   uint32_t execs_done = 0;                   // kExec instructions done
   size_t next_exec = 0;                      // kRunInOrder: the first kExec instruction not done
+};
+
+// A transfer of a cancelled run that was posted: its buffer stays alive until MPI is done with it,
+// which is never when the peer was lost (the worker keeps it until it exits).
+struct Abandoned {
+  collectives::Request req;
+  ObjectPtr buf;
 };
 
 struct Move {

@@ -30,6 +30,12 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
     runs_.push_back(std::move(run));  // left == 0: reported at once
     return;
   }
+  if (run.h.flags & kRunCancelled) {
+    run.error = cancelled_[run.h.run_id];
+    cancelled_.erase(run.h.run_id);
+    runs_.push_back(std::move(run));  // left == 0: reported at once
+    return;
+  }
   run.prog = std::move(prog);
   const WorkerProgram& p = run.prog->p;
   if (opts_.memory_cap_bytes > 0 && p.buffer_bytes() > opts_.memory_cap_bytes) {
@@ -97,6 +103,43 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
   if (!(run.h.flags & kRunSequential)) run.released = p.num_stages;
   runs_.push_back(std::move(run));
   peak_bytes_ = std::max(peak_bytes_, static_cast<uint64_t>(Buffer::live_bytes()));
+}
+
+void Worker::cancel_run(Run& run, const std::string& reason) {
+  note_error(run, reason);
+  if (!run.prog) return;
+  const WorkerProgram& p = run.prog->p;
+  for (size_t i = run.first; i < p.instrs.size(); ++i) {
+    if (run.state[i] == kDone) continue;
+    const Instr& in = p.instrs[i];
+    if (run.state[i] == kPosted && (in.op == Op::kSend || in.op == Op::kRecv))
+      abandoned_.push_back({std::move(run.reqs[i]), run.slots[in.slot]});
+    if (in.op == Op::kExec) pending_execs_.erase(run.order[i]);  // (the island order goes on without it)
+  }
+  // What it would still have written fails, so that what reads it (a fetch, another run) ends;
+  // its inputs are another run's to write.
+  std::vector<uint8_t> input(p.slots.size(), 0);
+  for (auto& b : p.params) input[b.slot] = 1;
+  for (size_t s = 0; s < run.slots.size(); ++s)
+    if (const ObjectPtr& o = run.slots[s]; o && !input[s] && !o->resolved()) {
+      o->fail(reason);
+      o->pending_writes = 0;
+    }
+  run.left = 0;
+}
+
+bool Worker::progress_abandoned() {
+  bool any = false;
+  for (auto it = abandoned_.begin(); it != abandoned_.end();) {
+    size_t got = 0;
+    if (t_->test(it->req, &got)) {
+      it = abandoned_.erase(it);
+      any = true;
+    } else {
+      ++it;
+    }
+  }
+  return any;
 }
 
 bool Worker::admit() {

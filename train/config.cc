@@ -153,7 +153,8 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
     j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
                     {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},
                     {"sequential", mpmd.sequential ? "true" : "false"}, {"moe_routing", name(mpmd.moe_routing)},
-                    {"expert_island", mpmd.expert_island ? "true" : "false"}};
+                    {"expert_island", mpmd.expert_island ? "true" : "false"},
+                    {"spare_workers", std::to_string(mpmd.spare_workers)}};
   return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
 }
 

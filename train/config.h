@@ -95,6 +95,9 @@ struct MpmdConfig {
   // MoE: the experts on an island of their own (--expert-parallel devices, one slice each), the
   // dense layers on the --dp slice of another; the rows cross between them as program edges.
   bool expert_island = false;
+  // Workers beyond the slices: a lost worker's slice is remapped onto one and training goes on
+  // in the job (docs/failures.md, "Recovery in the job"; needs OpenMPI's --enable-recovery).
+  int spare_workers = 0;
   // kAuto resolved against the model: static under a capacity, worker when dropless.
   MoeRouting routing(const model::Config& m) const {
     if (moe_routing != MoeRouting::kAuto) return moe_routing;

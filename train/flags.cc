@@ -43,6 +43,10 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
                "MoE: the experts on an island of their own (--expert-parallel more workers), the rows sent there "
                "and back as transfers")
       ->group(P);
+  app.add_option("--spare-workers", p.spare_workers,
+                 "workers beyond the slices: a lost worker's slice moves onto one and the run goes on (slices of one "
+                 "device; OpenMPI's mpirun --enable-recovery)")
+      ->group(P);
 }
 
 }  // namespace

@@ -104,7 +104,11 @@ void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
-  auto ck = pwm::train::load_resume_checkpoint(dev.cfg());
+  // attrs[2] = 1: an in-job recovery (Trainer::recover) reads the checkpoint this run wrote,
+  // without --resume.
+  pwm::train::TrainConfig cfg = dev.cfg();
+  cfg.outputs.resume = cfg.outputs.resume || (ctx.attrs().size() > 2 && ctx.attr(2) == 1);
+  auto ck = pwm::train::load_resume_checkpoint(cfg);
   PWM_CHECK(ck.has_value(), "no checkpoint to resume from at {}", dev.cfg().outputs.ckpt);
   state_from(dev, ctx, p, kParams, [&](float* o) { pwm::train::scatter_full(layout, ck->params, o); });
   state_from(dev, ctx, p, kAdamM, [&](float* o) { pwm::train::scatter_full(layout, ck->adam_m, o); });
@@ -153,6 +157,13 @@ void gemm_probe(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   model::GemmProbe* probe = dev.gemm_probe();
   const double budget_s = static_cast<double>(ctx.attr(1)) * 1e-6;
   ctx.out<double>(0)[0] = !probe ? 0.0 : budget_s > 0 ? probe->run(budget_s) : pwm::train::startup_probe(*probe);
+}
+
+// --spare-workers: a healthy replica's state, arrived as the program's transfers, becomes the
+// remapped slice's (Trainer::recover).
+void copy_state(TrainingDevice&, KernelContext& ctx, Scope&) {
+  for (size_t i = 0; i < ctx.num_inputs(); ++i)
+    std::memcpy(ctx.out_raw(i), ctx.in_raw(i), ctx.input_spec(i).bytes());
 }
 
 // This worker process's peak resident set (bytes, from common/memory.h), and the state it held
@@ -222,7 +233,8 @@ using Attrs = std::span<const int64_t>;
 // Evaluation, checkpoints, hashing, merging, the GEMM peak probe and set-up run between steps:
 // their time is not a step's busy time.
 bool counts_as_step_work(const std::string& k) {
-  for (const char* n : {"init", "load", "eval", "val_total", "memory", "hash", "save", "merge", "expert_merge", "gemm_probe"})
+  for (const char* n : {"init", "load", "copy_state", "eval", "val_total", "memory", "hash", "save", "merge", "expert_merge",
+                        "gemm_probe"})
     if (k == n) return false;
   return true;
 }
@@ -275,6 +287,7 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   const bool fsdp = S->cfg().mesh.fsdp;
   add("init", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
   add("load", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
+  add("copy_state", false, [S](Attrs a) { return sig(S->state(tp_of(a)), S->state(tp_of(a))); }, copy_state);
   add("fused_step", true, [S](Attrs a) { return sig(S->state(tp_of(a)), state_out(S, a)); },
       fused_step);
   add("eval", true, [S](Attrs a) { return sig({split_f32(S->state_floats(tp_of(a)))}, {split_f64(1)}); }, evaluate);

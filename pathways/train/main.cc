@@ -7,12 +7,16 @@
 // and the run loop are the shared ones (train/bootstrap.h, train/loop.h).
 #include <malloc.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
 #include "collectives/strings.h"
 #include "common/check.h"
 #include "pathways/train/device.h"
 #include "pathways/train/kernels.h"
+#include "pathways/tags.h"
 #include "pathways/train/trainer.h"
 #include "pathways/worker.h"
 
@@ -43,17 +47,25 @@ int main(int argc, char** argv) {
     // A run stopped at a non-finite step: the controller has ended the metrics and shut the
     // runtime down; it prints the line once and every rank exits 1, as a bad start-up does.
     std::string stopped;
+    std::vector<int> lost;  // --spare-workers: the workers lost on the way (dead: left out below)
     if (env.rank() == 0) {
       // (The GEMM peak is probed on the workers by the trainer, through the runtime: waiting in
       // the runtime, the controller leaves the cores to the probing workers.)
-      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume);
+      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume, &lost);
     } else {
       const auto attached = devices->attach(env.transport(), s.data);
       pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
       wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
-      pathways::run_worker(env.transport(), wo);
+      pathways::run_worker(env.transport(), wo, &lost);
     }
-    const bool ok = collectives::agree_on_errors(world, "pathways_train", [&] {
+    std::optional<collectives::Communicator> survivors;  // (the ranks left, on a context of their own)
+    if (!lost.empty()) {
+      std::vector<int> alive;
+      for (int r = 0; r < env.size(); ++r)
+        if (std::find(lost.begin(), lost.end(), r) == lost.end()) alive.push_back(r);
+      survivors.emplace(env.transport(), alive, pathways::tags::kUserContextBase);
+    }
+    const bool ok = collectives::agree_on_errors(survivors ? *survivors : world, "pathways_train", [&] {
       if (!stopped.empty()) throw Error(stopped);
     });
     return ok ? 0 : 1;

@@ -19,12 +19,12 @@ namespace pwm::pathways::train {
 
 using pwm::train::Granularity;
 
-namespace {
-
 std::string run_name(const pwm::train::TrainConfig& cfg) {
   if (cfg.mpmd.stages > 1) return fmt::format("pathways-pipeline-{}", pwm::train::name(cfg.mpmd.schedule));
   return fmt::format("pathways-{}", pwm::train::name(cfg.mpmd.granularity));
 }
+
+namespace {
 
 // A Mixture-of-Experts model: one slice (no pipeline, no replicas yet), and a routing that fits
 // the capacity and the granularity.
@@ -69,10 +69,26 @@ void validate_island(const pwm::train::TrainConfig& cfg, int workers) {
 
 // The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
 // pipeline's layers and devices, what the runtime does not run.
+// --spare-workers: what in-job recovery supports (docs/failures.md, "Recovery in the job").
+void validate_spares(const pwm::train::TrainConfig& cfg, int workers) {
+  const pwm::train::MpmdConfig& p = cfg.mpmd;
+  if (p.spare_workers < 0) PWM_THROW("--spare-workers must be 0 or more (got {})", p.spare_workers);
+  if (p.spare_workers == 0) return;
+  if (cfg.mesh.dp != 1 || cfg.mesh.tp != 1 || cfg.mesh.fsdp)
+    PWM_THROW("--spare-workers needs slices of one device (--dp 1 --tp 1, data parallelism as --replicas R): a device "
+              "of a larger slice that loses a peer is inside the slice's collectives, which it cannot leave yet");
+  if (p.stages > 1 || cfg.model.moe() || p.expert_island)
+    PWM_THROW("--spare-workers runs dense models without --stages");
+  if (p.spare_workers >= workers)
+    PWM_THROW("--spare-workers {} leaves no worker for the slices: the job has {} workers (mpirun -n {})", p.spare_workers,
+              workers, workers + 1);
+}
+
 void validate(const pwm::train::TrainConfig& cfg, int world) {
   const pwm::train::MpmdConfig& p = cfg.mpmd;
-  const int workers = world - 1;
-  if (workers < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
+  if (world - 1 < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");
+  validate_spares(cfg, world - 1);
+  const int workers = world - 1 - p.spare_workers;  // (the spares hold no slice until one is lost)
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
   if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe()))
     PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
@@ -132,6 +148,8 @@ Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_isl
     expert_states_.push_back(ArrayState::from(dispatch(
         single(names_(resume ? "load" : "init"), expert_slices_[j], {}, {tp, static_cast<int64_t>(j)}), {}, "init")));
   first_step_ = static_cast<int64_t>(states_[0].step.get<int64_t>()[0]);
+  if (resume) saved_step_ = first_step_;
+  for (auto& sl : slices_) slice_devices_.push_back(sl.devices());
   report_ = std::make_unique<pwm::train::TrainReport>(
       cfg, run_name(cfg), devices_ * R_ * S_,
       cfg.exec.peak_gflops > 0 ? pwm::train::Peak::given(cfg.exec.peak_gflops) : pwm::train::Peak::probed(probe_workers(0)),
@@ -326,6 +344,21 @@ std::vector<double> Trainer::fetch(const Array& a, const std::string& what) {
 }
 
 bool Trainer::step(int64_t step) {
+  launch(step);
+  // Two steps stay in flight while the controller reads the statistics of the one before. A
+  // worker answers a fetch only between kernels, so with one in flight a fused step (one kernel)
+  // would have its predecessor's statistics fetched only when it ends, and the next step
+  // dispatched only after that round trip: the devices would idle for it every step.
+  constexpr size_t kInFlight = 2;
+  // A failed metrics write throws from drain_one (the controller's error ends the job); a
+  // non-finite step beyond --skip-nonfinite returns false (the steps after it, in flight, are
+  // never reported: the run ends before anything else).
+  return pending_.size() <= kInFlight || drain_one();
+}
+
+void Trainer::launch(int64_t step, bool record) {
+  // (--spare-workers: the handles keep the step's input state on the workers until it is reported.)
+  std::vector<ArrayState> before = record && cfg_.mpmd.spare_workers > 0 ? states_ : std::vector<ArrayState>{};
   // (The runtime's count is read once per step: the previous step's reading is this one's start;
   // this client puts nothing else, route() being its only put.)
   if (cfg_.model.moe() && !puts_) puts_ = client_.usage().puts;
@@ -334,7 +367,7 @@ bool Trainer::step(int64_t step) {
   PWM_CHECK_EQ(out.size(), states_.size() * kCount + expert_states_.size() * ArrayState::kCount);
   for (size_t j = 0; j < expert_states_.size(); ++j)  // (the experts' devices' next states follow)
     expert_states_[j] = ArrayState::from(std::span(out).subspan(states_.size() * kCount + j * ArrayState::kCount));
-  Pending p{step, {}, 0};
+  Pending p{step, {}, 0, {}};
   // The controller's round trips of this step, as the runtime counted them: the routing matrices
   // it put back (one per MoE layer and micro-batch with --moe-routing controller; none else).
   if (cfg_.model.moe()) {
@@ -347,16 +380,8 @@ bool Trainer::step(int64_t step) {
     states_[s] = o.state;
     p.stats.push_back(o.stats);
   }
-  pending_.push_back(std::move(p));
-  // Two steps stay in flight while the controller reads the statistics of the one before. A
-  // worker answers a fetch only between kernels, so with one in flight a fused step (one kernel)
-  // would have its predecessor's statistics fetched only when it ends, and the next step
-  // dispatched only after that round trip: the devices would idle for it every step.
-  constexpr size_t kInFlight = 2;
-  // A failed metrics write throws from drain_one (the controller's error ends the job); a
-  // non-finite step beyond --skip-nonfinite returns false (the steps after it, in flight, are
-  // never reported: the run ends before anything else).
-  return pending_.size() <= kInFlight || drain_one();
+  p.inputs = std::move(before);
+  if (record) pending_.push_back(std::move(p));
 }
 
 bool Trainer::drain() {
@@ -368,10 +393,17 @@ bool Trainer::drain() {
 void Trainer::fail() { stop_error_ = report_->stop(); }
 
 bool Trainer::drain_one() {
+  std::vector<std::vector<double>> per_slice;
+  while (per_slice.empty()) {
+    try {
+      for (auto& a : pending_.front().stats) per_slice.push_back(fetch(a, fmt::format("step {}", pending_.front().step)));
+    } catch (const std::exception& e) {
+      if (!recover(e.what())) throw;
+      per_slice.clear();
+    }
+  }
   Pending p = std::move(pending_.front());
   pending_.pop_front();
-  std::vector<std::vector<double>> per_slice;
-  for (auto& a : p.stats) per_slice.push_back(fetch(a, fmt::format("step {}", p.step)));
   std::vector<StepStats> devices;  // every device of every slice
   for (auto& s : per_slice)
     for (const StepStats& d : StepStats::read_all(s, sh_.stats_words())) devices.push_back(d);
@@ -492,9 +524,10 @@ void Trainer::probe_peak() {
   report_->probed(probe_workers(pwm::train::kPeakProbeBudgetS));
 }
 
-bool Trainer::save(int64_t /*steps_done: the state's own step counter is written*/) {
+bool Trainer::save(int64_t steps_done) {  // (the state's own step counter is written)
   const ArrayState full{merged(&ArrayState::params), merged(&ArrayState::m), merged(&ArrayState::v), states_[0].step};
   dispatch(single(names_("save"), slices_[0], full.list(), {cfg_.mesh.tp}), full.list(), "checkpoint")[0].wait();
+  saved_step_ = steps_done;
   return true;  // a failed write throws on the worker, which ends the job with one line
 }
 
@@ -522,6 +555,11 @@ std::optional<std::string> Trainer::finish() {
 
 void Trainer::report_layout_and_memory() {
   const int tp = cfg_.mesh.tp;
+  if (cfg_.mpmd.spare_workers > 0) {  // in-job recoveries: each one's seconds and the steps it ran again
+    report_->set_extra("recoveries", static_cast<double>(recovery_s_.size()));
+    report_->set_extra_list("recovery_s", recovery_s_);
+    report_->set_extra_list("recovery_steps_run_again", recovery_steps_);
+  }
   if (pipe_ && !bubbles_.empty()) {
     report_->set_extra("bubble", median(bubbles_));
     report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
@@ -598,10 +636,11 @@ void Trainer::write_trace() {
 }
 
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume) {
+                           bool resume, std::vector<int>* lost) {
   RuntimeOptions ro = RuntimeOptions::from_env();
   ro.islands = cfg.mpmd.islands;
   ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
+  ro.survive_worker_loss = cfg.mpmd.spare_workers > 0;  // (unless there are spares: Trainer::recover)
   Runtime rt(transport, ro);
   const auto& m = cfg.mesh;
   const std::string replicas = m.replicas > 1 ? fmt::format(", replicas={}", m.replicas) : "";
@@ -624,6 +663,7 @@ std::string run_controller(std::shared_ptr<collectives::Transport> transport, co
     if (!trainer.run()) stopped = trainer.stop_error();
   }
   rt.shutdown();  // (after the trainer has dropped its arrays: the steps still in flight end first)
+  if (lost) *lost = rt.lost_workers();
   return stopped;
 }
 

@@ -38,13 +38,17 @@ namespace pwm::pathways::train {
 // the others are the devices of the slices (dp x tp, times --stages, times --replicas).
 pwm::train::TrainerSpec trainer_spec();
 
+// The run's name in its log lines and metrics: "pathways-<granularity>" or "pathways-pipeline-<schedule>".
+std::string run_name(const pwm::train::TrainConfig& cfg);
+
 // The controller's whole run (world rank 0; the other ranks serve as workers, pathways::run_worker):
 // the runtime over the workers (islands and liveness from `cfg`), the header line, the training,
 // the runtime's shutdown. Blocks until the training ends. Returns "" or, when the run stopped at
 // a non-finite step (--skip-nonfinite), the one line saying why, with the workers released: the
-// caller prints it once and every rank exits non-zero (main.cc).
+// caller prints it once and every rank exits non-zero (main.cc). `lost` gets the workers lost
+// on the way (--spare-workers), which the job's last agreement leaves out.
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume);
+                           bool resume, std::vector<int>* lost = nullptr);
 
 // Runs on world rank 0 (the controller) only; every call blocks until the programs it
 // dispatches have been accepted, and the statistics' fetches until the step has run.
@@ -87,6 +91,7 @@ class Trainer final : public pwm::train::Trainer {
     int64_t step;
     std::vector<Array> stats;  // per slice
     uint64_t round_trips;      // the controller's MoE routing round trips (runtime-counted puts)
+    std::vector<ArrayState> inputs;  // --spare-workers: the state it started from (recover())
   };
 
   void place_slices(int num_islands);
@@ -99,6 +104,15 @@ class Trainer final : public pwm::train::Trainer {
   Array island_route(const Array& counts, int j);  // --expert-island: experts' device j's counts
   pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const;
   std::vector<Array> run_step();
+  // Dispatches step `step` and, with `record`, queues its statistics for drain_one.
+  void launch(int64_t step, bool record = true);
+  // --spare-workers: after a fetch failed with `why`, when a slice lost its device (the runtime
+  // remapped it onto a spare): the state rolls back to the oldest step in flight, the remapped
+  // slices get it from a healthy replica (else every slice from the newest checkpoint of this
+  // run, or from the start, with the steps since replayed), and the steps in flight run again.
+  // False: no slice moved, the failure is another (the caller rethrows).
+  bool recover(const std::string& why);
+  ArrayState copy_state(const ArrayState& from, const Slice& to);  // a replica's state onto `to`
   std::vector<Array> dispatch(const Program& p, const std::vector<Array>& in, const std::string& what);
   std::vector<double> fetch(const Array& a, const std::string& what);
   // A one-node program of `kernel` on slice `s`.
@@ -140,6 +154,12 @@ class Trainer final : public pwm::train::Trainer {
   std::deque<Pending> pending_;
   double last_end_us_ = -1;  // the previous step's end on the workers' clock; -1 after a pause
   std::vector<double> bubbles_, exposed_, tails_;
+  // --spare-workers: each slice's devices when its state was last made whole; the step of this
+  // run's newest checkpoint (-1: none; recover() replays from it); per recovery, its seconds and
+  // the steps it ran again.
+  std::vector<std::vector<int>> slice_devices_;
+  int64_t saved_step_ = -1;
+  std::vector<double> recovery_s_, recovery_steps_;
   std::string stop_error_;
 };
 

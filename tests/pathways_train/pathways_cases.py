@@ -22,7 +22,7 @@ import spmd_cases as sc  # noqa: E402  (shared helpers: run, train, metrics, exp
 FIELDS = ("step", "loss", "lr", "grad_norm")
 
 
-def assert_bitwise(ref, got, what):
+def assert_bitwise(ref, got, what, ref_name="spmd_train"):
     (rs, rv, rf), (gs, gv, gf) = ref, got
     assert sorted(rs) == sorted(gs), f"{what}: different steps {sorted(gs)}"
     for s in rs:
@@ -30,7 +30,7 @@ def assert_bitwise(ref, got, what):
             assert rs[s][k] == gs[s][k], f"{what}: step {s} {k}: {gs[s][k]!r} vs spmd {rs[s][k]!r}"
     assert rv == gv, f"{what}: validation losses {gv} vs spmd {rv}"
     assert rf["weights_hash"] == gf["weights_hash"], f"{what}: weights {gf['weights_hash']} vs spmd {rf['weights_hash']}"
-    print(f"{what}: {len(rs)} steps, losses, gradient norms and final weights bitwise equal to spmd_train")
+    print(f"{what}: {len(rs)} steps, losses, gradient norms and final weights bitwise equal to {ref_name}")
 
 
 def case_bitwise_equal_to_spmd():
@@ -783,6 +783,65 @@ def case_nonfinite_stops_the_run():
     # The pipeline: every stage skips (the norm is the whole model's; the last stage also has the
     # loss), so the run stops or skips as the others.
     sc.nan_step_runs(3, ["--stages", "2", "--microbatches", "2"], "pathways", "pw_nan_pipe")
+
+
+def case_spare_worker_recovers_bitwise():
+    """--spare-workers: a worker SIGKILLed in the middle of a step is replaced in the job (OpenMPI's
+    mpirun --enable-recovery keeps the other ranks alive), and the run ends on the bits of the same
+    run without the loss: restored from the other replica's memory, from this run's checkpoint
+    with a replay, from the initial state with a replay. Under MPICH (no library support: the
+    launcher ends the job, docs/failures.md) the job ends non-zero, the supervisor's case."""
+    openmpi = os.environ.get("PWM_MPI_FLAVOR", "openmpi") == "openmpi"
+    fast = ["--coll-timeout", "3", "--steps", "8"]  # (liveness: the loss is seen after 3 s of silence)
+    if not openmpi:
+        m = os.path.join(sc.TMP, "mpich.jsonl")
+        p = sc.run(4, sc.TINY + fast + ["--replicas", "2", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
+                                        "--metrics", m], expect_ok=False, exe="pathways", timeout=120)
+        out = p.stdout + p.stderr
+        assert "[pathways] controller + 3 workers" in out and "signal 9" in out, f"MPICH: no training, or no kill?\n{out}"
+        assert p.returncode != 0 and not os.path.exists(m), f"MPICH: the job went on after a lost rank?\n{out}"
+        print("MPICH: a lost worker ends the job (no in-job recovery), exit", p.returncode)
+        return
+    recovery = ["--enable-recovery"]
+    cases = [  # (name, ranks without the spare, flags, where the state comes from)
+        ("replicas_fused", 3, ["--replicas", "2"], "replica 0's memory", ["--kill-step", "3", "--kill-rank", "2"]),
+        ("replicas_chained", 3, ["--replicas", "2", "--granularity", "chained"], "replica 1's memory",
+         ["--kill-step", "4", "--kill-rank", "1"]),
+        ("chained_ckpt", 2, ["--granularity", "chained", "--ckpt-every", "2"], "the checkpoint of step 4",
+         ["--kill-step", "5", "--kill-rank", "1"]),
+        ("opbyop_start", 2, ["--granularity", "opbyop"], "the initial state", ["--kill-step", "5", "--kill-rank", "1"]),
+    ]
+    for name, n, flags, source, kill in cases:
+        extra = flags + fast
+        if "--ckpt-every" in flags:
+            extra = extra + ["--ckpt", os.path.join(sc.TMP, name + ".ckpt")]
+        ref = sc.train(n, name + "_ref", extra, exe="pathways")
+        m = os.path.join(sc.TMP, name + ".jsonl")
+        if "--ckpt-every" in flags:  # (the faulty run writes its own checkpoints from step 0)
+            extra = [a if a != os.path.join(sc.TMP, name + ".ckpt") else os.path.join(sc.TMP, name + "_b.ckpt")
+                     for a in extra]
+        cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, str(n + 1), sc.trainer("pathways")] + sc.TINY + extra + [
+            "--spare-workers", "1", "--metrics", m] + kill
+        p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
+        # (mpirun --enable-recovery exits 0 whatever the ranks' exit codes: the outputs say.)
+        out = p.stdout + p.stderr
+        assert "recovered at step" in out and source in out, f"{name}: no recovery from {source}:\n{out[-4000:]}"
+        assert "the controller lost device" in out, f"{name}: the loss was not reported:\n{out[-3000:]}"
+        got = sc.metrics(m)
+        assert_bitwise(ref, got, f"pathways {name} after losing a worker", "the run without the loss")
+        assert got[2]["recoveries"] == 1, f"{name}: recoveries {got[2].get('recoveries')}"
+        print(f"{name}: recovered from {source}, bitwise equal to the run without the loss")
+    # No spare in the lost device's island (one device per island): the job ends with one line.
+    m = os.path.join(sc.TMP, "nospare.jsonl")
+    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "4", sc.trainer("pathways")] + sc.TINY + fast + [
+        "--replicas", "2", "--islands", "3x1", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
+        "--metrics", m]
+    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
+    assert "cannot go on without it" in p.stdout + p.stderr and not os.path.exists(m), (p.stdout + p.stderr)[-3000:]
+    # What --spare-workers does not cover is refused before anything runs, in one line.
+    sc.expect_error(4, sc.TINY + ["--dp", "2", "--spare-workers", "1"], "--spare-workers needs slices of one device",
+                    exe="pathways")
+    sc.expect_error(3, sc.TINY + ["--spare-workers", "2"], "--spare-workers 2 leaves no worker", exe="pathways")
 
 
 def main():

@@ -67,5 +67,38 @@ class FailureReportTest(unittest.TestCase):
         self.assertIn("NO", text[2])
 
 
+# pathways_train --spare-workers: a worker killed at 205.0, the controller's line at 208.0, the
+# trainer's recovery at 208.5 (2 steps replayed from the checkpoint, steps 5..6 in flight run
+# again), the next step at 209.0; a spare killed at 210.0 (lost at 213.0, nothing to recover);
+# then the controller killed at 215.0: no spare role, the supervisor restarts at 218.0.
+IN_JOB = """200.0 [p] step     5/9 | loss 1.0
+205.0 failure_bench: inject: SIGKILL pid 1 of 5 ranks
+208.0 pathways liveness: the controller lost device 1 (world rank 2) (silent for 3.0 s); remapped slice 2 device 1 -> 3; its runs are cancelled and its objects lost
+208.5 [p] recovered at step 5: fetch: lost; slice 1 from device(s) 1 to 3; state restored from the checkpoint of step 3 (c) in 0.10 s, 2 step(s) replayed in 0.30 s; step(s) 5..6 run again
+209.0 [p] step     6/9 | loss 0.9
+210.0 failure_bench: inject: SIGKILL pid 2 of 5 ranks
+213.0 pathways liveness: the controller lost device 3 (world rank 4) (silent for 3.0 s); it held no slice; its runs are cancelled and its objects lost
+214.0 [p] step     7/9 | loss 0.8
+215.0 failure_bench: inject: SIGKILL pid 3 of 5 ranks
+218.0 supervise.sh: attempt 1 ended with exit 0 but without writing m.jsonl (it did not finish) after 18.0 s; restart 1 of at most 1000, from c
+220.0 [p] resumed from c at step 5
+221.0 [p] step     6/9 | loss 0.9
+"""
+
+
+class InJobRecoveryTest(unittest.TestCase):
+    def test_in_job_spare_and_restart(self):
+        rec = fr.recoveries(fr.parse(IN_JOB.splitlines()))
+        self.assertEqual([r["how"] for r in rec], ["in-job", "spare", "restart"])
+        self.assertAlmostEqual(rec[0]["detect_s"], 3.0)
+        self.assertAlmostEqual(rec[0]["restore_s"], 0.5)
+        self.assertAlmostEqual(rec[0]["back_s"], 0.5)
+        self.assertEqual(rec[0]["replayed"], 4)  # 2 from the checkpoint, steps 5 and 6 in flight
+        self.assertAlmostEqual(rec[1]["detect_s"], 3.0)
+        self.assertAlmostEqual(rec[2]["detect_s"], 3.0)
+        self.assertAlmostEqual(rec[2]["restart_s"], 3.0)
+        self.assertEqual(rec[2]["replayed"], 3)  # steps 5..7 logged, resumed at 5
+
+
 if __name__ == "__main__":
     unittest.main()

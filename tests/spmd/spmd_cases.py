@@ -636,6 +636,17 @@ def case_supervisor_restarts_from_the_checkpoint():
                                                              "continues from the checkpoint"], (p.returncode, p.stderr)
     p = subprocess.run(["bash", SUPERVISE, "--max-restarts", "x", "--", "true"], capture_output=True, text=True)
     assert p.returncode == 2 and "--max-restarts must be a whole number" in p.stderr, p.stderr
+    # --done-file: an attempt that exits 0 without writing the file did not finish (OpenMPI's
+    # mpirun --enable-recovery exits 0 whatever its ranks' codes); one that writes it did.
+    never, done = os.path.join(TMP, "never.jsonl"), os.path.join(TMP, "done.jsonl")
+    p = subprocess.run(["bash", SUPERVISE, "--max-restarts", "1", "--done-file", never, "--", "true", "--ckpt", ck,
+                        "--resume"], capture_output=True, text=True, timeout=60)
+    lines = supervisor_lines(p)
+    assert p.returncode == 1 and len(lines) == 2 and all(f"without writing {never}" in l for l in lines), (p.returncode, lines)
+    assert "no restart left" in lines[1], lines
+    p = subprocess.run(["bash", SUPERVISE, "--done-file", done, "--", "bash", "-c", f"touch {done}", "_", "--ckpt", ck,
+                        "--resume"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not supervisor_lines(p), (p.returncode, p.stderr)
 
 
 # ---- issue 42: nothing silent - non-finite training ends the run ---------------------------------

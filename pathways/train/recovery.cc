@@ -1,0 +1,81 @@
+// --spare-workers: the controller's side of a worker's loss (docs/failures.md, "Recovery in the
+// job"). The runtime has already declared the worker lost (its liveness), remapped its slice
+// onto a spare device, cancelled the runs it had a part in and failed their outputs; the trainer
+// hears of it as a failed fetch of a step's statistics and makes the state whole again here.
+//
+// Why the run ends on the bits of a run without the loss: the step's program is the same one,
+// on the same state, with the same batches (a function of the seed, the step and the replica),
+// only on another physical device. The state is rolled back to the input of the oldest step in
+// flight (its handles were kept: the arrays stayed in the surviving workers' object stores), and
+// every replica holds the same bits, so a healthy replica's copy is the lost one's. With no
+// healthy replica left, the newest checkpoint of this run (or the initial state) and a replay of
+// the steps since give the same state again.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/time.h"
+#include "pathways/train/trainer.h"
+
+namespace pwm::pathways::train {
+
+Trainer::ArrayState Trainer::copy_state(const ArrayState& from, const Slice& to) {
+  // A node on `to` reading arrays of another slice: the lowering sends them worker to worker.
+  ProgramBuilder b("copy_state");
+  std::vector<Value> in;
+  for (const Array& a : from.list()) in.push_back(b.param_like(a));
+  for (auto& v : b.call(names_("copy_state"), to, in, {cfg_.mesh.tp})) b.output(v);
+  return ArrayState::from(dispatch(b.build(), from.list(), "restore"));
+}
+
+bool Trainer::recover(const std::string& why) {
+  if (cfg_.mpmd.spare_workers == 0 || pending_.empty()) return false;
+  std::vector<size_t> moved, healthy;
+  for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
+  if (moved.empty()) return false;  // not a lost device: the caller rethrows
+  const double t0 = now_s();
+  const int64_t from = pending_.front().step;
+  std::vector<int64_t> redo;
+  for (const Pending& p : pending_) redo.push_back(p.step);
+  std::vector<ArrayState> st = std::move(pending_.front().inputs);
+  pending_.clear();  // (their outputs failed; what they held on the survivors is freed)
+  std::string source;
+  if (!healthy.empty()) {
+    for (size_t s : moved) st[s] = copy_state(st[healthy.front()], slices_[s]);
+    source = fmt::format("replica {}'s memory", healthy.front());
+  } else {
+    const bool ckpt = saved_step_ >= 0;
+    st.clear();
+    for (auto& sl : slices_)
+      st.push_back(ArrayState::from(  // (attrs: tp, the dp rank of the one-device slice, a recovery's load)
+          dispatch(single(names_(ckpt ? "load" : "init"), sl, {}, {cfg_.mesh.tp, 0, 1}), {}, "restore")));
+    source = ckpt ? fmt::format("the checkpoint of step {} ({})", saved_step_, cfg_.outputs.ckpt) : "the initial state";
+  }
+  states_ = std::move(st);
+  step_prog_ = build_step_program();
+  segmented_.reset();
+  const int64_t restored_at = states_[0].step.get<int64_t>()[0];  // (waits for the restore)
+  const double t_restore = now_s() - t0;
+  // The steps between the state restored and the oldest step in flight, run again unrecorded
+  // (already reported), then the steps that were in flight.
+  for (int64_t s = restored_at; s < from; ++s) launch(s, false);
+  if (restored_at < from) states_[0].step.wait();
+  std::vector<std::string> where;
+  for (size_t s : moved) {
+    where.push_back(fmt::format("slice {} from device(s) {} to {}", s, fmt::join(slice_devices_[s], ","),
+                                fmt::join(slices_[s].devices(), ",")));
+    slice_devices_[s] = slices_[s].devices();
+  }
+  const double total = now_s() - t0;
+  fmt::print("[{}] recovered at step {}: {}; {}; state restored from {} in {:.2f} s, {} step(s) replayed in {:.2f} s; "
+             "step(s) {}..{} run again\n",
+             run_name(cfg_), from, why, fmt::join(where, ", "), source, t_restore, from - restored_at, total - t_restore,
+             redo.front(), redo.back());
+  std::fflush(stdout);
+  recovery_s_.push_back(total);
+  recovery_steps_.push_back(static_cast<double>(from - restored_at + static_cast<int64_t>(redo.size())));
+  for (int64_t s : redo) launch(s);
+  pause();
+  return true;
+}
+
+}  // namespace pwm::pathways::train
