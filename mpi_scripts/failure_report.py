@@ -140,7 +140,8 @@ def report(models, mtbf, steps, ckpt_every):
     for name, free, faulty in models:
         goodput = free["wall_s"] / faulty["wall_s"] if faulty["wall_s"] > 0 else None
         rec = faulty["recoveries"]
-        med = {k: median([r[k] for r in rec if k in r]) for k in ("detect_s", "restart_s", "restore_s", "replayed")}
+        med = {k: median([r[k] for r in rec if k in r]) for k in ("detect_s", "restart_s", "restore_s")}
+        med["replayed"] = median([r["replayed"] for r in rec if r.get("how") == "restart" and "replayed" in r])
         same = free["weights_hash"] is not None and free["weights_hash"] == faulty["weights_hash"]
         rows.append({"trainer": name, "free": free, "faulty": faulty, "goodput": goodput,
                      "median_recovery": med, "same_weights": same})
@@ -161,8 +162,8 @@ def report(models, mtbf, steps, ckpt_every):
                         f"the state restored and the steps since replayed {f(r['restore_s'], 2)} s later, the next "
                         f"step {f(r['back_s'], 2)} s after that, {r['replayed']} steps computed again")
     text.append("goodput: the fault-free run's wall time over the faulty run's (the same steps); detect, restart, "
-                "restore and replayed: medians over the recoveries (restart: the job restarted by the supervisor; "
-                "restore: recovered in the job)")
+                "restore and replayed: medians over the recoveries (restart, replayed: the job restarted by the "
+                "supervisor; restore: recovered in the job; detect: both)")
     return {"mtbf_s": mtbf, "steps": steps, "ckpt_every": ckpt_every, "rows": rows}, text
 
 

@@ -53,7 +53,9 @@ bool Trainer::recover(const std::string& why) {
   states_ = std::move(st);
   step_prog_ = build_step_program();
   segmented_.reset();
-  const int64_t restored_at = states_[0].step.get<int64_t>()[0];  // (waits for the restore)
+  // (Waits for the restore: a restored slice's outputs complete when its copy or load has run.)
+  for (size_t s : moved) states_[s].params.wait();
+  const int64_t restored_at = states_[moved.front()].step.get<int64_t>()[0];
   const double t_restore = now_s() - t0;
   // The steps between the state restored and the oldest step in flight, run again unrecorded
   // (already reported), then the steps that were in flight.
