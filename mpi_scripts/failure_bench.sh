@@ -73,7 +73,9 @@ run() {
   [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
   # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
   # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
-  [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(--enable-recovery)
+  # (PWM_COLL_TIMEOUT too: the start-up's first agreement, before the flags are read, has only
+  # it; with --enable-recovery a rank killed then would keep the others waiting 300 s.)
+  [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
     flags=(--replicas 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
   rm -f "$base.ckpt" "$base.jsonl" "$base.inject.log"
   local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD "${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"

@@ -55,6 +55,10 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   if (!collectives::agree_on_errors(world, spec.program, [&] { go = parse(argc, argv, env.rank(), spec, out.cfg, exit_code); }))
     return 1;
   if (!go) return exit_code;
+  // The start-up's later agreements wait as long as the run's collectives (--coll-timeout): a
+  // rank lost now ends the job as it would later. (The flags' own agreement above has only
+  // PWM_COLL_TIMEOUT, or 300 s.)
+  world.options().timeout_s = out.cfg.exec.coll_timeout;
   out.hosts = collectives::allgather_strings(world, env.processor_name());
   // Every rank must run the same configuration: ranks of an MPMD launch (`mpirun -n 1 spmd_train
   // --seed 1 : -n 1 spmd_train --seed 2`) would otherwise train apart silently, post collectives
