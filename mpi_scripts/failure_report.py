@@ -77,6 +77,9 @@ def recoveries(events):
                 pending = None
         elif kind == "recovered" and pending is not None and "lost_t" in pending:
             pending.update(recovered_t=t, restore_s=t - pending["lost_t"], replayed=v)
+        elif kind == "kill" and pending is not None and "ended_t" in pending and "restart_s" not in pending:
+            out.append(pending)  # killed again during the restart: that restart has no restart_s
+            pending = {"kill_t": t, "last_step": last_step}
         elif kind == "kill" and pending is None:
             pending = {"kill_t": t, "last_step": last_step}
         elif kind == "ended" and pending is not None and "ended_t" not in pending:

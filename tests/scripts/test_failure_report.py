@@ -86,7 +86,26 @@ IN_JOB = """200.0 [p] step     5/9 | loss 1.0
 """
 
 
+# A kill during a restart's start-up (before its first step): two restarts, the first without
+# a restart time, the second timed from its own supervisor line.
+TWICE = """100.0 [s] step     3/8 | loss 1.0
+101.0 failure_bench: inject: SIGKILL pid 1 of 2 ranks
+102.0 supervise.sh: attempt 1 ended with exit 137 after 5.0 s; restart 1 of at most 9, from c
+102.5 failure_bench: inject: SIGKILL pid 2 of 2 ranks
+104.0 supervise.sh: attempt 2 ended with exit 137 after 1.5 s; restart 2 of at most 9, from c
+106.0 [s] resumed from c at step 2
+107.0 [s] step     3/8 | loss 1.0
+"""
+
+
 class InJobRecoveryTest(unittest.TestCase):
+    def test_kill_during_a_restart(self):
+        rec = fr.recoveries(fr.parse(TWICE.splitlines()))
+        self.assertEqual([r["how"] for r in rec], ["restart", "restart"])
+        self.assertNotIn("restart_s", rec[0])
+        self.assertAlmostEqual(rec[1]["detect_s"], 1.5)
+        self.assertAlmostEqual(rec[1]["restart_s"], 3.0)
+
     def test_in_job_spare_and_restart(self):
         rec = fr.recoveries(fr.parse(IN_JOB.splitlines()))
         self.assertEqual([r["how"] for r in rec], ["in-job", "spare", "restart"])
