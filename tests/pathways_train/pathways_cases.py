@@ -838,6 +838,15 @@ def case_spare_worker_recovers_bitwise():
         "--metrics", m]
     p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
     assert "cannot go on without it" in p.stdout + p.stderr and not os.path.exists(m), (p.stdout + p.stderr)[-3000:]
+    # The controller's own loss: the workers' liveness ends the job (one line each, naming rank 0),
+    # no metrics are left, and nothing hangs (mpirun --enable-recovery would keep waiting for
+    # ranks that waited for ever).
+    m = os.path.join(sc.TMP, "controller.jsonl")
+    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "4", sc.trainer("pathways")] + sc.TINY + fast + [
+        "--replicas", "2", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "0", "--metrics", m]
+    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert "has heard nothing from the controller (world rank 0" in out and not os.path.exists(m), out[-3000:]
     # What --spare-workers does not cover is refused before anything runs, in one line.
     sc.expect_error(4, sc.TINY + ["--dp", "2", "--spare-workers", "1"], "--spare-workers needs slices of one device",
                     exe="pathways")
