@@ -83,9 +83,8 @@ def recoveries(events):
         elif kind == "kill" and pending is None:
             pending = {"kill_t": t, "last_step": last_step}
         elif kind == "ended" and pending is not None and "ended_t" not in pending:
-            if "lost_t" in pending:  # seen in the job, but no spare was left: the supervisor restarts
-                pending.pop("detect_s")
-            pending.update(ended_t=t, detect_s=pending.get("detect_s", t - pending["kill_t"]), how="restart")
+            # (also when the job saw the loss but could not go on: detect is then the kill to this line)
+            pending.update(ended_t=t, detect_s=t - pending["kill_t"], how="restart")
         elif kind == "resumed" and pending is not None and "ended_t" in pending:
             done = pending["last_step"]
             pending["resumed_at"] = v

@@ -145,9 +145,9 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
     if (in[i]->released)
       return fail(fmt::format("program '{}': input {} (object {}) was released", def.name, i, in[i]->id));
     if (in[i]->status.failed()) return fail(fmt::format("program '{}': input {} failed: {}", def.name, i, in[i]->status.error()));
-    if (!objects_.contains(in[i]->id))
-      return fail(fmt::format("program '{}': input {} (object {}) no longer exists", def.name, i, in[i]->id));
-    if (const int l = lost_of(objects_.find(in[i]->id)->ranks); l >= 0)
+    const ObjMeta* meta = objects_.find(in[i]->id);
+    if (!meta) return fail(fmt::format("program '{}': input {} (object {}) no longer exists", def.name, i, in[i]->id));
+    if (const int l = lost_of(meta->ranks); l >= 0)
       return fail(fmt::format("program '{}': input {} (object {}) was on {}", def.name, i, in[i]->id, lost_line(l)));
   }
   std::shared_ptr<LoweredProgram> lp;
@@ -329,13 +329,11 @@ void Dispatcher::pump_schedulers() {
 }
 
 void Dispatcher::dispatch(RunRec& r) {
-  if (closed_.count(r.owner)) return abandon(r);
-  if (const int l = lost_of({r.waiting.begin(), r.waiting.end()}); l >= 0) {  // lowered before the loss
-    for (auto& a : r.out) a->status.fail(fmt::format("program '{}': {} before the run was sent", r.prog->def.name, lost_line(l)));
-    for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
-    runs_.remove(r.id).reset();
-    return;
-  }
+  if (closed_.count(r.owner))
+    return abandon(r, fmt::format("program '{}': client {} disconnected before the run was sent", r.prog->def.name,
+                                  c_.client_name(r.owner)));
+  if (const int l = lost_of(r.waiting); l >= 0)  // (lowered before the loss)
+    return abandon(r, fmt::format("program '{}': {} before the run was sent", r.prog->def.name, lost_line(l)));
   RunHeader h;
   h.run_id = r.id;
   h.program_id = r.lp->id;
@@ -529,9 +527,8 @@ void Dispatcher::check_deadlines(double now) {
   }
 }
 
-void Dispatcher::abandon(RunRec& r) {
-  for (auto& a : r.out) a->status.fail(fmt::format("program '{}': client {} disconnected before the run was sent",
-                                                   r.prog->def.name, c_.client_name(r.owner)));
+void Dispatcher::abandon(RunRec& r, const std::string& why) {
+  for (auto& a : r.out) a->status.fail(why);
   for (int island : r.lp->islands) scheds_.at(island)->finished(r.id);
   runs_.remove(r.id).reset();
 }

@@ -83,8 +83,9 @@ class Dispatcher {
   void release_stage(RunRec& r, uint32_t s);
   void handle(Message& m);
   void finish_fetch(FetchRec& rec);
-  // A released run of a disconnected client: not sent, its outputs failed, its record dropped.
-  void abandon(RunRec& r);
+  // A released run that cannot be sent (its client disconnected, or a device of its lowering was
+  // lost): its outputs failed with `why`, its record dropped.
+  void abandon(RunRec& r, const std::string& why);
   // Island ordering off: posts the runs staged in this pass, per worker grouped by client in
   // that worker's rotation of the clients.
   void post_staged();
@@ -105,8 +106,14 @@ class Dispatcher {
   std::string awaited_from(int rank);  // what this controller waits for from a worker, for that line
   // RuntimeOptions::survive_worker_loss: world rank `rank` is lost (dispatcher_liveness.cc).
   void lose(int rank, const std::string& why);
-  // The first of `ranks` that was lost, or -1.
-  int lost_of(const std::vector<int>& ranks) const;
+  // The first of `ranks` that was lost, or -1 (at once when none was: on the dispatch path).
+  template <typename Ranks>
+  int lost_of(const Ranks& ranks) const {
+    if (lost_.empty()) return -1;
+    for (int r : ranks)
+      if (lost_.count(r)) return r;
+    return -1;
+  }
   std::string lost_line(int rank) const;  // "device d (world rank r[ on host]) was lost"
 
   Controller& c_;

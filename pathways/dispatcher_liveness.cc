@@ -80,12 +80,6 @@ void Dispatcher::check_liveness(double now) {
                        on(0), fmt::join(who, ", and "), awaited_from(silent.front())));
 }
 
-int Dispatcher::lost_of(const std::vector<int>& ranks) const {
-  for (int r : ranks)
-    if (lost_.count(r)) return r;
-  return -1;
-}
-
 std::string Dispatcher::lost_line(int rank) const {
   const std::string h = t_.host_of(rank);
   return fmt::format("device {} (world rank {}{}), which was lost", rank - 1, rank, h.empty() ? "" : " on " + h);

@@ -16,9 +16,9 @@
 #include "collectives/mpi_transport.h"
 #include "collectives/strings.h"
 #include "common/check.h"
+#include "pathways/tags.h"
 #include "pathways/train/device.h"
 #include "pathways/train/kernels.h"
-#include "pathways/tags.h"
 #include "pathways/train/trainer.h"
 #include "pathways/worker.h"
 

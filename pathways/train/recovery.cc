@@ -52,7 +52,6 @@ bool Trainer::recover(const std::string& why) {
   }
   states_ = std::move(st);
   step_prog_ = build_step_program();
-  segmented_.reset();
   // (Waits for the restore: a restored slice's outputs complete when its copy or load has run.)
   for (size_t s : moved) states_[s].params.wait();
   const int64_t restored_at = states_[moved.front()].step.get<int64_t>()[0];

@@ -67,8 +67,6 @@ void validate_island(const pwm::train::TrainConfig& cfg, int workers) {
               2 * cfg.mesh.dp, cfg.mesh.dp, cfg.mesh.dp, workers, 2 * cfg.mesh.dp + 1);
 }
 
-// The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
-// pipeline's layers and devices, what the runtime does not run.
 // --spare-workers: what in-job recovery supports (docs/failures.md, "Recovery in the job").
 void validate_spares(const pwm::train::TrainConfig& cfg, int workers) {
   const pwm::train::MpmdConfig& p = cfg.mpmd;
@@ -84,6 +82,8 @@ void validate_spares(const pwm::train::TrainConfig& cfg, int workers) {
               workers, workers + 1);
 }
 
+// The checks pathways_train adds to TrainConfig::validate: a controller and enough workers, a
+// pipeline's layers and devices, what the runtime does not run.
 void validate(const pwm::train::TrainConfig& cfg, int world) {
   const pwm::train::MpmdConfig& p = cfg.mpmd;
   if (world - 1 < 1) PWM_THROW("pathways_train needs a controller and at least one worker: mpirun -n 2 or more");

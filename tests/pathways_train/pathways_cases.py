@@ -812,15 +812,11 @@ def case_spare_worker_recovers_bitwise():
         ("opbyop_start", 2, ["--granularity", "opbyop"], "the initial state", ["--kill-step", "5", "--kill-rank", "1"]),
     ]
     for name, n, flags, source, kill in cases:
-        extra = flags + fast
-        if "--ckpt-every" in flags:
-            extra = extra + ["--ckpt", os.path.join(sc.TMP, name + ".ckpt")]
-        ref = sc.train(n, name + "_ref", extra, exe="pathways")
+        # (each run writes its own checkpoints from step 0)
+        ckpt = lambda run: ["--ckpt", os.path.join(sc.TMP, f"{name}_{run}.ckpt")] if "--ckpt-every" in flags else []  # noqa: E731
+        ref = sc.train(n, name + "_ref", flags + fast + ckpt("ref"), exe="pathways")
         m = os.path.join(sc.TMP, name + ".jsonl")
-        if "--ckpt-every" in flags:  # (the faulty run writes its own checkpoints from step 0)
-            extra = [a if a != os.path.join(sc.TMP, name + ".ckpt") else os.path.join(sc.TMP, name + "_b.ckpt")
-                     for a in extra]
-        cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, str(n + 1), sc.trainer("pathways")] + sc.TINY + extra + [
+        cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, str(n + 1), sc.trainer("pathways")] + sc.TINY + flags + fast + ckpt("lost") + [
             "--spare-workers", "1", "--metrics", m] + kill
         p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
         # (mpirun --enable-recovery exits 0 whatever the ranks' exit codes: the outputs say.)
