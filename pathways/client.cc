@@ -90,60 +90,35 @@ Future<HostTensor> Array::fetch() const {
 
 const ProgramDef& Program::def() const { return s_->def; }
 
-ProgramBuilder::ProgramBuilder(std::string name) : s_(std::make_shared<ProgramState>()) {
-  s_->def.name = std::move(name);
-}
+ProgramBuilder::ProgramBuilder(std::string name) : b_(std::move(name)) {}
 
-Value ProgramBuilder::make(ValueId id, const ArgSpec& spec) {
-  Value v;
-  v.id_ = id;
-  v.spec_ = spec;
-  v.builder_ = s_.get();
-  return v;
-}
-
-static void keep_slice(ProgramState& p, const Slice& s) {
-  for (auto& k : p.slices)
+static void keep_slice(std::vector<Slice>& slices, const Slice& s) {
+  for (auto& k : slices)
     if (k.id() == s.id()) return;
-  p.slices.push_back(s);
+  slices.push_back(s);
 }
 
 Value ProgramBuilder::param(const Slice& slice, ArgSpec spec) {
-  PWM_CHECK(s_, "ProgramBuilder used after build()");
   PWM_CHECK(slice.valid(), "param on an empty Slice");
-  keep_slice(*s_, slice);
-  int i = s_->def.add_param(slice.id(), slice.size(), spec);
-  return make({-1, i}, spec);
+  keep_slice(slices_, slice);
+  return b_.param(slice.id(), slice.size(), std::move(spec));
 }
 
 std::vector<Value> ProgramBuilder::call(const std::string& kernel, const Slice& slice, const std::vector<Value>& inputs,
                                         std::vector<int64_t> attrs) {
-  PWM_CHECK(s_, "ProgramBuilder used after build()");
   PWM_CHECK(slice.valid(), "call on an empty Slice");
-  keep_slice(*s_, slice);
-  std::vector<ValueId> ids;
-  for (auto& v : inputs) {
-    if (v.builder_ != s_.get() && s_->def.error.empty())
-      s_->def.error = fmt::format("program '{}': a value of another program was passed to '{}'", s_->def.name, kernel);
-    ids.push_back(v.id_);
-  }
-  int n = s_->def.add_call(KernelRegistry::global(), kernel, slice.id(), slice.size(), ids, std::move(attrs));
-  std::vector<Value> out;
-  const auto& specs = s_->def.nodes[n].out_specs;
-  for (size_t o = 0; o < specs.size(); ++o) out.push_back(make({n, static_cast<int>(o)}, specs[o]));
-  return out;
+  keep_slice(slices_, slice);
+  return b_.call(kernel, slice.id(), slice.size(), inputs, std::move(attrs));
 }
 
-void ProgramBuilder::output(const Value& v) {
-  PWM_CHECK(s_, "ProgramBuilder used after build()");
-  PWM_CHECK(v.builder_ == s_.get(), "output of a value of another program");
-  s_->def.outputs.push_back(v.id_);
-}
+void ProgramBuilder::output(const Value& v) { b_.output(v); }
 
 Program ProgramBuilder::build() {
-  PWM_CHECK(s_, "ProgramBuilder::build() called twice");
+  auto s = std::make_shared<ProgramState>();
+  s->def = b_.build();  // (throws when called twice)
+  s->slices = std::move(slices_);
   Program p;
-  p.s_ = std::move(s_);
+  p.s_ = std::move(s);
   return p;
 }
 

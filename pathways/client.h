@@ -48,8 +48,8 @@
 #include <variant>
 #include <vector>
 
-#include "pathways/kernel.h"
-#include "pathways/program.h"
+#include "dataflow/builder.h"
+#include "pathways/dataflow.h"
 #include "pathways/worker_stats.h"
 
 namespace pwm::pathways {
@@ -189,18 +189,8 @@ class Array {
   std::shared_ptr<ArrayState> s_;
 };
 
-// A value inside a program being built.
-class Value {
- public:
-  const ArgSpec& spec() const { return spec_; }
-  ValueId id() const { return id_; }
-
- private:
-  friend class ProgramBuilder;
-  ValueId id_;
-  ArgSpec spec_;
-  const void* builder_ = nullptr;
-};
+// A value inside a program being built (dataflow/builder.h).
+using dataflow::Value;
 
 class Program {
  public:
@@ -230,8 +220,8 @@ class ProgramBuilder {
   Program build();
 
  private:
-  std::shared_ptr<ProgramState> s_;
-  Value make(ValueId id, const ArgSpec& spec);
+  dataflow::Builder b_;
+  std::vector<Slice> slices_;  // kept alive by the program
 };
 
 // A tenant's share of the island schedulers (proportional-share policy; FIFO ignores it).

@@ -18,7 +18,7 @@
 
 #include "pathways/client.h"
 #include "pathways/doorbell.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "pathways/messages.h"
-#include "pathways/program.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways {
 

@@ -314,7 +314,7 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
     lp->island_execs[devs.at(r - 1).island] += static_cast<int>(wp.execs.size());
     lp->execs += static_cast<int>(wp.execs.size());
   }
-  for (auto& [r, wp] : lp->workers) chan_.send(r, wp);
+  for (auto& [r, wp] : lp->workers) chan_.send(r, LoadProgram{wp});
   p.lowered = lp;
   return lp;
 }

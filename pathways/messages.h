@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 #include "pathways/wire.h"
 #include "pathways/worker_stats.h"
 
@@ -34,8 +34,8 @@ TensorSpec read_spec(Reader& r);
 // the codec below writes and reads that list: encoder and decoder cannot disagree. Field
 // types: trivially copyable values (as their bytes), bool (u8), std::string, std::vector of
 // trivially copyable values (u32 count, then the elements) and TensorSpec (write_spec).
-// Messages with a byte view (PutShard, FetchReply) or a richer layout (WorkerProgram,
-// lowering.h) have their own write() and read() instead.
+// Messages with a byte view (PutShard, FetchReply) or a richer layout (LoadProgram) have their
+// own write() and read() instead.
 namespace codec {
 inline void put(Writer& w, bool v) { w.put<uint8_t>(v); }
 inline void put(Writer& w, const std::string& s) { w.str(s); }
@@ -86,7 +86,12 @@ M read_message(Reader& r) {
 }
 
 // ---- controller -> worker ----
-// (kLoadProgram's payload is a WorkerProgram, lowering.h.)
+// A worker's instruction list (dataflow/lowering.h), cached under its id.
+struct LoadProgram : WorkerProgram {
+  static constexpr MsgType kType = MsgType::kLoadProgram;
+  void write(Writer& w) const;
+  static LoadProgram read(Reader& r);
+};
 
 struct EvictProgram {
   static constexpr MsgType kType = MsgType::kEvictProgram;

@@ -12,7 +12,7 @@
 #include <map>
 #include <vector>
 
-#include "pathways/program.h"
+#include "pathways/dataflow.h"
 #include "pathways/resource_manager.h"
 #include "pathways/wire.h"
 

@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways {
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "collectives/transport.h"
+#include "dataflow/lowering.h"
 
 namespace pwm::pathways::tags {
 
@@ -32,7 +33,6 @@ constexpr int kCtrlChannel = kMoveChannel + 1;
 constexpr int kUserChannel = kCtrlChannel + 1;
 static_assert(kUserChannel < collectives::kChannels);
 
-constexpr uint32_t kMaxTransfersPerProgram = 4096;  // one run takes at most 1/256 of the data tags
 constexpr int kCtrlHeaderTag = collectives::logical_tag(kCtrlChannel, 1);
 constexpr int kCtrlBodyTag = collectives::logical_tag(kCtrlChannel, 2);
 constexpr int kMaxTagNeeded = collectives::logical_tag(kUserChannel, collectives::kWireTagLimit - 1);
@@ -42,6 +42,7 @@ constexpr int kMaxTagNeeded = collectives::logical_tag(kUserChannel, collectives
 // therefore reused only after 2^20 transfers have been dispatched, whatever the number of runs,
 // clients or their ids (today's 4096-run window of the 30-bit layout is far exceeded).
 constexpr uint32_t kDataTags = static_cast<uint32_t>(kDataChannels) << collectives::kWireTagBits;
+static_assert(dataflow::kMaxTransfersPerProgram * 256 <= kDataTags);  // a run takes at most 1/256 of them
 inline int data_tag(uint32_t xfer_base, uint32_t xfer) {
   const uint32_t t = (xfer_base + xfer) % kDataTags;
   return collectives::logical_tag(kDataChannel + static_cast<int>(t >> collectives::kWireTagBits),

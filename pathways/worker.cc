@@ -7,7 +7,7 @@
 
 #include "common/env.h"
 #include "common/time.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
 #include "pathways/worker_impl.h"
@@ -106,7 +106,7 @@ void Worker::handle(Message& m) {
   switch (m.type) {
     case MsgType::kLoadProgram: {
       auto lp = std::make_shared<LoadedProgram>();
-      lp->p = decode<WorkerProgram>(m.body);
+      lp->p = decode<LoadProgram>(m.body);
       for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
       lp->last_s.assign(lp->p.execs.size(), 0.0);
       count_reads(*lp);

@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "pathways/kernel.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/messages.h"
 #include "pathways/object_store.h"
 

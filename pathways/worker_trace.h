@@ -9,7 +9,7 @@
 #pragma once
 
 #include "common/time.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/messages.h"
 
 namespace pwm::pathways {

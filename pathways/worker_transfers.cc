@@ -5,7 +5,7 @@
 
 #include "common/env.h"
 #include "common/time.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
 #include "pathways/worker_impl.h"

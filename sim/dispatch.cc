@@ -4,8 +4,7 @@
 #include <map>
 
 #include "common/check.h"
-#include "pathways/lowering.h"
-#include "pathways/program.h"
+#include "pathways/dataflow.h"
 #include "sim/collective.h"
 #include "sim/engine.h"
 

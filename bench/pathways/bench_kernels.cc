@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/time.h"
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways::bench {
 

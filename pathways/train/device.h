@@ -31,7 +31,7 @@
 #include "train/step.h"
 #include "model/transformer.h"
 #include "train/fsdp.h"
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 #include "pathways/train/step_io.h"
 
 namespace pwm::pathways::train {

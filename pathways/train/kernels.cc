@@ -14,7 +14,7 @@
 #include "train/full_state.h"
 #include "train/peak.h"
 #include "train/step.h"
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways::train {
 

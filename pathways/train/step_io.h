@@ -17,7 +17,7 @@
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "train/config.h"
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways::train {
 

@@ -1,12 +1,12 @@
 // Fuzz target: the controller <-> worker message decoder (pathways/messages.h, lowering.h's
-// WorkerProgram). Input: one byte choosing the message type, then the message body, as a worker
+// LoadProgram). Input: one byte choosing the message type, then the message body, as a worker
 // or the controller receives it from Channel. A body that decodes must survive a round trip:
 // encode(decode(x)) decodes again and encodes to the same bytes (the codec is one list of
 // fields both ways). Decoded specs are sized as the worker sizes them (TensorSpec::bytes).
 #include <cstring>
 
 #include "common/check.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/messages.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -17,7 +17,7 @@ namespace {
 void size_specs(const TensorSpec& s) { (void)s.bytes(), (void)s.str(); }
 void size_specs(const PutShard& m) { size_specs(m.spec); }
 void size_specs(const MoveIn& m) { size_specs(m.spec); }
-void size_specs(const WorkerProgram& m) {
+void size_specs(const LoadProgram& m) {
   for (auto& s : m.slots) size_specs(s);
 }
 void size_specs(const auto&) {}
@@ -39,7 +39,7 @@ void check(const uint8_t* p, size_t n) {
 // Every message type with a payload, in MsgType order (index = the input's first byte).
 using Checker = void (*)(const uint8_t*, size_t);
 constexpr Checker kCheckers[] = {
-    check<WorkerProgram>, check<EvictProgram>, check<RunHeader>, check<ReleaseStage>,
+    check<LoadProgram>, check<EvictProgram>, check<RunHeader>, check<ReleaseStage>,
     check<PutShard>,      check<Fetch>,        check<Free>,      check<FreeOwner>,
     check<MoveOut>,       check<MoveIn>,       check<StatsRequest>, check<Hello>,
     check<RunDone>,       check<StageDone>,    check<NodeEvent>, check<FetchReply>,
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
-  WorkerProgram wp;
+  LoadProgram wp;
   wp.id = 7;
   wp.name = "train_step";
   wp.slots = {TensorSpec{DataType::kFloat32, {4, 8}}, TensorSpec{DataType::kInt64, {3}}};

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "pathways/kernel.h"
+#include "pathways/dataflow.h"
 
 namespace pwm::pathways::testing {
 

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
 #include "pathways/messages.h"
 #include "pathways/object_id.h"
 
@@ -93,7 +93,7 @@ TEST(Messages, WorkerToControllerRoundTrip) {
 }
 
 TEST(Messages, WorkerProgramRoundTrip) {
-  WorkerProgram p;
+  LoadProgram p;
   p.id = 3;
   p.name = "prog";
   p.slots = {spec_f32({2}), TensorSpec{DataType::kInt32, {}}};
@@ -109,7 +109,7 @@ TEST(Messages, WorkerProgramRoundTrip) {
   e.outs = {1};
   p.execs = {e};
   p.num_stages = 1;
-  const WorkerProgram back = round_trip(p);
+  const LoadProgram back = round_trip(p);
   EXPECT_EQ(back.id, 3u);
   EXPECT_EQ(back.name, "prog");
   EXPECT_EQ(back.slots, p.slots);
@@ -142,11 +142,11 @@ TEST(Messages, GarbledBodiesAreErrors) {
   std::memcpy(hello.data(), &huge, sizeof(huge));  // the host name's length
   EXPECT_THROW(decode<Hello>(hello), pwm::Error);
 
-  WorkerProgram p;
+  LoadProgram p;
   p.name = "p";
   auto prog = encode(p);
   std::memcpy(prog.data() + 8 + 4 + 1, &huge, sizeof(huge));  // the slot count
-  EXPECT_THROW(decode<WorkerProgram>(prog), pwm::Error);
+  EXPECT_THROW(decode<LoadProgram>(prog), pwm::Error);
 }
 
 TEST(ObjectIds, OutputsOfARunRoundTrip) {

@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "collectives/inproc_transport.h"
-#include "pathways/lowering.h"
+#include "pathways/dataflow.h"
+#include "pathways/messages.h"
 #include "pathways/object_store.h"
 #include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
@@ -161,10 +162,10 @@ TEST_F(ProgramTest, ReshardMtoNPlansPieces) {
   EXPECT_EQ(lp.stage_ranks[1], (std::set<int>{1, 2, 3}));
   // The worker program survives the wire.
   Writer w;
-  lp.workers.at(2).write(w);
+  LoadProgram{lp.workers.at(2)}.write(w);
   auto bytes = w.take();
   Reader r(bytes);
-  WorkerProgram back = WorkerProgram::read(r);
+  WorkerProgram back = LoadProgram::read(r);
   EXPECT_EQ(back.instrs.size(), lp.workers.at(2).instrs.size());
   EXPECT_EQ(back.execs[0].kernel, "iota");
   EXPECT_EQ(back.slots, lp.workers.at(2).slots);

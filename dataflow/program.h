@@ -1,4 +1,4 @@
-// Programs: the dataflow-graph IR a client builds and the controller lowers (docs/pathways.md).
+// Programs: the dataflow-graph IR both MPMD models build and lower (docs/dataflow.md).
 //
 // A program is a list of parameters (each with its virtual slice and per-shard spec), a list of
 // nodes in topological order (each a call of a registered kernel on a virtual slice, consuming
@@ -7,17 +7,18 @@
 // value are known when the node is added (static shapes), which is what lets lowering allocate
 // every buffer and plan every transfer ahead of time.
 //
-// This header is plain data (no runtime handles), so lowering is testable in one process; the
-// client API (client.h) builds it through ProgramBuilder.
+// This header is plain data (no runtime handles), so lowering is testable in one process;
+// pathways' client API (pathways/client.h) builds it through its ProgramBuilder, the static model
+// through Builder (builder.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "pathways/kernel.h"
+#include "dataflow/kernel.h"
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
 
 // A value of a program: output `index` of node `node`, or parameter `index` when node == -1.
 struct ValueId {
@@ -65,4 +66,4 @@ struct ProgramDef {
   int add_param(int slice, int num_shards, ArgSpec spec);
 };
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow

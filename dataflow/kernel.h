@@ -1,18 +1,20 @@
 // Compiled functions: kernels registered by name on every rank, with static shapes.
 //
 // A kernel is the unit of work of a program node, like an XLA computation: it runs once per
-// shard of the node's slice, on the worker holding that shard, over preallocated input and
+// shard of the node's slice, on the device holding that shard, over preallocated input and
 // output buffers of static per-shard shapes. A kernel declared with `collectives = true` may run
 // collectives over its slice through KernelContext::comm() (every shard must then call the same
-// collectives in the same order, as in SPMD code); such a node is gang-scheduled by its island's
-// scheduler (docs/pathways.md). A kernel without it must not communicate.
+// collectives in the same order, as in SPMD code). Pathways gang-schedules such a node per island
+// (docs/pathways.md); the static model runs every device's kernels in the one program order
+// (docs/static_mpmd.md). A kernel without it must not communicate.
 //
-// Registration: every rank registers the same kernels, before the Runtime (rank 0) or
-// run_worker (the other ranks) starts; the controller uses the signatures to check and lower
-// programs, the workers run the functions. A kernel that throws fails its node: the client's
-// futures for that run fail with the message and the runtime keeps running. (A kernel with
-// collectives must throw on all of its shards before its first collective or after its last,
-// or the shards that did not throw wait in the collective until its watchdog ends the job.)
+// Registration: every rank registers the same kernels before it builds or runs a program (in
+// pathways, before the Runtime on rank 0 or run_worker on the others start); the signatures
+// check and lower programs, the devices run the functions. A kernel that throws fails its node
+// (pathways: the client's futures for that run fail with the message and the runtime keeps
+// running; the static model: the rank reports it and the job ends). A kernel with collectives
+// must throw on all of its shards before its first collective or after its last, or the shards
+// that did not throw wait in the collective until its watchdog ends the job.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,7 @@
 #include "collectives/types.h"
 #include "common/check.h"
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
 
 using collectives::DataType;
 
@@ -136,4 +138,4 @@ class KernelRegistry {
   std::map<std::string, std::unique_ptr<KernelDef>> defs_;
 };
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow

@@ -1,9 +1,9 @@
-#include "pathways/program.h"
+#include "dataflow/program.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
 
 int ProgramDef::value_slice(ValueId v) const {
   if (v.node < 0) return params.at(v.index).slice;
@@ -86,4 +86,4 @@ int ProgramDef::add_call(const KernelRegistry& reg, const std::string& kernel, i
   return n;
 }
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow

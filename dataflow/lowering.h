@@ -1,8 +1,9 @@
-// Lowering: a ProgramDef on virtual slices -> one instruction list per worker (docs/pathways.md).
+// Lowering: a ProgramDef on virtual slices -> one instruction list per device (docs/dataflow.md).
 //
-// Done once per program and slice mapping on the controller; each worker receives its list in a
-// kLoadProgram message and caches it under the program id, so that a run sends only the
-// program id, the run id and the input handles. The instructions of a worker:
+// Done once per program and slice mapping. Both MPMD models use it: the single controller lowers
+// and sends each worker its list (pathways' kLoadProgram, cached under the program id, so that a
+// run sends only ids and handles); in the static model every rank lowers the same program with
+// the same mapping and keeps its own list. The instructions of a device:
 //   kRecv  receive `bytes` bytes from world rank `peer` into slot[offset..]  (transfer `xfer`)
 //   kSend  send slot[offset..offset+bytes) to world rank `peer`             (transfer `xfer`)
 //   kCopy  copy between two slots of this worker (a reshard that stays on one device)
@@ -12,7 +13,10 @@
 // producer's slot); any other edge becomes M-to-N pieces, each a contiguous byte range of a
 // source shard and of a destination shard (sharding splits dimension 0 of row-major tensors).
 // Every instruction carries a stage, the index of the node it feeds or runs: parallel dispatch
-// releases all stages at once, sequential dispatch one after the other.
+// releases all stages at once, sequential dispatch one after the other. Instructions are in
+// program order (a node's transfers, then the node), the same order on every device: a device
+// that runs its list front to back, posting sends and receives as it meets them, matches every
+// peer's list (the static model's order, docs/static_mpmd.md).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "pathways/program.h"
-#include "pathways/wire.h"
+#include "dataflow/program.h"
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
+
+// A program has at most this many transfers (the runtimes give each transfer of a run its own tag).
+constexpr uint32_t kMaxTransfersPerProgram = 4096;
 
 enum class Op : uint8_t { kRecv, kSend, kCopy, kExec };
 
@@ -56,9 +62,9 @@ struct SlotBinding {
   int32_t slot = -1;
 };
 
-// The payload of kLoadProgram (write/read are its codec).
+// One worker's part of a program: what the single controller sends it (pathways' kLoadProgram
+// carries it) and what a rank of the static model keeps for itself.
 struct WorkerProgram {
-  static constexpr MsgType kType = MsgType::kLoadProgram;
   uint64_t id = 0;
   std::string name;
   std::vector<TensorSpec> slots;
@@ -69,8 +75,6 @@ struct WorkerProgram {
   std::vector<ExecInfo> execs;
   uint32_t num_stages = 0;
 
-  void write(Writer& w) const;
-  static WorkerProgram read(Reader& r);
   // Bytes a run allocates on this worker (every slot not bound to an input).
   uint64_t buffer_bytes() const;
 };
@@ -114,4 +118,4 @@ struct LoweredProgram {
 // transfers).
 LoweredProgram lower(const ProgramDef& def, uint64_t id, const SliceLookup& lookup);
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow

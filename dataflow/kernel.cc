@@ -1,9 +1,9 @@
-#include "pathways/kernel.h"
+#include "dataflow/kernel.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
 
 int64_t TensorSpec::elements() const {
   int64_t n = 1;
@@ -94,4 +94,4 @@ std::vector<std::string> KernelRegistry::names() const {
   return v;
 }
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow

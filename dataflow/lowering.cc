@@ -1,14 +1,12 @@
-#include "pathways/lowering.h"
+#include "dataflow/lowering.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 
-#include "pathways/messages.h"
-#include "pathways/tags.h"
 
-namespace pwm::pathways {
+namespace pwm::dataflow {
 
 namespace {
 
@@ -50,9 +48,9 @@ class Lowerer {
         wp(v.ranks[k]).outputs.push_back({static_cast<uint32_t>(o), v.slots[k]});
       out_.outputs.push_back({def_.value_slice(id), v.spec, v.ranks});
     }
-    if (out_.transfers > tags::kMaxTransfersPerProgram)
+    if (out_.transfers > kMaxTransfersPerProgram)
       PWM_THROW("program '{}' needs {} transfers; at most {} fit the tag space", def_.name, out_.transfers,
-                tags::kMaxTransfersPerProgram);
+                kMaxTransfersPerProgram);
     for (auto& [r, w] : out_.workers) {
       w.id = out_.id;
       w.name = def_.name;
@@ -210,60 +208,6 @@ class Lowerer {
 
 }  // namespace
 
-void WorkerProgram::write(Writer& w) const {
-  w.put(id);
-  w.str(name);
-  w.put<uint32_t>(static_cast<uint32_t>(slots.size()));
-  for (auto& s : slots) write_spec(w, s);
-  w.vec(slot_writers);
-  w.vec(params);
-  w.vec(outputs);
-  w.put<uint32_t>(static_cast<uint32_t>(instrs.size()));
-  for (auto& i : instrs) w.put(i);
-  w.put<uint32_t>(static_cast<uint32_t>(execs.size()));
-  for (auto& e : execs) {
-    w.put(e.node);
-    w.str(e.kernel);
-    w.vec(e.attrs);
-    w.put(e.shard);
-    w.put(e.num_shards);
-    w.put(e.context);
-    w.vec(e.group);
-    w.put<uint8_t>(e.collectives);
-    w.vec(e.ins);
-    w.vec(e.outs);
-  }
-  w.put(num_stages);
-}
-
-WorkerProgram WorkerProgram::read(Reader& r) {
-  WorkerProgram p;
-  p.id = r.get<uint64_t>();
-  p.name = r.str();
-  p.slots.resize(r.count(5));
-  for (auto& s : p.slots) s = read_spec(r);
-  p.slot_writers = r.vec<uint32_t>();
-  p.params = r.vec<SlotBinding>();
-  p.outputs = r.vec<SlotBinding>();
-  p.instrs.resize(r.count(sizeof(Instr)));
-  for (auto& i : p.instrs) i = r.get<Instr>();
-  p.execs.resize(r.count(37));  // an exec takes >= 37 bytes on the wire
-  for (auto& e : p.execs) {
-    e.node = r.get<uint32_t>();
-    e.kernel = r.str();
-    e.attrs = r.vec<int64_t>();
-    e.shard = r.get<int32_t>();
-    e.num_shards = r.get<int32_t>();
-    e.context = r.get<uint32_t>();
-    e.group = r.vec<int32_t>();
-    e.collectives = r.get<uint8_t>() != 0;
-    e.ins = r.vec<int32_t>();
-    e.outs = r.vec<int32_t>();
-  }
-  p.num_stages = r.get<uint32_t>();
-  return p;
-}
-
 std::vector<int> LoweredProgram::ranks() const {
   std::vector<int> r;
   for (auto& [k, v] : workers) r.push_back(k);
@@ -295,4 +239,4 @@ uint64_t WorkerProgram::buffer_bytes() const {
   return b;
 }
 
-}  // namespace pwm::pathways
+}  // namespace pwm::dataflow
