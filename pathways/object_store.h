@@ -6,13 +6,8 @@
 // is done, then ready, or failed with an error). References are shared_ptrs: the store holds
 // one per entry (dropped by a client's free, or by the end of its owner), a running program
 // holds one per slot it uses; the buffer is freed when the last goes. A store is used by its
-// worker's one thread only; the buffer cache is process-wide and locked (the in-process
-// runtime runs several workers as threads). A freed Buffer of 1 MiB or more is kept (up to the
-// process's peak of live bytes plus 1 GiB; PWM_PW_BUFFER_CACHE_MB sets a fixed bound) for the
-// next Buffer of the same size, so a new
-// Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
-// memory at its first data() (a run's intermediates: when their first writer starts), so a
-// program's buffers are not all allocated when its run arrives.
+// worker's one thread only; the buffers come from dataflow/buffer.h's process-wide cache (the
+// in-process runtime runs several workers as threads).
 #pragma once
 
 #include <atomic>
@@ -21,32 +16,12 @@
 #include <memory>
 #include <string>
 
+#include "dataflow/buffer.h"
 #include "pathways/dataflow.h"
 
 namespace pwm::pathways {
 
-class Buffer {
- public:
-  explicit Buffer(size_t bytes, bool lazy = false);
-  ~Buffer();
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void* data() { return p_ ? p_ : allocate(); }
-  bool allocated() const { return p_ != nullptr; }
-  size_t size() const { return n_; }
-  // Live (allocated) buffers and bytes in this process (in use; not the freed ones kept for
-  // reuse), and the most bytes ever live at once (one worker per MPI process: that worker's).
-  static int64_t live();
-  static int64_t live_bytes();
-  static int64_t peak_live_bytes();
-  // Bytes of freed buffers kept for reuse (process-wide).
-  static int64_t cached_bytes();
-
- private:
-  void* allocate();
-  void* p_ = nullptr;
-  size_t n_;
-};
+using dataflow::Buffer;
 
 struct Object {
   enum class State : uint8_t { kPending, kReady, kFailed };

@@ -17,8 +17,7 @@
 #include "collectives/strings.h"
 #include "common/check.h"
 #include "pathways/tags.h"
-#include "pathways/train/device.h"
-#include "pathways/train/kernels.h"
+#include "pathways/train/programs.h"
 #include "pathways/train/trainer.h"
 #include "pathways/worker.h"
 

@@ -25,7 +25,7 @@
 
 #include "common/trace.h"
 #include "pathways/client.h"
-#include "pathways/train/step_io.h"
+#include "pathways/train/programs.h"
 #include "pathways/train/step_program.h"
 #include "train/bootstrap.h"
 #include "train/config.h"

@@ -20,7 +20,7 @@
 #include "train/data.h"
 #include "train/config.h"
 #include "pathways/client.h"
-#include "pathways/train/kernels.h"
+#include "pathways/train/programs.h"
 #include "pathways/train/trainer.h"
 
 namespace pwm::pathways::train::testing {

@@ -1,4 +1,4 @@
-#include "pathways/train/device.h"
+#include "programs/device.h"
 
 #include <fmt/format.h>
 
@@ -6,12 +6,12 @@
 #include <cstring>
 
 #include "common/time.h"
-#include "pathways/object_store.h"
+#include "dataflow/buffer.h"
 #include "train/expert_comm.h"
 #include "train/peak.h"
 #include "train/report.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
 using collectives::Communicator;
 
@@ -301,11 +301,11 @@ TrainingDevice::KernelScope::~KernelScope() {
     dev_.trace_->span(name_, "kernel", start_us_, end);
     // This worker's object store (one worker per process under MPI): its live buffers after the
     // kernel (its outputs included) and their high-water mark so far.
-    dev_.trace_->counter("object store bytes", "live", end, static_cast<double>(Buffer::live_bytes()));
-    dev_.trace_->counter("object store high-water", "bytes", end, static_cast<double>(Buffer::peak_live_bytes()));
+    dev_.trace_->counter("object store bytes", "live", end, static_cast<double>(dataflow::Buffer::live_bytes()));
+    dev_.trace_->counter("object store high-water", "bytes", end, static_cast<double>(dataflow::Buffer::peak_live_bytes()));
   }
 }
 
 double TrainingDevice::KernelScope::elapsed_s() const { return (now_us() - start_us_) * 1e-6; }
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

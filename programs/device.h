@@ -31,10 +31,10 @@
 #include "train/step.h"
 #include "model/transformer.h"
 #include "train/fsdp.h"
-#include "pathways/dataflow.h"
-#include "pathways/train/step_io.h"
+#include "dataflow/kernel.h"
+#include "programs/step_io.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
 // The mesh position of a shard in a dp x tp training slice (a pipeline stage: 1 x 1).
 struct Pos {
@@ -231,4 +231,4 @@ struct BoundActivations {
   model::Activations<float>& act;
 };
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

@@ -14,9 +14,9 @@
 #include "train/step.h"
 
 #include <csignal>
-#include "pathways/train/kernels.h"
+#include "programs/kernels.h"
 
-namespace pwm::pathways::train::kernels {
+namespace pwm::programs::kernels {
 
 using collectives::Algorithm;
 using collectives::Communicator;
@@ -795,4 +795,4 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats), &xchg);
 }
 
-}  // namespace pwm::pathways::train::kernels
+}  // namespace pwm::programs::kernels

@@ -24,10 +24,10 @@
 
 #include "collectives/communicator.h"
 #include "model/optim.h"
-#include "pathways/train/kernels.h"
+#include "programs/kernels.h"
 #include "train/step.h"
 
-namespace pwm::pathways::train::kernels {
+namespace pwm::programs::kernels {
 
 using model::ParamLayout;
 
@@ -278,4 +278,4 @@ void expert_merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     if (q.expert) std::memcpy(out.data() + q.offset, experts + q.offset, sizeof(float) * static_cast<size_t>(q.size));
 }
 
-}  // namespace pwm::pathways::train::kernels
+}  // namespace pwm::programs::kernels

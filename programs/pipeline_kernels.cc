@@ -8,9 +8,9 @@
 #include "common/time.h"
 #include "model/optim.h"
 #include "train/step.h"
-#include "pathways/train/kernels.h"
+#include "programs/kernels.h"
 
-namespace pwm::pathways::train::kernels {
+namespace pwm::programs::kernels {
 
 using model::ParamLayout;
 
@@ -129,4 +129,4 @@ void merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   }
 }
 
-}  // namespace pwm::pathways::train::kernels
+}  // namespace pwm::programs::kernels

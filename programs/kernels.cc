@@ -1,6 +1,6 @@
 // The training kernels' registration, and the kernels that run between steps: state, validation
 // loss, weights hash, checkpoint, trace. The step's kernels: step_kernels.cc, pipeline_kernels.cc.
-#include "pathways/train/kernels.h"
+#include "programs/kernels.h"
 
 #include <fmt/format.h>
 
@@ -14,9 +14,9 @@
 #include "train/full_state.h"
 #include "train/peak.h"
 #include "train/step.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
 using collectives::Algorithm;
 using collectives::Communicator;
@@ -577,4 +577,4 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
   add_island_kernels(add, S);
 }
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

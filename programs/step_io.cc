@@ -1,4 +1,4 @@
-#include "pathways/train/step_io.h"
+#include "programs/step_io.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include "model/transformer.h"
 #include "train/fsdp.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
 std::string KernelNames::unit(const model::Unit& u, int tp, bool expert_exchange) const {
   // Kernels with tp collectives carry "_tp", with the experts' AllToAll "_ep" (gang-scheduled);
@@ -125,4 +125,4 @@ UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
   return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().mesh.replicas) : 0, true};
 }
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

@@ -17,9 +17,19 @@
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "train/config.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
+
+using collectives::DataType;
+using dataflow::ArgSpec;
+using dataflow::KernelContext;
+using dataflow::KernelDef;
+using dataflow::KernelFn;
+using dataflow::KernelRegistry;
+using dataflow::Sharding;
+using dataflow::Signature;
+using dataflow::TensorSpec;
 
 struct PipelineShape {
   int stages = 1;
@@ -220,4 +230,4 @@ inline size_t replica_chunk(int64_t n, int dp) { return static_cast<size_t>((n +
 // dst (replica_chunk(src.size(), dp) elements) = chunk k of src, zero-padded.
 void copy_chunk(std::span<const float> src, int k, std::span<float> dst);
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

@@ -22,10 +22,10 @@
 
 #include "collectives/transport.h"
 #include "train/data.h"
-#include "pathways/train/device.h"
-#include "pathways/train/step_io.h"
+#include "programs/device.h"
+#include "programs/step_io.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
 // The training devices of the worker ranks this process runs, by world rank: one in an MPI
 // worker process, none on the controller, several over the in-process transport (one per worker
@@ -135,4 +135,4 @@ struct BlockUnit {
 };
 }  // namespace kernels
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs

@@ -1,0 +1,40 @@
+// Buffer: one device buffer of a program's slot or an object, 64-byte aligned, from a
+// process-wide cache of freed buffers (both MPMD models allocate their slots here).
+//
+// A freed Buffer of 1 MiB or more is kept (up to the process's peak of live bytes plus 1 GiB;
+// PWM_PW_BUFFER_CACHE_MB sets a fixed bound) for the next Buffer of the same size, so a new
+// Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
+// memory at its first data() (a run's intermediates: when their first writer starts), so a
+// program's buffers are not all allocated when its run arrives. Thread-safe (the cache is locked;
+// one Buffer is used by one thread at a time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pwm::dataflow {
+
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes, bool lazy = false);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() { return p_ ? p_ : allocate(); }
+  bool allocated() const { return p_ != nullptr; }
+  size_t size() const { return n_; }
+  // Live (allocated) buffers and bytes in this process (in use; not the freed ones kept for
+  // reuse), and the most bytes ever live at once (one worker per MPI process: that worker's).
+  static int64_t live();
+  static int64_t live_bytes();
+  static int64_t peak_live_bytes();
+  // Bytes of freed buffers kept for reuse (process-wide).
+  static int64_t cached_bytes();
+
+ private:
+  void* allocate();
+  void* p_ = nullptr;
+  size_t n_;
+};
+
+}  // namespace pwm::dataflow
