@@ -1,0 +1,68 @@
+// The static model's executor: runs this rank's part of a lowered program (its
+// dataflow::WorkerProgram) front to back, with no controller (docs/static_mpmd.md).
+//
+// Every rank lowers the same program with the same slice mapping, so every rank's instruction
+// list is a slice of one global order: a node's transfers, then the node, in node order. A rank
+// posts each send and receive as it meets it (non-blocking, one tag per transfer of the run),
+// and before a node's kernel waits for the receives posted so far; it then runs the kernel. No
+// rank waits for a node later in the order than the one it runs, and a collective kernel is
+// reached by every member of its slice in the same node order: the order fixed when the program
+// was built is the deadlock freedom (OneFlow's argument), not a scheduler at run time.
+//
+// Ownership: inputs are shared with the caller (read-only), outputs are new buffers the caller
+// owns; the run's other slots live until run() returns. Blocks until this rank's part is done
+// (its sends included). A receive that waits longer than `timeout_s` throws, naming the node,
+// the peer and the program: the caller ends the job (run_mpi_main). One thread per rank.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "collectives/transport.h"
+#include "dataflow/buffer.h"
+#include "dataflow/lowering.h"
+
+namespace pwm::static_mpmd {
+
+using BufferPtr = std::shared_ptr<dataflow::Buffer>;
+// A program's values on this rank: its shard of parameter (or output) `index`.
+using Shards = std::map<uint32_t, BufferPtr>;
+
+// What one run did on this rank.
+struct RunStats {
+  double kernel_s = 0;       // in kernels
+  double recv_wait_s = 0;    // waiting for receives before kernels (the static order's bubble)
+  uint64_t messages = 0;     // point-to-point sends
+  uint64_t bytes_sent = 0;
+};
+
+class Executor {
+ public:
+  // `channel`: the first of two tag channels the transfers use (collectives::kFirstFreeChannel
+  // and above: the Communicators' contexts stay below).
+  Executor(std::shared_ptr<collectives::Transport> transport, double timeout_s, int channel);
+  ~Executor();
+
+  // Runs `p` (this rank's list) on `inputs` (one shard per parameter bound here); returns the
+  // shards of the program's outputs held here. Every rank of the program calls it for the same
+  // program, in the same order of runs (the tags of a run follow from the number of runs before).
+  Shards run(const dataflow::WorkerProgram& p, const Shards& inputs, RunStats* stats = nullptr);
+
+ private:
+  struct Pending;
+  collectives::Communicator& comm(const dataflow::ExecInfo& e);
+  void wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgram& p, uint32_t node, RunStats* stats);
+  int tag(uint32_t xfer) const;
+
+  std::shared_ptr<collectives::Transport> t_;
+  double timeout_s_;
+  int channel_;
+  uint64_t runs_ = 0;  // the tag base: each run takes the next dataflow::kMaxTransfersPerProgram tags
+  std::map<uint32_t, std::unique_ptr<collectives::Communicator>> comms_;  // by slice context
+};
+
+}  // namespace pwm::static_mpmd
