@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 
-
 namespace pwm::pathways {
 
 Object::Object(TensorSpec s, uint32_t writers, bool lazy)

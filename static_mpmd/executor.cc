@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/check.h"
@@ -19,6 +20,7 @@ struct Executor::Pending {
   uint32_t node;
   int peer;
   uint64_t bytes;
+  BufferPtr keep;  // the transfer's buffer, alive until it completes
   bool done = false;
 };
 
@@ -70,7 +72,38 @@ void Executor::wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgra
   reqs.erase(std::remove_if(reqs.begin(), reqs.end(), [](const Pending& r) { return r.done; }), reqs.end());
 }
 
+namespace {
+
+// Per instruction, the slots last used by it (none bound to a parameter or an output: those
+// outlive the run).
+std::vector<std::vector<int32_t>> frees_after(const dataflow::WorkerProgram& p) {
+  std::vector<int64_t> last(p.slots.size(), -1);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
+    const auto use = [&](int32_t s) {
+      if (s >= 0) last[static_cast<size_t>(s)] = static_cast<int64_t>(i);
+    };
+    if (in.op == Op::kExec) {
+      const dataflow::ExecInfo& e = p.execs.at(static_cast<size_t>(in.exec));
+      for (int32_t s : e.ins) use(s);
+      for (int32_t s : e.outs) use(s);
+    } else {
+      use(in.slot);
+      use(in.slot2);
+    }
+  }
+  for (const auto& b : p.params) last[b.slot] = -1;
+  for (const auto& b : p.outputs) last[b.slot] = -1;
+  std::vector<std::vector<int32_t>> frees(p.instrs.size());
+  for (size_t s = 0; s < last.size(); ++s)
+    if (last[s] >= 0) frees[static_cast<size_t>(last[s])].push_back(static_cast<int32_t>(s));
+  return frees;
+}
+
+}  // namespace
+
 Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, RunStats* stats) {
+  const std::vector<std::vector<int32_t>> frees = frees_after(p);
   std::vector<BufferPtr> slots(p.slots.size());
   for (const dataflow::SlotBinding& b : p.params) {
     auto it = inputs.find(b.index);
@@ -83,13 +116,20 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
     if (!slots[s]) slots[s] = std::make_shared<dataflow::Buffer>(p.slots[s].bytes(), /*lazy=*/true);
   const auto at = [&](int32_t slot, uint64_t offset) { return static_cast<uint8_t*>(slots[slot]->data()) + offset; };
   std::vector<Pending> recvs, sends;
-  for (const Instr& in : p.instrs) {
+  // The run's intermediates (every slot not bound to a parameter) alive at once, at most: a slot
+  // takes its memory at its first write and gives it back after its last use.
+  const uint64_t base = static_cast<uint64_t>(dataflow::Buffer::live_bytes());
+  uint64_t peak = 0;
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
     switch (in.op) {
       case Op::kRecv:
-        recvs.push_back({t_->irecv(at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes});
+        recvs.push_back({t_->irecv(at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes,
+                         slots[in.slot]});
         break;
       case Op::kSend:
-        sends.push_back({t_->isend(at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes});
+        sends.push_back({t_->isend(at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes,
+                         slots[in.slot]});
         if (stats) {
           stats->messages++;
           stats->bytes_sent += in.bytes;
@@ -120,10 +160,13 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
         break;
       }
     }
+    peak = std::max(peak, static_cast<uint64_t>(std::max<int64_t>(0, dataflow::Buffer::live_bytes() - static_cast<int64_t>(base))));
+    for (int32_t s : frees[i]) slots[s].reset();  // (a transfer in flight keeps its own reference)
   }
   wait_all(recvs, p, p.num_stages, stats);
   wait_all(sends, p, p.num_stages, nullptr);
   runs_++;
+  if (stats) stats->peak_intermediate_bytes = peak;
   Shards out;
   for (const dataflow::SlotBinding& b : p.outputs) out[b.index] = slots[b.slot];
   return out;

@@ -10,7 +10,9 @@
 // was built is the deadlock freedom (OneFlow's argument), not a scheduler at run time.
 //
 // Ownership: inputs are shared with the caller (read-only), outputs are new buffers the caller
-// owns; the run's other slots live until run() returns. Blocks until this rank's part is done
+// owns; every other slot takes its memory at its first write and gives it back after its last
+// use on this rank (a transfer in flight holds its buffer until it completes), so a stage holds
+// the activations its order keeps alive (1F1B: S - s micro-batches), not all of them. Blocks until this rank's part is done
 // (its sends included). A receive that waits longer than `timeout_s` throws, naming the node,
 // the peer and the program: the caller ends the job (run_mpi_main). One thread per rank.
 #pragma once
@@ -38,6 +40,7 @@ struct RunStats {
   double recv_wait_s = 0;    // waiting for receives before kernels (the static order's bubble)
   uint64_t messages = 0;     // point-to-point sends
   uint64_t bytes_sent = 0;
+  uint64_t peak_intermediate_bytes = 0;  // the run's slots alive at once, beyond its inputs
 };
 
 class Executor {
