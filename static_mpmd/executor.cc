@@ -118,8 +118,10 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
   std::vector<Pending> recvs, sends;
   // The run's intermediates (every slot not bound to a parameter) alive at once, at most: a slot
   // takes its memory at its first write and gives it back after its last use.
-  const uint64_t base = static_cast<uint64_t>(dataflow::Buffer::live_bytes());
-  uint64_t peak = 0;
+  std::vector<char> inter(slots.size(), 1);  // not bound to a parameter or an output
+  for (const auto& b : p.params) inter[b.slot] = 0;
+  for (const auto& b : p.outputs) inter[b.slot] = 0;
+  uint64_t live = 0, peak = 0;
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const Instr& in = p.instrs[i];
     switch (in.op) {
@@ -160,8 +162,16 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
         break;
       }
     }
-    peak = std::max(peak, static_cast<uint64_t>(std::max<int64_t>(0, dataflow::Buffer::live_bytes() - static_cast<int64_t>(base))));
-    for (int32_t s : frees[i]) slots[s].reset();  // (a transfer in flight keeps its own reference)
+    for (size_t s = 0; s < slots.size(); ++s)  // (cheap next to a kernel; a run has tens of slots per rank)
+      if (inter[s] == 1 && slots[s] && slots[s]->allocated()) {
+        live += slots[s]->size();
+        inter[s] = 2;
+      }
+    peak = std::max(peak, live);
+    for (int32_t s : frees[i]) {
+      if (inter[s] == 2) live -= slots[s]->size();
+      slots[s].reset();  // (a transfer in flight keeps its own reference)
+    }
   }
   wait_all(recvs, p, p.num_stages, stats);
   wait_all(sends, p, p.num_stages, nullptr);

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   const bool resume = s.resume_from.has_value();
   s.resume_from.reset();
   return collectives::run_mpi_main(env, [&] {
-    auto devices = std::make_shared<programs::DeviceSet>(s.cfg);
+    auto devices = std::make_shared<programs::DeviceSet>(s.cfg, programs::PipelineShape{s.cfg.mpmd.stages});
     programs::register_train_kernels(programs::KernelNames{}, devices);
     const auto attached = devices->attach(env.transport(), s.data);
     collectives::Communicator world = collectives::Communicator::world(env.transport());

@@ -12,6 +12,7 @@
 #include "common/stats.h"
 #include "common/time.h"
 #include "dataflow/builder.h"
+#include "programs/pipeline.h"
 #include "programs/trace.h"
 #include "train/checks.h"
 #include "train/full_state.h"
@@ -26,18 +27,20 @@ using train::Granularity;
 
 namespace {
 
-constexpr int kSlice = 0;                    // the one slice: every world rank, in rank order
-constexpr uint32_t kSliceContext = 1;        // its communicator's context (the world's is 0)
+constexpr uint32_t kFirstSliceContext = 1;  // slice i's communicator's context is 1 + i (the world's is 0)
 constexpr int kChannel = collectives::kFirstFreeChannel;  // the transfers' two tag channels
 
 // What the static model does not run yet, refused before anything starts (one line each).
 void validate(const train::TrainConfig& cfg, int world) {
   const train::MpmdConfig& p = cfg.mpmd;
-  if (p.stages > 1)
-    PWM_THROW("mpmd_train runs one dp x tp slice for now; pipelines (--stages {}) run in pathways_train", p.stages);
-  if (cfg.mesh.replicas > 1)
-    PWM_THROW("mpmd_train runs one dp x tp slice for now; --replicas {} runs in pathways_train or spmd_train",
-              cfg.mesh.replicas);
+  if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
+  if (cfg.mesh.replicas > 1 && p.stages == 1)
+    PWM_THROW("mpmd_train runs --replicas {} as pipelines for now (add --stages 2 or more); replicas of one slice run "
+              "in pathways_train and spmd_train", cfg.mesh.replicas);
+  if (p.stages > 1 && (cfg.mesh.fsdp || cfg.model.moe()))
+    PWM_THROW("mpmd_train runs --stages without --fsdp and without MoE, as pathways_train; use spmd_train for those");
+  if (p.stages > cfg.model.n_layers)
+    PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", p.stages, cfg.model.n_layers);
   if (p.granularity == Granularity::kOpByOp)
     PWM_THROW("mpmd_train has no --granularity opbyop: with no controller there is no client to call node by node "
               "(use fused or chained)");
@@ -47,7 +50,13 @@ void validate(const train::TrainConfig& cfg, int world) {
   if (p.moe_routing == train::MoeRouting::kController)
     PWM_THROW("mpmd_train has no controller to route through: use --moe-routing worker (dropless) or static");
   if (!p.islands.empty()) PWM_THROW("mpmd_train places no islands (--islands runs in pathways_train): leave it out");
-  cfg.validate(world);  // dp x tp = every rank
+  if (p.stages == 1) return cfg.validate(world);  // dp x tp = every rank
+  const int per_stage = cfg.mesh.dp * cfg.mesh.tp, need = cfg.mesh.replicas * p.stages * per_stage;
+  if (world != need)
+    PWM_THROW("--stages {} needs {} ranks ({}{} stages of --dp {} x --tp {}), but the job has {} (mpirun -n {})", p.stages,
+              need, cfg.mesh.replicas > 1 ? fmt::format("--replicas {} x ", cfg.mesh.replicas) : "", p.stages,
+              cfg.mesh.dp, cfg.mesh.tp, world, need);
+  cfg.validate(cfg.mesh.replicas * per_stage);
 }
 
 }  // namespace
@@ -63,22 +72,25 @@ train::TrainerSpec trainer_spec() {
   return s;
 }
 
-std::string run_name(const train::TrainConfig& cfg) { return fmt::format("static-{}", train::name(cfg.mpmd.granularity)); }
+std::string run_name(const train::TrainConfig& cfg) {
+  if (cfg.mpmd.stages > 1) return fmt::format("static-pipeline-{}", train::name(cfg.mpmd.schedule));
+  return fmt::format("static-{}", train::name(cfg.mpmd.granularity));
+}
 
 Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Transport> transport, bool resume,
                  const programs::KernelNames& names)
     : cfg_(cfg), t_(transport), world_(collectives::Communicator::world(transport)), names_(names),
-      sh_(cfg, programs::PipelineShape{}), devices_(cfg.mesh.dp * cfg.mesh.tp),
-      exec_(transport, cfg.exec.coll_timeout, kChannel) {
-  PWM_CHECK_EQ(devices_, t_->size());
-  state_ = single(names_(resume ? "load" : "init"), {}, {cfg_.mesh.tp});
+      sh_(cfg, programs::PipelineShape{cfg.mpmd.stages}), devices_(cfg.mesh.dp * cfg.mesh.tp), S_(cfg.mpmd.stages),
+      R_(cfg.mesh.replicas), K_(S_ > 1 ? R_ * S_ : 1), pipe_(S_ > 1), exec_(transport, cfg.exec.coll_timeout, kChannel) {
+  PWM_CHECK_EQ(devices_ * K_, t_->size());
+  state_ = on_every_slice(names_(resume ? "load" : "init"), {cfg_.mesh.tp});
   int64_t step = 0;
   std::memcpy(&step, state_[programs::kStep]->data(), sizeof step);
   first_step_ = step;
   const double peak = cfg.exec.peak_gflops > 0 ? 0 : probe(0);
   report_ = std::make_unique<train::TrainReport>(
-      cfg, run_name(cfg), devices_, cfg.exec.peak_gflops > 0 ? train::Peak::given(cfg.exec.peak_gflops) : train::Peak::probed(peak),
-      t_->rank() == 0);
+      cfg, run_name(cfg), devices_ * K_,
+      cfg.exec.peak_gflops > 0 ? train::Peak::given(cfg.exec.peak_gflops) : train::Peak::probed(peak), t_->rank() == 0);
   step_ = lower(step_program());  // built and lowered once, on every rank alike
 }
 
@@ -87,11 +99,11 @@ Trainer::~Trainer() = default;
 std::optional<std::string> Trainer::run() { return train::run(*this, cfg_, t_->rank()); }
 
 dataflow::WorkerProgram Trainer::lower(const dataflow::ProgramDef& def) {
-  std::vector<int> ranks(static_cast<size_t>(devices_));
-  std::iota(ranks.begin(), ranks.end(), 0);
   const auto lookup = [&](int slice) {
-    PWM_CHECK_EQ(slice, kSlice);
-    return dataflow::SliceMapping{ranks, kSliceContext, 0, 0};
+    PWM_CHECK(slice >= 0 && slice < K_, "program '{}' names slice {} of {}", def.name, slice, K_);
+    std::vector<int> ranks(static_cast<size_t>(devices_));
+    std::iota(ranks.begin(), ranks.end(), slice * devices_);
+    return dataflow::SliceMapping{ranks, kFirstSliceContext + static_cast<uint32_t>(slice), 0, 0};
   };
   dataflow::LoweredProgram lp = dataflow::lower(def, 0, lookup);
   auto it = lp.workers.find(t_->rank());
@@ -99,67 +111,122 @@ dataflow::WorkerProgram Trainer::lower(const dataflow::ProgramDef& def) {
   return std::move(it->second);
 }
 
+std::vector<State<dataflow::Value>> Trainer::state_params(dataflow::Builder& b) const {
+  std::vector<State<dataflow::Value>> st;
+  for (int i = 0; i < K_; ++i) {
+    std::vector<dataflow::Value> v;
+    for (const dataflow::ArgSpec& s : sh_.state(cfg_.mesh.tp)) v.push_back(b.param(i, devices_, s));
+    st.push_back(State<dataflow::Value>::from(v));
+  }
+  return st;
+}
+
 dataflow::ProgramDef Trainer::step_program() const {
   const int tp = cfg_.mesh.tp;
-  dataflow::Builder b(run_name(cfg_) + "-step");
-  std::vector<dataflow::Value> st;
-  for (const dataflow::ArgSpec& s : sh_.state(tp)) st.push_back(b.param(kSlice, devices_, s));
+  dataflow::Builder b(pipe_ ? "static-" + programs::pipeline_name(sh_, cfg_.mpmd.schedule) : run_name(cfg_) + "-step");
+  const std::vector<State<dataflow::Value>> st = state_params(b);
   std::vector<dataflow::Value> out;
-  if (cfg_.mpmd.granularity == Granularity::kFused) {
-    out = b.call(names_("fused_step"), kSlice, devices_, st, {tp});
+  if (pipe_) {
+    const programs::SliceCall call = [&](int i, const std::string& k, std::vector<dataflow::Value> in,
+                                         std::vector<int64_t> at) { return b.call(k, i, devices_, in, std::move(at)); };
+    out = programs::trace_pipeline_step(sh_, names_, cfg_.mpmd.schedule, st, call);
+  } else if (cfg_.mpmd.granularity == Granularity::kFused) {
+    out = b.call(names_("fused_step"), 0, devices_, st[0].list(), {tp});
   } else {
     const programs::CallFn<dataflow::Value> call = [&](const std::string& k, std::vector<dataflow::Value> in,
                                                        std::vector<int64_t> at) {
-      return b.call(k, kSlice, devices_, in, std::move(at));
+      return b.call(k, 0, devices_, in, std::move(at));
     };
-    out = programs::trace_step<dataflow::Value>(sh_, names_, tp, State<dataflow::Value>::from(st), call);
+    out = programs::trace_step<dataflow::Value>(sh_, names_, tp, st[0], call);
   }
   for (const dataflow::Value& v : out) b.output(v);
   return b.build();
 }
 
-std::vector<BufferPtr> Trainer::run_program(const dataflow::WorkerProgram& p, const std::vector<BufferPtr>& inputs,
-                                            RunStats* stats) {
+// A full-model array on replica r's first slice: a pipeline's stages merged (every stage's copy
+// of the tied weights is the same; each stage's own layers), else the slice's own.
+dataflow::Value Trainer::merged(dataflow::Builder& b, const std::vector<State<dataflow::Value>>& st,
+                                dataflow::Value State<dataflow::Value>::*which, int r) const {
+  if (!pipe_) return st[static_cast<size_t>(r)].*which;
+  std::vector<dataflow::Value> in;
+  for (int s = 0; s < S_; ++s) in.push_back(st[static_cast<size_t>(r * S_ + s)].*which);
+  return b.call(names_("merge"), r * S_, devices_, in, {cfg_.mesh.tp})[0];
+}
+
+dataflow::ProgramDef Trainer::eval_program() const {
+  const int tp = cfg_.mesh.tp;
+  dataflow::Builder b("eval");
+  const auto st = state_params(b);
+  const int R = pipe_ ? R_ : 1;
+  if (R == 1) {
+    b.output(b.call(names_("eval"), 0, devices_, {merged(b, st, &State<dataflow::Value>::params, 0)}, {tp})[0]);
+    return b.build();
+  }
+  // Every replica evaluates its rows of its own (identical) parameters; replica 0's first slice adds.
+  std::vector<dataflow::Value> sums;
+  for (int r = 0; r < R; ++r)
+    sums.push_back(b.call(names_("eval"), r * S_, devices_, {merged(b, st, &State<dataflow::Value>::params, r)}, {tp, r})[0]);
+  b.output(b.call(names_("val_total"), 0, devices_, sums, {tp, R})[0]);
+  return b.build();
+}
+
+dataflow::ProgramDef Trainer::save_program() const {
+  dataflow::Builder b("save");
+  const auto st = state_params(b);
+  using SV = State<dataflow::Value>;
+  const SV full{merged(b, st, &SV::params, 0), merged(b, st, &SV::m, 0), merged(b, st, &SV::v, 0), st[0].step};
+  b.output(b.call(names_("save"), 0, devices_, full.list(), {cfg_.mesh.tp})[0]);
+  return b.build();
+}
+
+dataflow::ProgramDef Trainer::hash_program(int r) const {
+  dataflow::Builder b(fmt::format("hash-{}", r));
+  const auto st = state_params(b);
+  b.output(b.call(names_("hash"), r * S_, devices_, {merged(b, st, &State<dataflow::Value>::params, r)}, {cfg_.mesh.tp})[0]);
+  return b.build();
+}
+
+const dataflow::WorkerProgram& Trainer::cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build) {
+  auto it = programs_.find(key);
+  if (it == programs_.end()) it = programs_.emplace(key, lower(build())).first;
+  return it->second;
+}
+
+std::vector<BufferPtr> Trainer::run_program(const dataflow::WorkerProgram& p, bool with_state, RunStats* stats) {
   Shards in;
-  for (size_t i = 0; i < inputs.size(); ++i) in[static_cast<uint32_t>(i)] = inputs[i];
+  if (with_state) {
+    const uint32_t first = static_cast<uint32_t>(slice_of(t_->rank()) * State<int>::kCount);
+    for (size_t j = 0; j < state_.size(); ++j) in[first + static_cast<uint32_t>(j)] = state_[j];
+  }
   Shards out = exec_.run(p, in, stats);
   std::vector<BufferPtr> v;
-  for (auto& [i, b] : out) {
-    PWM_CHECK_EQ(static_cast<size_t>(i), v.size());  // every output has a shard on every rank of the slice
-    v.push_back(b);
-  }
+  for (auto& [i, b] : out) v.push_back(b);  // (in output order: a map)
   return v;
 }
 
-std::vector<BufferPtr> Trainer::single(const std::string& kernel, const std::vector<BufferPtr>& inputs,
-                                       std::vector<int64_t> attrs) {
-  const std::string key = fmt::format("{}{}", kernel, fmt::join(attrs, ","));
-  auto it = singles_.find(key);
-  if (it == singles_.end()) {
-    const dataflow::KernelDef* def = dataflow::KernelRegistry::global().find(kernel);
-    PWM_CHECK(def, "kernel '{}' is not registered", kernel);
+std::vector<BufferPtr> Trainer::on_every_slice(const std::string& kernel, std::vector<int64_t> attrs) {
+  const dataflow::WorkerProgram& p = cached(fmt::format("{}:{}", kernel, fmt::join(attrs, ",")), [&] {
     dataflow::Builder b(kernel);
-    std::vector<dataflow::Value> in;
-    for (const dataflow::ArgSpec& s : def->signature(attrs, devices_).inputs) in.push_back(b.param(kSlice, devices_, s));
-    for (const dataflow::Value& v : b.call(kernel, kSlice, devices_, in, attrs)) b.output(v);
-    it = singles_.emplace(key, lower(b.build())).first;
-  }
-  return run_program(it->second, inputs);
+    for (int i = 0; i < K_; ++i)
+      for (const dataflow::Value& v : b.call(kernel, i, devices_, {}, attrs)) b.output(v);
+    return b.build();
+  });
+  return run_program(p, false);
 }
 
 template <typename T>
 T Trainer::from_rank0(const BufferPtr& b) {
   T mine{};
-  std::memcpy(&mine, b->data(), sizeof mine);
-  std::vector<T> v(static_cast<size_t>(devices_));
+  if (b) std::memcpy(&mine, b->data(), sizeof mine);
+  std::vector<T> v(static_cast<size_t>(t_->size()));
   world_.allgather(&mine, v.data(), 1, collectives::dtype_of<T>());
   return v[0];
 }
 
 double Trainer::probe(double budget_s) {
-  const auto out = single(names_("gemm_probe"), {}, {cfg_.mesh.tp, static_cast<int64_t>(budget_s * 1e6)});
+  const auto out = on_every_slice(names_("gemm_probe"), {cfg_.mesh.tp, static_cast<int64_t>(budget_s * 1e6)});
   double mine = *static_cast<const double*>(out[0]->data());
-  std::vector<double> all(static_cast<size_t>(devices_));
+  std::vector<double> all(static_cast<size_t>(t_->size()));
   world_.allgather(&mine, all.data(), 1, collectives::DataType::kFloat64);
   return std::accumulate(all.begin(), all.end(), 0.0) / static_cast<double>(all.size());
 }
@@ -171,14 +238,15 @@ void Trainer::probe_peak() {
 
 bool Trainer::step(int64_t step) {
   RunStats rs;
-  const std::vector<BufferPtr> out = run_program(step_, state_, &rs);
+  const std::vector<BufferPtr> out = run_program(step_, true, &rs);
   PWM_CHECK_EQ(out.size(), StepOutputs<int>::kCount);
   state_.assign(out.begin(), out.begin() + State<int>::kCount);
   messages_ += rs.messages;
   recv_wait_ms_.push_back(rs.recv_wait_s * 1e3);
+  peak_intermediate_ = std::max(peak_intermediate_, rs.peak_intermediate_bytes);
   // Every device's statistics on every rank (the same report everywhere, as spmd_train's).
   const size_t words = static_cast<size_t>(sh_.stats_words());
-  std::vector<double> all(words * static_cast<size_t>(devices_));
+  std::vector<double> all(words * static_cast<size_t>(t_->size()));
   world_.allgather(out[StepOutputs<int>::kStats]->data(), all.data(), words, collectives::DataType::kFloat64);
   const std::vector<StepStats> devices = StepStats::read_all(all, static_cast<int64_t>(words));
   double end_us = 0, first_busy = 0;
@@ -190,15 +258,19 @@ bool Trainer::step(int64_t step) {
   r.step = step;
   r.step_ms = last_end_us_ < 0 ? first_busy : (end_us - last_end_us_) * 1e-3;
   last_end_us_ = end_us;
-  r.loss = devices[0].loss;
-  r.grad_norm = devices[0].grad_norm;
-  r.lr = devices[0].lr;
+  const StepStats& last = devices[static_cast<size_t>((K_ - 1) * devices_)];  // the loss is on the last slice
+  r.loss = last.loss;
+  r.grad_norm = last.grad_norm;
+  r.lr = last.lr;
+  double busy_sum = 0;
   for (const StepStats& d : devices) {
     const double busy = std::min(d.busy_ms, r.step_ms);
     r.compute_ms.push_back(busy - d.comm_ms);
     r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));  // communication or waiting for a peer
     r.wait_ms.push_back(r.step_ms - busy);
+    busy_sum += busy;
   }
+  if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(devices.size()) / r.step_ms);
   if (cfg_.model.moe()) {
     std::vector<double> sum;
     for (const StepStats& d : devices) {
@@ -214,20 +286,21 @@ bool Trainer::step(int64_t step) {
 }
 
 double Trainer::evaluate() {
-  return from_rank0<double>(single(names_("eval"), {state_[programs::kParams]}, {cfg_.mesh.tp})[0]);
+  const auto out = run_program(cached("eval", [this] { return eval_program(); }), true);
+  return from_rank0<double>(out.empty() ? nullptr : out[0]);
 }
 
 bool Trainer::save(int64_t) {
-  single(names_("save"), state_, {cfg_.mesh.tp});  // (a failed write throws on the writing rank: the job ends)
+  run_program(cached("save", [this] { return save_program(); }), true);  // (a failed write throws there: the job ends)
   return true;
 }
 
 void Trainer::before_final() {
   // Memory, before the final evaluation and checkpoint, as the other trainers measure it.
-  const auto m = single(names_("memory"), {}, {cfg_.mesh.tp});
+  const auto m = on_every_slice(names_("memory"), {cfg_.mesh.tp});
   int64_t mine[2];
   std::memcpy(mine, m[0]->data(), sizeof mine);
-  std::vector<int64_t> all(2 * static_cast<size_t>(devices_));
+  std::vector<int64_t> all(2 * static_cast<size_t>(t_->size()));
   world_.allgather(mine, all.data(), 2, collectives::DataType::kInt64);
   int64_t peak_rss = 0, held = 0;
   for (size_t i = 0; i + 1 < all.size(); i += 2) {
@@ -240,27 +313,51 @@ void Trainer::before_final() {
   // The static order's cost: point-to-point messages a rank sends per step, and the time it
   // waited for its receives before its kernels (median step, the slowest rank).
   const int64_t steps = std::max<int64_t>(1, static_cast<int64_t>(recv_wait_ms_.size()));
-  double mine_w[2] = {static_cast<double>(messages_) / static_cast<double>(steps),
-                      recv_wait_ms_.empty() ? 0.0 : median(recv_wait_ms_)};
-  std::vector<double> w(2 * static_cast<size_t>(devices_));
-  world_.allgather(mine_w, w.data(), 2, collectives::DataType::kFloat64);
+  double mine_w[3] = {static_cast<double>(messages_) / static_cast<double>(steps),
+                      recv_wait_ms_.empty() ? 0.0 : median(recv_wait_ms_), static_cast<double>(peak_intermediate_)};
+  std::vector<double> w(3 * static_cast<size_t>(t_->size()));
+  world_.allgather(mine_w, w.data(), 3, collectives::DataType::kFloat64);
   double msgs = 0, wait = 0;
-  for (size_t i = 0; i + 1 < w.size(); i += 2) {
-    msgs = std::max(msgs, w[i]);
-    wait = std::max(wait, w[i + 1]);
+  std::vector<double> inter(static_cast<size_t>(K_), 0.0);  // per slice (a pipeline: per stage), its largest
+  for (int r = 0; r < t_->size(); ++r) {
+    const double* x = &w[3 * static_cast<size_t>(r)];
+    msgs = std::max(msgs, x[0]);
+    wait = std::max(wait, x[1]);
+    inter[static_cast<size_t>(slice_of(r))] = std::max(inter[static_cast<size_t>(slice_of(r))], x[2]);
   }
   report_->set_extra("messages_per_step", msgs);
   report_->set_extra("recv_wait_ms", wait);
+  report_->set_extra_list("peak_intermediate_bytes", inter);
+  if (pipe_ && !bubbles_.empty()) {
+    report_->set_extra("bubble", median(bubbles_));
+    report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
+    report_->set_extra("stages", S_);
+    report_->set_extra("stage_dp", cfg_.mesh.dp);
+    report_->set_extra("stage_tp", cfg_.mesh.tp);
+  }
 }
 
 std::optional<std::string> Trainer::finish() {
-  const int64_t hv = from_rank0<int64_t>(single(names_("hash"), {state_[programs::kParams]}, {cfg_.mesh.tp})[0]);
-  uint64_t hash;
-  std::memcpy(&hash, &hv, sizeof hash);
-  const std::string h = train::hash_hex(hash);
+  std::string h;
+  for (int r = 0; r < (pipe_ ? R_ : 1); ++r) {
+    const auto out = run_program(cached(fmt::format("hash-{}", r), [this, r] { return hash_program(r); }), true);
+    // (rank 0 holds replica 0's hash; replica r's first rank holds r's: from_rank0 reads rank 0's)
+    int64_t mine = 0;
+    if (!out.empty()) std::memcpy(&mine, out[0]->data(), sizeof mine);
+    std::vector<int64_t> all(static_cast<size_t>(t_->size()));
+    world_.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
+    uint64_t hash;
+    std::memcpy(&hash, &all[static_cast<size_t>(r * S_ * devices_)], sizeof hash);
+    const std::string hr = train::hash_hex(hash);
+    if (r == 0) h = hr;
+    // Replicas: no parameter was ever sent between them; every replica must still hold the same bits.
+    if (hr != h)
+      throw Error(fmt::format("replica {}'s parameters differ from replica 0's after {} steps (the replicas' updates "
+                              "diverged): a bug in the exchange", r, cfg_.workload.steps));
+  }
   if (!cfg_.outputs.trace.empty()) {
     const int64_t words = 1 << 20;  // 8 MiB of trace per device at most
-    const auto tr = single(names_("trace"), {}, {cfg_.mesh.tp, words});
+    const auto tr = on_every_slice(names_("trace"), {cfg_.mesh.tp, words});
     const auto* w = static_cast<const int64_t*>(tr[0]->data());
     const std::string mine(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
     const std::vector<std::string> fragments = collectives::allgather_strings(world_, mine);

@@ -5,16 +5,23 @@
 // between the ranks that hold the values (docs/static_mpmd.md).
 //
 //   fused     one node per step per device (the fused step kernel);
-//   chained   the plan's units, one node each, the dp AllReduce nodes and the update.
+//   chained   the plan's units, one node each, the dp AllReduce nodes and the update;
+//   pipeline  --stages S slices of dp x tp ranks (times --replicas), consecutive layers per
+//             stage, --microbatches M in GPipe or 1F1B order (programs/pipeline.h): activations
+//             and their gradients are point-to-point messages from stage to stage.
 // Each rank's state (parameters, AdamW moments, step counter) stays in its own buffers: a step
 // consumes its shards and returns the next ones. The step statistics are gathered over the world
 // after each step (every rank writes the same report; rank 0 writes the files), as spmd_train's.
 // The schedule of the run (evaluations, checkpoints, hooks) is the shared loop's (train/loop.h).
 //
-// Which ranks call: every world rank constructs a Trainer and calls run(), collectively; the
-// world is exactly the slice (dp x tp ranks).
+// Which ranks call: every world rank constructs a Trainer and calls run(), collectively. The world
+// is exactly the slices: slice i (replica r's stage s is i = r S + s) is world ranks
+// [i dp tp, (i + 1) dp tp), in mesh order, so that with one slice rank k holds what spmd_train's
+// rank k holds.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +29,7 @@
 
 #include "collectives/communicator.h"
 #include "common/trace.h"
+#include "dataflow/builder.h"
 #include "dataflow/lowering.h"
 #include "programs/step_io.h"
 #include "static_mpmd/executor.h"
@@ -67,34 +75,48 @@ class Trainer final : public train::Trainer {
   train::TrainReport& report() override { return *report_; }
 
  private:
-  // A program lowered for the slice; this rank's list only.
+  // A program over the slices, lowered with their fixed mapping; this rank's list only.
   dataflow::WorkerProgram lower(const dataflow::ProgramDef& def);
-  // A one-node program of `kernel` over the slice, run at once on `inputs` (its parameters in order).
-  std::vector<BufferPtr> single(const std::string& kernel, const std::vector<BufferPtr>& inputs,
-                                std::vector<int64_t> attrs);
-  std::vector<BufferPtr> run_program(const dataflow::WorkerProgram& p, const std::vector<BufferPtr>& inputs,
-                                     RunStats* stats = nullptr);
+  // Runs `p` with this rank's state bound to its slice's parameters (a program over the states
+  // declares every slice's four, slice-major; `with_state` false: no parameters). Returns the
+  // outputs held here, in output order.
+  std::vector<BufferPtr> run_program(const dataflow::WorkerProgram& p, bool with_state, RunStats* stats = nullptr);
+  // A program of one `kernel` node on every slice, no inputs (init, load, the probes, the trace).
+  std::vector<BufferPtr> on_every_slice(const std::string& kernel, std::vector<int64_t> attrs);
+  // The programs over every slice's state.
+  std::vector<programs::State<dataflow::Value>> state_params(dataflow::Builder& b) const;
+  dataflow::Value merged(dataflow::Builder& b, const std::vector<programs::State<dataflow::Value>>& st,
+                         dataflow::Value programs::State<dataflow::Value>::*which, int replica) const;
   dataflow::ProgramDef step_program() const;
+  dataflow::ProgramDef eval_program() const;
+  dataflow::ProgramDef save_program() const;
+  dataflow::ProgramDef hash_program(int replica) const;
+  const dataflow::WorkerProgram& cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build);
   // Rank 0's shard's first word, on every rank (a kernel writes shard 0's answer: the validation
   // loss, the hash).
   template <typename T>
   T from_rank0(const BufferPtr& b);
   double probe(double budget_s);  // the gemm_probe kernel on every device: the mean rate
+  int slice_of(int rank) const { return rank / devices_; }
 
   train::TrainConfig cfg_;
   std::shared_ptr<collectives::Transport> t_;
   collectives::Communicator world_;
   programs::KernelNames names_;
   programs::Shapes sh_;
-  int devices_;
+  int devices_;     // per slice (dp x tp)
+  int S_, R_, K_;   // stages, replicas, slices (K = R S with a pipeline, else 1)
+  bool pipe_;
   Executor exec_;
-  std::map<std::string, dataflow::WorkerProgram> singles_;  // built once per kernel and attributes
+  std::map<std::string, dataflow::WorkerProgram> programs_;  // built and lowered once each
   dataflow::WorkerProgram step_;
   std::vector<BufferPtr> state_;  // params, m, v, step: this rank's shards
   std::unique_ptr<train::TrainReport> report_;
   int64_t first_step_ = 0;
   double last_end_us_ = -1;
   std::vector<double> recv_wait_ms_;  // per step: this rank's waits for receives
+  std::vector<double> bubbles_;       // per step (a pipeline): 1 - busy / step time, over every device
+  uint64_t peak_intermediate_ = 0;    // this rank's most bytes of a step's intermediates at once
   uint64_t messages_ = 0;             // this rank's point-to-point sends, every step
   std::string stop_error_;
 };
