@@ -42,9 +42,14 @@ TINY = ["--d-model", "64", "--layers", "2", "--heads", "4", "--head-dim", "16", 
         "--eval-batches", "2", "--log-every", "3", "--coll-timeout", "60"]
 
 
+PROGRAMS = {"spmd": "spmd_train", "pathways": "pathways_train", "static": "mpmd_train"}
+
+
 def trainer(exe="spmd"):
     if exe == "spmd":
         return os.path.join(BUILD, "spmd", "spmd_train")
+    if exe == "static":
+        return os.path.join(BUILD, "static_mpmd", "mpmd_train")
     return os.path.join(BUILD, "pathways", "train", "pathways_train")
 
 
@@ -197,7 +202,7 @@ def case_kill_and_resume_is_bitwise():
 def expect_error(n, args, pattern, outputs=(), exe="spmd"):
     p = run(n, args, expect_ok=False, timeout=120, exe=exe)
     assert p.returncode != 0, f"expected failure, got exit 0 for {args}"
-    prefix = "spmd_train: error:" if exe == "spmd" else "pathways_train: error:"
+    prefix = PROGRAMS[exe] + ": error:"
     lines = [l for l in p.stderr.splitlines() if prefix in l]
     assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
     assert pattern in lines[0], f"error line does not mention {pattern!r}: {lines[0]}"

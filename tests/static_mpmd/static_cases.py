@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""End-to-end tests of mpmd_train (the static model) under real mpirun.
+
+    static_cases.py CASE BUILD_DIR
+
+References: spmd_train on the same dense dp x tp workload (the same bits: every rank runs the
+kernels spmd_train's rank of the same mesh position runs, in the same order), and
+pathways_train on the same pipeline (the same bits: both models run the one traced program).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pathways_train"))
+import spmd_cases as sc  # noqa: E402
+from pathways_cases import FIELDS, assert_bitwise  # noqa: E402
+
+
+def case_dense_bitwise_equal_to_spmd():
+    # dp 3: from three summands the order of the gradient sum shows in the bits.
+    meshes = ((["--dp", "2"], 2), (["--tp", "2"], 2), (["--dp", "2", "--microbatches", "2"], 2),
+              (["--dp", "3", "--batch", "12"], 3), (["--dp", "2", "--precision", "bf16"], 2),
+              (["--dp", "2", "--fsdp"], 2))
+    for mesh, n in meshes:
+        ref = sc.train(n, "spmd" + "".join(mesh), mesh)
+        for g in ("fused", "chained"):
+            got = sc.train(n, "static_" + g + "".join(mesh), mesh + ["--granularity", g], exe="static")
+            assert_bitwise(ref, got, f"mpmd_train {g} {' '.join(mesh)}")
+            assert got[2]["messages_per_step"] == 0, "one slice: every edge stays on its rank, no message"
+
+
+def case_moe_bitwise_equal_to_spmd():
+    # The experts split over the dp ranks; the AllToAll inside the block kernels. Capacity
+    # (static shapes) and dropless (the counts exchanged inside the kernel, --moe-routing worker).
+    moe = ["--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2", "--moe-every", "1"]
+    for cap in (["--capacity-factor", "1.25"], ["--capacity-factor", "0"]):
+        ref = sc.train(2, "spmd_moe" + "".join(cap), moe + cap)
+        for g in ("fused", "chained"):
+            got = sc.train(2, "static_moe_" + g + "".join(cap), moe + cap + ["--granularity", g], exe="static")
+            assert_bitwise(ref, got, f"mpmd_train MoE {g} {' '.join(cap)}")
+
+
+def case_pipeline_bitwise_equal_to_pathways():
+    # The one pipeline program (programs/pipeline.h), run by a controller's dispatch or by every
+    # rank's own list: the same bits, GPipe and 1F1B, with and without replicas.
+    for extra, n in ((["--stages", "2", "--microbatches", "4"], 2),
+                     (["--stages", "2", "--microbatches", "4", "--dp", "2"], 4),
+                     (["--stages", "2", "--microbatches", "2", "--replicas", "2", "--batch", "8"], 4)):
+        for sched in ("gpipe", "1f1b"):
+            args = extra + ["--schedule", sched]
+            label = "".join(args)
+            islands = ["--islands", f"{n // 2}x2"] if n == 4 else ["--islands", "2x1"]
+            ref = sc.train(n + 1, "pw" + label, args + islands, exe="pathways")
+            got = sc.train(n, "static" + label, args, exe="static")
+            assert_bitwise(ref, got, f"mpmd_train {' '.join(args)}", ref_name="pathways_train")
+            assert got[2]["messages_per_step"] > 0, "a pipeline's activations travel between ranks"
+
+
+def case_pipeline_1f1b_holds_fewer_activations():
+    # Per stage, the most bytes of a step's intermediates alive at once: 1F1B keeps S - s
+    # micro-batches' activations, GPipe all M. Wider layers than TINY's so that the activations,
+    # not the step's fixed buffers, are what the stage holds.
+    wide = ["--d-model", "128", "--d-ff", "512", "--seq-len", "64", "--heads", "4", "--head-dim", "32"]
+    peak = {}
+    for sched in ("gpipe", "1f1b"):
+        got = sc.train(2, "static_mem_" + sched, wide + ["--stages", "2", "--microbatches", "8", "--batch", "16",
+                                                        "--schedule", sched], exe="static")
+        peak[sched] = got[2]["peak_intermediate_bytes"]
+        assert 0 <= got[2]["bubble"] < 1 and got[2]["bubble_bound"] == 1 / 9, got[2]
+    for s, (g, f) in enumerate(zip(peak["gpipe"], peak["1f1b"])):
+        assert 0 < f <= 0.5 * g, f"stage {s}: 1F1B held {f} bytes, GPipe {g}"
+        print(f"stage {s}: 1F1B {f} bytes of intermediates at most, GPipe {g} ({f / g:.2f}x)")
+
+
+def case_checkpoints_cross_trainers():
+    ref = sc.train(2, "ref", ["--dp", "2"])
+    # spmd_train stops after its step-4 checkpoint (killed in step 5); mpmd_train resumes from it.
+    ck = os.path.join(sc.TMP, "a.ckpt")
+    p = sc.run(2, sc.TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
+               expect_ok=False)
+    assert p.returncode != 0
+    got = sc.train(2, "static_resumed", ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume",
+                                         "--granularity", "chained"], exe="static")
+    assert min(got[0]) == 4, f"mpmd_train resumed at {min(got[0])}"
+    for s in got[0]:
+        for k in FIELDS:
+            assert got[0][s][k] == ref[0][s][k], f"step {s} {k} differs after resuming in mpmd_train"
+    assert got[2]["weights_hash"] == ref[2]["weights_hash"]
+    # mpmd_train is killed after its step-4 checkpoint; spmd_train and pathways_train resume from it.
+    ck2 = os.path.join(sc.TMP, "b.ckpt")
+    p = sc.run(2, sc.TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
+               expect_ok=False, exe="static")
+    assert p.returncode != 0
+    got = sc.train(2, "spmd_resumed", ["--dp", "2", "--ckpt", ck2, "--resume"])
+    assert min(got[0]) == 4 and got[2]["weights_hash"] == ref[2]["weights_hash"], "spmd_train from mpmd_train's checkpoint"
+    got = sc.train(3, "pw_resumed", ["--dp", "2", "--ckpt", ck2, "--resume", "--granularity", "fused"], exe="pathways")
+    assert got[2]["weights_hash"] == ref[2]["weights_hash"], "pathways_train from mpmd_train's checkpoint"
+    # A pipeline's checkpoint is the whole model (its stages merged): spmd_train resumes it.
+    ck3 = os.path.join(sc.TMP, "c.ckpt")
+    pipe = ["--stages", "2", "--microbatches", "4"]
+    full = sc.train(2, "static_pipe_full", pipe, exe="static")
+    p = sc.run(2, sc.TINY + pipe + ["--ckpt", ck3, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "0"],
+               expect_ok=False, exe="static")
+    assert p.returncode != 0
+    got = sc.train(2, "static_pipe_resumed", pipe + ["--ckpt", ck3, "--resume"], exe="static")
+    assert min(got[0]) == 4 and got[2]["weights_hash"] == full[2]["weights_hash"], "mpmd_train pipeline resume"
+    print("checkpoints resume bitwise across the three trainers")
+
+
+def case_bad_inputs_fail_cleanly():
+    m = os.path.join(sc.TMP, "bad.jsonl")
+    bad = (
+        (2, ["--dp", "2", "--granularity", "opbyop"], "no --granularity opbyop"),
+        (2, ["--dp", "2", "--spare-workers", "1"], "no --spare-workers"),
+        (2, ["--dp", "2", "--sequential"], "no --sequential"),
+        (2, ["--dp", "2", "--islands", "2x1"], "places no islands"),
+        (2, ["--replicas", "2"], "--replicas 2 as pipelines"),
+        (3, ["--stages", "2", "--microbatches", "4"], "--stages 2 needs 2 ranks"),
+        (2, ["--stages", "3", "--layers", "2", "--microbatches", "4"], "--stages 3 is more than --layers 2"),
+        (2, ["--dp", "3"], "--dp 3 x --tp 1 = 3 ranks"),
+        (2, ["--dp", "2", "--experts", "4", "--expert-parallel", "2", "--capacity-factor", "0", "--moe-routing",
+             "controller"], "no controller to route through"),
+    )
+    for n, args, pattern in bad:
+        sc.expect_error(n, sc.TINY + args + ["--metrics", m], pattern, [m], exe="static")
+
+
+def case_lost_rank_ends_the_job():
+    # No controller watches the ranks: a rank killed in a step leaves its peers waiting in a
+    # receive or a collective, whose watchdog (--coll-timeout) ends the job with one line naming
+    # what it waited for; the checkpoint written before is intact.
+    ck = os.path.join(sc.TMP, "k.ckpt")
+    for extra in (["--dp", "2", "--granularity", "chained"], ["--stages", "2", "--microbatches", "4"]):
+        args = sc.TINY[:-2] + ["--coll-timeout", "5", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "3",
+                                "--kill-rank", "1"] + extra
+        p = sc.run(2, args, expect_ok=False, timeout=60, exe="static")
+        assert p.returncode != 0, "the job went on without a rank"
+        assert os.path.exists(ck), "the step-2 checkpoint is gone"
+        print("ok:", extra, "ended", p.returncode)
+
+
+def main():
+    case, build = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"static_{case}_")
+    sc.set_build(build, tmp)
+    try:
+        globals()["case_" + case]()
+        print(f"PASS {case}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
