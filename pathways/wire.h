@@ -30,7 +30,7 @@ namespace pwm::pathways {
 // The payload of each type is the messages.h struct named beside it (its codec).
 enum class MsgType : uint32_t {
   // controller -> worker
-  kLoadProgram = 1,   // WorkerProgram (lowering.h)
+  kLoadProgram = 1,   // LoadProgram (messages.h: a dataflow::WorkerProgram)
   kEvictProgram = 2,  // EvictProgram
   kRun = 3,           // RunHeader
   kReleaseStage = 4,  // ReleaseStage (sequential dispatch)

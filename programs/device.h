@@ -1,9 +1,9 @@
-// The training device: what one worker device keeps between the training kernels it runs.
+// The training device: what one device keeps between the training kernels it runs.
 //
-// Each worker device of pathways_train holds one TrainingDevice: the workload, the dataset, and
+// Each device (a pathways_train worker, a mpmd_train rank) holds one TrainingDevice: the workload, the dataset, and
 // the caches that are not values of any program (the model workspace, the fused step's gradient
 // buffer, token scratch, the tp and dp sub-communicators of its slice), like XLA's temporary
-// buffers; everything one program node hands to another is an object-store buffer. It also keeps
+// buffers; everything one program node hands to another is a buffer of the run. It also keeps
 // the device's step accounting (kernel time since the last step report, collective time of the
 // step's earlier kernels) and its kernel trace.
 //

@@ -1,11 +1,12 @@
-// The Transformer's compiled functions for the Pathways runtime (pathways_train).
+// The Transformer's compiled functions, for both MPMD models (pathways_train, mpmd_train).
 //
-// Registered by name on every rank (the controller uses the signatures, the workers run them).
-// Each kernel runs once per device of its slice, over object-store buffers; per-device shards
+// Registered by name on every rank (signatures check and lower the programs; the devices run
+// them: pathways' workers, every rank of the static model). Each kernel runs once per device of
+// its slice, over the run's buffers; per-device shards
 // follow the SPMD trainer's mesh: a slice of dp x tp devices, device k = dp index k / tp, tp
 // index k % tp, so device k holds exactly what SPMD's world rank k holds, and runs the same
 // floating-point operations (model/step_plan.h, train/step.h), which is why the two
-// trainers agree bitwise. Names, shapes and argument positions: step_io.h. What each worker
+// trainers agree bitwise. Names, shapes and argument positions: step_io.h. What each device
 // keeps between kernels: device.h.
 //
 // Where the kernels are: kernels.cc (state, evaluation, hash, checkpoint, trace, and the

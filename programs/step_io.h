@@ -1,11 +1,11 @@
 // What the training programs and the training kernels agree on, written once: the kernels' names,
 // the shapes of their arguments, the position of every argument by name, and the step
-// statistics a step's last kernel writes and the controller reads.
+// statistics a step's last kernel writes and the trainer reads.
 //
-// The program builder (step_program.cc, trainer.cc) and the kernels (kernels.cc,
-// step_kernels.cc, pipeline_kernels.cc) both use these structs: neither computes the other's
-// positions. Shapes come from the workload only (no device, no MPI): the controller checks and
-// lowers programs with them, the workers run the kernels with the same ones.
+// The traces (trace_impl.h, pipeline.cc, and the trainers' own small programs) and the kernels
+// (kernels.cc, step_kernels.cc, pipeline_kernels.cc) both use these structs: neither computes the
+// other's positions. Shapes come from the workload only (no device, no MPI): programs are
+// checked and lowered with them, the devices run the kernels with the same ones.
 #pragma once
 
 #include <cstdint>

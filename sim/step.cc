@@ -135,7 +135,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   double comm_end = compute_end;
   if (dp > 1) {
     if (per_node) {
-      // One AllReduce node per gradient piece after the units (step_program.h), in piece order.
+      // One AllReduce node per gradient piece after the units (programs/trace_impl.h), in piece order.
       for (int piece = 0; piece < x.plan.num_pieces(); ++piece) {
         if (granularity == ExecMode::kOpByOp) controller += call_cost;
         const double st = std::max(comm_end, controller) + node_cost;

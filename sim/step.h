@@ -12,7 +12,7 @@
 // AllReduce, the update and the per-step overhead.
 // Pathways trainers (pathways_train): fused = the SPMD step inside one kernel per step; chained
 // and opbyop = the plan's units as nodes, then one dp AllReduce node per gradient piece and the
-// update node (step_program.h's structure), each node paying the worker's launch cost and, for
+// update node (programs/trace.h's structure), each node paying the worker's launch cost and, for
 // opbyop, the controller's call cost when that exceeds the device time it hides behind.
 // Pipeline: stages hold layer ranges (L s / S .. L (s+1) / S), run forward_units(m, l0, l1) and
 // backward_units in GPipe or 1F1B order, and pass activations and their gradients over links.

@@ -134,7 +134,7 @@ Trainer::Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_isl
       S_(cfg.mpmd.stages), devices_(cfg.mesh.dp * cfg.mesh.tp), sh_(cfg, PipelineShape{cfg.mpmd.stages}),
       trace_(!cfg.outputs.trace.empty(), 0, 0) {
   char host[256] = {};
-  gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (device.cc)
+  gethostname(host, sizeof host - 1);  // the workers' rows name their hosts too (programs/device.cc)
   trace_.process_name(fmt::format("controller (rank 0) on {}", host));
   ro_.sequential = cfg.mpmd.sequential;
   // The pipeline's schedule is the order of each stage's nodes: run in that order, a stage holds
@@ -161,7 +161,7 @@ Trainer::~Trainer() = default;
 
 std::optional<std::string> Trainer::run() {
   // The loop's kill hook for world rank 0 is the controller's (a worker kills itself inside its
-  // step kernel: step_kernels.cc).
+  // step kernel: programs/step_kernels.cc).
   return pwm::train::run(*this, cfg_, 0);
 }
 

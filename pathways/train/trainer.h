@@ -9,8 +9,9 @@
 //   pipeline  --stages S slices of dp x tp devices each, spread over the islands, consecutive
 //             layers per stage, --microbatches M in GPipe or 1F1B node order; activations and
 //             their gradients flow stage to stage, worker to worker.
-// The programs are traced from the step plan (model/step_plan.h) in step_program.h; the kernels
-// they name are in kernels.h, registered under a KernelNames prefix.
+// The programs are traced from the step plan (model/step_plan.h) by programs/trace.h and
+// programs/pipeline.h (over this runtime's slices: step_program.h); the kernels they name are in
+// programs/kernels.h, registered under a KernelNames prefix.
 // Parameters and optimizer state stay in the workers' object stores across steps (each step's
 // program consumes the state arrays and returns the next ones); the controller fetches only the
 // per-step statistics (loss, gradient norm, timings), the validation loss and the weights hash.
@@ -56,7 +57,7 @@ class Trainer final : public pwm::train::Trainer {
  public:
   // Places the slices through `client`, initializes the state on the workers (or, with `resume`,
   // loads the checkpoint already validated by train::load_resume_checkpoint) and builds the step
-  // program. The kernels must be registered under `names` (kernels.h) on every rank. The GEMM
+  // program. The kernels must be registered under `names` (programs/kernels.h) on every rank. The GEMM
   // peak (train/peak.h): --peak-gflops, else every worker probes its step's products now (the
   // gemm_probe kernel on every slice at once) and again at every probe_peak.
   Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, bool resume,

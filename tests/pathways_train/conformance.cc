@@ -123,7 +123,7 @@ const std::vector<Case>& cases() {
                    with({"--capacity-factor", "0", "--microbatches", "2", "--moe-every", "1"}),
                    routed(g, MoeRouting::kController)});
     // --expert-island: the experts on devices of their own, the rows crossing as program edges
-    // (island_kernels.cc): against spmd_train's --dp D --expert-parallel D, bitwise. Two islands of
+    // (programs/island_kernels.cc): against spmd_train's --dp D --expert-parallel D, bitwise. Two islands of
     // two in process; under mpirun (one dense device and one experts' device) the one island.
     const auto island = [&](const char* g, pwm::train::MoeRouting r, const char* islands) {
       pwm::train::MpmdConfig o = routed(g, r);

@@ -167,7 +167,7 @@ def case_fsdp_reduce_scatter_overlaps_gather():
     # previous layer's reduce-scatter window; with --no-overlap (the control: the blocking
     # fsdp_reduce_scatter node) none does. No block_bwd starts inside a window: the reduce-scatter
     # is complete before the next backward (the runtime progresses it only between kernels and in
-    # waits; step_program.cc, FsdpNodes). The same bits either way.
+    # waits; programs/trace_impl.h, FsdpNodes). The same bits either way.
     import json
     dp, L, steps = 2, 4, 3
     flags = ["--dp", str(dp), "--fsdp", "--granularity", "chained", "--layers", str(L), "--steps", str(steps),
