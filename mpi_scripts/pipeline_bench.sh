@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The MPMD pipeline's benchmark (issue 16): pathways_train --stages S over S islands of one
-# device, GPipe against 1F1B, for S in {2, 4} and M in {4, 8, 16} micro-batches, on the reference
+# device and the static model's mpmd_train --stages S (the same program, no controller: S ranks,
+# rows static_S<S>_...), GPipe against 1F1B, for S in {2, 4} and M in {4, 8, 16} micro-batches, on the reference
 # model (d_model 256, 4 layers, seq 128) with the same global batch everywhere (32 sequences).
 # Per run: tokens/s, the measured bubble (1 - mean device busy time / step time, median over the
 # steps) against the bound (S-1)/(M+S-1), and per stage the peak bytes of intermediates
 # (activations and gradients in flight) and the object store's high-water mark; per (S, M) the
 # ratio 1F1B / GPipe of stage 0's peak intermediates. A spmd_train --dp S row per S is the
-# reference measured in the same run (the same global batch on the same number of devices).
+# reference measured in the same run (the same global batch on the same number of devices); a
+# static row's "vs pw" is its tokens/s over pathways_train's row of the same S, M and schedule,
+# paired by round, and "msgs" its point-to-point messages per step and rank (the most of any rank).
 #
 # Usage: mpi_scripts/pipeline_bench.sh [--steps N] [--rounds R] [--stages "2 4"] [--micro "4 8 16"]
-#                                     [--schedules "gpipe 1f1b"] [--stage-dp D]
+#                                     [--schedules "gpipe 1f1b"] [--stage-dp D] [--models "pathways static"]
 #                                     [--hosts K [--dcn-rate R]] [--out DIR] [-- TRAINER FLAGS...]
 #   --rounds R      every configuration R times (default 3), in interleaved rounds; each ratio to
 #                   spmd_train is the median of its per-round ratios with an interval
+#   --models M      which MPMD models run the pipelines (default both: "pathways static")
 #   --stage-dp D    every stage a slice of D data-parallel devices (S D + 1 ranks, --islands SxD;
 #                   the stage's dp AllReduce overlapping its backward), against spmd_train --dp S D
 #   --hosts K       also run every configuration over an emulated cluster of K hosts
@@ -25,6 +29,7 @@
 # measured bubble includes that sharing (the script prints the core count).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 STEPS=12; ROUNDS=3; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=(); SDP=1
+MODELS="pathways static"
 value() {
   if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
     echo "pipeline_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
@@ -40,10 +45,11 @@ while [ $# -gt 0 ]; do
     --schedules) SCHEDS=$(value "$@") || exit 2; shift 2 ;;
     --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
     --stage-dp) SDP=$(value "$@") || exit 2; shift 2 ;;
+    --models) MODELS=$(value "$@") || exit 2; shift 2 ;;
     --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "pipeline_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +57,7 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "pipeline_bench.sh: error: --steps must be 4 or more (got '$STEPS')" >&2; exit 2; }
 for s in $STAGES; do [[ "$s" =~ ^[0-9]+$ ]] && [ "$s" -ge 2 ] || { echo "pipeline_bench.sh: error: --stages takes numbers >= 2 (got '$s')" >&2; exit 2; }; done
 for m in $MICRO; do [[ "$m" =~ ^[0-9]+$ ]] && [ "$m" -ge 1 ] && [ $((32 % m)) -eq 0 ] || { echo "pipeline_bench.sh: error: --micro takes divisors of the batch 32 (got '$m')" >&2; exit 2; }; done
+for k in $MODELS; do [[ "$k" == pathways || "$k" == static ]] || { echo "pipeline_bench.sh: error: --models takes pathways and/or static (got '$k')" >&2; exit 2; }; done
 for k in $SCHEDS; do [[ "$k" == gpipe || "$k" == 1f1b ]] || { echo "pipeline_bench.sh: error: --schedules takes gpipe and/or 1f1b (got '$k')" >&2; exit 2; }; done
 if [ "$HOSTS" != 0 ]; then
   [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "pipeline_bench.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
@@ -67,6 +74,7 @@ echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed '
 WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 "${EXTRA[@]}")
 PT="$BUILD_DIR/pathways/train/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
+STATIC="$BUILD_DIR/static_mpmd/mpmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 declare -A RUNS  # WHERE/NAME -> its rounds' metrics, comma-separated
 run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")
@@ -89,7 +97,9 @@ sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
   local names=()
   for S in $STAGES; do
     names+=("spmd_dp$((S * SDP))")
-    for M in $MICRO; do for K in $SCHEDS; do names+=("S${S}_M${M}_$K"); done; done
+    for M in $MICRO; do for K in $SCHEDS; do for P in $MODELS; do
+      if [ "$P" = static ]; then names+=("static_S${S}_M${M}_$K"); else names+=("S${S}_M${M}_$K"); fi
+    done; done; done
   done
   for ROUND in $(seq "$ROUNDS"); do
     for name in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" "${names[@]}"); do
@@ -97,11 +107,16 @@ sweep() {  # sweep WHERE ISLANDS_FLAG_MODE LAUNCHER...
         run "$where" "$name" "$@" :: "${name#spmd_dp}" "$SPMD" --dp "${name#spmd_dp}"
         continue
       fi
-      local S=${name%%_*}; S=${S#S}
-      local M=${name#*_M}; M=${M%%_*}
-      local K=${name##*_}
-      local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x$SDP")
+      local cfg=${name#static_}
+      local S=${cfg%%_*}; S=${S#S}
+      local M=${cfg#*_M}; M=${M%%_*}
+      local K=${cfg##*_}
       local sdp=(); [ "$SDP" != 1 ] && sdp=(--dp "$SDP")
+      if [[ $name == static_* ]]; then  # no controller, no islands: S x D ranks, stage s on ranks [s D, (s+1) D)
+        run "$where" "$name" "$@" :: $((S * SDP)) "$STATIC" --stages "$S" "${sdp[@]}" --microbatches "$M" --schedule "$K"
+        continue
+      fi
+      local isl=(); [ "$mode" = local ] && isl=(--islands "${S}x$SDP")
       run "$where" "$name" "$@" :: $((S * SDP + 1)) "$PT" --stages "$S" "${sdp[@]}" "${isl[@]}" --microbatches "$M" --schedule "$K"
     done
   done

@@ -3,11 +3,12 @@
 //
 // Every rank lowers the same program with the same slice mapping, so every rank's instruction
 // list is a slice of one global order: a node's transfers, then the node, in node order. A rank
-// posts each send and receive as it meets it (non-blocking, one tag per transfer of the run),
-// and before a node's kernel waits for the receives posted so far; it then runs the kernel. No
-// rank waits for a node later in the order than the one it runs, and a collective kernel is
-// reached by every member of its slice in the same node order: the order fixed when the program
-// was built is the deadlock freedom (OneFlow's argument), not a scheduler at run time.
+// walks its list: it posts each receive where it stands, and before a node's kernel waits for the
+// receives posted so far; it posts each send as soon as the value exists (right after the kernel
+// that wrote it), all non-blocking, one tag per transfer of the run. No rank waits for a node
+// later in the order than the one it runs, and a collective kernel is reached by every member of
+// its slice in the same node order: the order fixed when the program was built is the deadlock
+// freedom (OneFlow's argument), not a scheduler at run time.
 //
 // Ownership: inputs are shared with the caller (read-only), outputs are new buffers the caller
 // owns; every other slot takes its memory at its first write and gives it back after its last
@@ -57,6 +58,9 @@ class Executor {
 
  private:
   struct Pending;
+  struct Run;
+  void post_send(Run& r, size_t instr);
+  void exec(Run& r, const dataflow::Instr& in);
   collectives::Communicator& comm(const dataflow::ExecInfo& e);
   void wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgram& p, uint32_t node, RunStats* stats);
   int tag(uint32_t xfer) const;

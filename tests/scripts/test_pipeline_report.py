@@ -62,13 +62,28 @@ class PipelineReport(unittest.TestCase):
                 pipeline_report.main([out, '2', '1gbit'] + self.write_runs(d, runs))
             text = stdout.getvalue()
             # The last final record of each file is the run's.
-            self.assertIn('S2_M4_gpipe            500    0.500  one round: no interval    30.0%   20.0%    +10.0   4.0 1.0 | 8.0 2.0   (islands 0,1)', text)
+            self.assertIn('S2_M4_gpipe                   500    0.500  one round: no interval       -                       -    30.0%   20.0%    +10.0     -   4.0 1.0 | 8.0 2.0   (islands 0,1)', text)
             self.assertIn('  S2_M4: 0.500 (2.00 / 4.00 MiB)', text)        # 1F1B / GPipe, stage 0
             self.assertIn('hosts2 (DCN 1gbit) against one host, tokens/s:\n  S2_M4_gpipe     0.500', text)
             with open(out) as f:
                 doc = json.load(f)
             self.assertEqual((doc['hosts'], doc['dcn']), (2, '1gbit'))
             self.assertEqual(doc['runs']['local/S2_M4_1f1b']['tokens_per_s'], 600.0)
+
+
+    def test_static_rows_pair_with_pathways(self):
+        # A static row: its ratio to spmd_train's row of its devices and to pathways_train's row
+        # of the same configuration, its messages; no object store, no islands.
+        static = {k: v for k, v in pipe(750.0, messages_per_step=12.0).items() if k not in ('peak_store_bytes', 'stage_islands')}
+        with tempfile.TemporaryDirectory() as d:
+            runs = {'local/spmd_dp2': {'final': True, 'tokens_per_s': 1000.0}, 'local/S2_M4_gpipe': pipe(500.0),
+                    'local/static_S2_M4_gpipe': static}
+            stdout = io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                pipeline_report.main([os.path.join(d, 'p.json'), '0', 'unshaped'] + self.write_runs(d, runs))
+            self.assertIn('static_S2_M4_gpipe            750    0.750  one round: no interval   1.500  one round: no interval'
+                          '    30.0%   20.0%    +10.0    12   4.0 1.0 | -', stdout.getvalue())
+        self.assertIsNone(pipeline_report.vs_pathways_ratio('S2_M4_gpipe', pipe(1.0), {}))
 
 
 if __name__ == '__main__':
