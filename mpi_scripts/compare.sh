@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # README's first command: the project's main job. Trains the same Transformer on the same
-# built-in workload under both execution models and prints them side by side:
+# built-in workload under the three execution models and prints them side by side:
 #   spmd        spmd_train, dp = NP                         (mpirun -n NP)
 #   fused       pathways_train --granularity fused, dp = NP (mpirun -n NP+1: controller + NP workers)
 #   chained     pathways_train --granularity chained
+#   static      mpmd_train --granularity chained, dp = NP (mpirun -n NP): the chained step's
+#               program with no controller, every rank running its own part (docs/static_mpmd.md)
 #   pipeline    pathways_train --stages NP (stages of dp=1 x tp=1 device), one stage per island,
 #               GPipe, 8 micro-batches (the report prints the stage layout; more layouts and
 #               1F1B: mpi_scripts/pipeline_bench.sh)
@@ -13,11 +15,11 @@
 # Usage: mpi_scripts/compare.sh [--np N] [--steps N] [--rounds R] [--hostfile FILE] [--out DIR] [-- TRAINER FLAGS...]
 #   --np N          compute ranks (default 2); pathways runs use N+1 ranks
 #   --steps N       optimizer steps per run (default 5: the first 2 are warm-up, reported apart)
-#   --rounds R      run the four trainers R times, interleaved (every other round in reverse
+#   --rounds R      run the five trainers R times, interleaved (every other round in reverse
 #                   order), pool their step times and pair their ratios by round (default 5).
 #                   Each ratio is the median of the rounds' ratios with an interval beside it;
 #                   one that holds 1 reads "same within noise" (mpi_scripts/measure.py). The
-#                   default takes about two and a half minutes on 2 cores. Losses and weights
+#                   default takes about three minutes on 2 cores. Losses and weights
 #                   come from round 1; later rounds evaluate one validation batch, not 4
 #   --hostfile F    passed to mpirun (for a cluster, e.g. from compare.sbatch; docs/cluster.md):
 #                   fused and chained then run on one island spanning the hosts (--islands 1xNP)
@@ -322,19 +324,20 @@ one() {
     spmd) run spmd "$NP" spmd/spmd_train --dp "$NP" ;;
     fused) run fused $((NP + 1)) $PT --dp "$NP" --granularity fused "${ISLAND_SPAN[@]}" ;;
     chained) run chained $((NP + 1)) $PT --dp "$NP" --granularity chained "${ISLAND_SPAN[@]}" ;;
+    static) run static "$NP" static_mpmd/mpmd_train --dp "$NP" --granularity chained ;;
     # The MPMD pipeline: NP stages of one device each, one stage per island.
     pipeline) run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe ;;
   esac
 }
-# Odd rounds in one order, even rounds in the reverse (spmd fused chained pipeline, then
-# pipeline chained fused spmd): a drift of the machine's speed within a pair of rounds then
+# Odd rounds in one order, even rounds in the reverse (spmd fused chained static pipeline, then
+# pipeline static chained fused spmd): a drift of the machine's speed within a pair of rounds then
 # favours no trainer.
 for ROUND in $(seq "$ROUNDS"); do
-  for r in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" spmd fused chained pipeline); do one "$r"; done
+  for r in $(python3 "$PWM_ROOT/mpi_scripts/measure.py" order "$ROUND" spmd fused chained static pipeline); do one "$r"; done
   [ "$ROUNDS" -gt 1 ] && echo "round $ROUND/$ROUNDS done (${SECONDS} s)"
 done
 RUNS=()
-for r in spmd fused chained pipeline; do RUNS+=("$r=${METRICS[$r]}:${TRACES[$r]}"); done
+for r in spmd fused chained static pipeline; do RUNS+=("$r=${METRICS[$r]}:${TRACES[$r]}"); done
 python3 - "$OUT/workload.json" "$NP" "$STEPS" "$CLUSTER_DESC" "${EXTRA[@]}" <<'PY'
 import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
