@@ -19,15 +19,13 @@
 
 #include "dataflow/builder.h"
 #include "programs/step_io.h"
+#include "programs/trace.h"
 #include "train/modes.h"
 
 namespace pwm::programs {
 
-// Adds a node of `kernel` on slice `slice` (an index: replica r's stage s is r S + s).
-using SliceCall = std::function<std::vector<dataflow::Value>(int slice, const std::string& kernel,
-                                                             std::vector<dataflow::Value> in, std::vector<int64_t> attrs)>;
-
-// `states`: every slice's state parameters, in slice order. Returns each slice's StepOutputs, in
+// `call` adds a node on slice r S + s (SliceCall, trace.h). `states`: every slice's state
+// parameters, in slice order. Returns each slice's StepOutputs, in
 // slice order (the program's outputs).
 std::vector<dataflow::Value> trace_pipeline_step(const Shapes& sh, const KernelNames& names, pwm::train::Schedule schedule,
                                                  const std::vector<State<dataflow::Value>>& states, const SliceCall& call);

@@ -18,6 +18,12 @@
 
 namespace pwm::programs {
 
+// Adds a node of `kernel` on the program's slice `slice` (an index the caller maps onto its own
+// slices: replica r, or replica r's pipeline stage s = r S + s). The traces of several slices
+// (pipeline.h, replicas.h) call it.
+using SliceCall = std::function<std::vector<dataflow::Value>(int slice, const std::string& kernel,
+                                                             std::vector<dataflow::Value> in, std::vector<int64_t> attrs)>;
+
 template <typename V>
 using CallFn = std::function<std::vector<V>(const std::string& kernel, std::vector<V> in, std::vector<int64_t> attrs)>;
 // --moe-routing controller: given an MoE layer's moe_counts output (every device's rows per

@@ -13,6 +13,7 @@
 #include "common/time.h"
 #include "dataflow/builder.h"
 #include "programs/pipeline.h"
+#include "programs/replicas.h"
 #include "programs/trace.h"
 #include "train/checks.h"
 #include "train/full_state.h"
@@ -34,9 +35,9 @@ constexpr int kChannel = collectives::kFirstFreeChannel;  // the transfers' two 
 void validate(const train::TrainConfig& cfg, int world) {
   const train::MpmdConfig& p = cfg.mpmd;
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (cfg.mesh.replicas > 1 && p.stages == 1)
-    PWM_THROW("mpmd_train runs --replicas {} as pipelines for now (add --stages 2 or more); replicas of one slice run "
-              "in pathways_train and spmd_train", cfg.mesh.replicas);
+  if (cfg.mesh.replicas > 1 && cfg.model.moe())
+    PWM_THROW("mpmd_train runs Mixture-of-Experts models on one slice, as pathways_train: leave out --replicas "
+              "(spmd_train runs MoE with --replicas)");
   if (p.stages > 1 && (cfg.mesh.fsdp || cfg.model.moe()))
     PWM_THROW("mpmd_train runs --stages without --fsdp and without MoE, as pathways_train; use spmd_train for those");
   if (p.stages > cfg.model.n_layers)
@@ -50,7 +51,7 @@ void validate(const train::TrainConfig& cfg, int world) {
   if (p.moe_routing == train::MoeRouting::kController)
     PWM_THROW("mpmd_train has no controller to route through: use --moe-routing worker (dropless) or static");
   if (!p.islands.empty()) PWM_THROW("mpmd_train places no islands (--islands runs in pathways_train): leave it out");
-  if (p.stages == 1) return cfg.validate(world);  // dp x tp = every rank
+  if (p.stages == 1) return cfg.validate(world);  // replicas x dp x tp = every rank
   const int per_stage = cfg.mesh.dp * cfg.mesh.tp, need = cfg.mesh.replicas * p.stages * per_stage;
   if (world != need)
     PWM_THROW("--stages {} needs {} ranks ({}{} stages of --dp {} x --tp {}), but the job has {} (mpirun -n {})", p.stages,
@@ -81,7 +82,7 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
                  const programs::KernelNames& names)
     : cfg_(cfg), t_(transport), world_(collectives::Communicator::world(transport)), names_(names),
       sh_(cfg, programs::PipelineShape{cfg.mpmd.stages}), devices_(cfg.mesh.dp * cfg.mesh.tp), S_(cfg.mpmd.stages),
-      R_(cfg.mesh.replicas), K_(S_ > 1 ? R_ * S_ : 1), pipe_(S_ > 1), exec_(transport, cfg.exec.coll_timeout, kChannel) {
+      R_(cfg.mesh.replicas), K_(R_ * S_), pipe_(S_ > 1), exec_(transport, cfg.exec.coll_timeout, kChannel) {
   PWM_CHECK_EQ(devices_ * K_, t_->size());
   state_ = on_every_slice(names_(resume ? "load" : "init"), {cfg_.mesh.tp});
   int64_t step = 0;
@@ -126,10 +127,12 @@ dataflow::ProgramDef Trainer::step_program() const {
   dataflow::Builder b(pipe_ ? "static-" + programs::pipeline_name(sh_, cfg_.mpmd.schedule) : run_name(cfg_) + "-step");
   const std::vector<State<dataflow::Value>> st = state_params(b);
   std::vector<dataflow::Value> out;
+  const programs::SliceCall call = [&](int i, const std::string& k, std::vector<dataflow::Value> in,
+                                       std::vector<int64_t> at) { return b.call(k, i, devices_, in, std::move(at)); };
   if (pipe_) {
-    const programs::SliceCall call = [&](int i, const std::string& k, std::vector<dataflow::Value> in,
-                                         std::vector<int64_t> at) { return b.call(k, i, devices_, in, std::move(at)); };
     out = programs::trace_pipeline_step(sh_, names_, cfg_.mpmd.schedule, st, call);
+  } else if (R_ > 1) {
+    out = programs::trace_replica_step(sh_, names_, cfg_.mpmd.granularity, st, call);
   } else if (cfg_.mpmd.granularity == Granularity::kFused) {
     out = b.call(names_("fused_step"), 0, devices_, st[0].list(), {tp});
   } else {
@@ -157,7 +160,7 @@ dataflow::ProgramDef Trainer::eval_program() const {
   const int tp = cfg_.mesh.tp;
   dataflow::Builder b("eval");
   const auto st = state_params(b);
-  const int R = pipe_ ? R_ : 1;
+  const int R = R_;
   if (R == 1) {
     b.output(b.call(names_("eval"), 0, devices_, {merged(b, st, &State<dataflow::Value>::params, 0)}, {tp})[0]);
     return b.build();
@@ -339,7 +342,7 @@ void Trainer::before_final() {
 
 std::optional<std::string> Trainer::finish() {
   std::string h;
-  for (int r = 0; r < (pipe_ ? R_ : 1); ++r) {
+  for (int r = 0; r < R_; ++r) {
     const auto out = run_program(cached(fmt::format("hash-{}", r), [this, r] { return hash_program(r); }), true);
     // (rank 0 holds replica 0's hash; replica r's first rank holds r's: from_rank0 reads rank 0's)
     int64_t mine = 0;

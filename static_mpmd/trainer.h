@@ -6,6 +6,8 @@
 //
 //   fused     one node per step per device (the fused step kernel);
 //   chained   the plan's units, one node each, the dp AllReduce nodes and the update;
+//   replicas  --replicas R slices of dp x tp ranks, each one's gradient pieces exchanged with the
+//             other replicas as point-to-point messages (programs/replicas.h), fused or chained;
 //   pipeline  --stages S slices of dp x tp ranks (times --replicas), consecutive layers per
 //             stage, --microbatches M in GPipe or 1F1B order (programs/pipeline.h): activations
 //             and their gradients are point-to-point messages from stage to stage.
@@ -15,7 +17,7 @@
 // The schedule of the run (evaluations, checkpoints, hooks) is the shared loop's (train/loop.h).
 //
 // Which ranks call: every world rank constructs a Trainer and calls run(), collectively. The world
-// is exactly the slices: slice i (replica r's stage s is i = r S + s) is world ranks
+// is exactly the slices: slice i (replica r's stage s is i = r S + s; S = 1 without --stages) is world ranks
 // [i dp tp, (i + 1) dp tp), in mesh order, so that with one slice rank k holds what spmd_train's
 // rank k holds.
 #pragma once
@@ -105,7 +107,7 @@ class Trainer final : public train::Trainer {
   programs::KernelNames names_;
   programs::Shapes sh_;
   int devices_;     // per slice (dp x tp)
-  int S_, R_, K_;   // stages, replicas, slices (K = R S with a pipeline, else 1)
+  int S_, R_, K_;   // stages, replicas, slices (K = R S)
   bool pipe_;
   Executor exec_;
   std::map<std::string, dataflow::WorkerProgram> programs_;  // built and lowered once each

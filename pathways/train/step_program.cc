@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "programs/pipeline.h"
+#include "programs/replicas.h"
 #include "programs/trace_impl.h"
 
 namespace pwm::programs {
@@ -162,6 +163,23 @@ std::vector<Array> SegmentedStep::run(Client& client, const std::vector<Array>& 
   std::vector<Array> result;
   for (const Source& s : outputs) result.push_back(source(s));
   return result;
+}
+
+Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
+                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states, int64_t* fsdp_held) {
+  PWM_CHECK(states.size() == slices.size(), "replica_program: {} states for {} slices", states.size(), slices.size());
+  ProgramBuilder b(programs::replica_name(granularity, static_cast<int>(slices.size())));
+  std::vector<State<Value>> st;
+  for (const auto& a : states) {
+    std::vector<Value> v;
+    for (const Array& x : a.list()) v.push_back(b.param_like(x));
+    st.push_back(State<Value>::from(v));
+  }
+  const programs::SliceCall call = [&](int r, const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
+    return b.call(k, slices.at(static_cast<size_t>(r)), in, std::move(at));
+  };
+  for (const Value& v : programs::trace_replica_step(sh, names, granularity, st, call, fsdp_held)) b.output(v);
+  return b.build();
 }
 
 Program pipeline_program(const Shapes& sh, const KernelNames& names, Schedule schedule,

@@ -60,6 +60,22 @@ def case_pipeline_bitwise_equal_to_pathways():
             assert got[2]["messages_per_step"] > 0, "a pipeline's activations travel between ranks"
 
 
+def case_replicas_bitwise_equal_to_spmd_and_pathways():
+    # Replicas of one dp x tp slice each: the pieces cross between the replicas' corresponding
+    # ranks as messages and are summed in replica order, as pathways_train's islands sum them, the
+    # same bits as spmd_train's replicas.
+    for extra, n in ((["--replicas", "2"], 2), (["--replicas", "2", "--dp", "2"], 4),
+                     (["--replicas", "2", "--dp", "2", "--fsdp"], 4)):
+        ref = sc.train(n, "spmd" + "".join(extra), extra)
+        for g in ("fused", "chained"):
+            args = extra + ["--granularity", g]
+            got = sc.train(n, "static" + "".join(args), args, exe="static")
+            assert_bitwise(ref, got, f"mpmd_train {' '.join(args)}")
+            assert got[2]["messages_per_step"] > 0, "the replicas' pieces travel between ranks"
+            assert_bitwise(sc.train(n + 1, "pw" + "".join(args), args, exe="pathways"), got,
+                           f"mpmd_train {' '.join(args)} against pathways_train", ref_name="pathways_train")
+
+
 def case_pipeline_1f1b_holds_fewer_activations():
     # Per stage, the most bytes of a step's intermediates alive at once: 1F1B keeps S - s
     # micro-batches' activations, GPipe all M. Wider layers than TINY's so that the activations,
@@ -118,7 +134,7 @@ def case_bad_inputs_fail_cleanly():
         (2, ["--dp", "2", "--spare-workers", "1"], "no --spare-workers"),
         (2, ["--dp", "2", "--sequential"], "no --sequential"),
         (2, ["--dp", "2", "--islands", "2x1"], "places no islands"),
-        (2, ["--replicas", "2"], "--replicas 2 as pipelines"),
+        (2, ["--replicas", "2", "--experts", "4", "--capacity-factor", "1.25"], "leave out --replicas"),
         (3, ["--stages", "2", "--microbatches", "4"], "--stages 2 needs 2 ranks"),
         (2, ["--stages", "3", "--layers", "2", "--microbatches", "4"], "--stages 3 is more than --layers 2"),
         (2, ["--dp", "3"], "--dp 3 x --tp 1 = 3 ranks"),

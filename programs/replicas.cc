@@ -1,11 +1,12 @@
-// The replicas' step program: one slice per island, the cross-island gradient exchange as
-// worker-to-worker transfers inside the program (docs/pathways_train.md, "Replicas").
+// The replicas' step traced as a program: one slice per replica (pathways: per island), the
+// cross-replica gradient exchange as device-to-device transfers inside the program
+// (docs/pathways_train.md, "Replicas"; both MPMD models run it).
 //
 // Why the exchange is nodes and edges rather than a collective: a slice's collectives stay inside
 // its island (the resource manager never makes a slice span islands), and the paper moves the
 // gradients between the pods over the DCN as the program's own transfers. An edge from island
 // r's piece to island q's replica_add is lowered to one send per device (shard k to shard k): the
-// worker posts it as soon as the piece's producer ends (wherever the send sits in its list), so in
+// device posts it as soon as the piece's producer ends (wherever the send sits in its list), so in
 // chained granularity the transfer of layer l's gradient runs while the island computes the
 // backward of layers l-1..0.
 //
@@ -16,11 +17,14 @@
 // dp_allgather makes each piece whole on every device for the update.
 #include <fmt/format.h>
 
+#include "programs/replicas.h"
+
 #include "common/check.h"
-#include "pathways/train/step_program.h"
+#include "programs/trace.h"
 
-namespace pwm::pathways::train {
+namespace pwm::programs {
 
+using dataflow::Value;
 using model::StepPlan;
 using pwm::train::Granularity;
 
@@ -30,16 +34,15 @@ namespace {
 // gathers and reduce-scatters as nodes: their chunks exist as each layer's backward ends), the
 // tied piece cut into its chunks; each chunk, this device's 1/D of its piece, is exchanged as
 // itself (no island sum is left to do) and replica_update takes the summed chunks in shard order.
-void fsdp_chained(ProgramBuilder& b, const Shapes& sh, const KernelNames& names, const std::vector<Slice>& slices,
+void fsdp_chained(const SliceCall& b_call, std::vector<Value>& out, const Shapes& sh, const KernelNames& names,
                   const std::vector<State<Value>>& st, int64_t* fsdp_held) {
-  const int R = static_cast<int>(slices.size()), tp = sh.cfg().mesh.tp;
+  const int R = static_cast<int>(st.size()), tp = sh.cfg().mesh.tp;
   const int L = static_cast<int>(sh.cfg().model.n_layers);
   std::vector<std::vector<Value>> chunks(static_cast<size_t>(R));  // per island, in shard order
   std::vector<Value> loss(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r) {
-    const Slice& sl = slices[static_cast<size_t>(r)];
     const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-      return b.call(k, sl, in, std::move(at));
+      return b_call(r, k, std::move(in), std::move(at));
     };
     Grads<Value> g = trace_grads(sh, names, tp, st[static_cast<size_t>(r)], call, r);
     if (fsdp_held != nullptr) *fsdp_held = g.fsdp_held;
@@ -58,41 +61,37 @@ void fsdp_chained(ProgramBuilder& b, const Shapes& sh, const KernelNames& names,
   order.push_back(0);
   order.push_back(L + 1);
   for (int r = 0; r < R; ++r) {
-    const Slice& sl = slices[static_cast<size_t>(r)];
     std::vector<Value> sum(static_cast<size_t>(L + 2));
     for (int i : order) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(chunks[static_cast<size_t>(q)][static_cast<size_t>(i)]);
-      sum[static_cast<size_t>(i)] = b.call(names("replica_add"), sl, in, {tp, sh.fsdp_chunk(tp, i), R})[0];
+      sum[static_cast<size_t>(i)] = b_call(r, names("replica_add"), in, {tp, sh.fsdp_chunk(tp, i), R})[0];
     }
-    for (auto& v : b.call(names("replica_update"), sl,
+    for (auto& v : b_call(r, names("replica_update"),
                           replica_update_args(sh, tp, true).pack<Value>(st[static_cast<size_t>(r)], nullptr, sum, loss),
                           {tp, 1}))
-      b.output(v);
+      out.push_back(v);
   }
 }
 
 }  // namespace
 
-Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
-                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states, int64_t* fsdp_held) {
-  const int R = static_cast<int>(slices.size());
+std::string replica_name(Granularity granularity, int replicas) {
+  return fmt::format("replicas-{}-R{}", pwm::train::name(granularity), replicas);
+}
+
+std::vector<Value> trace_replica_step(const Shapes& sh, const KernelNames& names, Granularity granularity,
+                                      const std::vector<State<Value>>& st, const SliceCall& slice_call, int64_t* fsdp_held) {
+  const int R = static_cast<int>(st.size());
   const pwm::train::TrainConfig& cfg = sh.cfg();
-  PWM_CHECK(R == cfg.mesh.replicas && R > 1 && states.size() == slices.size(), "replica_program: {} slices for {} replicas",
-            R, cfg.mesh.replicas);
+  PWM_CHECK(R == cfg.mesh.replicas && R > 1, "trace_replica_step: {} slices for {} replicas", R, cfg.mesh.replicas);
+  std::vector<Value> out;
   const int tp = cfg.mesh.tp;
   const StepPlan& plan = sh.plan(tp);
   const int P = plan.num_pieces();
-  ProgramBuilder b(fmt::format("replicas-{}-R{}", pwm::train::name(granularity), R));
-  std::vector<State<Value>> st;
-  for (const auto& a : states) {
-    std::vector<Value> v;
-    for (const Array& x : a.list()) v.push_back(b.param_like(x));
-    st.push_back(State<Value>::from(v));
-  }
   if (cfg.mesh.fsdp && granularity == Granularity::kChained) {
-    fsdp_chained(b, sh, names, slices, st, fsdp_held);
-    return b.build();
+    fsdp_chained(slice_call, out, sh, names, st, fsdp_held);
+    return out;
   }
   // Each island's step: its gradient pieces, reduced over the island's dp group (D > 1: this
   // device's chunk of the sum), and its loss.
@@ -103,15 +102,14 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
   // What a device exchanges of piece i: the piece, or its chunk (D > 1).
   const auto xchg_size = [&](int i) { return static_cast<int64_t>(replica_chunk(sh.piece(tp, i), D)); };
   for (int r = 0; r < R; ++r) {
-    const Slice& sl = slices[static_cast<size_t>(r)];
     if (granularity == Granularity::kFused && cfg.mesh.fsdp) {  // one piece: the gradient shard
-      auto o = b.call(names("shard_grads"), sl, st[r].list(), {tp, r});
+      auto o = slice_call(r, names("shard_grads"), st[r].list(), {tp, r});
       pieces[r] = {o[0]};
       loss[r] = o[1];
       continue;
     }
     if (granularity == Granularity::kFused) {
-      auto o = b.call(names("fused_grads"), sl, st[r].list(), {tp, r, D});
+      auto o = slice_call(r, names("fused_grads"), st[r].list(), {tp, r, D});
       PWM_CHECK_EQ(static_cast<int>(o.size()), P + 1);
       pieces[r].assign(o.begin(), o.begin() + P);
       loss[r] = o[static_cast<size_t>(P)];
@@ -126,7 +124,7 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
     // backward units; the slow link is the one it hides.
     std::vector<int64_t> seen(static_cast<size_t>(P), 0);  // backward units per piece so far
     const CallFn<Value> call = [&](const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-      auto out = b.call(k, sl, in, at);
+      auto res = slice_call(r, k, std::move(in), at);
       int piece = -1;
       size_t idx = 0;
       if (k.rfind(names("block_bwd"), 0) == 0) {
@@ -136,16 +134,16 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
         piece = StepPlan::kTiedPiece;
       }
       if (piece >= 0 && ++seen[static_cast<size_t>(piece)] == M) {
-        const Value& g = out[idx];
+        const Value& g = res[idx];
         pieces[r][static_cast<size_t>(piece)] =
-            D > 1 ? b.call(names("dp_reduce_scatter"), sl, {g}, {tp, sh.piece(tp, piece), D})[0] : g;
+            D > 1 ? slice_call(r, names("dp_reduce_scatter"), {g}, {tp, sh.piece(tp, piece), D})[0] : g;
       }
-      return out;
+      return res;
     };
     Grads<Value> g = trace_grads(sh, names, tp, st[r], call, r);
     for (int i = 0; i < P; ++i)
       PWM_CHECK(pieces[r][static_cast<size_t>(i)].id().node >= 0, "replica_program: piece {} never finished", i);
-    loss[r] = b.call(names("island_loss"), sl, g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
+    loss[r] = slice_call(r, names("island_loss"), g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
   }
   // The exchange: on every island, each piece summed over the islands in island order (the same
   // inputs in the same order everywhere: the same bits everywhere). Pieces in the order the
@@ -161,28 +159,26 @@ Program replica_program(const Shapes& sh, const KernelNames& names, Granularity 
     for (int r = 0; r < R; ++r) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(pieces[q][0]);
-      const Slice& sl = slices[static_cast<size_t>(r)];
-      Value s = b.call(names("replica_add"), sl, in, {tp, sh.state_floats(tp), R})[0];
-      for (auto& v : b.call(names("replica_update"), sl, replica_update_args(sh, tp).pack<Value>(st[r], nullptr, {s}, loss),
-                            {tp}))
-        b.output(v);
+      Value s = slice_call(r, names("replica_add"), in, {tp, sh.state_floats(tp), R})[0];
+      for (auto& v : slice_call(r, names("replica_update"), replica_update_args(sh, tp).pack<Value>(st[r], nullptr, {s}, loss),
+                                {tp}))
+        out.push_back(v);
     }
-    return b.build();
+    return out;
   }
   for (int r = 0; r < R; ++r) {
     std::vector<Value> sum(static_cast<size_t>(P));
     for (int i : order) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(pieces[q][static_cast<size_t>(i)]);
-      const Slice& sl = slices[static_cast<size_t>(r)];
-      Value s = b.call(names("replica_add"), sl, in, {tp, xchg_size(i), R})[0];
-      sum[static_cast<size_t>(i)] = D > 1 ? b.call(names("dp_allgather"), sl, {s}, {tp, sh.piece(tp, i), D})[0] : s;
+      Value s = slice_call(r, names("replica_add"), in, {tp, xchg_size(i), R})[0];
+      sum[static_cast<size_t>(i)] = D > 1 ? slice_call(r, names("dp_allgather"), {s}, {tp, sh.piece(tp, i), D})[0] : s;
     }
-    for (auto& v : b.call(names("replica_update"), slices[static_cast<size_t>(r)],
-                          replica_update_args(sh, tp).pack<Value>(st[r], nullptr, sum, loss), {tp}))
-      b.output(v);
+    for (auto& v : slice_call(r, names("replica_update"), replica_update_args(sh, tp).pack<Value>(st[r], nullptr, sum, loss),
+                              {tp}))
+      out.push_back(v);
   }
-  return b.build();
+  return out;
 }
 
-}  // namespace pwm::pathways::train
+}  // namespace pwm::programs
