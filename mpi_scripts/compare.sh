@@ -37,12 +37,13 @@
 #                   --dcn-rate 1gbit (or only at --dcn-rate R); rows: spmd_1host (the
 #                   reference), spmd_flat and spmd_hier (spmd_train --replicas 2
 #                   --replica-reduce flat|hierarchical), pw_fused and pw_chained
-#                   (pathways_train --replicas 2); results in DIR/palm-unshaped, DIR/palm-RATE
+#                   (pathways_train --replicas 2), static (mpmd_train --replicas 2 --granularity
+#                   chained); results in DIR/palm-unshaped, DIR/palm-RATE
 #   --palm-fsdp     the same with sharded data parallelism inside each island (PaLM's own
 #                   layout): 2 replicas of dp 2 --fsdp, 2 slots per host (4 compute ranks on
 #                   this machine's cores, so slower than --palm); rows spmd_1host (spmd_train
 #                   --replicas 2 --dp 2 --fsdp on one host, the reference), spmd_hier (over the 2
-#                   hosts), pw_fused and pw_chained (pathways_train --replicas 2 --dp 2 --fsdp);
+#                   hosts), pw_fused and pw_chained (pathways_train --replicas 2 --dp 2 --fsdp), static;
 #                   results in DIR/palm-fsdp-unshaped, DIR/palm-fsdp-RATE
 #   --moe           the Mixture-of-Experts model instead (docs/results/moe.md): E = 4 experts,
 #                   top-2, every other layer MoE, split over the NP devices (--expert-parallel NP),
@@ -216,8 +217,8 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   # --palm-fsdp: 2 slots per host, filled in order: spmd_train's replica r (ranks 2r, 2r+1) on
   # host r; pathways_train's controller and first worker on host 0 with the fifth rank, its two
   # middle workers on host 1: each host's two workers are one island.
-  local slots=1 mesh=() rows=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained) n_spmd=2 n_pw=3
-  [ "$PALM_FSDP" = 1 ] && { slots=2; mesh=(--dp 2 --fsdp); rows=(spmd_1host spmd_hier pw_fused pw_chained); n_spmd=4; n_pw=5
+  local slots=1 mesh=() rows=(spmd_1host spmd_flat spmd_hier pw_fused pw_chained static) n_spmd=2 n_pw=3
+  [ "$PALM_FSDP" = 1 ] && { slots=2; mesh=(--dp 2 --fsdp); rows=(spmd_1host spmd_hier pw_fused pw_chained static); n_spmd=4; n_pw=5
                             label="fsdp-$label"; }
   PALM_DIR="$OUT/palm-$label"; mkdir -p "$PALM_DIR"; : > "$PALM_DIR/cpu.txt"
   METRICS=(); TRACES=(); declare -gA SKIPPED=()
@@ -251,6 +252,9 @@ palm_set() {  # palm_set RATE (empty: unshaped)
         spmd_hier) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_hier 1 "$n_spmd" spmd/spmd_train --replicas 2 "${mesh[@]}" --replica-reduce hierarchical ;;
         pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity fused ;;
         pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity chained ;;
+        # The static model: replica r on host r (ranks fill the hosts' slots in order), the
+        # pieces sent between the replicas' ranks as the chained step's messages.
+        static) PALM_LAUNCH=("${two_hosts[@]}"); palm_run static 0 "$n_spmd" static_mpmd/mpmd_train --replicas 2 "${mesh[@]}" --granularity chained ;;
       esac
     done
   done

@@ -125,4 +125,27 @@ UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
   return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().mesh.replicas) : 0, true};
 }
 
+ExchangeTimes exchange_times(const std::vector<StepStats>& devices) {
+  ExchangeTimes t;
+  if (devices.empty()) return t;
+  const double n = static_cast<double>(devices.size());
+  double last_bwd = 0;
+  for (const StepStats& d : devices) {
+    t.exposed_ms += d.xchg_exposed_ms / n;
+    last_bwd = std::max(last_bwd, d.bwd_end_us);
+  }
+  for (const StepStats& d : devices) t.tail_ms += std::max(0.0, d.update_start_us - last_bwd) * 1e-3 / n;
+  return t;
+}
+
+double replica_bytes_per_step(const Shapes& sh, int devices_per_replica) {
+  const pwm::train::TrainConfig& cfg = sh.cfg();
+  const int tp = cfg.mesh.tp, R = cfg.mesh.replicas;
+  int64_t piece_bytes = 0;
+  for (int i = 0; i < sh.plan(tp).num_pieces(); ++i)
+    piece_bytes += static_cast<int64_t>(replica_chunk(sh.piece(tp, i), cfg.mesh.dp) * sizeof(float));
+  if (cfg.mesh.fsdp) piece_bytes = sh.state_floats(tp) * static_cast<int64_t>(sizeof(float));
+  return static_cast<double>(R) * (R - 1) * devices_per_replica * static_cast<double>(piece_bytes + sizeof(double));
+}
+
 }  // namespace pwm::programs

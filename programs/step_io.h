@@ -168,6 +168,19 @@ struct StepStats {
   static std::vector<StepStats> read_all(const std::vector<double>& all, int64_t words);
 };
 
+// The replicas' exchange in one step, from every device's statistics (ms): the mean over the
+// devices of the time between the end of its backward and the start of its update not spent in
+// kernels (waiting for the other replicas' gradients: the exchange compute did not hide), and the
+// mean time from the end of the last replica's backward (every gradient exists) to each device's
+// update, on rank 0's clock (a slower replica's backward is not in it).
+struct ExchangeTimes {
+  double exposed_ms = 0, tail_ms = 0;
+};
+ExchangeTimes exchange_times(const std::vector<StepStats>& devices);
+// Bytes between the replicas per step: every device sends each piece (dp > 1: its 1/dp chunk;
+// --fsdp: its gradient shard) and its loss to its peer in each other replica.
+double replica_bytes_per_step(const Shapes& sh, int devices_per_replica);
+
 // Inputs of the per-unit kernels, by name.
 enum HeadArg : size_t { kHeadParams = 0, kHeadX, kHeadTokens, kHeadTiedPrev };       // -> loss, dx, tied
 enum HeadOut : size_t { kHeadLoss = 0, kHeadDx, kHeadTied };

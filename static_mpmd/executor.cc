@@ -151,6 +151,14 @@ struct Executor::Run {
   }
 };
 
+void Executor::progress(std::vector<Pending>& reqs) {
+  for (Pending& q : reqs) {
+    size_t got = 0;
+    q.done = q.done || t_->test(q.req, &got);
+  }
+  reqs.erase(std::remove_if(reqs.begin(), reqs.end(), [](const Pending& q) { return q.done; }), reqs.end());
+}
+
 void Executor::post_send(Run& r, size_t i) {
   const Instr& in = r.p.instrs[i];
   r.sends.push_back({t_->isend(r.at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes,
@@ -211,6 +219,7 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
         break;
       case Op::kExec:
         wait_all(r.recvs, p, in.stage, stats);
+        progress(r.sends);  // (MPI moves a message only inside MPI calls: between kernels, as the Pathways worker)
         exec(r, in);
         break;
     }

@@ -60,6 +60,7 @@ class Executor {
   struct Pending;
   struct Run;
   void post_send(Run& r, size_t instr);
+  void progress(std::vector<Pending>& reqs);  // tests each once; drops the completed
   void exec(Run& r, const dataflow::Instr& in);
   collectives::Communicator& comm(const dataflow::ExecInfo& e);
   void wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgram& p, uint32_t node, RunStats* stats);

@@ -274,6 +274,11 @@ bool Trainer::step(int64_t step) {
     busy_sum += busy;
   }
   if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(devices.size()) / r.step_ms);
+  if (R_ > 1 && !pipe_) {  // (the pipeline's update does not time the exchange)
+    const programs::ExchangeTimes x = programs::exchange_times(devices);
+    exposed_.push_back(x.exposed_ms);
+    tails_.push_back(x.tail_ms);
+  }
   if (cfg_.model.moe()) {
     std::vector<double> sum;
     for (const StepStats& d : devices) {
@@ -331,6 +336,9 @@ void Trainer::before_final() {
   report_->set_extra("messages_per_step", msgs);
   report_->set_extra("recv_wait_ms", wait);
   report_->set_extra_list("peak_intermediate_bytes", inter);
+  if (R_ > 1) report_->set_extra("dcn_bytes_per_step", programs::replica_bytes_per_step(sh_, devices_));
+  if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));
+  if (!tails_.empty()) report_->set_extra("xchg_tail_ms", median(tails_));
   if (pipe_ && !bubbles_.empty()) {
     report_->set_extra("bubble", median(bubbles_));
     report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));

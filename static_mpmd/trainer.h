@@ -118,6 +118,7 @@ class Trainer final : public train::Trainer {
   double last_end_us_ = -1;
   std::vector<double> recv_wait_ms_;  // per step: this rank's waits for receives
   std::vector<double> bubbles_;       // per step (a pipeline): 1 - busy / step time, over every device
+  std::vector<double> exposed_, tails_;  // per step (replicas): programs::exchange_times
   uint64_t peak_intermediate_ = 0;    // this rank's most bytes of a step's intermediates at once
   uint64_t messages_ = 0;             // this rank's point-to-point sends, every step
   std::string stop_error_;

@@ -459,17 +459,9 @@ pwm::train::MoeRecord Trainer::moe_record(const std::vector<StepStats>& devices,
 }
 
 void Trainer::record_overlap(const std::vector<StepStats>& devices) {
-  const double n = static_cast<double>(devices.size());
-  double e = 0;
-  for (const StepStats& d : devices) e += d.xchg_exposed_ms;
-  exposed_.push_back(e / n);
-  // The exchange's tail: from the end of the last island's backward (every island's gradients
-  // exist) to each device's update, on the controller's clock; a slower island's backward is not
-  // in it.
-  double last_bwd = 0, tail = 0;
-  for (const StepStats& d : devices) last_bwd = std::max(last_bwd, d.bwd_end_us);
-  for (const StepStats& d : devices) tail += std::max(0.0, d.update_start_us - last_bwd) * 1e-3;
-  tails_.push_back(tail / n);
+  const programs::ExchangeTimes t = programs::exchange_times(devices);  // (the controller's clock: rank 0's)
+  exposed_.push_back(t.exposed_ms);
+  tails_.push_back(t.tail_ms);
 }
 
 // A full-model view for evaluation, hashing and checkpoints (the pipeline merges its stages).
@@ -610,14 +602,8 @@ void Trainer::report_layout_and_memory() {
   report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
                                         static_cast<double>(std::max(gathered, fsdp_program_held_)));
   if (R_ > 1) {
-    // Bytes between islands per step: every device sends each piece (dp > 1: its 1/dp chunk of
-    // it, replica_program.cc) and its loss to its peer in each other island.
-    int64_t piece_bytes = 0;  // (--fsdp: the gradient shard)
-    for (int i = 0; i < sh_.plan(tp).num_pieces(); ++i)
-      piece_bytes += static_cast<int64_t>(replica_chunk(sh_.piece(tp, i), cfg_.mesh.dp) * sizeof(float));
-    if (cfg_.mesh.fsdp) piece_bytes = sh_.state_floats(tp) * static_cast<int64_t>(sizeof(float));
-    report_->set_extra("dcn_bytes_per_step",
-                       static_cast<double>(R_) * (R_ - 1) * devices_ * static_cast<double>(piece_bytes + sizeof(double)));
+    // Bytes between islands per step (programs/replicas.cc: each device its 1/dp of a piece).
+    report_->set_extra("dcn_bytes_per_step", programs::replica_bytes_per_step(sh_, devices_));
     if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));
     if (!tails_.empty()) report_->set_extra("xchg_tail_ms", median(tails_));
   }
