@@ -159,6 +159,30 @@ def case_lost_rank_ends_the_job():
         print("ok:", extra, "ended", p.returncode)
 
 
+def case_supervisor_restarts_from_the_checkpoint():
+    # Issue 38's restart for the model with no controller to remap a slice: a rank SIGKILLed in
+    # step 5 (after the step-4 checkpoint; injected on the first attempt only) ends the job, the
+    # supervisor runs the same command again, it resumes from the checkpoint, and the job ends
+    # with the weights of the run that did not fail, bitwise (dense chained and a 1F1B pipeline).
+    sc.TINY[sc.TINY.index("--steps") + 1] = "8"
+    for mesh in (["--dp", "2", "--granularity", "chained"], ["--stages", "2", "--microbatches", "4", "--schedule", "1f1b"]):
+        label = "".join(mesh)
+        ref = sc.train(2, "sup_ref" + label, mesh, exe="static")
+        ck, m = os.path.join(sc.TMP, f"sup{label}.ckpt"), os.path.join(sc.TMP, f"sup{label}.jsonl")
+        args = sc.TINY + mesh + ["--ckpt", ck, "--ckpt-every", "2", "--resume", "--metrics", m]
+        p = sc.supervised(["--inject", "--kill-step 5 --kill-rank 1"], 2, args, exe="static")
+        assert p.returncode == 0, f"the supervised job failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+        lines = sc.supervisor_lines(p)
+        assert len(lines) == 1 and "restart 1 of at most 3, from " + ck in lines[0], lines
+        got = sc.metrics(m)
+        assert min(got[0]) == 4, f"the restart began at step {min(got[0])}, not at the step-4 checkpoint"
+        for st in got[0]:
+            for k in sc.DETERMINISTIC_FIELDS:
+                assert got[0][st][k] == ref[0][st][k], f"step {st} {k}: {got[0][st][k]} vs {ref[0][st][k]}"
+        assert got[2]["weights_hash"] == ref[2]["weights_hash"], "final weights differ from the run without failure"
+        print(f"{' '.join(mesh)}: {lines[0]}; steps 4..7 and the final weights bitwise equal to the run without failure")
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"static_{case}_")
