@@ -23,7 +23,9 @@
 #                    --spare-workers 2 under mpirun --enable-recovery, 5 ranks: a lost worker is
 #                    replaced in the job from a spare, restored from the other replica; a lost
 #                    controller, or a worker lost with no spare left, ends the job and the
-#                    supervisor restarts it with fresh spares; OpenMPI only)
+#                    supervisor restarts it with fresh spares; OpenMPI only), and/or static
+#                    (mpmd_train --dp 2 --granularity chained, 2 ranks: no controller, a lost rank
+#                    ends the job and the supervisor restarts it, as spmd_train)
 # Results: DIR/failure_bench.json (default results/), the timestamped log of every run (and of
 # its injector: DIR/failure_MODEL_faulty.inject.log).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -51,7 +53,7 @@ whole() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "failure_bench.s
 whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEED" 0
 [[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
   { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
-for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways and/or pathways_spare (got '$m')" >&2; exit 2; }; done
+for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare || "$m" == static ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways, pathways_spare and/or static (got '$m')" >&2; exit 2; }; done
 [[ " $MODELS " != *" pathways_spare "* || "$PWM_MPI" == openmpi ]] ||
   { echo "failure_bench.sh: error: pathways_spare needs OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
 pwm_install_deps
@@ -71,6 +73,7 @@ run() {
   local model=$1 kind=$2 base="$OUT/failure_$1_$2"
   local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2) launch=() sup=()
   [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
+  [ "$model" = static ] && { bin="$BUILD_DIR/static_mpmd/mpmd_train" flags=(--dp 2 --granularity chained); }
   # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
   # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
   # (PWM_COLL_TIMEOUT too: the start-up's first agreement, before the flags are read, has only
