@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/time.h"
 #include "dataflow/buffer.h"
@@ -30,6 +32,7 @@ TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives
   flat_cfg_.mesh.dp = flat_cfg_.data_parallel();
   flat_cfg_.mesh.replicas = 1;
   clock_offset_us_ = transport_->clock_offset_us(transport_->rank());
+  straggler_ = cfg().hooks.straggles(transport_->rank());
   if (!cfg().outputs.trace.empty()) {
     // The trace's origin is this rank's clock offset to rank 0 (the controller): its timestamps
     // are then on the controller's clock, whichever host this worker runs on.
@@ -274,6 +277,7 @@ void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, do
   }
   comm_s_ = 0;
   busy_s_ = 0;
+  straggled_ = false;
   running.counted_from_us_ = now;  // the rest of this kernel counts toward the next step
   s.write(out);
 }
@@ -291,7 +295,14 @@ double TrainingDevice::exchange_exposed_s() const {
 }
 
 TrainingDevice::KernelScope::KernelScope(TrainingDevice& dev, const std::string& name, bool step_work)
-    : dev_(dev), name_(name), step_work_(step_work), start_us_(now_us()), counted_from_us_(start_us_) {}
+    : dev_(dev), name_(name), step_work_(step_work), start_us_(now_us()), counted_from_us_(start_us_) {
+  // --straggler-ms: the device's first step kernel of each step takes that much longer (busy
+  // time, as a slower device's compute).
+  if (step_work_ && dev_.straggler_ && !dev_.straggled_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(dev_.cfg().hooks.straggler_ms));
+    dev_.straggled_ = true;
+  }
+}
 
 TrainingDevice::KernelScope::~KernelScope() {
   const int64_t end = now_us();

@@ -187,6 +187,7 @@ class TrainingDevice {
   std::vector<int32_t> tokens_;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
   double busy_s_ = 0;  // step kernels' time since the last report
+  bool straggler_ = false, straggled_ = false;  // --straggler-ms names this device; it slept this step
   double comm_s_ = 0;  // collectives of this step's earlier kernels
   double alltoall_s_ = 0;  // the step's expert AllToAlls (also in comm_s_ or the kernel's own)
   double route_wait_s_ = 0;  // the step's idle time before routed block forwards (routed())

@@ -5,8 +5,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "collectives/strings.h"
 #include "common/check.h"
@@ -250,6 +252,8 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
   comm_s_ = 0;
   alltoall_s_ = 0;
   const int64_t step_t0 = now_us();
+  if (cfg_.hooks.straggles(transport_->rank()))  // (counted as this rank's compute, as a slower device's)
+    std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.hooks.straggler_ms));
   train::StepHooks hooks;
   hooks.tp_reduce = tp_reduce_;
   hooks.ep = expert_comm_fn_;

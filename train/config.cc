@@ -111,6 +111,7 @@ void TrainConfig::validate(int world_size) const {
   if (exec.bucket_bytes != 0 && exec.bucket_bytes < 1024)
     PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", exec.bucket_bytes);
   if (hooks.step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", hooks.step_sleep_ms);
+  if (hooks.straggler_ms < 0) PWM_THROW("--straggler-ms must be >= 0 (got {})", hooks.straggler_ms);
   if (w.skip_nonfinite < 0) PWM_THROW("--skip-nonfinite must be >= 0 (got {})", w.skip_nonfinite);
 }
 
@@ -120,6 +121,8 @@ void TrainConfig::validate_kill_rank(int ranks) const {
   const int64_t steps = workload.steps;
   if (hooks.nan_step >= steps)
     PWM_THROW("--nan-step {} is never reached: the run has --steps {} (steps 0..{})", hooks.nan_step, steps, steps - 1);
+  if (hooks.straggler_ms > 0 && (hooks.straggler_rank < 0 || hooks.straggler_rank >= ranks))
+    PWM_THROW("--straggler-rank {} is not a rank of this job: choose one in [0, {})", hooks.straggler_rank, ranks);
   if (hooks.kill_step < 0) return;
   if (hooks.kill_step >= steps)
     PWM_THROW("--kill-step {} is never reached: the run has --steps {} (steps 0..{})", hooks.kill_step, steps, steps - 1);
@@ -148,6 +151,8 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   j["kill_step"] = hooks.kill_step;
   j["kill_rank"] = hooks.kill_rank;
   j["step_sleep_ms"] = hooks.step_sleep_ms;
+  j["straggler_ms"] = hooks.straggler_ms;
+  j["straggler_rank"] = hooks.straggler_rank;
   j["nan_step"] = hooks.nan_step;
   if (mpmd_settings)  // as texts, as the flags were given
     j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},

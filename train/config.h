@@ -115,9 +115,15 @@ struct TestHooks {
   // Step nan_step's loss and gradient norm are made NaN after their reductions, before the
   // update, on every rank: a bad batch on demand (-1: never). train::nonfinite_step applies it.
   int64_t nan_step = -1;
+  // A straggler: world rank straggler_rank spends straggler_ms more in every step (0: none), as
+  // compute (spmd_train: at its step's start; the MPMD models: in the device's first kernel of
+  // each step), so that one stage or one replica runs slower than the others.
+  int64_t straggler_ms = 0;
+  int straggler_rank = 0;
 
   // True when world rank `rank` is to die during `step`.
   bool kill_now(int64_t step, int rank) const { return step == kill_step && rank == kill_rank; }
+  bool straggles(int rank) const { return straggler_ms > 0 && rank == straggler_rank; }
 };
 
 struct TrainConfig {

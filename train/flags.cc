@@ -139,6 +139,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.add_option("--kill-rank", c.hooks.kill_rank)->group(T);
   app.add_option("--step-sleep-ms", c.hooks.step_sleep_ms, "sleep after every step (kill tests)")->group(T);
   app.add_option("--nan-step", c.hooks.nan_step, "make this step's loss and gradient norm NaN (non-finite tests)")->group(T);
+  app.add_option("--straggler-ms", c.hooks.straggler_ms, "--straggler-rank spends this much more in every step, ms")->group(T);
+  app.add_option("--straggler-rank", c.hooks.straggler_rank, "the world rank --straggler-ms slows")->group(T);
   if (set == FlagSet::kMpmd) add_mpmd_flags(app, c.mpmd);
 }
 
