@@ -236,6 +236,16 @@ PipelineGrads trace_pipeline(const SliceCall& call, int first_slice, const Shape
 
 }  // namespace
 
+std::vector<int> stage_activations(Schedule schedule, int S, int64_t M) {
+  std::vector<int> need;
+  for (const std::vector<PipeOp>& ops : stage_orders(schedule, S, M)) {
+    int live = 0, most = 0;
+    for (const PipeOp& op : ops) most = std::max(most, live += op.fwd ? 1 : -1);
+    need.push_back(most);
+  }
+  return need;
+}
+
 std::string pipeline_name(const Shapes& sh, Schedule schedule) {
   const int S = sh.pipe().stages, R = sh.cfg().mesh.replicas;
   const int64_t M = sh.plan(sh.cfg().mesh.tp).microbatches();

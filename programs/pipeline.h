@@ -29,6 +29,9 @@ namespace pwm::programs {
 // slice order (the program's outputs).
 std::vector<dataflow::Value> trace_pipeline_step(const Shapes& sh, const KernelNames& names, pwm::train::Schedule schedule,
                                                  const std::vector<State<dataflow::Value>>& states, const SliceCall& call);
+// Per stage, the most micro-batches whose activations the schedule's order keeps at once on it
+// (forwards run whose backward has not): GPipe M on every stage, 1F1B min(S - s, M).
+std::vector<int> stage_activations(pwm::train::Schedule schedule, int stages, int64_t microbatches);
 // "pipeline-1f1b-S2-M8" ("-R2" with replicas).
 std::string pipeline_name(const Shapes& sh, pwm::train::Schedule schedule);
 

@@ -31,6 +31,24 @@ namespace {
 constexpr uint32_t kFirstSliceContext = 1;  // slice i's communicator's context is 1 + i (the world's is 0)
 constexpr int kChannel = collectives::kFirstFreeChannel;  // the transfers' two tag channels
 
+// --quota: each stage's registers (activations held from its forward to its backward) must hold
+// what the schedule's order keeps, or the stage could never run its next forward: refused here,
+// naming the stage, its need and the quota, instead of a run that waits forever.
+void validate_quota(const train::TrainConfig& cfg) {
+  const train::MpmdConfig& p = cfg.mpmd;
+  if (p.quota < 0) PWM_THROW("--quota must be >= 0 (got {}; 0: what the schedule needs)", p.quota);
+  if (p.quota == 0) return;
+  if (p.stages == 1) PWM_THROW("--quota {} applies to pipelines: add --stages 2 or more, or leave it out", p.quota);
+  const std::vector<int> need = programs::stage_activations(p.schedule, p.stages, cfg.workload.microbatches);
+  for (int s = 0; s < p.stages; ++s)
+    if (p.quota < need[static_cast<size_t>(s)])
+      PWM_THROW("--quota {} is below what --schedule {} needs on stage {}: {} micro-batches' activations held from its "
+                "forward to its backward (the stage's edge into its own backward); use --quota {} or more{}",
+                p.quota, train::name(p.schedule), s, need[static_cast<size_t>(s)],
+                *std::max_element(need.begin(), need.end()),
+                p.schedule == train::Schedule::kGpipe ? ", or --schedule 1f1b (S - s on stage s)" : "");
+}
+
 // What the static model does not run yet, refused before anything starts (one line each).
 void validate(const train::TrainConfig& cfg, int world) {
   const train::MpmdConfig& p = cfg.mpmd;
@@ -42,6 +60,7 @@ void validate(const train::TrainConfig& cfg, int world) {
     PWM_THROW("mpmd_train runs --stages without --fsdp and without MoE, as pathways_train; use spmd_train for those");
   if (p.stages > cfg.model.n_layers)
     PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", p.stages, cfg.model.n_layers);
+  validate_quota(cfg);
   if (p.granularity == Granularity::kOpByOp)
     PWM_THROW("mpmd_train has no --granularity opbyop: with no controller there is no client to call node by node "
               "(use fused or chained)");
@@ -343,6 +362,9 @@ void Trainer::before_final() {
     report_->set_extra("bubble", median(bubbles_));
     report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
     report_->set_extra("stages", S_);
+    std::vector<double> regs;  // each stage's activations held at once by the schedule's order (--quota's need)
+    for (int n : programs::stage_activations(cfg_.mpmd.schedule, S_, cfg_.workload.microbatches)) regs.push_back(n);
+    report_->set_extra_list("stage_activations", regs);
     report_->set_extra("stage_dp", cfg_.mesh.dp);
     report_->set_extra("stage_tp", cfg_.mesh.tp);
   }

@@ -159,7 +159,7 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
                     {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},
                     {"sequential", mpmd.sequential ? "true" : "false"}, {"moe_routing", name(mpmd.moe_routing)},
                     {"expert_island", mpmd.expert_island ? "true" : "false"},
-                    {"spare_workers", std::to_string(mpmd.spare_workers)}};
+                    {"spare_workers", std::to_string(mpmd.spare_workers)}, {"quota", std::to_string(mpmd.quota)}};
   return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
 }
 

@@ -98,6 +98,10 @@ struct MpmdConfig {
   // Workers beyond the slices: a lost worker's slice is remapped onto one and training goes on
   // in the job (docs/failures.md, "Recovery in the job"; needs OpenMPI's --enable-recovery).
   int spare_workers = 0;
+  // The static model's pipeline (mpmd_train): the micro-batches' activations a stage may hold
+  // between its forward and its backward, OneFlow's registers (0: what the schedule needs,
+  // programs::stage_activations).
+  int quota = 0;
   // kAuto resolved against the model: static under a capacity, worker when dropless.
   MoeRouting routing(const model::Config& m) const {
     if (moe_routing != MoeRouting::kAuto) return moe_routing;

@@ -47,6 +47,10 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
                  "workers beyond the slices: a lost worker's slice moves onto one and the run goes on (slices of one "
                  "device; OpenMPI's mpirun --enable-recovery)")
       ->group(P);
+  app.add_option("--quota", p.quota,
+                 "mpmd_train's pipeline: activations a stage may hold (its registers; 0: what --schedule needs); a "
+                 "quota below the schedule's need is refused before training")
+      ->group(P);
 }
 
 }  // namespace

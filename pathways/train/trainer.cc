@@ -90,6 +90,9 @@ void validate(const pwm::train::TrainConfig& cfg, int world) {
   validate_spares(cfg, world - 1);
   const int workers = world - 1 - p.spare_workers;  // (the spares hold no slice until one is lost)
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
+  if (p.quota != 0)
+    PWM_THROW("--quota is mpmd_train's (the static model's registers); pathways_train's workers hold what the "
+              "schedule's order keeps: leave it out");
   if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe()))
     PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
   validate_moe(cfg);

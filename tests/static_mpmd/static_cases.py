@@ -83,9 +83,11 @@ def case_pipeline_1f1b_holds_fewer_activations():
     wide = ["--d-model", "128", "--d-ff", "512", "--seq-len", "64", "--heads", "4", "--head-dim", "32"]
     peak = {}
     for sched in ("gpipe", "1f1b"):
+        quota = ["--quota", "2"] if sched == "1f1b" else []  # (1F1B's need at S = 2: 2 on stage 0, 1 on stage 1)
         got = sc.train(2, "static_mem_" + sched, wide + ["--stages", "2", "--microbatches", "8", "--batch", "16",
-                                                        "--schedule", sched], exe="static")
+                                                        "--schedule", sched] + quota, exe="static")
         peak[sched] = got[2]["peak_intermediate_bytes"]
+        assert got[2]["stage_activations"] == ([8, 8] if sched == "gpipe" else [2, 1]), got[2]["stage_activations"]
         assert 0 <= got[2]["bubble"] < 1 and got[2]["bubble_bound"] == 1 / 9, got[2]
     for s, (g, f) in enumerate(zip(peak["gpipe"], peak["1f1b"])):
         assert 0 < f <= 0.5 * g, f"stage {s}: 1F1B held {f} bytes, GPipe {g}"
@@ -138,11 +140,19 @@ def case_bad_inputs_fail_cleanly():
         (3, ["--stages", "2", "--microbatches", "4"], "--stages 2 needs 2 ranks"),
         (2, ["--stages", "3", "--layers", "2", "--microbatches", "4"], "--stages 3 is more than --layers 2"),
         (2, ["--dp", "3"], "--dp 3 x --tp 1 = 3 ranks"),
+        # The deadlock matrix's quota case: a quota below the schedule's need, refused before training.
+        (2, ["--stages", "2", "--microbatches", "8", "--schedule", "gpipe", "--quota", "2"],
+         "--quota 2 is below what --schedule gpipe needs on stage 0: 8 micro-batches' activations"),
+        (2, ["--stages", "2", "--microbatches", "8", "--schedule", "1f1b", "--quota", "1"],
+         "--quota 1 is below what --schedule 1f1b needs on stage 0: 2 micro-batches' activations"),
+        (2, ["--dp", "2", "--quota", "2"], "--quota 2 applies to pipelines"),
         (2, ["--dp", "2", "--experts", "4", "--expert-parallel", "2", "--capacity-factor", "0", "--moe-routing",
              "controller"], "no controller to route through"),
     )
     for n, args, pattern in bad:
         sc.expect_error(n, sc.TINY + args + ["--metrics", m], pattern, [m], exe="static")
+    sc.expect_error(3, sc.TINY + ["--stages", "2", "--microbatches", "4", "--quota", "2", "--metrics", m],
+                    "--quota is mpmd_train's", [m], exe="pathways")
 
 
 def case_lost_rank_ends_the_job():
