@@ -1,5 +1,5 @@
-// The deadlock matrix (issue 37), the SPMD and static columns: each case either completes or
-// ends within 2x the watchdog with one line naming the cause.
+// The deadlock matrix (issue 37): each case under each execution model either completes or ends
+// within 2x the watchdog with one line naming the cause.
 //
 //   deadlock_matrix collective_order spmd    ranks 0 and 1 enter two AllReduces on two
 //                                            communicators in opposite orders: each waits in a
@@ -15,19 +15,28 @@
 //                                            programs differently, or is gone): rank 0's receive
 //                                            watchdog names the program, the node and the peer
 //                                            and ends the job (expected failure)
-// Pathways' column runs in tests/pathways: the island scheduler's one order (Pathways.
-// ConcurrentClientsOnOverlappingSlices completes; pathways.ordering_off_deadlocks, the order
-// turned off, ends with the watchdog's line). Run on 2 ranks, PWM_COLL_TIMEOUT=2.
+//   deadlock_matrix collective_order pathways  the two AllReduces as two programs of two clients
+//                                            (threads) on two slices of the same 2 workers, 20
+//                                            times each: the island scheduler's one order; completes
+//                                            (pathways.ordering_off_deadlocks turns it off)
+//   deadlock_matrix sendrecv_order pathways  the both-ways program on two one-worker slices
+// SPMD and static run on 2 ranks, Pathways on 3 (a controller and 2 workers); PWM_COLL_TIMEOUT=2.
+// The quota case is mpmd_train's (tests/static_mpmd/static_cases.py, bad_inputs_fail_cleanly);
+// SPMD has no point-to-point step, Pathways no quota.
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/mpi_transport.h"
 #include "common/check.h"
 #include "dataflow/builder.h"
+#include "pathways/client.h"
+#include "pathways/runtime.h"
+#include "pathways/worker.h"
 #include "static_mpmd/executor.h"
 
 using namespace pwm;
@@ -106,20 +115,65 @@ int sendrecv_order_static(std::shared_ptr<collectives::Transport> t, bool skip_r
   return 0;
 }
 
+// Pathways: the controller (rank 0) runs the case's programs; the workers serve.
+int pathways_case(std::shared_ptr<collectives::Transport> t, bool collectives_case) {
+  if (t->rank() != 0) {
+    pathways::run_worker(t);
+    return 0;
+  }
+  pathways::Runtime rt(t);
+  std::string errors[2];
+  if (collectives_case) {
+    // Device d is world rank d + 1: the sum of (rank + 1) over the two workers is 2 + 3.
+    const auto client = [&](int id) {
+      try {
+        pathways::Client c = rt.client(fmt::format("client{}", id));
+        pathways::Slice s = c.allocate(2);
+        pathways::ProgramBuilder b(fmt::format("collective-{}", id));
+        b.output(b.call("allreduce", s, b.call("fill", s, {}))[0]);
+        const pathways::Program p = b.build();
+        for (int rep = 0; rep < 20; ++rep)
+          if (const float got = c.run(p, {})[0].get<float>()[0]; got != 5.f) errors[id] = fmt::format("sum {}", got);
+      } catch (const std::exception& e) {
+        errors[id] = e.what();
+      }
+    };
+    std::thread a(client, 0), b(client, 1);
+    a.join();
+    b.join();
+  } else {
+    pathways::Client c = rt.client("both-ways");
+    pathways::Slice p0 = c.allocate(1), p1 = c.allocate(1);
+    PWM_CHECK(p0.devices() != p1.devices(), "the two one-device slices share a device");
+    pathways::ProgramBuilder b("both-ways");
+    auto x = b.call("fill", p0, {}), y = b.call("fill", p1, {});
+    b.output(b.call("neg", p1, x)[0]);
+    b.output(b.call("neg", p0, y)[0]);
+    const auto out = c.run(b.build(), {});
+    if (out[0].get<float>()[0] + out[1].get<float>()[0] != -5.f) errors[0] = "wrong values";
+  }
+  rt.shutdown();
+  for (const std::string& e : errors) PWM_CHECK(e.empty(), "pathways: {}", e);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   collectives::MpiEnvironment env(&argc, &argv);
   const std::string c = argc > 2 ? argv[1] : "", m = argc > 2 ? argv[2] : "";
   return collectives::run_mpi_main(env, [&] {
-    PWM_CHECK(env.size() == 2, "deadlock_matrix runs on 2 ranks");
+    PWM_CHECK(env.size() == (m == "pathways" ? 3 : 2), "deadlock_matrix runs on 2 ranks (pathways: 3)");
     register_kernels();
     int rc = 1;
     if (c == "collective_order" && m == "spmd") rc = collective_order_spmd(env.transport());
     else if (c == "collective_order" && m == "static") rc = collective_order_static(env.transport());
     else if (c == "sendrecv_order" && m == "static") rc = sendrecv_order_static(env.transport(), false);
     else if (c == "missing_peer" && m == "static") rc = sendrecv_order_static(env.transport(), true);
-    else PWM_THROW("usage: deadlock_matrix collective_order spmd|static | sendrecv_order static | missing_peer static");
+    else if (c == "collective_order" && m == "pathways") rc = pathways_case(env.transport(), true);
+    else if (c == "sendrecv_order" && m == "pathways") rc = pathways_case(env.transport(), false);
+    else PWM_THROW("usage: deadlock_matrix collective_order spmd|static|pathways | sendrecv_order static|pathways | "
+                   "missing_peer static");
     if (env.rank() == 0) fmt::print("deadlock_matrix {} {}: completed\n", c, m);
     return rc;
   });
