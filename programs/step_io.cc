@@ -138,6 +138,25 @@ ExchangeTimes exchange_times(const std::vector<StepStats>& devices) {
   return t;
 }
 
+pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, const pwm::train::TrainConfig& cfg,
+                                 uint64_t round_trips) {
+  std::vector<double> sum;
+  std::vector<double> alltoall_ms, wait_ms;
+  for (const StepStats& d : devices) {
+    PWM_CHECK(d.moe.size() >= 7, "an MoE step's statistics without its MoE words");
+    const size_t n = d.moe.size() - 2;  // pack_moe_stats, then the AllToAll and routing-wait times
+    sum.resize(n, 0.0);
+    for (size_t i = 0; i < n; ++i) sum[i] += d.moe[i];
+    alltoall_ms.push_back(d.moe[n]);
+    wait_ms.push_back(d.moe[n + 1]);
+  }
+  pwm::train::MoeRecord r = pwm::train::moe_record(sum, cfg);
+  r.alltoall_ms = alltoall_ms;
+  r.round_trips = static_cast<double>(round_trips);
+  r.route_wait_ms = wait_ms;
+  return r;
+}
+
 double replica_bytes_per_step(const Shapes& sh, int devices_per_replica) {
   const pwm::train::TrainConfig& cfg = sh.cfg();
   const int tp = cfg.mesh.tp, R = cfg.mesh.replicas;

@@ -17,6 +17,7 @@
 #include "model/params.h"
 #include "model/step_plan.h"
 #include "train/config.h"
+#include "train/report.h"
 #include "dataflow/kernel.h"
 
 namespace pwm::programs {
@@ -177,6 +178,11 @@ struct ExchangeTimes {
   double exposed_ms = 0, tail_ms = 0;
 };
 ExchangeTimes exchange_times(const std::vector<StepStats>& devices);
+// An MoE step's record from every device's statistics (as spmd_train's from every rank's): the
+// routing figures of their sum, each device's AllToAll time and routing wait, and the
+// controller's round trips (0 in a model without a controller).
+pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, const pwm::train::TrainConfig& cfg,
+                                 uint64_t round_trips);
 // Bytes between the replicas per step: every device sends each piece (dp > 1: its 1/dp chunk;
 // --fsdp: its gradient shard) and its loss to its peer in each other replica.
 double replica_bytes_per_step(const Shapes& sh, int devices_per_replica);

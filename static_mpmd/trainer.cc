@@ -298,14 +298,7 @@ bool Trainer::step(int64_t step) {
     exposed_.push_back(x.exposed_ms);
     tails_.push_back(x.tail_ms);
   }
-  if (cfg_.model.moe()) {
-    std::vector<double> sum;
-    for (const StepStats& d : devices) {
-      sum.resize(d.moe.size() - 2, 0.0);
-      for (size_t i = 0; i + 2 < d.moe.size(); ++i) sum[i] += d.moe[i];
-    }
-    r.moe = train::moe_record(sum, cfg_);
-  }
+  if (cfg_.model.moe()) r.moe = programs::moe_record(devices, cfg_, 0);  // (no controller: no round trip)
   report_->step(r);
   // A failed metrics write (rank 0's) ends the job now with its one line (run_mpi_main).
   if (report_->failed()) throw Error(report_->error());

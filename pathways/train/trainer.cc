@@ -433,32 +433,12 @@ bool Trainer::drain_one() {
   }
   if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
   if (R_ > 1 && !pipe_) record_overlap(devices);  // (the pipeline's update does not time the exchange)
-  if (cfg_.model.moe()) r.moe = moe_record(devices, p.round_trips);
+  if (cfg_.model.moe()) r.moe = programs::moe_record(devices, cfg_, p.round_trips);
   report_->step(r);
   // A failed metrics write (a full disk) ends the run now rather than after the last step; the
   // controller's error ends the job (run_mpi_main) and nothing is left under the final name.
   if (report_->failed()) throw Error(report_->error());
   return !report_->stopped();
-}
-
-// The step's MoE figures over every device (as spmd_train's over every rank), the AllToAll time
-// per device, and the controller's round trips.
-pwm::train::MoeRecord Trainer::moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const {
-  std::vector<double> sum;
-  std::vector<double> alltoall_ms, wait_ms;
-  for (const StepStats& d : devices) {
-    PWM_CHECK(d.moe.size() >= 7, "an MoE step's statistics without its MoE words");
-    const size_t n = d.moe.size() - 2;  // pack_moe_stats, then the AllToAll and routing-wait times
-    sum.resize(n, 0.0);
-    for (size_t i = 0; i < n; ++i) sum[i] += d.moe[i];
-    alltoall_ms.push_back(d.moe[n]);
-    wait_ms.push_back(d.moe[n + 1]);
-  }
-  pwm::train::MoeRecord r = pwm::train::moe_record(sum, cfg_);
-  r.alltoall_ms = alltoall_ms;
-  r.round_trips = static_cast<double>(round_trips);
-  r.route_wait_ms = wait_ms;
-  return r;
 }
 
 void Trainer::record_overlap(const std::vector<StepStats>& devices) {

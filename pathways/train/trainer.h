@@ -103,7 +103,6 @@ class Trainer final : public pwm::train::Trainer {
   bool controller_routing() const;  // --moe-routing controller
   Array route(const Array& counts);  // fetch an MoE layer's counts, put the matrix back
   Array island_route(const Array& counts, int j);  // --expert-island: experts' device j's counts
-  pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, uint64_t round_trips) const;
   std::vector<Array> run_step();
   // Dispatches step `step` and, with `record`, queues its statistics for drain_one.
   void launch(int64_t step, bool record = true);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct Case {
   int workers = 2;                 // worker devices (ranks: one more, the controller)
 };
 const std::vector<Case>& cases();
+// gtest prints a case by its name (not its bytes) in the test list.
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 constexpr int kWorkers = 2;  // the MPI suite's (mpirun -n 3): it runs the cases of 2 workers
 
 // A case's workload, writing its metrics to `metrics` (validated for its workers' devices).
