@@ -29,7 +29,7 @@ import sys
 
 import measure
 
-MODES = ("opbyop", "chained", "fused")
+MODES = ("opbyop", "chained", "fused", "static")
 
 
 def label_of(path, doc):

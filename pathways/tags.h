@@ -13,6 +13,7 @@
 //   channel  48           object migrations (device drain): move id mod 2^15
 //   channel  49           control messages, controller <-> worker (header and body tags)
 //   channel  50           free for code around the runtime (e.g. a benchmark's result messages)
+//   channels 51..63       free too (dispatch_bench times the static model's chain on 51 and 52)
 #pragma once
 
 #include <cstdint>

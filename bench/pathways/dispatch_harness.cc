@@ -8,6 +8,9 @@
 #include <algorithm>
 
 #include "bench/pathways/bench_kernels.h"
+#include "dataflow/buffer.h"
+#include "dataflow/builder.h"
+#include "static_mpmd/executor.h"
 #include "common/check.h"
 #include "common/parse.h"
 #include "common/atomic_file.h"
@@ -48,6 +51,36 @@ double spmd_chain(collectives::Communicator& wc, int chain, int64_t t, double* w
   return dt;
 }
 
+// The static model's chain (issue 37): the chained program of `chain` bench_step nodes over the
+// workers, lowered by every worker with the same mapping and run by each from its own list, no
+// controller (static_mpmd/executor.h). Lowered and run once outside the timing; the timed run is
+// the slowest worker's. Its tags are on channels 51 and 52 (tags.h leaves them to code around
+// the runtime), its slice communicator context 901.
+double static_chain(const Bench& b, const std::vector<int>& ranks, int chain, int64_t t, double* wrong) {
+  const int n = static_cast<int>(ranks.size());
+  dataflow::Builder cb(fmt::format("static_chain_T{}", t));
+  dataflow::Value v = cb.param(0, n, ArgSpec{TensorSpec{collectives::DataType::kFloat32, {1}}, Sharding::kReplicated});
+  for (int i = 0; i < chain; ++i) v = cb.call("bench_step", 0, n, {v}, {t})[0];
+  cb.output(v);
+  const auto lookup = [&](int) { return dataflow::SliceMapping{ranks, tags::kUserContextBase + 1, 0, 0}; };
+  const dataflow::LoweredProgram lp = dataflow::lower(cb.build(), 0, lookup);
+  const dataflow::WorkerProgram& mine = lp.workers.at(b.transport->rank());
+  static_mpmd::Executor exec(b.transport, collectives::CommOptions::from_env().timeout_s, tags::kUserChannel + 1);
+  auto x0 = std::make_shared<dataflow::Buffer>(sizeof(float));
+  *static_cast<float*>(x0->data()) = 0;
+  collectives::Communicator wc(b.transport, ranks, tags::kUserContextBase + 2);
+  double dt = 0;
+  for (int rep = 0; rep < 2; ++rep) {  // (the first run allocates the slots and the slice's communicator)
+    wc.barrier();
+    const double t0 = now_s();
+    const static_mpmd::Shards out = exec.run(mine, {{0, x0}});
+    dt = now_s() - t0;
+    if (*static_cast<const float*>(out.at(0)->data()) != static_cast<float>(chain)) *wrong += 1;
+  }
+  wc.allreduce(&dt, &dt, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kMax);
+  return dt;
+}
+
 // Waits for a point-to-point message without spinning (the controller during the SPMD phase,
 // worker rank 1 for the go message).
 void recv_asleep(collectives::Transport& t, void* buf, size_t bytes, int peer, int tag) {
@@ -73,6 +106,7 @@ const char* mode_name(Mode m) {
     case Mode::kParallel: return "parallel";
     case Mode::kSequential: return "sequential";
     case Mode::kClients: return "clients";
+    case Mode::kStatic: return "static";
   }
   return "?";
 }
@@ -171,8 +205,9 @@ void run_workers(const Bench& b) {
     const int n = ph < b.opt.ts.size() ? b.opt.chain : b.opt.fig8_chain(t);
     for (double more = 1, round = 0; more != 0; ++round) {
       const auto spmd = [&] {
-        double msg[3] = {0, 0, iters_per_us()};
+        double msg[5] = {0, 0, iters_per_us(), -1, 0};
         msg[0] = spmd_chain(wc, n, t, &msg[1]);
+        if (ph < b.opt.ts.size()) msg[3] = static_chain(b, ranks, n, t, &msg[4]);
         if (rank == 1) send_spinning(*b.transport, msg, sizeof(msg), 0, b.result_tag);
       };
       if (!pathways_first(static_cast<int>(round))) spmd();
@@ -188,10 +223,10 @@ void run_workers(const Bench& b) {
 bool pathways_first(int round) { return round % 2 == 1; }
 
 SpmdRound await_spmd_round(Bench* b) {
-  double msg[3];
+  double msg[5];
   recv_asleep(*b->transport, msg, sizeof(msg), 1, b->result_tag);
   b->iters_per_us = msg[2];
-  return {msg[0], static_cast<int>(msg[1])};
+  return {msg[0], static_cast<int>(msg[1]), msg[3], static_cast<int>(msg[4])};
 }
 
 void send_go(const Bench& b, bool more) {

@@ -26,7 +26,7 @@ namespace pwm::pathways::bench {
 
 // What a row measured: the `mode` column of the text and "mode" of the JSON (mode_name). Rows
 // only ever compare these; the one place a mode becomes text is mode_name.
-enum class Mode { kSpmd, kOpByOp, kChained, kFused, kParallel, kSequential, kClients };
+enum class Mode { kSpmd, kOpByOp, kChained, kFused, kParallel, kSequential, kClients, kStatic };
 const char* mode_name(Mode m);
 
 struct Row {
@@ -103,6 +103,10 @@ bool pathways_first(int round);
 struct SpmdRound {
   double seconds = 0;
   int wrong = 0;
+  // The chained program run by the workers alone (the static model, static_mpmd/executor.h):
+  // Fig. 5/6's phases only (negative: not run).
+  double static_seconds = -1;
+  int static_wrong = 0;
 };
 SpmdRound await_spmd_round(Bench* b);
 // Ends a round (after the runtime's shutdown): tells the workers whether another follows.

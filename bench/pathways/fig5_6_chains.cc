@@ -1,11 +1,13 @@
 // Fig. 5/6: a chain of --chain computations (T us of busy compute, a scalar AllReduce over the
-// workers, an add) run four ways in one job:
+// workers, an add) run five ways in one job:
 //   spmd     every worker runs the chain itself on a communicator of the worker ranks; the
 //            controller only waits, asleep (the multi-controller baseline);
 //   opbyop   one Pathways program per computation (Client::call), each taking the previous
 //            output future as input;
 //   chained  one traced program of --chain nodes, dispatched at once;
-//   fused    one kernel running the whole chain, dispatched once.
+//   fused    one kernel running the whole chain, dispatched once;
+//   static   the chained program with no controller: every worker lowers it and runs its own
+//            instruction list (static_mpmd/executor.h), timed in the SPMD phase.
 // Throughput = computations per second, best of --reps (the JSON has the median too). For opbyop
 // and chained the break-even is the smallest swept T from which on Pathways reaches 95% of SPMD.
 #include <fmt/format.h>
@@ -94,7 +96,9 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
     const auto spmd = [&] {
       const SpmdRound sr = await_spmd_round(b);
       out.wrong[Mode::kSpmd] += sr.wrong;
+      out.wrong[Mode::kStatic] += sr.static_wrong;
       if (r >= 0) out.times[Mode::kSpmd].push_back(sr.seconds);
+      if (r >= 0) out.times[Mode::kStatic].push_back(sr.static_seconds);
     };
     if (!pw_first) spmd();
     {
@@ -109,7 +113,7 @@ void run_one_t(Bench* b, int64_t t, std::vector<Row>* rows) {
   }
   // Every mode has a time from every timed round (SPMD's included), so the rows' round rates
   // pair by position.
-  for (Mode m : {Mode::kSpmd, Mode::kOpByOp, Mode::kChained, Mode::kFused}) {
+  for (Mode m : {Mode::kSpmd, Mode::kOpByOp, Mode::kChained, Mode::kFused, Mode::kStatic}) {
     Row row{t == 0 ? 5 : 6, m, b->workers, 0, t, chain / best(out.times[m]), out.wrong[m], chain / median(out.times[m])};
     row.round_per_s = round_rates(chain, out.times[m]);
     rows->push_back(row);
