@@ -14,15 +14,11 @@ import json
 import sys
 
 import measure
+from pipeline_report import last_final
 
 
 def final(path):
-    res = None
-    with open(path) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("final"):
-                res = j
+    res = last_final(path)
     if res is None:
         raise ValueError(f"{path} has no final line")
     return res

@@ -125,6 +125,32 @@ UpdateArgs pipe_update_args(const Shapes& sh, int stage) {
   return {static_cast<size_t>(1 + s.end - s.begin), last ? static_cast<size_t>(sh.cfg().mesh.replicas) : 0, true};
 }
 
+StepTiming step_timing(int64_t step, const std::vector<StepStats>& devices, const StepStats& last, double* last_end_us) {
+  double end_us = 0, first_busy = 0;
+  for (const StepStats& d : devices) {
+    end_us = std::max(end_us, d.end_us);
+    first_busy = std::max(first_busy, d.busy_ms);
+  }
+  StepTiming t;
+  pwm::train::StepRecord& r = t.record;
+  r.step = step;
+  r.step_ms = *last_end_us < 0 ? first_busy : (end_us - *last_end_us) * 1e-3;
+  *last_end_us = end_us;
+  r.loss = last.loss;
+  r.grad_norm = last.grad_norm;
+  r.lr = last.lr;
+  double busy_sum = 0;
+  for (const StepStats& d : devices) {
+    const double busy = std::min(d.busy_ms, r.step_ms);
+    r.compute_ms.push_back(busy - d.comm_ms);
+    r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));
+    r.wait_ms.push_back(r.step_ms - busy);
+    busy_sum += busy;
+  }
+  t.bubble = 1.0 - busy_sum / static_cast<double>(devices.size()) / r.step_ms;
+  return t;
+}
+
 ExchangeTimes exchange_times(const std::vector<StepStats>& devices) {
   ExchangeTimes t;
   if (devices.empty()) return t;

@@ -169,6 +169,17 @@ struct StepStats {
   static std::vector<StepStats> read_all(const std::vector<double>& all, int64_t words);
 };
 
+// A step's record from every device's statistics (`last`: the one that holds the loss): the
+// step time is the latest end of the step's last kernel minus the previous step's (*last_end_us,
+// updated; negative after a pause: the busiest device's busy time instead), per device its
+// compute, its communication or waiting (for a peer or for dispatch) and its wait; `bubble` is
+// 1 - the devices' mean busy time over the step time (a pipeline's bubble).
+struct StepTiming {
+  pwm::train::StepRecord record;
+  double bubble = 0;
+};
+StepTiming step_timing(int64_t step, const std::vector<StepStats>& devices, const StepStats& last, double* last_end_us);
+
 // The replicas' exchange in one step, from every device's statistics (ms): the mean over the
 // devices of the time between the end of its backward and the start of its update not spent in
 // kernels (waiting for the other replicas' gradients: the exchange compute did not hide), and the

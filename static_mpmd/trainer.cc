@@ -271,28 +271,10 @@ bool Trainer::step(int64_t step) {
   std::vector<double> all(words * static_cast<size_t>(t_->size()));
   world_.allgather(out[StepOutputs<int>::kStats]->data(), all.data(), words, collectives::DataType::kFloat64);
   const std::vector<StepStats> devices = StepStats::read_all(all, static_cast<int64_t>(words));
-  double end_us = 0, first_busy = 0;
-  for (const StepStats& d : devices) {
-    end_us = std::max(end_us, d.end_us);
-    first_busy = std::max(first_busy, d.busy_ms);
-  }
-  train::StepRecord r;
-  r.step = step;
-  r.step_ms = last_end_us_ < 0 ? first_busy : (end_us - last_end_us_) * 1e-3;
-  last_end_us_ = end_us;
   const StepStats& last = devices[static_cast<size_t>((K_ - 1) * devices_)];  // the loss is on the last slice
-  r.loss = last.loss;
-  r.grad_norm = last.grad_norm;
-  r.lr = last.lr;
-  double busy_sum = 0;
-  for (const StepStats& d : devices) {
-    const double busy = std::min(d.busy_ms, r.step_ms);
-    r.compute_ms.push_back(busy - d.comm_ms);
-    r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));  // communication or waiting for a peer
-    r.wait_ms.push_back(r.step_ms - busy);
-    busy_sum += busy;
-  }
-  if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(devices.size()) / r.step_ms);
+  programs::StepTiming timing = programs::step_timing(step, devices, last, &last_end_us_);
+  train::StepRecord& r = timing.record;
+  if (pipe_) bubbles_.push_back(timing.bubble);
   if (R_ > 1 && !pipe_) {  // (the pipeline's update does not time the exchange)
     const programs::ExchangeTimes x = programs::exchange_times(devices);
     exposed_.push_back(x.exposed_ms);

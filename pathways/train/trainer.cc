@@ -411,27 +411,9 @@ bool Trainer::drain_one() {
   for (auto& s : per_slice)
     for (const StepStats& d : StepStats::read_all(s, sh_.stats_words())) devices.push_back(d);
   const StepStats last = StepStats::read_all(per_slice.back(), sh_.stats_words()).front();  // the loss is on the last slice
-  double end_us = 0, first_busy = 0;
-  for (const StepStats& d : devices) {
-    end_us = std::max(end_us, d.end_us);
-    first_busy = std::max(first_busy, d.busy_ms);
-  }
-  pwm::train::StepRecord r;
-  r.step = p.step;
-  r.step_ms = last_end_us_ < 0 ? first_busy : (end_us - last_end_us_) * 1e-3;
-  last_end_us_ = end_us;
-  r.loss = last.loss;
-  r.grad_norm = last.grad_norm;
-  r.lr = last.lr;
-  double busy_sum = 0;
-  for (const StepStats& d : devices) {
-    const double busy = std::min(d.busy_ms, r.step_ms);
-    r.compute_ms.push_back(busy - d.comm_ms);
-    r.comm_ms.push_back(d.comm_ms + (r.step_ms - busy));  // communication or waiting for dispatch
-    r.wait_ms.push_back(r.step_ms - busy);
-    busy_sum += busy;
-  }
-  if (pipe_) bubbles_.push_back(1.0 - busy_sum / static_cast<double>(r.compute_ms.size()) / r.step_ms);
+  programs::StepTiming timing = programs::step_timing(p.step, devices, last, &last_end_us_);
+  pwm::train::StepRecord& r = timing.record;
+  if (pipe_) bubbles_.push_back(timing.bubble);
   if (R_ > 1 && !pipe_) record_overlap(devices);  // (the pipeline's update does not time the exchange)
   if (cfg_.model.moe()) r.moe = programs::moe_record(devices, cfg_, p.round_trips);
   report_->step(r);
