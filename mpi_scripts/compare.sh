@@ -19,7 +19,7 @@
 #                   order), pool their step times and pair their ratios by round (default 5).
 #                   Each ratio is the median of the rounds' ratios with an interval beside it;
 #                   one that holds 1 reads "same within noise" (mpi_scripts/measure.py). The
-#                   default takes about three minutes on 2 cores. Losses and weights
+#                   default takes a few minutes on 2 cores. Losses and weights
 #                   come from round 1; later rounds evaluate one validation batch, not 4
 #   --hostfile F    passed to mpirun (for a cluster, e.g. from compare.sbatch; docs/cluster.md):
 #                   fused and chained then run on one island spanning the hosts (--islands 1xNP)
