@@ -10,12 +10,10 @@
 #include "collectives/strings.h"
 #include "common/check.h"
 #include "common/stats.h"
-#include "common/time.h"
 #include "dataflow/builder.h"
 #include "programs/pipeline.h"
 #include "programs/replicas.h"
 #include "programs/trace.h"
-#include "train/checks.h"
 #include "train/full_state.h"
 #include "train/peak.h"
 
@@ -49,7 +47,7 @@ void validate_quota(const train::TrainConfig& cfg) {
                 p.schedule == train::Schedule::kGpipe ? ", or --schedule 1f1b (S - s on stage s)" : "");
 }
 
-// What the static model does not run yet, refused before anything starts (one line each).
+// What needs a controller, or is not the static model's, refused before anything starts (one line each).
 void validate(const train::TrainConfig& cfg, int world) {
   const train::MpmdConfig& p = cfg.mpmd;
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
