@@ -72,79 +72,66 @@ void Executor::wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgra
   reqs.erase(std::remove_if(reqs.begin(), reqs.end(), [](const Pending& r) { return r.done; }), reqs.end());
 }
 
-namespace {
-
-// What a run does besides walking the list, worked out from the list once per run: after which
-// instruction each send can go (right after the instruction that writes its source: the value
-// exists, so the message leaves then, not when the walk reaches the consumer's position in the
-// global order, which on a pipeline stage can be a whole kernel later), and after which
-// instruction each slot is no longer needed.
-struct Plan {
-  std::vector<std::vector<size_t>> sends_after;  // per instruction, the sends it releases
-  std::vector<size_t> sends_first;               // sends of parameters: at the start
-  std::vector<char> late;                        // per instruction: a send posted where it stands
-  std::vector<std::vector<int32_t>> frees;       // per instruction, the slots last used by it
-  std::vector<char> intermediate;                // per slot: bound to neither a parameter nor an output
-};
-
-Plan plan_of(const dataflow::WorkerProgram& p) {
-  Plan pl;
-  const size_t n = p.instrs.size();
-  pl.sends_after.resize(n);
-  pl.late.assign(n, 0);
-  pl.frees.resize(n);
-  pl.intermediate.assign(p.slots.size(), 1);
-  std::vector<int64_t> writer(p.slots.size(), -1), last(p.slots.size(), -1);
+Prepared::Prepared(dataflow::WorkerProgram p) : p_(std::move(p)) {
+  const size_t n = p_.instrs.size();
+  sends_after_.resize(n);
+  late_.assign(n, 0);
+  writes_.resize(n);
+  frees_.resize(n);
+  intermediate_.assign(p_.slots.size(), 1);
+  std::vector<int64_t> writer(p_.slots.size(), -1), last(p_.slots.size(), -1);
   for (size_t i = 0; i < n; ++i) {
-    const Instr& in = p.instrs[i];
+    const Instr& in = p_.instrs[i];
     const auto use = [&](int32_t s) {
       if (s >= 0) last[static_cast<size_t>(s)] = static_cast<int64_t>(i);
     };
+    const auto write = [&](int32_t s) {
+      writer[static_cast<size_t>(s)] = static_cast<int64_t>(i);
+      writes_[i].push_back(s);
+    };
     if (in.op == Op::kExec) {
-      const dataflow::ExecInfo& e = p.execs.at(static_cast<size_t>(in.exec));
+      const dataflow::ExecInfo& e = p_.execs.at(static_cast<size_t>(in.exec));
       for (int32_t s : e.ins) use(s);
-      for (int32_t s : e.outs) use(s), writer[s] = static_cast<int64_t>(i);
+      for (int32_t s : e.outs) use(s), write(s);
     } else {
       use(in.slot);
       use(in.slot2);
-      if (in.op == Op::kRecv) writer[in.slot] = static_cast<int64_t>(i);
-      if (in.op == Op::kCopy) writer[in.slot2] = static_cast<int64_t>(i);
+      if (in.op == Op::kRecv) write(in.slot);
+      if (in.op == Op::kCopy) write(in.slot2);
     }
     if (in.op != Op::kSend) continue;
     const int64_t w = writer[in.slot];
-    if (w < 0) pl.sends_first.push_back(i);
-    else if (p.instrs[static_cast<size_t>(w)].op == Op::kRecv) pl.late[i] = 1;  // (after that receive completes)
-    else pl.sends_after[static_cast<size_t>(w)].push_back(i);
+    if (w < 0) sends_first_.push_back(i);
+    else if (p_.instrs[static_cast<size_t>(w)].op == Op::kRecv) late_[i] = 1;  // (after that receive completes)
+    else sends_after_[static_cast<size_t>(w)].push_back(i);
   }
-  for (const auto& b : p.params) pl.intermediate[b.slot] = 0, last[b.slot] = -1;
-  for (const auto& b : p.outputs) pl.intermediate[b.slot] = 0, last[b.slot] = -1;
+  for (const auto& b : p_.params) intermediate_[b.slot] = 0, last[b.slot] = -1;
+  for (const auto& b : p_.outputs) intermediate_[b.slot] = 0, last[b.slot] = -1;
   for (size_t s = 0; s < last.size(); ++s)
-    if (last[s] >= 0) pl.frees[static_cast<size_t>(last[s])].push_back(static_cast<int32_t>(s));
-  return pl;
+    if (last[s] >= 0) frees_[static_cast<size_t>(last[s])].push_back(static_cast<int32_t>(s));
 }
-
-}  // namespace
 
 // One run's state on this rank.
 struct Executor::Run {
+  const Prepared& plan;
   const dataflow::WorkerProgram& p;
   RunStats* stats;
-  Plan plan;
   std::vector<BufferPtr> slots;
   std::vector<Pending> recvs, sends;
   std::vector<char> counted;  // per slot: its bytes are in `live`
   uint64_t live = 0, peak = 0;
 
   uint8_t* at(int32_t slot, uint64_t offset) { return static_cast<uint8_t*>(slots[slot]->data()) + offset; }
-  // After instruction i: count the intermediates it allocated, then drop the slots it used last.
+  // After instruction i: count the intermediates it wrote first (a slot's memory is taken at its
+  // first write), then drop the slots it used last.
   void account(size_t i) {
-    for (size_t s = 0; s < slots.size(); ++s)  // (cheap next to a kernel: tens of slots per rank)
-      if (plan.intermediate[s] && !counted[s] && slots[s] && slots[s]->allocated()) {
+    for (int32_t s : plan.writes_[i])
+      if (plan.intermediate_[s] && !counted[s]) {
         live += slots[s]->size();
         counted[s] = 1;
       }
     peak = std::max(peak, live);
-    for (int32_t s : plan.frees[i]) {
+    for (int32_t s : plan.frees_[i]) {
       if (counted[s]) live -= slots[s]->size();
       slots[s].reset();  // (a transfer in flight keeps its own reference)
     }
@@ -188,8 +175,9 @@ void Executor::exec(Run& r, const Instr& in) {
   if (r.stats) r.stats->kernel_s += now_s() - t0;
 }
 
-Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, RunStats* stats) {
-  Run r{p, stats, plan_of(p), std::vector<BufferPtr>(p.slots.size()), {}, {}, std::vector<char>(p.slots.size(), 0)};
+Shards Executor::run(const Prepared& prepared, const Shards& inputs, RunStats* stats) {
+  const dataflow::WorkerProgram& p = prepared.p_;
+  Run r{prepared, p, stats, std::vector<BufferPtr>(p.slots.size()), {}, {}, std::vector<char>(p.slots.size(), 0)};
   for (const dataflow::SlotBinding& b : p.params) {
     auto it = inputs.find(b.index);
     PWM_CHECK(it != inputs.end() && it->second, "program '{}': parameter {} has no shard on rank {}", p.name, b.index,
@@ -199,7 +187,7 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
   }
   for (size_t s = 0; s < r.slots.size(); ++s)
     if (!r.slots[s]) r.slots[s] = std::make_shared<dataflow::Buffer>(p.slots[s].bytes(), /*lazy=*/true);
-  for (size_t i : r.plan.sends_first) post_send(r, i);
+  for (size_t i : prepared.sends_first_) post_send(r, i);
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const Instr& in = p.instrs[i];
     switch (in.op) {
@@ -208,7 +196,7 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
                            in.bytes, r.slots[in.slot]});
         break;
       case Op::kSend:  // (posted after its source's writer, unless that was a receive)
-        if (r.plan.late[i]) {
+        if (prepared.late_[i]) {
           wait_all(r.recvs, p, in.stage, stats);
           post_send(r, i);
         }
@@ -223,7 +211,7 @@ Shards Executor::run(const dataflow::WorkerProgram& p, const Shards& inputs, Run
         exec(r, in);
         break;
     }
-    for (size_t k : r.plan.sends_after[i]) post_send(r, k);
+    for (size_t k : prepared.sends_after_[i]) post_send(r, k);
     r.account(i);
   }
   wait_all(r.recvs, p, p.num_stages, stats);

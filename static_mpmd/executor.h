@@ -44,6 +44,28 @@ struct RunStats {
   uint64_t peak_intermediate_bytes = 0;  // the run's slots alive at once, beyond its inputs
 };
 
+// A rank's instruction list with what running it needs worked out once, from the list: after
+// which instruction each send can go (right after the instruction that writes its source: the
+// value exists then, and the walk may reach the consumer's place in the global order a whole
+// kernel later on a pipeline stage), which slots each instruction writes and last uses, and which
+// slots are intermediates (bound to neither a parameter nor an output). Built once per program;
+// a training step runs the same one every step.
+class Prepared {
+ public:
+  explicit Prepared(dataflow::WorkerProgram p);
+  const dataflow::WorkerProgram& program() const { return p_; }
+
+ private:
+  friend class Executor;
+  dataflow::WorkerProgram p_;
+  std::vector<std::vector<size_t>> sends_after_;  // per instruction, the sends it releases
+  std::vector<size_t> sends_first_;               // sends of parameters: at the start
+  std::vector<char> late_;                        // per instruction: a send posted where it stands
+  std::vector<std::vector<int32_t>> writes_;      // per instruction, the slots it writes
+  std::vector<std::vector<int32_t>> frees_;       // per instruction, the slots it uses last
+  std::vector<char> intermediate_;                // per slot
+};
+
 class Executor {
  public:
   // `channel`: the first of two tag channels the transfers use (collectives::kFirstFreeChannel
@@ -54,7 +76,7 @@ class Executor {
   // Runs `p` (this rank's list) on `inputs` (one shard per parameter bound here); returns the
   // shards of the program's outputs held here. Every rank of the program calls it for the same
   // program, in the same order of runs (the tags of a run follow from the number of runs before).
-  Shards run(const dataflow::WorkerProgram& p, const Shards& inputs, RunStats* stats = nullptr);
+  Shards run(const Prepared& p, const Shards& inputs, RunStats* stats = nullptr);
 
  private:
   struct Pending;

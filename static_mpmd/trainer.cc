@@ -109,14 +109,14 @@ Trainer::Trainer(const train::TrainConfig& cfg, std::shared_ptr<collectives::Tra
   report_ = std::make_unique<train::TrainReport>(
       cfg, run_name(cfg), devices_ * K_,
       cfg.exec.peak_gflops > 0 ? train::Peak::given(cfg.exec.peak_gflops) : train::Peak::probed(peak), t_->rank() == 0);
-  step_ = lower(step_program());  // built and lowered once, on every rank alike
+  step_.emplace(lower(step_program()));  // built and lowered once, on every rank alike
 }
 
 Trainer::~Trainer() = default;
 
 std::optional<std::string> Trainer::run() { return train::run(*this, cfg_, t_->rank()); }
 
-dataflow::WorkerProgram Trainer::lower(const dataflow::ProgramDef& def) {
+Prepared Trainer::lower(const dataflow::ProgramDef& def) {
   const auto lookup = [&](int slice) {
     PWM_CHECK(slice >= 0 && slice < K_, "program '{}' names slice {} of {}", def.name, slice, K_);
     std::vector<int> ranks(static_cast<size_t>(devices_));
@@ -126,7 +126,7 @@ dataflow::WorkerProgram Trainer::lower(const dataflow::ProgramDef& def) {
   dataflow::LoweredProgram lp = dataflow::lower(def, 0, lookup);
   auto it = lp.workers.find(t_->rank());
   PWM_CHECK(it != lp.workers.end(), "program '{}' has nothing for rank {}", def.name, t_->rank());
-  return std::move(it->second);
+  return Prepared(std::move(it->second));
 }
 
 std::vector<State<dataflow::Value>> Trainer::state_params(dataflow::Builder& b) const {
@@ -206,13 +206,13 @@ dataflow::ProgramDef Trainer::hash_program(int r) const {
   return b.build();
 }
 
-const dataflow::WorkerProgram& Trainer::cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build) {
+const Prepared& Trainer::cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build) {
   auto it = programs_.find(key);
   if (it == programs_.end()) it = programs_.emplace(key, lower(build())).first;
   return it->second;
 }
 
-std::vector<BufferPtr> Trainer::run_program(const dataflow::WorkerProgram& p, bool with_state, RunStats* stats) {
+std::vector<BufferPtr> Trainer::run_program(const Prepared& p, bool with_state, RunStats* stats) {
   Shards in;
   if (with_state) {
     const uint32_t first = static_cast<uint32_t>(slice_of(t_->rank()) * State<int>::kCount);
@@ -225,7 +225,7 @@ std::vector<BufferPtr> Trainer::run_program(const dataflow::WorkerProgram& p, bo
 }
 
 std::vector<BufferPtr> Trainer::on_every_slice(const std::string& kernel, std::vector<int64_t> attrs) {
-  const dataflow::WorkerProgram& p = cached(fmt::format("{}:{}", kernel, fmt::join(attrs, ",")), [&] {
+  const Prepared& p = cached(fmt::format("{}:{}", kernel, fmt::join(attrs, ",")), [&] {
     dataflow::Builder b(kernel);
     for (int i = 0; i < K_; ++i)
       for (const dataflow::Value& v : b.call(kernel, i, devices_, {}, attrs)) b.output(v);
@@ -235,12 +235,12 @@ std::vector<BufferPtr> Trainer::on_every_slice(const std::string& kernel, std::v
 }
 
 template <typename T>
-T Trainer::from_rank0(const BufferPtr& b) {
+T Trainer::from_rank(const BufferPtr& b, int rank) {
   T mine{};
   if (b) std::memcpy(&mine, b->data(), sizeof mine);
   std::vector<T> v(static_cast<size_t>(t_->size()));
   world_.allgather(&mine, v.data(), 1, collectives::dtype_of<T>());
-  return v[0];
+  return v.at(static_cast<size_t>(rank));
 }
 
 double Trainer::probe(double budget_s) {
@@ -258,7 +258,7 @@ void Trainer::probe_peak() {
 
 bool Trainer::step(int64_t step) {
   RunStats rs;
-  const std::vector<BufferPtr> out = run_program(step_, true, &rs);
+  const std::vector<BufferPtr> out = run_program(*step_, true, &rs);
   PWM_CHECK_EQ(out.size(), StepOutputs<int>::kCount);
   state_.assign(out.begin(), out.begin() + State<int>::kCount);
   messages_ += rs.messages;
@@ -287,7 +287,7 @@ bool Trainer::step(int64_t step) {
 
 double Trainer::evaluate() {
   const auto out = run_program(cached("eval", [this] { return eval_program(); }), true);
-  return from_rank0<double>(out.empty() ? nullptr : out[0]);
+  return from_rank<double>(out.empty() ? nullptr : out[0], 0);
 }
 
 bool Trainer::save(int64_t) {
@@ -347,13 +347,10 @@ std::optional<std::string> Trainer::finish() {
   std::string h;
   for (int r = 0; r < R_; ++r) {
     const auto out = run_program(cached(fmt::format("hash-{}", r), [this, r] { return hash_program(r); }), true);
-    // (rank 0 holds replica 0's hash; replica r's first rank holds r's: from_rank0 reads rank 0's)
-    int64_t mine = 0;
-    if (!out.empty()) std::memcpy(&mine, out[0]->data(), sizeof mine);
-    std::vector<int64_t> all(static_cast<size_t>(t_->size()));
-    world_.allgather(&mine, all.data(), 1, collectives::DataType::kInt64);
+    // (replica r's hash is on its first slice's first rank)
+    const int64_t hv = from_rank<int64_t>(out.empty() ? nullptr : out[0], r * S_ * devices_);
     uint64_t hash;
-    std::memcpy(&hash, &all[static_cast<size_t>(r * S_ * devices_)], sizeof hash);
+    std::memcpy(&hash, &hv, sizeof hash);
     const std::string hr = train::hash_hex(hash);
     if (r == 0) h = hr;
     // Replicas: no parameter was ever sent between them; every replica must still hold the same bits.

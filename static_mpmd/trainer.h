@@ -78,11 +78,11 @@ class Trainer final : public train::Trainer {
 
  private:
   // A program over the slices, lowered with their fixed mapping; this rank's list only.
-  dataflow::WorkerProgram lower(const dataflow::ProgramDef& def);
+  Prepared lower(const dataflow::ProgramDef& def);
   // Runs `p` with this rank's state bound to its slice's parameters (a program over the states
   // declares every slice's four, slice-major; `with_state` false: no parameters). Returns the
   // outputs held here, in output order.
-  std::vector<BufferPtr> run_program(const dataflow::WorkerProgram& p, bool with_state, RunStats* stats = nullptr);
+  std::vector<BufferPtr> run_program(const Prepared& p, bool with_state, RunStats* stats = nullptr);
   // A program of one `kernel` node on every slice, no inputs (init, load, the probes, the trace).
   std::vector<BufferPtr> on_every_slice(const std::string& kernel, std::vector<int64_t> attrs);
   // The programs over every slice's state.
@@ -93,11 +93,11 @@ class Trainer final : public train::Trainer {
   dataflow::ProgramDef eval_program() const;
   dataflow::ProgramDef save_program() const;
   dataflow::ProgramDef hash_program(int replica) const;
-  const dataflow::WorkerProgram& cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build);
-  // Rank 0's shard's first word, on every rank (a kernel writes shard 0's answer: the validation
-  // loss, the hash).
+  const Prepared& cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build);
+  // World rank `rank`'s first word of `b` (null where this rank holds no output), on every rank:
+  // a kernel writes its answer on its slice's shard 0 (the validation loss, a replica's hash).
   template <typename T>
-  T from_rank0(const BufferPtr& b);
+  T from_rank(const BufferPtr& b, int rank);
   double probe(double budget_s);  // the gemm_probe kernel on every device: the mean rate
   int slice_of(int rank) const { return rank / devices_; }
 
@@ -110,8 +110,8 @@ class Trainer final : public train::Trainer {
   int S_, R_, K_;   // stages, replicas, slices (K = R S)
   bool pipe_;
   Executor exec_;
-  std::map<std::string, dataflow::WorkerProgram> programs_;  // built and lowered once each
-  dataflow::WorkerProgram step_;
+  std::map<std::string, Prepared> programs_;  // built, lowered and prepared once each
+  std::optional<Prepared> step_;
   std::vector<BufferPtr> state_;  // params, m, v, step: this rank's shards
   std::unique_ptr<train::TrainReport> report_;
   int64_t first_step_ = 0;

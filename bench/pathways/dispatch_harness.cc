@@ -64,7 +64,7 @@ double static_chain(const Bench& b, const std::vector<int>& ranks, int chain, in
   cb.output(v);
   const auto lookup = [&](int) { return dataflow::SliceMapping{ranks, tags::kUserContextBase + 1, 0, 0}; };
   const dataflow::LoweredProgram lp = dataflow::lower(cb.build(), 0, lookup);
-  const dataflow::WorkerProgram& mine = lp.workers.at(b.transport->rank());
+  const static_mpmd::Prepared mine(lp.workers.at(b.transport->rank()));
   static_mpmd::Executor exec(b.transport, collectives::CommOptions::from_env().timeout_s, tags::kUserChannel + 1);
   auto x0 = std::make_shared<dataflow::Buffer>(sizeof(float));
   *static_cast<float*>(x0->data()) = 0;

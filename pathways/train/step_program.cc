@@ -165,38 +165,43 @@ std::vector<Array> SegmentedStep::run(Client& client, const std::vector<Array>& 
   return result;
 }
 
-Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
-                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states, int64_t* fsdp_held) {
-  PWM_CHECK(states.size() == slices.size(), "replica_program: {} states for {} slices", states.size(), slices.size());
-  ProgramBuilder b(programs::replica_name(granularity, static_cast<int>(slices.size())));
+namespace {
+
+// A program traced over several of the runtime's slices (programs::SliceCall's index i is
+// slices[i]): the states' arrays as its parameters, `trace`'s values as its outputs.
+Program over_slices(std::string name, const std::vector<Slice>& slices, const std::vector<State<Array>>& states,
+                    const std::function<std::vector<Value>(const std::vector<State<Value>>&, const programs::SliceCall&)>& trace) {
+  PWM_CHECK(states.size() == slices.size(), "{}: {} states for {} slices", name, states.size(), slices.size());
+  ProgramBuilder b(std::move(name));
   std::vector<State<Value>> st;
   for (const auto& a : states) {
     std::vector<Value> v;
     for (const Array& x : a.list()) v.push_back(b.param_like(x));
     st.push_back(State<Value>::from(v));
   }
-  const programs::SliceCall call = [&](int r, const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-    return b.call(k, slices.at(static_cast<size_t>(r)), in, std::move(at));
+  const programs::SliceCall call = [&](int i, const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
+    return b.call(k, slices.at(static_cast<size_t>(i)), in, std::move(at));
   };
-  for (const Value& v : programs::trace_replica_step(sh, names, granularity, st, call, fsdp_held)) b.output(v);
+  for (const Value& v : trace(st, call)) b.output(v);
   return b.build();
+}
+
+}  // namespace
+
+Program replica_program(const Shapes& sh, const KernelNames& names, Granularity granularity,
+                        const std::vector<Slice>& slices, const std::vector<State<Array>>& states, int64_t* fsdp_held) {
+  return over_slices(programs::replica_name(granularity, static_cast<int>(slices.size())), slices, states,
+                     [&](const std::vector<State<Value>>& st, const programs::SliceCall& call) {
+                       return programs::trace_replica_step(sh, names, granularity, st, call, fsdp_held);
+                     });
 }
 
 Program pipeline_program(const Shapes& sh, const KernelNames& names, Schedule schedule,
                          const std::vector<Slice>& slices, const std::vector<State<Array>>& states) {
-  PWM_CHECK(states.size() == slices.size(), "pipeline_program: {} states for {} slices", states.size(), slices.size());
-  ProgramBuilder b(programs::pipeline_name(sh, schedule));
-  std::vector<State<Value>> all;
-  for (const auto& a : states) {
-    std::vector<Value> v;
-    for (const Array& x : a.list()) v.push_back(b.param_like(x));
-    all.push_back(State<Value>::from(v));
-  }
-  const programs::SliceCall call = [&](int i, const std::string& k, std::vector<Value> in, std::vector<int64_t> at) {
-    return b.call(k, slices.at(static_cast<size_t>(i)), in, std::move(at));
-  };
-  for (const Value& v : programs::trace_pipeline_step(sh, names, schedule, all, call)) b.output(v);
-  return b.build();
+  return over_slices(programs::pipeline_name(sh, schedule), slices, states,
+                     [&](const std::vector<State<Value>>& st, const programs::SliceCall& call) {
+                       return programs::trace_pipeline_step(sh, names, schedule, st, call);
+                     });
 }
 
 }  // namespace pwm::pathways::train
