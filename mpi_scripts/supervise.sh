@@ -19,10 +19,12 @@
 #   so in one line.
 # - --inject "FLAGS": words appended to COMMAND on the first attempt only: a fault to inject
 #   (e.g. "--kill-step 5 --kill-rank 1"), which the restarts do not repeat.
-# - --done-file FILE: an attempt that exits 0 has finished only if it wrote FILE (the trainer's
-#   --metrics, which appears only when the run ends well); else it counts as failed. For
-#   launchers whose exit code does not say: OpenMPI's mpirun --enable-recovery (pathways_train
-#   --spare-workers) exits 0 whatever its ranks' exit codes. FILE is removed before each attempt.
+# - --done-file FILE: an attempt has finished if and only if it wrote FILE (the trainer's
+#   --metrics, which appears only when the run ends well), whatever its exit code. For launchers
+#   whose exit code does not say: OpenMPI's mpirun --enable-recovery (pathways_train
+#   --spare-workers) exits 0 whatever its ranks' exit codes, and a pathways_train that lost a rank
+#   ends the job with MPI_Abort once FILE is written (a stopped or cut-off rank would keep the
+#   launcher waiting). FILE is removed before each attempt.
 # - --- RESTART_COMMAND: what the restarts run instead of COMMAND, e.g. the same trainer on fewer
 #   ranks (a smaller mesh; checkpoints resume across meshes). It must pass --ckpt and --resume too.
 # - SIGINT/SIGTERM end the running attempt (launch_watch.sh removes its processes) and this
@@ -93,8 +95,13 @@ while :; do
   child=""
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   how="exit $rc"
-  if [ "$rc" = 0 ] && [ -n "$done_file" ] && [ ! -e "$done_file" ]; then
-    rc=1 how="exit 0 but without writing $done_file (it did not finish)"
+  if [ -n "$done_file" ]; then
+    if [ -e "$done_file" ]; then
+      [ "$rc" = 0 ] || echo "supervise.sh: attempt $attempt ended with exit $rc after $secs s but wrote $done_file: it finished" >&2
+      rc=0
+    elif [ "$rc" = 0 ]; then
+      rc=1 how="exit 0 but without writing $done_file (it did not finish)"
+    fi
   fi
   [ "$rc" = 0 ] && exit 0
   if [ "$restarts" -ge "$max_restarts" ]; then

@@ -106,6 +106,10 @@ void Dispatcher::lose(int rank, const std::string& why) {
   lost_.insert(rank);
   workers_.erase(std::remove(workers_.begin(), workers_.end(), rank), workers_.end());
   live_.forget(rank);
+  // Its last frame: a worker that was only stopped or cut off reads it if it ever runs again
+  // (the frame waits in its receive queue or the network's) and leaves instead of ending the job.
+  chan_.send(rank, Evict{why});
+  chan_.close(rank);
   chan_.drop(rank);
   // The runs it had a part in: cancelled on the other workers (they answer run_done), failed.
   const std::string reason = fmt::format("{} was lost", who);

@@ -108,6 +108,16 @@ struct CancelRun {
   static auto fields(auto& m) { return std::tie(m.run_id, m.reason); }
 };
 
+// The controller declared this worker lost (silent past the liveness timeout) and moved its
+// slices away: a worker that was only stopped or cut off, and hears this once it runs again,
+// leaves the job with one line instead of ending it through its own liveness (the controller,
+// which dropped it, is silent to it). The last frame the controller sends it.
+struct Evict {
+  static constexpr MsgType kType = MsgType::kEvict;
+  std::string reason;
+  static auto fields(auto& m) { return std::tie(m.reason); }
+};
+
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
 // nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
 // the Perfetto trace; kRunAwaited: a client was waiting for the run's outputs when it was sent

@@ -19,6 +19,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kStats: return "stats";
     case MsgType::kShutdown: return "shutdown";
     case MsgType::kCancelRun: return "cancel_run";
+    case MsgType::kEvict: return "evict";
     case MsgType::kHello: return "hello";
     case MsgType::kRunDone: return "run_done";
     case MsgType::kStageDone: return "stage_done";

@@ -43,6 +43,7 @@ enum class MsgType : uint32_t {
   kStats = 11,        // StatsRequest
   kShutdown = 12,     // Shutdown
   kCancelRun = 13,    // CancelRun (a device of the run was lost)
+  kEvict = 14,        // Evict (this worker was declared lost: it leaves the job)
   // worker -> controller
   kHello = 32,       // Hello
   kRunDone = 33,     // RunDone

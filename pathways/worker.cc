@@ -102,6 +102,17 @@ void Worker::controller_silent(double now) {
   std::abort();  // not reached (GCC does not see [[noreturn]] through the virtual call)
 }
 
+void Worker::evicted(const std::string& why) {
+  // The controller went on without this worker: its slices are elsewhere and the job's last
+  // agreement leaves it out. It leaves at once, without MPI_Finalize (whose fence would wait for
+  // the job) and without aborting the job that goes on without it.
+  fmt::print(stderr, "pathways liveness: {} was declared lost by the controller ({}) and runs again; it leaves the "
+             "job, which went on without it\n", where_on_host(), why);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(1);
+}
+
 void Worker::handle(Message& m) {
   switch (m.type) {
     case MsgType::kLoadProgram: {
@@ -218,6 +229,7 @@ void Worker::handle(Message& m) {
       for (uint64_t r : decode<Shutdown>(m.body).lost) lost_.push_back(static_cast<int>(r));
       shutdown_ = true;
       break;
+    case MsgType::kEvict: evicted(decode<Evict>(m.body).reason); break;
     case MsgType::kHeartbeat: break;  // (heard: see loop())
     default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
   }

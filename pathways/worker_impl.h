@@ -69,6 +69,8 @@ class Worker {
   // The controller has been silent past the liveness timeout: one line naming what this worker
   // waits for, and the job ends.
   [[noreturn]] void controller_silent(double now);
+  // Evict: this worker was declared lost; one line and exit(1) (worker.cc).
+  [[noreturn]] void evicted(const std::string& why);
   // One message from the controller (worker_runs.cc and worker_transfers.cc do the work).
   void handle(Message& m);
 

@@ -260,7 +260,6 @@ std::vector<dataflow::Value> trace_pipeline_step(const Shapes& sh, const KernelN
   PWM_CHECK(static_cast<int>(all.size()) == R * S, "trace_pipeline_step: {} slices' states for {} replicas of {} stages",
             all.size(), R, S);
   const int tp = sh.cfg().mesh.tp;           // every stage is a dp x tp slice (mesh {dp, tp})
-  const int64_t M = sh.plan(tp).microbatches();
   std::vector<dataflow::Value> out;
   std::vector<PipelineGrads> rep;
   for (int r = 0; r < R; ++r)

@@ -150,6 +150,7 @@ std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   j["peak_gflops"] = exec.peak_gflops;
   j["kill_step"] = hooks.kill_step;
   j["kill_rank"] = hooks.kill_rank;
+  j["kill_signal"] = hooks.kill_signal == TestHooks::KillSignal::kStop ? "stop" : "kill";
   j["step_sleep_ms"] = hooks.step_sleep_ms;
   j["straggler_ms"] = hooks.straggler_ms;
   j["straggler_rank"] = hooks.straggler_rank;

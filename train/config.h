@@ -3,6 +3,7 @@
 // (--config FILE; flags given on the command line override the file) fill the same struct.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -111,9 +112,11 @@ struct MpmdConfig {
 
 // Testing hooks: faults and pacing the tests schedule.
 struct TestHooks {
-  // SIGKILL world rank kill_rank in the middle of step kill_step (-1: never).
+  // World rank kill_rank gets kill_signal in the middle of step kill_step (-1: never): SIGKILL
+  // (a dead process) or SIGSTOP (a stopped one: a hung host; another process may resume it).
   int64_t kill_step = -1;
   int kill_rank = 0;
+  enum class KillSignal { kKill, kStop } kill_signal = KillSignal::kKill;
   // Sleep this long at the end of every step (to give an outside kill a window).
   int64_t step_sleep_ms = 0;
   // Step nan_step's loss and gradient norm are made NaN after their reductions, before the
@@ -127,6 +130,8 @@ struct TestHooks {
 
   // True when world rank `rank` is to die during `step`.
   bool kill_now(int64_t step, int rank) const { return step == kill_step && rank == kill_rank; }
+  // Sends this process kill_signal (a stopped one returns when it is resumed).
+  void kill_self() const { ::raise(kill_signal == KillSignal::kStop ? SIGSTOP : SIGKILL); }
   bool straggles(int rank) const { return straggler_ms > 0 && rank == straggler_rank; }
 };
 

@@ -139,8 +139,14 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
       ->group(E);
 
   const char* T = "Testing";
-  app.add_option("--kill-step", c.hooks.kill_step, "SIGKILL --kill-rank in the middle of this step")->group(T);
+  app.add_option("--kill-step", c.hooks.kill_step, "--kill-signal --kill-rank in the middle of this step")->group(T);
   app.add_option("--kill-rank", c.hooks.kill_rank)->group(T);
+  add_mode(app, "--kill-signal",
+           [&c](const std::string& s) {
+             c.hooks.kill_signal = s == "stop" ? TestHooks::KillSignal::kStop : TestHooks::KillSignal::kKill;
+           },
+           {"kill", "stop"}, "what --kill-step does to --kill-rank: kill (SIGKILL) or stop (SIGSTOP)", "kill")
+      ->group(T);
   app.add_option("--step-sleep-ms", c.hooks.step_sleep_ms, "sleep after every step (kill tests)")->group(T);
   app.add_option("--nan-step", c.hooks.nan_step, "make this step's loss and gradient norm NaN (non-finite tests)")->group(T);
   app.add_option("--straggler-ms", c.hooks.straggler_ms, "--straggler-rank spends this much more in every step, ms")->group(T);

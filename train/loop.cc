@@ -30,7 +30,7 @@ std::optional<std::string> run(Trainer& t, const TrainConfig& cfg, int rank) {
     // peers blocked in the collectives; a Pathways worker: in its step kernel, before the update);
     // this one is for a rank that only dispatches (a Pathways controller), which dies with the
     // step in flight. --step-sleep-ms paces the run so an outside kill finds it.
-    if (cfg.hooks.kill_now(step, rank)) ::raise(SIGKILL);
+    if (cfg.hooks.kill_now(step, rank)) cfg.hooks.kill_self();
     if (cfg.hooks.step_sleep_ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(cfg.hooks.step_sleep_ms));
       t.pause();

@@ -5,6 +5,8 @@
 //   mpirun -n 5 pathways_train --replicas 2 --stages 2 --islands 2x2 --microbatches 4
 // Flags: pathways_train --help (the workload flags are spmd_train's: train/flags.h). Start-up
 // and the run loop are the shared ones (train/bootstrap.h, train/loop.h).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -76,6 +78,16 @@ int main(int argc, char** argv) {
       // takes the lost rank).
       std::fflush(stdout);
       std::fflush(stderr);
+      // A lost rank that was stopped or cut off (not dead) still runs as far as the launcher
+      // knows, and mpirun would wait for it for ever. MPI_Abort is the one call MPI has that
+      // ends a process the job cannot reach; the controller makes it once everything is written.
+      // (Code 0: mpirun --enable-recovery reports the job's success; supervise.sh --done-file.)
+      if (ok && env.rank() == 0)
+        collectives::MpiEnvironment::abort_job(
+            fmt::format("pathways_train: the run is done and written; ending world rank(s) {} that were lost (a stopped "
+                        "or cut-off rank would keep the launcher waiting): aborting the job",
+                        fmt::join(lost, ", ")),
+            0);
       std::_Exit(ok ? 0 : 1);
     }
     return ok ? 0 : 1;

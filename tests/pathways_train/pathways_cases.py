@@ -849,6 +849,47 @@ def case_spare_worker_recovers_bitwise():
     sc.expect_error(3, sc.TINY + ["--spare-workers", "2"], "--spare-workers 2 leaves no worker", exe="pathways")
 
 
+def case_spare_worker_survives_a_stop():
+    """--spare-workers with a worker stopped (SIGSTOP: a hung host) instead of killed: the
+    controller declares it lost after the liveness timeout and goes on on the spare, bitwise. Stopped
+    for good, the job still ends once the run is written (the controller's MPI_Abort ends the rank the
+    launcher would wait for). Resumed after the loss, the worker reads its eviction and leaves with
+    one line, and the job goes on without it. Under MPICH a stopped worker ends the job (the
+    liveness), as stopped_rank_ends_the_job checks for every model."""
+    if os.environ.get("PWM_MPI_FLAVOR", "openmpi") != "openmpi":
+        print("SKIP: in-job recovery needs OpenMPI's --enable-recovery (docs/failures.md)")
+        return
+    timeout = 3
+    flags = ["--granularity", "chained", "--coll-timeout", str(timeout), "--steps", "60", "--step-sleep-ms", "20"]
+    ref = sc.train(2, "stop_ref", flags, exe="pathways")
+    stop = ["--kill-step", "5", "--kill-rank", "1", "--kill-signal", "stop"]
+    for resume in (False, True):
+        m = os.path.join(sc.TMP, f"stop{int(resume)}.jsonl")
+        cmd = sc.MPIRUN + ["--enable-recovery", sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + flags + [
+            "--spare-workers", "1", "--metrics", m] + stop
+
+        def on_line(line, stopped):  # resume the stopped worker once the controller has gone on without it
+            if resume and "the controller lost device" in line:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+        rc, out, stopped_at, ended, seen = sc.watch_a_stop(cmd, on_line)
+        assert stopped_at is not None, f"no worker was seen stopped:\n{out[-3000:]}"
+        recovered = [t for l, t in seen.items() if "recovered at step" in l]
+        assert recovered and "the controller lost device 0 (world rank 1" in out, f"no recovery:\n{out[-4000:]}"
+        took = recovered[0] - stopped_at
+        assert took <= 2 * timeout + 5, f"recovered {took:.1f} s after the stop (timeout {timeout} s)"
+        if resume:  # it left while the job went on (stopped for good, it may say so too: mpirun's abort
+            # sends SIGCONT before SIGTERM)
+            left = [t for l, t in seen.items() if "was declared lost by the controller" in l]
+            done = [t for l, t in seen.items() if "the run is done and written" in l]
+            assert left and done and left[0] < done[0], f"the resumed worker did not leave first:\n{out[-3000:]}"
+        assert "ending world rank(s) 1 that were lost" in out, f"the job did not end the lost rank:\n{out[-3000:]}"
+        got = sc.metrics(m)
+        assert_bitwise(ref, got, "pathways after a stopped worker", "the run without the loss")
+        print(f"resumed={resume}: recovered {took:.1f} s after the stop, job ended {ended - stopped_at:.1f} s after it "
+              f"(exit {rc}), bitwise equal to the run without the loss")
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"pw_{case}_")

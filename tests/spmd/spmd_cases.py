@@ -652,6 +652,86 @@ def case_supervisor_restarts_from_the_checkpoint():
     p = subprocess.run(["bash", SUPERVISE, "--done-file", done, "--", "bash", "-c", f"touch {done}", "_", "--ckpt", ck,
                         "--resume"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and not supervisor_lines(p), (p.returncode, p.stderr)
+    # One that writes it and exits non-zero finished too (a pathways_train that lost a rank ends
+    # the job with MPI_Abort once its metrics are written), said in one line, no restart.
+    p = subprocess.run(["bash", SUPERVISE, "--done-file", done, "--", "bash", "-c", f"touch {done}; exit 3", "_",
+                        "--ckpt", ck, "--resume"], capture_output=True, text=True, timeout=60)
+    lines = supervisor_lines(p)
+    assert p.returncode == 0 and len(lines) == 1 and "exit 3 after" in lines[0] and f"wrote {done}" in lines[0], lines
+
+
+# ---- issue 38: a stopped rank (SIGSTOP: a hung host) in every execution model --------------------
+
+def stopped_processes(root):
+    """The pids of the stopped (state T) descendants of process `root`."""
+    parent, state = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state[int(pid)], parent[int(pid)] = fields[0], int(fields[1])
+    def under(p):
+        while p in parent and p > 1:
+            p = parent[p]
+            if p == root:
+                return True
+        return False
+    return [p for p, s in state.items() if s == "T" and under(p)]
+
+
+def watch_a_stop(cmd, on_line=None, timeout=180):
+    """Runs `cmd`, whose ranks stop one of themselves (--kill-signal stop); returns (return code,
+    output, when the stopped process was first seen, when the job ended, {line: when it was read}).
+    on_line(line, stopped pids) is called for every line as it is read."""
+    import threading
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, seen = [], {}
+    stopped_at, stopped = None, []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            seen.setdefault(line.strip(), time.time())
+            if on_line:
+                on_line(line, stopped)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        if stopped_at is None:
+            stopped[:] = stopped_processes(proc.pid)
+            if stopped:
+                stopped_at = time.time()
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+        raise AssertionError(f"the job with a stopped rank did not end in {timeout} s:\n" + "".join(lines)[-3000:])
+    ended = time.time()
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines), stopped_at, ended, seen
+
+
+def case_stopped_rank_ends_the_job():
+    """A rank stopped (SIGSTOP) in the middle of step 3, as a hung host: every model ends the job
+    non-zero within 2x the timeout of the stop, with one line naming the stopped rank, and no
+    process is left (the launcher's abort ends the stopped one). SPMD and the static model: the
+    peer's watchdog (collective or receive); Pathways: the controller's liveness."""
+    timeout = 3
+    for exe, n, extra in (("spmd", 2, ["--dp", "2"]), ("static", 2, ["--dp", "2", "--granularity", "chained"]),
+                          ("pathways", 3, ["--dp", "2", "--granularity", "chained"])):
+        args = TINY[:-2] + ["--coll-timeout", str(timeout), "--steps", "30", "--kill-step", "3", "--kill-rank", "1",
+                            "--kill-signal", "stop"] + extra
+        rc, out, stopped_at, ended, _ = watch_a_stop(MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args, timeout=120)
+        assert stopped_at is not None, f"{exe}: no rank was seen stopped:\n{out[-3000:]}"
+        assert rc != 0, f"{exe}: the job with a stopped rank exited 0"
+        named = [l for l in out.splitlines() if "aborting the job" in l and "world rank 1" in l]
+        assert named, f"{exe}: no line names world rank 1:\n{out[-3000:]}"
+        took = ended - stopped_at
+        # (2x the timeout, plus 5 s for a machine whose 2 cores other work shares)
+        assert took <= 2 * timeout + 5, f"{exe}: ended {took:.1f} s after the stop (timeout {timeout} s)"
+        print(f"{exe}: ended {rc} {took:.1f} s after the stop: {named[0][:160]}")
 
 
 # ---- issue 42: nothing silent - non-finite training ends the run ---------------------------------
