@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Goodput under random failures (issue 38; docs/failures.md): each trainer runs the same training
-# twice under mpi_scripts/supervise.sh, once without faults and once while an injector SIGKILLs a
-# random rank of the job at exponentially distributed gaps (mean --mtbf seconds, seeded). The
+# twice under mpi_scripts/supervise.sh, once without faults and once while an injector SIGKILLs (or
+# SIGSTOPs) a random rank of the job at exponentially distributed gaps (mean --mtbf seconds, seeded). The
 # supervisor restarts the job from its newest checkpoint each time. Per trainer:
 # - goodput: the fault-free run's wall time over the faulty run's, for the same steps (useful
 #   steps per second against a run without failures);
@@ -12,7 +12,8 @@
 #   lost steps with the same data; the script fails otherwise).
 #
 # Usage: mpi_scripts/failure_bench.sh [--mtbf SECS] [--steps N] [--ckpt-every K] [--seed S]
-#                                     [--models "spmd pathways"] [--out DIR] [-- TRAINER FLAGS...]
+#                                     [--models "spmd pathways"] [--faults "kill stop"] [--out DIR]
+#                                     [-- TRAINER FLAGS...]
 #   --mtbf SECS      mean time between faults (default 60)
 #   --steps N        the training's steps (default 120; about 2 minutes of the default workload
 #                    without faults on 2 cores)
@@ -26,10 +27,15 @@
 #                    supervisor restarts it with fresh spares; OpenMPI only), and/or static
 #                    (mpmd_train --dp 2 --granularity chained, 2 ranks: no controller, a lost rank
 #                    ends the job and the supervisor restarts it, as spmd_train)
+#   --faults         what the injector does to its rank, each fault one of these at random (seeded):
+#                    kill (SIGKILL: a dead process; the default) and/or stop (SIGSTOP: a hung host;
+#                    the job's liveness or watchdog sees the silence, and the launcher's abort ends
+#                    the stopped process). A host cut off is tested over emulated hosts
+#                    (tests/cluster), not injected here: this benchmark runs on one host.
 # Results: DIR/failure_bench.json (default results/), the timestamped log of every run (and of
 # its injector: DIR/failure_MODEL_faulty.inject.log).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-MTBF=60; STEPS=120; CKPT_EVERY=10; SEED=1; MODELS="spmd pathways"; OUT="$PWM_ROOT/results"; EXTRA=()
+MTBF=60; STEPS=120; CKPT_EVERY=10; SEED=1; MODELS="spmd pathways"; FAULTS="kill"; OUT="$PWM_ROOT/results"; EXTRA=()
 value() {
   if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
     echo "failure_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
@@ -43,9 +49,10 @@ while [ $# -gt 0 ]; do
     --ckpt-every) CKPT_EVERY=$(value "$@") || exit 2; shift 2 ;;
     --seed) SEED=$(value "$@") || exit 2; shift 2 ;;
     --models) MODELS=$(value "$@") || exit 2; shift 2 ;;
+    --faults) FAULTS=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "failure_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +61,8 @@ whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEE
 [[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
   { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
 for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare || "$m" == static ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways, pathways_spare and/or static (got '$m')" >&2; exit 2; }; done
+for f in $FAULTS; do [[ "$f" == kill || "$f" == stop ]] || { echo "failure_bench.sh: error: --faults takes kill and/or stop (got '$f')" >&2; exit 2; }; done
+[ -n "${FAULTS// /}" ] || { echo "failure_bench.sh: error: --faults needs kill and/or stop" >&2; exit 2; }
 [[ " $MODELS " != *" pathways_spare "* || "$PWM_MPI" == openmpi ]] ||
   { echo "failure_bench.sh: error: pathways_spare needs OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
 pwm_install_deps
@@ -88,12 +97,13 @@ run() {
     stamp > "$base.log" &
   local job=$!
   if [ "$kind" = faulty ]; then
-    # The injector: after each gap, SIGKILL one of the job's ranks at random (a gap in which no
-    # rank runs, e.g. between two attempts, is logged and passes).
-    # (The same seed for every trainer: the same gaps.)
-    python3 - "$MTBF" "$SEED" "$bin" "$base.ckpt" "$job" <<'EOF' | stamp > "$base.inject.log" &
+    # The injector: after each gap, SIGKILL or SIGSTOP (--faults) one of the job's ranks at
+    # random (a gap in which no rank runs, e.g. between two attempts, is logged and passes).
+    # (The same seed for every trainer: the same gaps and faults.)
+    python3 - "$MTBF" "$SEED" "$bin" "$base.ckpt" "$job" "$FAULTS" <<'EOF' | stamp > "$base.inject.log" &
 import os, random, signal, subprocess, sys, time
 mtbf, seed, binary, ckpt, job = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+faults = sys.argv[6].split()
 rng = random.Random(seed)
 while True:
     end = time.time() + rng.expovariate(1.0 / mtbf)
@@ -105,15 +115,19 @@ while True:
         time.sleep(0.2)
     # The ranks only: their command line starts with the trainer (the launcher's and the
     # supervisor's hold the same words after theirs).
-    out = subprocess.run(["pgrep", "-f", f"^{binary} .*--ckpt {ckpt}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-r", "R,S,D", "-f", f"^{binary} .*--ckpt {ckpt}"], capture_output=True,
+                         text=True).stdout  # (a stopped rank is not picked again)
     pids = sorted(int(p) for p in out.split())
     if not pids:
         print("failure_bench: inject: no rank running", flush=True)
         continue
     victim = rng.choice(pids)
+    # (one kind of fault draws nothing more: the kill-only schedule of a seed is that of earlier runs)
+    kind = rng.choice(faults) if len(faults) > 1 else faults[0]
+    sig = signal.SIGSTOP if kind == "stop" else signal.SIGKILL
     try:
-        os.kill(victim, signal.SIGKILL)
-        print(f"failure_bench: inject: SIGKILL pid {victim} of {len(pids)} ranks", flush=True)
+        os.kill(victim, sig)
+        print(f"failure_bench: inject: {sig.name} pid {victim} of {len(pids)} ranks", flush=True)
     except ProcessLookupError:
         print("failure_bench: inject: the rank had ended", flush=True)
 EOF

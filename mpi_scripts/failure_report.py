@@ -8,7 +8,7 @@ Each BASE.log is one supervised run's output, every line prefixed with the time 
 attempt's metrics (the weights' hash). The
 lines this reads: the trainers' "] step N/M |" lines, "] resumed from F at step S", the
 supervisor's "supervise.sh: attempt K ended with exit X ...", the injector's
-"failure_bench: inject: SIGKILL pid P ..." and the script's "failure_bench: exit X"; with
+"failure_bench: inject: SIGKILL pid P ..." (or SIGSTOP: a stopped rank) and the script's "failure_bench: exit X"; with
 pathways_train --spare-workers also the controller's "pathways liveness: the controller lost
 device ..." (the loss seen in the job) and the trainer's "] recovered at step S: ... K step(s)
 replayed ...; step(s) A..B run again" (the state restored, the job goes on).
@@ -20,7 +20,8 @@ import sys
 STEP = re.compile(r"\] step\s+(\d+)/\d+ \|")
 RESUMED = re.compile(r"\] resumed from .* at step (\d+)")
 ENDED = re.compile(r"^supervise\.sh: attempt (\d+) ended with exit (\d+)")
-KILL = re.compile(r"^failure_bench: inject: SIGKILL pid (\d+)")
+KILL = re.compile(r"^failure_bench: inject: SIG(?:KILL|STOP) pid (\d+)")
+STOP = re.compile(r"^failure_bench: inject: SIGSTOP pid")
 LOST = re.compile(r"^pathways liveness: the controller lost device (\d+)")
 SPARE = re.compile(r"; it held no slice;")  # (a lost spare: nothing to recover)
 RECOVERED = re.compile(r"\] recovered at step \d+: .* (\d+) step\(s\) replayed .*; step\(s\) (\d+)\.\.(\d+) run again")
@@ -121,6 +122,7 @@ def run_summary(base):
     return {
         "wall_s": (max(times) - min(times)) if times else 0.0,
         "faults": sum(1 for e in ev if e[1] == "kill"),
+        "stops": sum(1 for l in lines if STOP.search(l.split(" ", 1)[-1])),  # (of the faults)
         "restarts": sum(1 for e in ev if e[1] == "ended"),
         "in_job": sum(1 for e in ev if e[1] == "recovered"),
         "recoveries": recoveries(ev),
@@ -151,6 +153,9 @@ def report(models, mtbf, steps, ckpt_every):
         text.append(f"{name:>14} {free['wall_s']:8.1f} {faulty['wall_s']:9.1f} {f(goodput, 3):>8} {faulty['faults']:7d} "
                     f"{faulty['restarts']:9d} {faulty.get('in_job', 0):7d} {f(med['detect_s']):>9} {f(med['restart_s']):>10} "
                     f"{f(med['restore_s'], 2):>10} {f(med['replayed'], 0):>9} {'yes' if same else 'NO':>13}")
+        if faulty.get("stops"):
+            text.append(f"{'':>14} {faulty['stops']} of the {faulty['faults']} faults were SIGSTOP (a stopped rank), "
+                        "the others SIGKILL")
         full = [r for r in rec if all(k in r for k in ("detect_s", "restart_s", "replayed"))]
         if full:  # (a kill before the first checkpoint restarts from step 0: no resume line)
             r = full[0]

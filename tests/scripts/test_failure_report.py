@@ -39,6 +39,25 @@ class FailureReportTest(unittest.TestCase):
         self.assertAlmostEqual(rec[0]["restart_s"], 3.5)
         self.assertEqual(rec[0]["replayed"], 2)  # steps 4 and 5 ran twice
 
+    def test_a_stop_is_a_fault(self):
+        # --faults stop: the injector's SIGSTOP line is a fault as its SIGKILL is (the job's
+        # watchdog ends the attempt, the supervisor restarts it), counted apart in the summary.
+        stopped = FAULTY.replace("inject: SIGKILL pid 4242", "inject: SIGSTOP pid 4242")
+        ev = fr.parse(stopped.splitlines())
+        rec = fr.recoveries(ev)
+        self.assertEqual(len(rec), 1)
+        self.assertAlmostEqual(rec[0]["detect_s"], 1.5)
+        with tempfile.TemporaryDirectory() as d:
+            for name, log in (("faulty", stopped), ("free", FREE)):
+                with open(os.path.join(d, name + ".log"), "w") as f:
+                    f.write(log)
+                with open(os.path.join(d, name + ".jsonl"), "w") as f:
+                    f.write(json.dumps({"final": True, "weights_hash": "ab"}) + "\n")
+            faulty, free = fr.run_summary(os.path.join(d, "faulty")), fr.run_summary(os.path.join(d, "free"))
+        self.assertEqual((faulty["faults"], faulty["stops"], free["stops"]), (1, 1, 0))
+        _, text = fr.report([("spmd", free, faulty)], 60, 8, 4)
+        self.assertTrue(any("1 of the 1 faults were SIGSTOP" in t for t in text), text)
+
     def test_report_goodput_and_weights(self):
         with tempfile.TemporaryDirectory() as d:
             # The injector's lines in a file of their own, merged by time.
