@@ -43,6 +43,12 @@ int Slice::id() const { return s_->info.id; }
 int Slice::size() const { return static_cast<int>(s_->info.devices.size()); }
 int Slice::island() const { return s_->info.island; }
 const std::vector<int>& Slice::mesh() const { return s_->info.mesh; }
+bool Slice::lost() const {
+  if (auto c = s_->ctl.lock())
+    if (c->rm().has_slice(id())) return c->rm().orphaned(id());
+  return false;
+}
+
 std::vector<int> Slice::devices() const {
   if (auto c = s_->ctl.lock())
     if (c->rm().has_slice(id())) return c->rm().slice(id()).devices;

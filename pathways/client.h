@@ -148,6 +148,9 @@ class Slice {
   int island() const;
   const std::vector<int>& mesh() const;
   std::vector<int> devices() const;  // the current physical devices (a drain changes them)
+  // A device of it was lost with no spare to take its place (RuntimeOptions::survive_without_spare):
+  // it cannot run anything again; the client goes on without it or ends.
+  bool lost() const;
   bool valid() const { return s_ != nullptr; }
 
  private:

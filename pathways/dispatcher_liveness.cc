@@ -91,7 +91,7 @@ void Dispatcher::lose(int rank, const std::string& why) {
   // The remap first: a client that hears of the failure finds its slices on their new devices.
   std::vector<SliceRemap> plan;
   try {
-    plan = c_.rm().drain(rank - 1);
+    plan = c_.rm().drain(rank - 1, opts_.survive_without_spare);
   } catch (const std::exception& e) {
     t_.abort(fmt::format("pathways liveness: the controller lost {} ({}) and cannot go on without it: {}; aborting the "
                          "job (--spare-workers adds spare devices)",
@@ -99,9 +99,10 @@ void Dispatcher::lose(int rank, const std::string& why) {
   }
   std::vector<std::string> moved;
   for (const SliceRemap& m : plan)
-    moved.push_back(fmt::format("slice {} device {} -> {}", m.slice, m.from_device, m.to_device));
+    moved.push_back(m.to_device < 0 ? fmt::format("slice {} has no spare left (lost with the device)", m.slice)
+                                    : fmt::format("remapped slice {} device {} -> {}", m.slice, m.from_device, m.to_device));
   fmt::print(stderr, "pathways liveness: the controller lost {} ({}); {}; its runs are cancelled and its objects lost\n",
-             who, why, moved.empty() ? std::string("it held no slice") : fmt::format("remapped {}", fmt::join(moved, ", ")));
+             who, why, moved.empty() ? std::string("it held no slice") : fmt::format("{}", fmt::join(moved, ", ")));
   std::fflush(stderr);
   lost_.insert(rank);
   workers_.erase(std::remove(workers_.begin(), workers_.end(), rank), workers_.end());

@@ -179,7 +179,16 @@ int ResourceManager::pick_spare(int island, const std::vector<int>& exclude) con
   return best;
 }
 
-std::vector<SliceRemap> ResourceManager::drain(int device) {
+bool ResourceManager::orphaned(int slice_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = slices_.find(slice_id);
+  PWM_CHECK(it != slices_.end(), "resource manager: unknown slice {}", slice_id);
+  for (int d : it->second.devices)
+    if (devs_[d].drained) return true;
+  return false;
+}
+
+std::vector<SliceRemap> ResourceManager::drain(int device, bool keep_orphans) {
   std::lock_guard<std::mutex> g(mu_);
   if (device < 0 || device >= static_cast<int>(devs_.size()))
     PWM_THROW("resource manager: cannot drain device {}: devices are 0..{}", device, devs_.size() - 1);
@@ -191,6 +200,10 @@ std::vector<SliceRemap> ResourceManager::drain(int device) {
     for (int i = 0; i < static_cast<int>(s.devices.size()); ++i) {
       if (s.devices[i] != device) continue;
       int to = pick_spare(s.island, s.devices);
+      if (to < 0 && keep_orphans) {
+        plan.push_back({id, i, device, -1});
+        continue;
+      }
       if (to < 0) {
         devs_[device].drained = false;
         for (auto& p : plan) devs_[p.to_device].load--;
@@ -202,6 +215,7 @@ std::vector<SliceRemap> ResourceManager::drain(int device) {
     }
   }
   for (auto& r : plan) {
+    if (r.to_device < 0) continue;  // (kept: the slice is orphaned)
     SliceInfo& s = slices_[r.slice];
     s.devices[r.index] = r.to_device;
     devs_[device].load--;

@@ -70,8 +70,12 @@ class ResourceManager {
   uint64_t generation(int slice_id) const;  // throws for an unknown id
 
   // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
-  // changes nothing) when some slice has no spare device in its island.
-  std::vector<SliceRemap> drain(int device);
+  // changes nothing) when some slice has no spare device in its island, unless `keep_orphans`:
+  // then such a slice keeps the drained device (to_device -1 in the result; orphaned() is true)
+  // and the others move.
+  std::vector<SliceRemap> drain(int device, bool keep_orphans = false);
+  // True when a device of the slice is drained: a drain found no spare for it (keep_orphans).
+  bool orphaned(int slice_id) const;
   void undrain(int device);
 
  private:

@@ -55,6 +55,10 @@ struct RuntimeOptions {
   // an MPI library that keeps the job alive when a rank dies (OpenMPI's mpirun
   // --enable-recovery); without one, the launcher ends the job first.
   bool survive_worker_loss = false;
+  // With survive_worker_loss: a slice left with no spare device keeps its lost device
+  // (Slice::lost()) and the job goes on, instead of ending with the loss's line; the client drops
+  // the slice (pathways_train: one replica fewer) or ends the job.
+  bool survive_without_spare = false;
 
   // The defaults with the PWM_PW_* environment settings applied (latency: LatencyPolicy::from_env()).
   static RuntimeOptions from_env();

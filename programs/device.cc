@@ -43,6 +43,14 @@ TrainingDevice::TrainingDevice(const Shapes& shapes, std::shared_ptr<collectives
   }
 }
 
+void TrainingDevice::reshaped() {
+  flat_cfg_ = shapes_.cfg();
+  flat_cfg_.mesh.dp = flat_cfg_.data_parallel();
+  flat_cfg_.mesh.replicas = 1;
+  ws_.reset();
+  piece_parts_.clear();
+}
+
 const pwm::train::TextDataset& TrainingDevice::data() const {
   PWM_CHECK(data_ != nullptr, "this training device has no dataset");
   return *data_;

@@ -55,6 +55,9 @@ class TrainingDevice {
   // replica): what the model's step reads rows and scales gradients by, with data index
   // replica x dp + dp rank (as spmd_train's world rank).
   const pwm::train::TrainConfig& flat_cfg() const { return flat_cfg_; }
+  // The shapes changed (DeviceSet::set_replicas): what was made from the old ones goes (the
+  // flat configuration is made again; the step memory and the bucket parts on next use).
+  void reshaped();
   const pwm::train::TextDataset& data() const;
   const model::ParamLayout& layout(const Pos& p);  // this shard's (cached per tp and expert-parallel rank)
   // Where step-plan piece `piece` of this shard falls in spmd_train's buckets under --bucket-bytes

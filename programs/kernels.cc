@@ -41,6 +41,14 @@ void DeviceSet::detach(int world_rank) {
   devices_.erase(it);
 }
 
+void DeviceSet::set_replicas(int replicas) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pwm::train::TrainConfig cfg = shapes_.cfg();
+  cfg.mesh.replicas = replicas;
+  shapes_ = Shapes(cfg, shapes_.pipe());  // (in place: the kernels and devices hold its address)
+  for (auto& [rank, dev] : devices_) dev->reshaped();
+}
+
 TrainingDevice& DeviceSet::at(int world_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = devices_.find(world_rank);
@@ -571,6 +579,15 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
   KernelRegistry::global().add(KernelDef{names("trace"), false, [](Attrs a, int) {
     return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {a[1]}}, Sharding::kSplit}});
   }, [devices](KernelContext& ctx) { kernels::trace_dump(devices->at(ctx.world_rank()), ctx); }});
+  // Recovery with no spare left (attrs: tp, replicas): this worker's devices take the shapes of
+  // a run with that many replicas (DeviceSet::set_replicas); out: the count, to wait on.
+  KernelRegistry::global().add(KernelDef{names("set_replicas"), false, [](Attrs, int) {
+    return sig({}, {ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}});
+  },
+                                         [devices](KernelContext& ctx) {
+                                           devices->set_replicas(static_cast<int>(ctx.attr(1)));
+                                           ctx.out<int64_t>(0)[0] = ctx.attr(1);
+                                         }});
   add_unit_kernels(add, S);
   add_replica_kernels(add, S);
   add_pipeline_kernels(add, S);

@@ -58,6 +58,12 @@ class DeviceSet {
                                 std::shared_ptr<const pwm::train::TextDataset> data);
   // The device of the worker running a kernel; throws if it was never attached. Thread-safe.
   TrainingDevice& at(int world_rank);
+  // The job goes on with `replicas` replicas of the same global batch (pathways_train's recovery
+  // with no spare left: Trainer::recover): the shapes become a run's with that many (each
+  // device's share of the batch, its gradient scale, the kernels' signatures), and every
+  // device's configuration with them. Only while nothing reads the shapes: the controller
+  // between steps, a worker in the set_replicas kernel (its device runs one kernel at a time).
+  void set_replicas(int replicas);
 
  private:
   void detach(int world_rank);

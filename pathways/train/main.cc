@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
     if (env.rank() == 0) {
       // (The GEMM peak is probed on the workers by the trainer, through the runtime: waiting in
       // the runtime, the controller leaves the cores to the probing workers.)
-      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume, &lost);
+      stopped = pathways::train::run_controller(env.transport(), s.cfg, resume, &lost,
+                                                [devices](int replicas) { devices->set_replicas(replicas); });
     } else {
       const auto attached = devices->attach(env.transport(), s.data);
       pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();

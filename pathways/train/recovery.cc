@@ -27,19 +27,72 @@ Trainer::ArrayState Trainer::copy_state(const ArrayState& from, const Slice& to)
   return ArrayState::from(dispatch(b.build(), from.list(), "restore"));
 }
 
+std::string Trainer::drop_lost_replicas(std::vector<ArrayState>& st, const std::string& why) {
+  // Only dense replicas of one slice each (pipelines and expert islands refuse --spare-workers).
+  std::vector<size_t> keep;
+  for (size_t s = 0; s < slices_.size(); ++s)
+    if (!slices_[s].lost()) keep.push_back(s);
+  const int dropped = R_ - static_cast<int>(keep.size());
+  const int64_t split = static_cast<int64_t>(keep.size()) * cfg_.mesh.dp * cfg_.workload.microbatches;
+  if (keep.empty() || cfg_.workload.global_batch % split != 0)
+    throw Error(fmt::format("{}; no spare device is left for it and {}: cannot go on without it (--spare-workers adds "
+                            "spares)",
+                            why,
+                            keep.empty() ? std::string("no other replica is left")
+                                         : fmt::format("--batch {} does not split into the {} replica(s) left x --dp {} "
+                                                       "x --microbatches {}",
+                                                       cfg_.workload.global_batch, keep.size(), cfg_.mesh.dp,
+                                                       cfg_.workload.microbatches)));
+  std::vector<Slice> slices;
+  std::vector<ArrayState> states;
+  std::vector<std::vector<int>> devices;
+  for (size_t s : keep) {
+    slices.push_back(slices_[s]);
+    states.push_back(std::move(st[s]));
+    devices.push_back(slice_devices_[s]);
+  }
+  slices_ = std::move(slices);
+  st = std::move(states);
+  slice_devices_ = std::move(devices);
+  // The same global batch, split R' ways: each replica's share and gradient scale, on the
+  // controller (the kernels' signatures) and on every device left, are a run's with R' replicas.
+  R_ = static_cast<int>(keep.size());
+  cfg_.mesh.replicas = R_;
+  sh_ = Shapes(cfg_, PipelineShape{S_});
+  PWM_CHECK(reshape_ != nullptr, "pathways_train: no shapes hook for a run of fewer replicas");
+  reshape_(R_);
+  std::vector<Array> done;
+  for (const Slice& sl : slices_)
+    done.push_back(dispatch(single(names_("set_replicas"), sl, {}, {cfg_.mesh.tp, R_}), {}, "restore")[0]);
+  for (const Array& a : done) a.wait();
+  replicas_dropped_ += dropped;
+  return fmt::format("no spare left: going on with {} replica(s), {} fewer, on the same global batch of {}", R_, dropped,
+                     cfg_.workload.global_batch);
+}
+
 bool Trainer::recover(const std::string& why) {
   if (cfg_.mpmd.spare_workers == 0 || pending_.empty()) return false;
+  bool lost = false;
+  for (const Slice& sl : slices_) lost = lost || sl.lost();
   std::vector<size_t> moved, healthy;
   for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
-  if (moved.empty()) return false;  // not a lost device: the caller rethrows
+  if (moved.empty() && !lost) return false;  // not a lost device: the caller rethrows
   const double t0 = now_s();
   const int64_t from = pending_.front().step;
   std::vector<int64_t> redo;
   for (const Pending& p : pending_) redo.push_back(p.step);
   std::vector<ArrayState> st = std::move(pending_.front().inputs);
   pending_.clear();  // (their outputs failed; what they held on the survivors is freed)
-  std::string source;
-  if (!healthy.empty()) {
+  std::string source, fewer;
+  if (lost) {  // (then the slices moved and healthy are counted again among those left)
+    fewer = drop_lost_replicas(st, why);
+    moved.clear();
+    healthy.clear();
+    for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
+  }
+  if (moved.empty()) {
+    source = "the replicas left (nothing to restore)";
+  } else if (!healthy.empty()) {
     for (size_t s : moved) st[s] = copy_state(st[healthy.front()], slices_[s]);
     source = fmt::format("replica {}'s memory", healthy.front());
   } else {
@@ -54,7 +107,7 @@ bool Trainer::recover(const std::string& why) {
   step_prog_ = build_step_program();
   // (Waits for the restore: a restored slice's outputs complete when its copy or load has run.)
   for (size_t s : moved) states_[s].params.wait();
-  const int64_t restored_at = states_[moved.front()].step.get<int64_t>()[0];
+  const int64_t restored_at = states_[moved.empty() ? 0 : moved.front()].step.get<int64_t>()[0];
   const double t_restore = now_s() - t0;
   // The steps between the state restored and the oldest step in flight, run again unrecorded
   // (already reported), then the steps that were in flight.
@@ -67,6 +120,7 @@ bool Trainer::recover(const std::string& why) {
     slice_devices_[s] = slices_[s].devices();
   }
   const double total = now_s() - t0;
+  if (!fewer.empty()) where.insert(where.begin(), fewer);
   fmt::print("[{}] recovered at step {}: {}; {}; state restored from {} in {:.2f} s, {} step(s) replayed in {:.2f} s; "
              "step(s) {}..{} run again\n",
              run_name(cfg_), from, why, fmt::join(where, ", "), source, t_restore, from - restored_at, total - t_restore,

@@ -516,6 +516,10 @@ void Trainer::report_layout_and_memory() {
     report_->set_extra("recoveries", static_cast<double>(recovery_s_.size()));
     report_->set_extra_list("recovery_s", recovery_s_);
     report_->set_extra_list("recovery_steps_run_again", recovery_steps_);
+    if (R_ > 1 || replicas_dropped_ > 0) {  // (going on with fewer replicas: docs/failures.md)
+      report_->set_extra("replicas_dropped", static_cast<double>(replicas_dropped_));
+      report_->set_extra("replicas_left", static_cast<double>(R_));
+    }
   }
   if (pipe_ && !bubbles_.empty()) {
     report_->set_extra("bubble", median(bubbles_));
@@ -587,11 +591,13 @@ void Trainer::write_trace() {
 }
 
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume, std::vector<int>* lost) {
+                           bool resume, std::vector<int>* lost, std::function<void(int)> reshape) {
   RuntimeOptions ro = RuntimeOptions::from_env();
   ro.islands = cfg.mpmd.islands;
   ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
   ro.survive_worker_loss = cfg.mpmd.spare_workers > 0;  // (unless there are spares: Trainer::recover)
+  // With replicas, a loss with no spare left goes on with one replica fewer (Trainer::recover).
+  ro.survive_without_spare = ro.survive_worker_loss && cfg.mesh.replicas > 1;
   Runtime rt(transport, ro);
   const auto& m = cfg.mesh;
   const std::string replicas = m.replicas > 1 ? fmt::format(", replicas={}", m.replicas) : "";
@@ -607,6 +613,7 @@ std::string run_controller(std::shared_ptr<collectives::Transport> transport, co
   std::string stopped;
   {
     Trainer trainer(cfg, client, rt.num_islands(), resume);  // (the start-up GEMM probe is in it)
+    trainer.on_fewer_replicas(std::move(reshape));
     pwm::train::print_header(
         "pathways", fmt::format("controller + {} workers ({} islands) | {}", transport->size() - 1, rt.num_islands(), layout),
         cfg, "", trainer.report().peak(), "worker");

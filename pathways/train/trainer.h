@@ -19,6 +19,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,8 +49,10 @@ std::string run_name(const pwm::train::TrainConfig& cfg);
 // a non-finite step (--skip-nonfinite), the one line saying why, with the workers released: the
 // caller prints it once and every rank exits non-zero (main.cc). `lost` gets the workers lost
 // on the way (--spare-workers), which the job's last agreement leaves out.
+// `reshape`: this process's kernel shapes to a run with that many replicas (DeviceSet::set_replicas:
+// the kernels' signatures), called when the run goes on with fewer replicas (Trainer::recover).
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const pwm::train::TrainConfig& cfg,
-                           bool resume, std::vector<int>* lost = nullptr);
+                           bool resume, std::vector<int>* lost = nullptr, std::function<void(int)> reshape = {});
 
 // Runs on world rank 0 (the controller) only; every call blocks until the programs it
 // dispatches have been accepted, and the statistics' fetches until the step has run.
@@ -63,6 +66,9 @@ class Trainer final : public pwm::train::Trainer {
   Trainer(const pwm::train::TrainConfig& cfg, Client& client, int num_islands, bool resume,
           const KernelNames& names = {});
   ~Trainer() override;
+  // --spare-workers with no spare left for a replica's slice: this process's kernel shapes go to
+  // a run of fewer replicas with it (run_controller's `reshape`).
+  void on_fewer_replicas(std::function<void(int)> reshape) { reshape_ = std::move(reshape); }
 
   // Trains through the shared run loop; returns the weights hash, or nullopt when a step was
   // non-finite beyond --skip-nonfinite (stop_error() says why; the metrics end with their
@@ -160,6 +166,12 @@ class Trainer final : public pwm::train::Trainer {
   std::vector<std::vector<int>> slice_devices_;
   int64_t saved_step_ = -1;
   std::vector<double> recovery_s_, recovery_steps_;
+  // Replicas dropped for want of a spare (drop_lost_replicas), and the shapes' hook for it.
+  int replicas_dropped_ = 0;
+  std::function<void(int)> reshape_;
+  // Drops the replicas whose slice is lost from the slices and from `st` (their states), and
+  // goes on with the others on the same global batch; returns what it did, in words.
+  std::string drop_lost_replicas(std::vector<ArrayState>& st, const std::string& why);
   std::string stop_error_;
 };
 

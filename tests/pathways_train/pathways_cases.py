@@ -9,6 +9,7 @@ pipeline adds the embedding's two gradient parts in another order, so it agrees 
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -827,11 +828,36 @@ def case_spare_worker_recovers_bitwise():
         assert_bitwise(ref, got, f"pathways {name} after losing a worker", "the run without the loss")
         assert got[2]["recoveries"] == 1, f"{name}: recoveries {got[2].get('recoveries')}"
         print(f"{name}: recovered from {source}, bitwise equal to the run without the loss")
-    # No spare in the lost device's island (one device per island): the job ends with one line.
+    # No spare in the lost device's island (one device per island), with replicas: the run goes on
+    # with one replica fewer on the same global batch, from the input state of the oldest step in
+    # flight (step F, in the recovery line), held by the replica left. So it must end on the bits
+    # of a run of 2 replicas to step F (its checkpoint: a run killed in step F with a checkpoint
+    # every step) resumed with 1 replica.
     m = os.path.join(sc.TMP, "nospare.jsonl")
     cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "4", sc.trainer("pathways")] + sc.TINY + fast + [
         "--replicas", "2", "--islands", "3x1", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
         "--metrics", m]
+    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
+    out = p.stdout + p.stderr
+    rec = re.search(r"recovered at step (\d+): .*no spare left: going on with 1 replica\(s\), 1 fewer, on the same global "
+                    r"batch of 8", out)
+    assert rec and "slice 2 has no spare left" in out, f"no recovery with one replica fewer:\n{out[-3000:]}"
+    f_step, ck = int(rec.group(1)), os.path.join(sc.TMP, "fewer.ckpt")
+    sc.run(3, sc.TINY + fast + ["--replicas", "2", "--ckpt", ck, "--ckpt-every", "1", "--kill-step", str(f_step),
+                                "--kill-rank", "0"], expect_ok=False, exe="pathways", timeout=120)
+    ref = sc.train(2, "fewer_ref", fast + ["--ckpt", ck, "--resume"], exe="pathways")
+    got = sc.metrics(m)
+    assert min(ref[0]) == f_step, f"the reference resumed at step {min(ref[0])}, not {f_step}"
+    for st in ref[0]:
+        for k in sc.DETERMINISTIC_FIELDS:
+            assert got[0][st][k] == ref[0][st][k], f"one replica fewer, step {st} {k}: {got[0][st][k]} vs {ref[0][st][k]}"
+    assert got[2]["weights_hash"] == ref[2]["weights_hash"], "one replica fewer: the final weights differ"
+    assert (got[2]["replicas_dropped"], got[2]["replicas_left"]) == (1, 1), got[2]
+    print(f"no spare: went on with 1 replica from step {f_step}, bitwise equal to 2 replicas resumed as 1 there")
+    # No spare and no replica left: the job ends with one line.
+    m = os.path.join(sc.TMP, "nospare1.jsonl")
+    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + fast + [
+        "--islands", "2x1", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "1", "--metrics", m]
     p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
     assert "cannot go on without it" in p.stdout + p.stderr and not os.path.exists(m), (p.stdout + p.stderr)[-3000:]
     # The controller's own loss: the workers' liveness ends the job (one line each, naming rank 0),
