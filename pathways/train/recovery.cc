@@ -9,7 +9,9 @@
 // flight (its handles were kept: the arrays stayed in the surviving workers' object stores), and
 // every replica holds the same bits, so a healthy replica's copy is the lost one's. With no
 // healthy replica left, the newest checkpoint of this run (or the initial state) and a replay of
-// the steps since give the same state again.
+// the steps since give the same state again. With no spare left for a replica's slice, the run
+// goes on without that replica, on the same global batch (drop_lost_replicas): the steps after
+// are a run's of one replica fewer, resumed from the same state.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -74,8 +76,13 @@ bool Trainer::recover(const std::string& why) {
   if (cfg_.mpmd.spare_workers == 0 || pending_.empty()) return false;
   bool lost = false;
   for (const Slice& sl : slices_) lost = lost || sl.lost();
-  std::vector<size_t> moved, healthy;
-  for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
+  std::vector<size_t> moved, healthy;  // the slices on other devices than their state's, the others
+  auto split = [&] {
+    moved.clear();
+    healthy.clear();
+    for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
+  };
+  split();
   if (moved.empty() && !lost) return false;  // not a lost device: the caller rethrows
   const double t0 = now_s();
   const int64_t from = pending_.front().step;
@@ -86,9 +93,7 @@ bool Trainer::recover(const std::string& why) {
   std::string source, fewer;
   if (lost) {  // (then the slices moved and healthy are counted again among those left)
     fewer = drop_lost_replicas(st, why);
-    moved.clear();
-    healthy.clear();
-    for (size_t s = 0; s < slices_.size(); ++s) (slices_[s].devices() != slice_devices_[s] ? moved : healthy).push_back(s);
+    split();
   }
   if (moved.empty()) {
     source = "the replicas left (nothing to restore)";
