@@ -8,6 +8,9 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
   m1_<M>_<r>.jsonl, m2_<r>.jsonl, mf_<r>, mfs_<r>, mc_<r>, mc2_<r>.jsonl
                        the trainers' metrics (spmd dp 1 and 2; pathways fused at batch 8 and 4,
                        chained at 1 and 2 micro-batches)
+  ms_<r>.jsonl, ms2_<r>.jsonl
+                       mpmd_train (the static model) dp 2 chained at 1 and 2 micro-batches
+                       (optional: without them the profile has no static section)
   d1_<r>.json, d2_<r>.json, d3_<r>.json
                        dispatch_bench Fig. 5 at T = 0: 1 worker chain DCHAIN, 2 workers chains
                        DCHAIN and DCHAIN2
@@ -235,6 +238,31 @@ def fit_node_costs(ec, nc):
     return node_c, step_c
 
 
+def fit_static(measured_ms, preds):
+    """The static model's costs {'node_us', 'step_us'} from mpmd_train's chained step.
+
+    measured_ms: the measured step (ms) at 1 and 2 micro-batches; preds: pwm_sim's rows of the same
+    steps under --mpmd static with both costs 0 (their step_ms and nodes). As the Pathways node
+    costs (fit_node_costs): excess_m = step + nodes_m node, solved through the two points, a
+    negative term held at 0 and the other fitted to both.
+    """
+    ex = [(ms - p['step_ms']) * 1e3 for ms, p in zip(measured_ms, preds)]
+    node, step = fit_node_costs(ex, [p['nodes'] for p in preds])
+    return {'node_us': node, 'step_us': step}
+
+
+def static_section(m, predict, prof):
+    """Sets prof['static'] from mpmd_train's launches ms_<r>, ms2_<r> (fit_static) and returns their
+    measured steps (ms, at 1 and 2 micro-batches); without those files leaves prof alone, None."""
+    if not os.path.exists(m.path('ms_1.jsonl')):
+        return None
+    measured = [m.final('ms')['step_ms_p50'], m.final('ms2')['step_ms_p50']]
+    prof['static'] = {'node_us': 0.0, 'step_us': 0.0}  # the prediction without them
+    preds = [predict(prof, '--granularity', 'chained', '--mpmd', 'static', *extra) for extra in ([], ['--microbatches', '2'])]
+    prof['static'] = fit_static(measured, preds)
+    return measured
+
+
 def final_line(path):
     """The last `final` record of a trainer's metrics (JSON lines)."""
     return [json.loads(l) for l in read_lines(path) if l.strip() and json.loads(l).get('final')][-1]
@@ -346,6 +374,10 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     node_c, step_c = fit_node_costs(ec, nc)
     prof['dispatch']['train_node_us'] = node_c
     prof['dispatch']['node_step_us'] = step_c
+    # The static model (mpmd_train: two processes on the two cores, no controller): its executor's
+    # cost per node and its per-step constant (the statistics' allgather), from its chained step
+    # at 1 and 2 micro-batches as the Pathways node costs just above (fit_static).
+    static_ms = static_section(m, predict, prof)
     # The emulated network's CPU per byte: what the dp 2 step across two emulated hosts takes
     # beyond the same step in one host (paired launches), less what the links themselves add in
     # the simulator, over the bytes a rank sends and receives a step (a 2-rank ring: its gradient
@@ -364,6 +396,8 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     prof['measured']['steps_ms'] = {'spmd_dp1': m.final('m1_1')['step_ms_p50'], 'spmd_dp2': m.final('m2')['step_ms_p50'],
                                     'fused_dp2': m.final('mf')['step_ms_p50'], 'fused_dp2_batch4': m.final('mfs')['step_ms_p50'],
                                     'chained_dp2': m.final('mc')['step_ms_p50'], 'chained_dp2_m2': m.final('mc2')['step_ms_p50']}
+    if static_ms:
+        prof['measured']['steps_ms'] |= {'static_chained_dp2': static_ms[0], 'static_chained_dp2_m2': static_ms[1]}
     return prof
 
 

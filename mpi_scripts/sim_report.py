@@ -36,7 +36,7 @@ def scale_profile(prof, probes):
 
     probes: this configuration's speed probes (GFLOP/s). The kernels, the optimizer and the
     controller's costs are multiplied by calibration / now (the profile's speed_probe gflops_1
-    over the probes' median), recorded under 'scaled'. Unchanged without probes or without a
+    over the probes' median; the static model's node_us with them), recorded under 'scaled'. Unchanged without probes or without a
     calibration probe in the profile. The 2-rank contention factors are the calibration's
     (docs/simulator.md, "Speed scaling").
     """
@@ -51,6 +51,7 @@ def scale_profile(prof, probes):
         d = prof['dispatch']
         for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
             if f in d: d[f] *= s
+        if 'static' in prof: prof['static']['node_us'] *= s  # the static executor's CPU per node, as train_node_us
         prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
     return prof
 

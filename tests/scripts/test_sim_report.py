@@ -34,6 +34,11 @@ class ScaleProfile(unittest.TestCase):
         self.assertEqual(p['kernels']['contention'], [[2, 1.3]])
         self.assertNotIn('msg_us', p['dispatch'])
 
+    def test_the_static_node_cost_scales_its_step_cost_not(self):
+        prof = profile() | {'static': {'node_us': 3.0, 'step_us': 40.0}}
+        p = sim_report.scale_profile(prof, [100.0])
+        self.assertEqual(p['static'], {'node_us': 6.0, 'step_us': 40.0})
+
     def test_unchanged_without_probes_or_a_calibration_probe(self):
         self.assertEqual(sim_report.scale_profile(profile(), []), profile())
         p = profile()
