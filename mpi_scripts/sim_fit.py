@@ -13,7 +13,7 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
                        (optional: without them the profile has no static section)
   d1_<r>.json, d2_<r>.json, d3_<r>.json
                        dispatch_bench Fig. 5 at T = 0: 1 worker chain DCHAIN, 2 workers chains
-                       DCHAIN and DCHAIN2
+                       DCHAIN and DCHAIN2 (their "static" rows give the static chain's costs)
   c_intra.json, c_inter.json, c_shaped.json
                        collectives_bench in one host, across 2 emulated hosts, over the shaped
                        DCN (the last two optional)
@@ -251,15 +251,31 @@ def fit_static(measured_ms, preds):
     return {'node_us': node, 'step_us': step}
 
 
-def static_section(m, predict, prof):
-    """Sets prof['static'] from mpmd_train's launches ms_<r>, ms2_<r> (fit_static) and returns their
-    measured steps (ms, at 1 and 2 micro-batches); without those files leaves prof alone, None."""
-    if not os.path.exists(m.path('ms_1.jsonl')):
+def fit_static_chain(ar, c1, c2, ps):
+    """{'exec_us', 'run_us'}: dispatch_bench's static chain per computation at T = 0 (us).
+
+    The simulator's formula (sim/dispatch.cc, simulate_static_chain): per computation
+    ar + exec + run / k at chain k (no controller, no fetch: the workers' executors alone), a line
+    in 1/k through the lower quartiles at c1 < c2 (ps by chain): run from the slope, exec from the
+    intercept less the AllReduce ar. A negative run is held at 0 and exec fitted to both chains'
+    mean; exec is held >= 0.
+    """
+    run = (ps[c1] - ps[c2]) / (1 / c1 - 1 / c2)
+    if run < 0:
+        return {'exec_us': max(0.0, (ps[c1] + ps[c2]) / 2 - ar), 'run_us': 0.0}
+    return {'exec_us': max(0.0, ps[c2] - run / c2 - ar), 'run_us': run}
+
+
+def static_section(m, predict, prof, chain):
+    """Sets prof['static'] from mpmd_train's launches ms_<r>, ms2_<r> (fit_static) and the static
+    chain's costs `chain` (fit_static_chain), and returns the launches' measured steps (ms, at 1
+    and 2 micro-batches); without those files (or without `chain`) leaves prof alone, None."""
+    if not os.path.exists(m.path('ms_1.jsonl')) or chain is None:
         return None
     measured = [m.final('ms')['step_ms_p50'], m.final('ms2')['step_ms_p50']]
-    prof['static'] = {'node_us': 0.0, 'step_us': 0.0}  # the prediction without them
+    prof['static'] = {'node_us': 0.0, 'step_us': 0.0} | chain  # the prediction without the trainer's costs
     preds = [predict(prof, '--granularity', 'chained', '--mpmd', 'static', *extra) for extra in ([], ['--microbatches', '2'])]
-    prof['static'] = fit_static(measured, preds)
+    prof['static'] = fit_static(measured, preds) | chain
     return measured
 
 
@@ -336,6 +352,10 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     po = {c1: per_comp(d2, 'opbyop', 0), c2: per_comp(d3, 'opbyop', 0)}
     po1, po2 = per_comp(d1, 'opbyop', 0), po[c1]
     dispatch = fit_dispatch(spmd, ar, c1, c2, pf, pc, po, po1)
+    # dispatch_bench's static chain (its row "static" since 5d70c64; absent from older benches).
+    has_static = all(rate(d['rows'], 'static', 0) is not None for d in d2 + d3)
+    ps = {c1: per_comp(d2, 'static', 0), c2: per_comp(d3, 'static', 0)} if has_static else None
+    static_chain = fit_static_chain(ar, c1, c2, ps) if has_static else None
     prof = {
       'machine': f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; hosts: {note}",
       'kernels': {k: k1[k] for k in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param')} |
@@ -345,7 +365,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
       'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_launches': dlaunches, 'dispatch_chains': [c1, c2], 'allreduce_4B_intra_us': ar,
                    'opbyop_per_comp_us': {'w1': po1, 'w2': po2},
                    'per_comp_us_2_workers': {str(k): {'spmd': per_comp(d, 'spmd', 0), 'opbyop': po[k], 'chained': pc[k], 'fused': pf[k]}
-                                             for k, d in ((c1, d2), (c2, d3))}},
+                                             | ({'static': ps[k]} if ps else {}) for k, d in ((c1, d2), (c2, d3))}},
     }
     predict = predictor(pwm_sim, w, cal)
     # Ranks sharing the cores: the factor on the kernels that makes the simulated step of the
@@ -377,7 +397,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     # The static model (mpmd_train: two processes on the two cores, no controller): its executor's
     # cost per node and its per-step constant (the statistics' allgather), from its chained step
     # at 1 and 2 micro-batches as the Pathways node costs just above (fit_static).
-    static_ms = static_section(m, predict, prof)
+    static_ms = static_section(m, predict, prof, static_chain)
     # The emulated network's CPU per byte: what the dp 2 step across two emulated hosts takes
     # beyond the same step in one host (paired launches), less what the links themselves add in
     # the simulator, over the bytes a rank sends and receives a step (a 2-rank ring: its gradient

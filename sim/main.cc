@@ -5,6 +5,7 @@
 //   pwm_sim --what pipeline --profile P [--cluster C] --stages S --schedule gpipe|1f1b TRAIN FLAGS
 //           (both: --mpmd pathways|static, whether pathways_train or mpmd_train runs the program)
 //   pwm_sim --what dispatch --profile P [--cluster C] --workers W --compute-us 0,50,... [--chain K]
+//           (a "static" column, mpmd_train's executor, when the profile has the static costs)
 //   pwm_sim --what stages|clients ... (Fig. 7, Fig. 8)
 //   pwm_sim --what fig6 --profile P --cluster C --hosts-list 2,4,...,512 (C is one host's description)
 //   pwm_sim --what kernels --trace T.json --metrics M.jsonl TRAIN FLAGS   (calibration: the kernels section)
@@ -305,6 +306,8 @@ void chain_rows(const sim::Cluster& c, const sim::Profile& p, const sim::Dispatc
       json row = {{"what", "dispatch"}, {"workers", f.workers}, {"compute_us", t}};
       for (ExecMode m : {ExecMode::kSpmd, ExecMode::kOpByOp, ExecMode::kChained, ExecMode::kFused})
         row[sim::name(m)] = sim::simulate_chain(c, p, o, m, t, &pre);
+      // dispatch_bench's static row, when the profile measured the static model.
+      if (p.mpmd_static) row["static"] = sim::simulate_static_chain(c, p, o, t, &pre);
       out(row);
     }
   } else if (w == What::kStages) {
@@ -337,7 +340,8 @@ int body(int argc, char** argv) {
     PWM_THROW("pwm_sim simulates Mixture-of-Experts models (--experts {}) with --what step or moe only (got --what {})",
               cfg.model.experts, f.what);
   if (w == What::kMoe && !cfg.model.moe()) PWM_THROW("--what moe needs a Mixture-of-Experts model: add --experts E");
-  // The static model (mpmd_train) is simulated for the dense step and the pipeline only.
+  // --mpmd static picks the runner of a step or a pipeline (--what dispatch prints the static
+  // chain beside the others whenever the profile has its costs).
   if (sim::parse_mpmd_model(f.mpmd) == sim::MpmdModel::kStatic && (cfg.model.moe() || (w != What::kStep && w != What::kPipeline)))
     PWM_THROW("--mpmd static is simulated with --what step or pipeline of a dense model (got --what {}{})", f.what,
               cfg.model.moe() ? " and --experts" : "");

@@ -213,7 +213,9 @@ json Profile::to_json() const {
               {"spmd_exec_us", spmd_exec_us}, {"program_exec_us", program_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
               {"node_step_us", node_step_us},
               {"train_node_us", train_node_us}}}};
-  if (mpmd_static) j["static"] = {{"node_us", mpmd_static->node_us}, {"step_us", mpmd_static->step_us}};
+  if (mpmd_static)
+    j["static"] = {{"node_us", mpmd_static->node_us}, {"step_us", mpmd_static->step_us}, {"exec_us", mpmd_static->exec_us},
+                   {"run_us", mpmd_static->run_us}};
   return j;
 }
 
@@ -261,8 +263,11 @@ Profile Profile::from_json(const json& j) {
   p.train_node_us = number_or(d, "dispatch", "train_node_us", 0.0);
   if (j.contains("static")) {  // profiles calibrated before mpmd_train was measured have none
     const json& s = object(j["static"], "static");
-    p.mpmd_static = StaticCosts{number(s, "static", "node_us"), number(s, "static", "step_us")};
-    if (p.mpmd_static->node_us < 0 || p.mpmd_static->step_us < 0) PWM_THROW("static.node_us and static.step_us must be >= 0");
+    p.mpmd_static = StaticCosts{number(s, "static", "node_us"), number(s, "static", "step_us"), number(s, "static", "exec_us"),
+                                number(s, "static", "run_us")};
+    const StaticCosts& c = *p.mpmd_static;
+    if (c.node_us < 0 || c.step_us < 0 || c.exec_us < 0 || c.run_us < 0)
+      PWM_THROW("static.node_us, step_us, exec_us and run_us must be >= 0");
   }
   return p;
 }

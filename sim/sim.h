@@ -99,14 +99,16 @@ struct Profile {
   double node_step_us = 0;   // chained / opbyop / pipeline steps: the same for a program of nodes
   double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
                              // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
-  // The static model (mpmd_train), measured from its chained step at 1 and 2 micro-batches as
-  // train_node_us / node_step_us are from pathways_train's: the executor's cost per node (its
-  // receives posted and waited for, the kernel's slots, pending sends tested) and per step (the
-  // allgather of every device's statistics after the step, the run's set-up). Absent from
-  // profiles calibrated before mpmd_train was measured: simulating the static model with such a
-  // profile is refused (static_costs()).
+  // The static model (mpmd_train). node_us, step_us: measured from its chained step at 1 and 2
+  // micro-batches as train_node_us / node_step_us are from pathways_train's: the executor's cost
+  // per node (its receives posted and waited for, the kernel's slots, pending sends tested) and
+  // per step (the allgather of every device's statistics after the step, the run's set-up).
+  // exec_us, run_us: dispatch_bench's static chain (the chained program run by the workers'
+  // executors alone), per computation beyond T + the AllReduce and per run, as spmd_exec_us is
+  // the SPMD loop's. Absent from profiles calibrated before mpmd_train was measured: simulating
+  // the static model with such a profile is refused (static_costs()).
   struct StaticCosts {
-    double node_us = 0, step_us = 0;
+    double node_us = 0, step_us = 0, exec_us = 0, run_us = 0;
   };
   std::optional<StaticCosts> mpmd_static;
   // mpmd_static, or pwm::Error with one line naming the fix (recalibrate).

@@ -470,7 +470,7 @@ Profile static_profile() {
   p.contention = {{2, 1.5}, {3, 2.0}};
   p.call_us = 1000, p.node_us = 1000, p.msg_us = 1000, p.exec_us = 1000, p.fetch_rtt_us = 1000;
   p.step_kernel_us = 5000, p.node_step_us = 5000, p.train_node_us = 1000;
-  p.mpmd_static = Profile::StaticCosts{3, 40};  // 3 us per node, 40 us per step
+  p.mpmd_static = Profile::StaticCosts{3, 40, 0.5, 20};  // 3 us per node, 40 us per step; the chain's 0.5 and 20 us
   return p;
 }
 
@@ -573,6 +573,23 @@ TEST(SimStatic, ProfileWithoutStaticCostsLoadsAndRefuses) {
   EXPECT_THROW(simulate_step(two_cores(2), q, cfg, ExecMode::kSpmd, MpmdModel::kStatic), Error);
   EXPECT_EQ(parse_mpmd_model("static"), MpmdModel::kStatic);
   EXPECT_THROW(parse_mpmd_model("oneflow"), Error);
+  EXPECT_THROW(simulate_static_chain(two_cores(2), old, chain16(), 0), Error);
+}
+
+// dispatch_bench's static chain of k = 16 computations: run + k (T + AllReduce + exec), no
+// controller, no fetch, nothing stolen from the cores; the AllReduce here a 2-rank exchange of
+// 4 bytes over a link of 1.5 us and 1 GB/s (hd: one message each way, 1.5 + 0.004 us).
+TEST(SimStatic, DispatchChainIsRunPlusComputations) {
+  Profile p = static_profile();
+  p.intra = link(1.5, 1.0, 0);
+  Cluster c = two_cores(2);
+  c.intra = c.inter = p.intra;
+  const double ar = simulate_allreduce(c, p, range(2), 4).end;
+  EXPECT_NEAR(ar, 1.504, kTol);
+  for (double T : {0.0, 100.0}) {
+    const double end = 20 + 16 * (T + ar + 0.5);
+    EXPECT_NEAR(simulate_static_chain(c, p, chain16(), T), 16 / (end * 1e-6), 1e-6) << T;
+  }
 }
 
 // ---- Mixture of Experts (sim/moe.h) ---------------------------------------------------------
