@@ -8,18 +8,20 @@
 #             spmd_train dp 2 across the hosts vs in one
 #   dispatch  dispatch_bench Fig. 5 with 1 and 2 workers (controller costs per call, node,
 #             worker message; the fetch round trip; the SPMD loop's own cost)
+#   static    mpmd_train dp 2 chained at 1 and 2 micro-batches (the static model's executor cost
+#             per node and its per-step constant)
 #
 #   mpi_scripts/sim_calibrate.sh [--out results/sim/profile.json] [--quick] [--no-hosts]
 #                                [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)]
-# Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train collectives_bench
-# dispatch_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
+# Binaries come from $BUILD_DIR (mpi_scripts/env.sh; build spmd_train pathways_train mpmd_train
+# collectives_bench dispatch_bench model_bench pwm_sim_cli first). Without root (no emulated hosts) the cross-host links are
 # left at the in-host ones and the profile says so. Takes ~4 minutes (--quick: ~1); PWM_SIM_LAUNCHES
 # (default 5) launches of each configuration, PWM_SIM_DLAUNCHES (default 11) of dispatch_bench.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 OUT="$PWM_ROOT/results/sim/profile.json"
 pwm_sim_args 2,17 0 "$@"
-pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
+pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train static_mpmd/mpmd_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
 pwm_sim_workdir
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
@@ -69,6 +71,15 @@ for r in $(seq 1 $LAUNCHES); do
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
   "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/mc2_$r.jsonl" >/dev/null
+done
+
+echo "== kernels: mpmd_train dp 2 chained at 1 and 2 micro-batches (the static model's per-node and per-step costs)" >&2
+# As the Pathways chained pair above: the units' nodes double, the compute stays; two processes on
+# the two cores (no controller), so the 2-rank contention factor applies.
+for r in $(seq 1 $LAUNCHES); do
+  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
+  "${MPI[@]}" -n 2 "$B/static_mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/ms_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 2 "$B/static_mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/ms2_$r.jsonl" >/dev/null
 done
 
 # Dispatch before the emulated hosts: tearing their namespaces down keeps the cores busy for a

@@ -8,9 +8,12 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
   m1_<M>_<r>.jsonl, m2_<r>.jsonl, mf_<r>, mfs_<r>, mc_<r>, mc2_<r>.jsonl
                        the trainers' metrics (spmd dp 1 and 2; pathways fused at batch 8 and 4,
                        chained at 1 and 2 micro-batches)
+  ms_<r>.jsonl, ms2_<r>.jsonl
+                       mpmd_train (the static model) dp 2 chained at 1 and 2 micro-batches
+                       (optional: without them the profile has no static section)
   d1_<r>.json, d2_<r>.json, d3_<r>.json
                        dispatch_bench Fig. 5 at T = 0: 1 worker chain DCHAIN, 2 workers chains
-                       DCHAIN and DCHAIN2
+                       DCHAIN and DCHAIN2 (their "static" rows give the static chain's costs)
   c_intra.json, c_inter.json, c_shaped.json
                        collectives_bench in one host, across 2 emulated hosts, over the shaped
                        DCN (the last two optional)
@@ -235,6 +238,47 @@ def fit_node_costs(ec, nc):
     return node_c, step_c
 
 
+def fit_static(measured_ms, preds):
+    """The static model's costs {'node_us', 'step_us'} from mpmd_train's chained step.
+
+    measured_ms: the measured step (ms) at 1 and 2 micro-batches; preds: pwm_sim's rows of the same
+    steps under --mpmd static with both costs 0 (their step_ms and nodes). As the Pathways node
+    costs (fit_node_costs): excess_m = step + nodes_m node, solved through the two points, a
+    negative term held at 0 and the other fitted to both.
+    """
+    ex = [(ms - p['step_ms']) * 1e3 for ms, p in zip(measured_ms, preds)]
+    node, step = fit_node_costs(ex, [p['nodes'] for p in preds])
+    return {'node_us': node, 'step_us': step}
+
+
+def fit_static_chain(ar, c1, c2, ps):
+    """{'exec_us', 'run_us'}: dispatch_bench's static chain per computation at T = 0 (us).
+
+    The simulator's formula (sim/dispatch.cc, simulate_static_chain): per computation
+    ar + exec + run / k at chain k (no controller, no fetch: the workers' executors alone), a line
+    in 1/k through the lower quartiles at c1 < c2 (ps by chain): run from the slope, exec from the
+    intercept less the AllReduce ar. A negative run is held at 0 and exec fitted to both chains'
+    mean; exec is held >= 0.
+    """
+    run = (ps[c1] - ps[c2]) / (1 / c1 - 1 / c2)
+    if run < 0:
+        return {'exec_us': max(0.0, (ps[c1] + ps[c2]) / 2 - ar), 'run_us': 0.0}
+    return {'exec_us': max(0.0, ps[c2] - run / c2 - ar), 'run_us': run}
+
+
+def static_section(m, predict, prof, chain):
+    """Sets prof['static'] from mpmd_train's launches ms_<r>, ms2_<r> (fit_static) and the static
+    chain's costs `chain` (fit_static_chain), and returns the launches' measured steps (ms, at 1
+    and 2 micro-batches); without those files (or without `chain`) leaves prof alone, None."""
+    if not os.path.exists(m.path('ms_1.jsonl')) or chain is None:
+        return None
+    measured = [m.final('ms')['step_ms_p50'], m.final('ms2')['step_ms_p50']]
+    prof['static'] = {'node_us': 0.0, 'step_us': 0.0} | chain  # the prediction without the trainer's costs
+    preds = [predict(prof, '--granularity', 'chained', '--mpmd', 'static', *extra) for extra in ([], ['--microbatches', '2'])]
+    prof['static'] = fit_static(measured, preds) | chain
+    return measured
+
+
 def final_line(path):
     """The last `final` record of a trainer's metrics (JSON lines)."""
     return [json.loads(l) for l in read_lines(path) if l.strip() and json.loads(l).get('final')][-1]
@@ -308,6 +352,10 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     po = {c1: per_comp(d2, 'opbyop', 0), c2: per_comp(d3, 'opbyop', 0)}
     po1, po2 = per_comp(d1, 'opbyop', 0), po[c1]
     dispatch = fit_dispatch(spmd, ar, c1, c2, pf, pc, po, po1)
+    # dispatch_bench's static chain (its row "static" since 5d70c64; absent from older benches).
+    has_static = all(rate(d['rows'], 'static', 0) is not None for d in d2 + d3)
+    ps = {c1: per_comp(d2, 'static', 0), c2: per_comp(d3, 'static', 0)} if has_static else None
+    static_chain = fit_static_chain(ar, c1, c2, ps) if has_static else None
     prof = {
       'machine': f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; hosts: {note}",
       'kernels': {k: k1[k] for k in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param')} |
@@ -317,7 +365,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
       'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_launches': dlaunches, 'dispatch_chains': [c1, c2], 'allreduce_4B_intra_us': ar,
                    'opbyop_per_comp_us': {'w1': po1, 'w2': po2},
                    'per_comp_us_2_workers': {str(k): {'spmd': per_comp(d, 'spmd', 0), 'opbyop': po[k], 'chained': pc[k], 'fused': pf[k]}
-                                             for k, d in ((c1, d2), (c2, d3))}},
+                                             | ({'static': ps[k]} if ps else {}) for k, d in ((c1, d2), (c2, d3))}},
     }
     predict = predictor(pwm_sim, w, cal)
     # Ranks sharing the cores: the factor on the kernels that makes the simulated step of the
@@ -346,6 +394,10 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     node_c, step_c = fit_node_costs(ec, nc)
     prof['dispatch']['train_node_us'] = node_c
     prof['dispatch']['node_step_us'] = step_c
+    # The static model (mpmd_train: two processes on the two cores, no controller): its executor's
+    # cost per node and its per-step constant (the statistics' allgather), from its chained step
+    # at 1 and 2 micro-batches as the Pathways node costs just above (fit_static).
+    static_ms = static_section(m, predict, prof, static_chain)
     # The emulated network's CPU per byte: what the dp 2 step across two emulated hosts takes
     # beyond the same step in one host (paired launches), less what the links themselves add in
     # the simulator, over the bytes a rank sends and receives a step (a 2-rank ring: its gradient
@@ -364,6 +416,8 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     prof['measured']['steps_ms'] = {'spmd_dp1': m.final('m1_1')['step_ms_p50'], 'spmd_dp2': m.final('m2')['step_ms_p50'],
                                     'fused_dp2': m.final('mf')['step_ms_p50'], 'fused_dp2_batch4': m.final('mfs')['step_ms_p50'],
                                     'chained_dp2': m.final('mc')['step_ms_p50'], 'chained_dp2_m2': m.final('mc2')['step_ms_p50']}
+    if static_ms:
+        prof['measured']['steps_ms'] |= {'static_chained_dp2': static_ms[0], 'static_chained_dp2_m2': static_ms[1]}
     return prof
 
 

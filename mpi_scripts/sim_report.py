@@ -36,7 +36,8 @@ def scale_profile(prof, probes):
 
     probes: this configuration's speed probes (GFLOP/s). The kernels, the optimizer and the
     controller's costs are multiplied by calibration / now (the profile's speed_probe gflops_1
-    over the probes' median), recorded under 'scaled'. Unchanged without probes or without a
+    over the probes' median; the static model's node_us and exec_us with them), recorded under
+    'scaled'. Unchanged without probes or without a
     calibration probe in the profile. The 2-rank contention factors are the calibration's
     (docs/simulator.md, "Speed scaling").
     """
@@ -51,6 +52,10 @@ def scale_profile(prof, probes):
         d = prof['dispatch']
         for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
             if f in d: d[f] *= s
+        # The static executor's CPU per node and per computation, as train_node_us and
+        # spmd_exec_us; not its per-step and per-run constants (as node_step_us and the fetch).
+        for f in ('node_us', 'exec_us'):
+            if f in prof.get('static', {}): prof['static'][f] *= s
         prof['scaled'] = {'probe_now': g1, 'kernel_factor': s}
     return prof
 
@@ -130,6 +135,7 @@ def dispatch_rows(by, predict):
     for (mode, t), rs in by.items():
         eff = med([r.get('effective_compute_us', r['compute_us']) for r in rs])
         p = predict(eff)
+        if mode not in p: continue  # a mode the profile cannot predict (static: a profile from before it)
         per = [1e6 / r['computations_per_s'] for r in rs]
         rows.append({'config': f"fig5_{mode}_T{t}", 'measured': low_quartile(per), 'predicted': 1e6 / p[mode], 'unit': 'us/comp',
                      'spread': spread(per), 'launches': per, **interval_fields(per, 1e6 / p[mode], quantile=0.25)})

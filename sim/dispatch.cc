@@ -159,6 +159,17 @@ double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions&
   return k / (end * 1e-6);
 }
 
+double simulate_static_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, double t_us,
+                             const ChainInputs* pre) {
+  const Profile::StaticCosts& s = p.static_costs();
+  // The controller asleep (dispatch_bench times it in the SPMD phase): nothing steals the cores.
+  // Per run the executor's set-up, per computation T, the AllReduce and the executor's own cost.
+  const double ar = pre != nullptr ? pre->allreduce_us : prepare_chain(c, p, o).allreduce_us;
+  const double ds = 1.0 / c.dispatch_scale;
+  const double end = s.run_us * ds + o.chain * (t_us + ar + s.exec_us * ds);
+  return o.chain / (end * 1e-6);
+}
+
 double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                   const std::vector<double>& ts, double frac) {
   const ChainInputs pre = prepare_chain(c, p, o);

@@ -49,6 +49,12 @@ ChainInputs prepare_chain(const Cluster& c, const Profile& p, const DispatchOpti
 double simulate_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,
                       double t_us, const ChainInputs* pre = nullptr);
 
+// dispatch_bench's static chain (mode "static"): the chained program of o.chain computations run
+// by the workers' static executors alone, no controller (the profile's static costs; throws
+// pwm::Error without them). Computations per second at compute time `t_us`.
+double simulate_static_chain(const Cluster& c, const Profile& p, const DispatchOptions& o, double t_us,
+                             const ChainInputs* pre = nullptr);
+
 // The smallest T (from `ts`, ascending) from which on `mode` reaches `frac` of SPMD at every
 // larger T; -1 when none does.
 double break_even(const Cluster& c, const Profile& p, const DispatchOptions& o, ExecMode mode,

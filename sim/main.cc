@@ -3,7 +3,9 @@
 //
 //   pwm_sim --what step --profile P [--cluster C] [--granularity spmd|fused|chained|opbyop] TRAIN FLAGS
 //   pwm_sim --what pipeline --profile P [--cluster C] --stages S --schedule gpipe|1f1b TRAIN FLAGS
+//           (both: --mpmd pathways|static, whether pathways_train or mpmd_train runs the program)
 //   pwm_sim --what dispatch --profile P [--cluster C] --workers W --compute-us 0,50,... [--chain K]
+//           (a "static" column, mpmd_train's executor, when the profile has the static costs)
 //   pwm_sim --what stages|clients ... (Fig. 7, Fig. 8)
 //   pwm_sim --what fig6 --profile P --cluster C --hosts-list 2,4,...,512 (C is one host's description)
 //   pwm_sim --what kernels --trace T.json --metrics M.jsonl TRAIN FLAGS   (calibration: the kernels section)
@@ -139,7 +141,7 @@ What parse_what(const std::string& w) {
 struct SimFlags {
   std::string what = "step", profile_path, cluster_path, granularity = "spmd", schedule = "gpipe";
   std::string compute_s = "0,10,20,50,100,200,500,1000,2000,5000", hosts_s = "2,4,8,16,32,64,128,256,512";
-  std::string trace, metrics, clients_s = "1,2,4,8,16", moe_routing = "auto";
+  std::string trace, metrics, clients_s = "1,2,4,8,16", moe_routing = "auto", mpmd = "pathways";
   int stages = 0, workers = 2, chain = 128;
   bool controller_alone = false, host_executors = false;
   double stage_us = 100;
@@ -153,6 +155,8 @@ struct SimFlags {
     app.add_option("--granularity", granularity, "step: spmd | fused | chained | opbyop")->group(S);
     app.add_option("--stages", stages, "pipeline stages (Fig. 7: pipeline length)")->group(S);
     app.add_option("--schedule", schedule, "pipeline: gpipe | 1f1b")->group(S);
+    app.add_option("--mpmd", mpmd,
+                   "step (fused, chained) and pipeline: pathways (pathways_train, a controller) | static (mpmd_train, none)")->group(S);
     app.add_option("--workers", workers, "dispatch: workers (devices)")->group(S);
     app.add_option("--chain", chain, "dispatch: computations per chain")->group(S);
     app.add_option("--compute-us", compute_s, "dispatch: comma-separated compute times T (us)")->group(S);
@@ -263,9 +267,10 @@ void step_rows(const sim::Cluster& c, const sim::Profile& p, const train::TrainC
     out(row);
     return;
   }
-  const sim::StepPrediction r = w == What::kStep ? sim::simulate_step(c, p, cfg, sim::parse_exec_mode(f.granularity))
-                                                 : sim::simulate_pipeline(c, p, cfg, f.stages, train::parse_schedule(f.schedule));
-  out({{"what", f.what}, {"granularity", w == What::kStep ? f.granularity : f.schedule}, {"dp", cfg.mesh.dp}, {"stages", f.stages},
+  const sim::MpmdModel mm = sim::parse_mpmd_model(f.mpmd);
+  const sim::StepPrediction r = w == What::kStep ? sim::simulate_step(c, p, cfg, sim::parse_exec_mode(f.granularity), mm)
+                                                 : sim::simulate_pipeline(c, p, cfg, f.stages, train::parse_schedule(f.schedule), mm);
+  out({{"what", f.what}, {"granularity", w == What::kStep ? f.granularity : f.schedule}, {"mpmd", f.mpmd}, {"dp", cfg.mesh.dp}, {"stages", f.stages},
        {"cluster", c.name}, {"step_ms", r.step_us * 1e-3}, {"compute_ms", r.compute_us * 1e-3},
        {"exposed_comm_ms", r.exposed_comm_us * 1e-3}, {"bubble", r.bubble}, {"tokens_per_s", r.tokens_per_s},
        {"collectives", r.collectives}, {"nodes", r.nodes}, {"params", model::ParamLayout(cfg.model, 0, 1).total()}});
@@ -301,6 +306,8 @@ void chain_rows(const sim::Cluster& c, const sim::Profile& p, const sim::Dispatc
       json row = {{"what", "dispatch"}, {"workers", f.workers}, {"compute_us", t}};
       for (ExecMode m : {ExecMode::kSpmd, ExecMode::kOpByOp, ExecMode::kChained, ExecMode::kFused})
         row[sim::name(m)] = sim::simulate_chain(c, p, o, m, t, &pre);
+      // dispatch_bench's static row, when the profile measured the static model.
+      if (p.mpmd_static) row["static"] = sim::simulate_static_chain(c, p, o, t, &pre);
       out(row);
     }
   } else if (w == What::kStages) {
@@ -333,6 +340,11 @@ int body(int argc, char** argv) {
     PWM_THROW("pwm_sim simulates Mixture-of-Experts models (--experts {}) with --what step or moe only (got --what {})",
               cfg.model.experts, f.what);
   if (w == What::kMoe && !cfg.model.moe()) PWM_THROW("--what moe needs a Mixture-of-Experts model: add --experts E");
+  // --mpmd static picks the runner of a step or a pipeline (--what dispatch prints the static
+  // chain beside the others whenever the profile has its costs).
+  if (sim::parse_mpmd_model(f.mpmd) == sim::MpmdModel::kStatic && (cfg.model.moe() || (w != What::kStep && w != What::kPipeline)))
+    PWM_THROW("--mpmd static is simulated with --what step or pipeline of a dense model (got --what {}{})", f.what,
+              cfg.model.moe() ? " and --experts" : "");
   cfg.mpmd.moe_routing = train::parse_moe_routing(f.moe_routing);
   if (!cfg.model.moe() && cfg.mpmd.moe_routing != train::MoeRouting::kAuto)
     PWM_THROW("--moe-routing {} applies to Mixture-of-Experts models: add --experts E or leave it out", f.moe_routing);

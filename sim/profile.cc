@@ -200,19 +200,23 @@ json Profile::to_json() const {
   for (const auto& [r, x] : contention) c.push_back({r, x});
   json rt = json::array();
   for (const KernelRate& k : rates) rt.push_back({{"tokens", k.tokens}, {"fwd_us_per_gflop", k.fwd_us_per_gflop}, {"bwd_us_per_gflop", k.bwd_us_per_gflop}});
-  return {{"machine", machine},
-          {"kernels",
-           {{"fwd_us_per_gflop", fwd_us_per_gflop}, {"bwd_us_per_gflop", bwd_us_per_gflop}, {"opt_us_per_param", opt_us_per_param},
-            {"step_overhead_us", step_overhead_us}, {"microbatch_overhead_us", microbatch_overhead_us},
-            {"contention", c}, {"rates", rt}}},
-          {"links",
-           {{"reduce_ns_per_byte", reduce_ns_per_byte}, {"intra", link_json(intra)}, {"inter", link_json(inter)},
-            {"inter_shaped", link_json(inter_shaped)}}},
-          {"dispatch",
-           {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
-            {"spmd_exec_us", spmd_exec_us}, {"program_exec_us", program_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
-            {"node_step_us", node_step_us},
-            {"train_node_us", train_node_us}}}};
+  json j = {{"machine", machine},
+            {"kernels",
+             {{"fwd_us_per_gflop", fwd_us_per_gflop}, {"bwd_us_per_gflop", bwd_us_per_gflop}, {"opt_us_per_param", opt_us_per_param},
+              {"step_overhead_us", step_overhead_us}, {"microbatch_overhead_us", microbatch_overhead_us},
+              {"contention", c}, {"rates", rt}}},
+            {"links",
+             {{"reduce_ns_per_byte", reduce_ns_per_byte}, {"intra", link_json(intra)}, {"inter", link_json(inter)},
+              {"inter_shaped", link_json(inter_shaped)}}},
+            {"dispatch",
+             {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
+              {"spmd_exec_us", spmd_exec_us}, {"program_exec_us", program_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
+              {"node_step_us", node_step_us},
+              {"train_node_us", train_node_us}}}};
+  if (mpmd_static)
+    j["static"] = {{"node_us", mpmd_static->node_us}, {"step_us", mpmd_static->step_us}, {"exec_us", mpmd_static->exec_us},
+                   {"run_us", mpmd_static->run_us}};
+  return j;
 }
 
 Profile Profile::from_json(const json& j) {
@@ -257,7 +261,22 @@ Profile Profile::from_json(const json& j) {
   p.step_kernel_us = number_or(d, "dispatch", "step_kernel_us", 0.0);
   p.node_step_us = number_or(d, "dispatch", "node_step_us", 0.0);
   p.train_node_us = number_or(d, "dispatch", "train_node_us", 0.0);
+  if (j.contains("static")) {  // profiles calibrated before mpmd_train was measured have none
+    const json& s = object(j["static"], "static");
+    p.mpmd_static = StaticCosts{number(s, "static", "node_us"), number(s, "static", "step_us"), number(s, "static", "exec_us"),
+                                number(s, "static", "run_us")};
+    const StaticCosts& c = *p.mpmd_static;
+    if (c.node_us < 0 || c.step_us < 0 || c.exec_us < 0 || c.run_us < 0)
+      PWM_THROW("static.node_us, step_us, exec_us and run_us must be >= 0");
+  }
   return p;
+}
+
+const Profile::StaticCosts& Profile::static_costs() const {
+  if (!mpmd_static)
+    PWM_THROW("the profile has no static section (mpmd_train's costs; calibrated before it was measured): "
+              "rerun mpi_scripts/sim_calibrate.sh to simulate --mpmd static");
+  return *mpmd_static;
 }
 
 Profile Profile::load(const std::string& path) {

@@ -4,7 +4,8 @@
     sim/project.py BUILD_DIR PROFILE [OUTDIR=results/sim]
 
 Writes OUTDIR/projection.json and fig5_sim.png, fig6_sim.png: Fig. 5 (computations/s vs T at 16
-hosts), Fig. 6 (break-even T vs hosts 2..512), PaLM's two-pod weak scaling, Table 2's pipeline.
+hosts), Fig. 6 (break-even T vs hosts 2..512), PaLM's two-pod weak scaling, Table 2's pipeline (under
+Pathways, and under the static model when the profile has its costs).
 Every figure rests on the cluster descriptions in sim/clusters (their sources in
 docs/simulator.md) and on this machine's measured dispatch costs: see the doc for what is assumed.
 """
@@ -43,7 +44,7 @@ res['palm'] = {'one_pod': one, 'two_pods': two, 'weak_scaling': two['tokens_per_
 # Table 2: a 3B decoder-only LM on 128 TPU v3 cores (shapes assumed, docs/simulator.md).
 lm3b = ['--d-model', '2560', '--layers', '32', '--heads', '32', '--head-dim', '80', '--d-ff', '10240',
         '--vocab', '32000', '--seq-len', '1024']
-def table2(cluster, S, M, batch):
+def table2(cluster, S, M, batch, mpmd='pathways'):
     c = json.load(open(f'{cl}/{cluster}.json'))
     c['device_gflops'] = 64 * 123000 / S  # 64 chips split over S stages (the same assumed MFU cancels in ratios)
     c['hosts'] = max(1, S // c['devices_per_host']) if cluster == 'table2_dcn' else 1
@@ -53,15 +54,21 @@ def table2(cluster, S, M, batch):
     if S == 1:
         r = sim('--what', 'step', '--cluster', path, *lm3b, '--batch', str(batch), '--microbatches', '1')[0]
     else:
-        r = sim('--what', 'pipeline', '--cluster', path, '--stages', str(S), '--schedule', 'gpipe', *lm3b,
+        r = sim('--what', 'pipeline', '--mpmd', mpmd, '--cluster', path, '--stages', str(S), '--schedule', 'gpipe', *lm3b,
                 '--batch', str(batch), '--microbatches', str(M))[0]
     os.remove(path)
     return r
 spmd = table2('table2_ici', 1, 1, 256)
 rows = [('SPMD', spmd, 125.7), ('S=4 M=16', table2('table2_ici', 4, 16, 256), 133.7),
         ('S=16 M=64', table2('table2_ici', 16, 64, 256), 131.4), ('S=16 M=64, 4 islands DCN', table2('table2_dcn', 16, 64, 256), 131.4)]
+# The same pipelines under the static model (mpmd_train: no controller, its own per-node and
+# per-step costs), beside Pathways' rows; only with a profile that measured it. No paper figure.
+if 'static' in json.load(open(profile)):
+    rows += [(f'{n}, static', table2(cl_, S, M, 256, 'static'), None)
+             for n, cl_, S, M in (('S=4 M=16', 'table2_ici', 4, 16), ('S=16 M=64', 'table2_ici', 16, 64),
+                                  ('S=16 M=64, 4 islands DCN', 'table2_dcn', 16, 64))]
 res['table2'] = [{'config': n, 'tokens_per_s': r['tokens_per_s'], 'relative_to_spmd': r['tokens_per_s'] / spmd['tokens_per_s'],
-                  'bubble': r['bubble'], 'paper_ktok_s': p, 'paper_relative': p / 125.7} for n, r, p in rows]
+                  'bubble': r['bubble'], 'paper_ktok_s': p, 'paper_relative': p / 125.7 if p else None} for n, r, p in rows]
 json.dump(res, open(os.path.join(out, 'projection.json'), 'w'), indent=1)
 print('Fig. 6 (projected break-even, us):')
 for r in res['fig6']:
@@ -69,7 +76,8 @@ for r in res['fig6']:
 print(f"PaLM two pods: weak scaling {res['palm']['weak_scaling']:.3f}x (paper 1.95x); step {one['step_ms']/1e3:.2f} s, two pods {two['step_ms']/1e3:.2f} s")
 print('Table 2 (relative to SPMD; paper in brackets):')
 for r in res['table2']:
-    print(f"  {r['config']:28} {r['relative_to_spmd']:.3f} ({r['paper_relative']:.3f})  bubble {r['bubble']:.3f}")
+    paper = f"({r['paper_relative']:.3f})" if r['paper_relative'] else '       '
+    print(f"  {r['config']:36} {r['relative_to_spmd']:.3f} {paper}  bubble {r['bubble']:.3f}")
 # Plots: gnuplot, as mpi_scripts/dispatch_plot.py draws the measured figures.
 sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
 from dispatch_plot import line_plot, write_data

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +27,16 @@ enum class ExecMode { kSpmd, kFused, kChained, kOpByOp };
 // "spmd" | "fused" | "chained" | "opbyop"; throws pwm::Error with one line otherwise.
 ExecMode parse_exec_mode(std::string_view text);
 const char* name(ExecMode m);
+
+// Which MPMD trainer runs a program of nodes (fused, chained, the pipeline): pathways_train (a
+// controller process beside the workers dispatches every step and fetches its result) or
+// mpmd_train, the static model (every rank runs its own instruction list, no controller: no
+// dispatch, no fetch, transfers between the ranks only). An axis apart from ExecMode: both run
+// the same programs at the same granularities.
+enum class MpmdModel { kPathways, kStatic };
+// "pathways" | "static"; throws pwm::Error with one line otherwise.
+MpmdModel parse_mpmd_model(std::string_view text);
+const char* name(MpmdModel m);
 
 // A link: a message of b bytes occupies the sender's port for b / bandwidth and arrives
 // latency_us after that. overhead_us is the per-message software cost at the sender (the
@@ -88,6 +99,20 @@ struct Profile {
   double node_step_us = 0;   // chained / opbyop / pipeline steps: the same for a program of nodes
   double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
                              // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
+  // The static model (mpmd_train). node_us, step_us: measured from its chained step at 1 and 2
+  // micro-batches as train_node_us / node_step_us are from pathways_train's: the executor's cost
+  // per node (its receives posted and waited for, the kernel's slots, pending sends tested) and
+  // per step (the allgather of every device's statistics after the step, the run's set-up).
+  // exec_us, run_us: dispatch_bench's static chain (the chained program run by the workers'
+  // executors alone), per computation beyond T + the AllReduce and per run, as spmd_exec_us is
+  // the SPMD loop's. Absent from profiles calibrated before mpmd_train was measured: simulating
+  // the static model with such a profile is refused (static_costs()).
+  struct StaticCosts {
+    double node_us = 0, step_us = 0, exec_us = 0, run_us = 0;
+  };
+  std::optional<StaticCosts> mpmd_static;
+  // mpmd_static, or pwm::Error with one line naming the fix (recalibrate).
+  const StaticCosts& static_costs() const;
 
   double contention_factor(int ranks_on_machine) const;
   nlohmann::json to_json() const;

@@ -77,6 +77,29 @@ struct Ctx {
   double disp(double us) const { return us / c.dispatch_scale; }
 };
 
+// What the trainer running granularity `g` under model `m` adds beyond the units and the
+// collectives: processes beside the devices on their cores, a cost per node and one per step
+// (us, before the cluster's dispatch_scale).
+struct TrainerCosts {
+  int extra_procs = 0;  // pathways_train's controller; none in spmd_train and mpmd_train
+  double node_us = 0, step_us = 0;
+};
+
+TrainerCosts trainer_costs(const Profile& p, ExecMode g, MpmdModel m) {
+  if (g == ExecMode::kSpmd) {
+    if (m == MpmdModel::kStatic) PWM_THROW("--mpmd static runs --granularity fused or chained (spmd is spmd_train)");
+    return {};
+  }
+  if (m == MpmdModel::kStatic) {
+    if (g == ExecMode::kOpByOp) PWM_THROW("--mpmd static has no --granularity opbyop (no client to call node by node)");
+    const Profile::StaticCosts& s = p.static_costs();
+    // Fused: the one node of the step pays the executor's cost once, beside the step's own.
+    return g == ExecMode::kFused ? TrainerCosts{0, 0, s.step_us + s.node_us} : TrainerCosts{0, s.node_us, s.step_us};
+  }
+  const bool per_node = g == ExecMode::kChained || g == ExecMode::kOpByOp;
+  return {1, per_node ? p.exec_us + p.train_node_us : 0.0, g == ExecMode::kFused ? p.step_kernel_us : p.node_step_us};
+}
+
 std::vector<int> first_devices(int n) {
   std::vector<int> d(n);
   for (int i = 0; i < n; ++i) d[i] = i;
@@ -86,13 +109,13 @@ std::vector<int> first_devices(int n) {
 }  // namespace
 
 StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
-                             ExecMode granularity) {
+                             ExecMode granularity, MpmdModel model) {
   if (cfg.mesh.tp != 1) PWM_THROW("--tp {} is not simulated (tp = 1 only)", cfg.mesh.tp);
   const int dp = static_cast<int>(cfg.mesh.dp);
   if (dp > c.devices()) PWM_THROW("--dp {} needs {} devices, the cluster has {}", dp, dp, c.devices());
-  const bool pw = granularity != ExecMode::kSpmd;
+  const TrainerCosts tc = trainer_costs(p, granularity, model);
   // Ranks sharing a host's cores: the Pathways controller is one more process on host 0.
-  const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + (pw ? 1 : 0);
+  const int per_host = (c.hosts_share_cores ? dp : std::min(dp, c.devices_per_host)) + tc.extra_procs;
   Ctx x(c, p, cfg, per_host);
   const std::vector<int> devs = first_devices(dp);
   const int64_t seqs = cfg.micro_batch();
@@ -112,7 +135,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   // The units of the whole step on one device (every dp rank runs the same ones).
   std::map<int, double> finished_at;  // finish_order index -> time (last micro-batch)
   const bool per_node = granularity == ExecMode::kChained || granularity == ExecMode::kOpByOp;
-  const double node_cost = per_node ? x.disp(p.exec_us + p.train_node_us) : 0.0;
+  const double node_cost = x.disp(tc.node_us);
   const double call_cost = granularity == ExecMode::kOpByOp ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
   // More processes than cores on the host: the controller's next call is time-shared with the
@@ -167,7 +190,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   r.compute_us += x.update_us(x.layout.total());
   const double overhead = p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(cfg.workload.microbatches - 1);
   double step = comm_end + upd + overhead;
-  if (pw) step += x.disp(granularity == ExecMode::kFused ? p.step_kernel_us : p.node_step_us);
+  step += x.disp(tc.step_us);
   r.step_us = step;
   r.exposed_comm_us = step - r.compute_us - overhead;
   r.tokens_per_s = static_cast<double>(cfg.tokens_per_step()) / (step * 1e-6);
@@ -234,14 +257,16 @@ PipelineTimes pipeline_times(const std::vector<double>& dur_f, const std::vector
 }
 
 StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int S,
-                                 train::Schedule schedule) {
+                                 train::Schedule schedule, MpmdModel model) {
   if (S < 1 || S > c.devices()) PWM_THROW("--stages {} needs 1..{} devices", S, c.devices());
-  const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + 1;  // + the controller
+  // The pipeline's program is chained: a cost per node and per step, a controller or none.
+  const TrainerCosts tc = trainer_costs(p, ExecMode::kChained, model);
+  const int per_host = (c.hosts_share_cores ? S : std::min(S, c.devices_per_host)) + tc.extra_procs;
   Ctx x(c, p, cfg, per_host);
   const int L = static_cast<int>(cfg.model.n_layers);
   const int64_t M = cfg.workload.microbatches, seqs = cfg.micro_batch();
   const double act_bytes = static_cast<double>(seqs * cfg.model.seq_len * cfg.model.d_model) * 4.0;
-  const double exec = x.disp(p.exec_us + p.train_node_us);
+  const double exec = x.disp(tc.node_us);
   std::vector<double> dur_f(S), dur_b(S);
   for (int s = 0; s < S; ++s) {
     const int l0 = L * s / S, l1 = L * (s + 1) / S;
@@ -269,7 +294,7 @@ StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train
     busy += dev[s].busy;
   }
   StepPrediction r;
-  r.step_us = end + p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(M - 1) + x.disp(p.node_step_us);
+  r.step_us = end + p.step_overhead_us + p.microbatch_overhead_us * static_cast<double>(M - 1) + x.disp(tc.step_us);
   r.compute_us = busy / S;
   r.bubble = 1.0 - (busy / S) / r.step_us;
   r.exposed_comm_us = r.step_us - r.compute_us;

@@ -14,8 +14,13 @@
 // and opbyop = the plan's units as nodes, then one dp AllReduce node per gradient piece and the
 // update node (programs/trace.h's structure), each node paying the worker's launch cost and, for
 // opbyop, the controller's call cost when that exceeds the device time it hides behind.
+// The static model (mpmd_train, MpmdModel::kStatic): the same programs, fused or chained, with
+// no controller process on the cores (the 2-rank contention at dp 2, not the 3-process one), no
+// dispatch and no fetch: per node the executor's cost, per step its own constant (the statistics'
+// allgather), both Profile::mpmd_static.
 // Pipeline: stages hold layer ranges (L s / S .. L (s+1) / S), run forward_units(m, l0, l1) and
-// backward_units in GPipe or 1F1B order, and pass activations and their gradients over links.
+// backward_units in GPipe or 1F1B order, and pass activations and their gradients over links
+// (directly between the stages' devices under both models; the static model has no controller).
 #pragma once
 
 #include <functional>
@@ -47,14 +52,17 @@ struct StepPrediction {
   int nodes = 0;                // chained / opbyop / pipeline: kernel launches per device and step
 };
 
-// `granularity`: kSpmd (spmd_train), kFused, kChained, kOpByOp (pathways_train). Devices
-// are cluster devices 0..dp-1 (tp must be 1).
+// `granularity`: kSpmd (spmd_train), kFused, kChained, kOpByOp (pathways_train; with
+// MpmdModel::kStatic mpmd_train, fused or chained only). Devices are cluster devices 0..dp-1
+// (tp must be 1). Throws pwm::Error (one line) for a combination no trainer runs, and for the
+// static model with a profile that has no static costs.
 StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::TrainConfig& cfg,
-                             ExecMode granularity);
+                             ExecMode granularity, MpmdModel model = MpmdModel::kPathways);
 
-// The MPMD pipeline of `stages` stages (stage s on device s) under "gpipe" or "1f1b".
+// The MPMD pipeline of `stages` stages (stage s on device s) under "gpipe" or "1f1b", run by
+// pathways_train (a controller beside the stages) or mpmd_train (the stages alone).
 StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train::TrainConfig& cfg, int stages,
-                                 train::Schedule schedule);
+                                 train::Schedule schedule, MpmdModel model = MpmdModel::kPathways);
 
 // The pipeline's forward/backward passes alone: stage s takes dur_f[s] / dur_b[s] per
 // micro-batch, runs its passes in GPipe or 1F1B order, and a pass's input sent at t by stage

@@ -164,6 +164,72 @@ class FitTrainers(unittest.TestCase):
         self.assertEqual(sim_fit.fit_node_costs([65.0, 35.0], [10, 20]), (0.0, 50.0))
         self.assertEqual(sim_fit.fit_node_costs([10.0, 40.0], [10, 20]), (1.5, 0.0))
 
+    def test_static_costs_two_points(self):
+        # The static chained step predicted without its costs: 10 ms with 20 nodes, 10.5 ms with 36;
+        # measured 10.1 and 10.65: excess 100 and 150 us = step + nodes node, node 3.125, step 37.5.
+        preds = [{'step_ms': 10.0, 'nodes': 20}, {'step_ms': 10.5, 'nodes': 36}]
+        got = sim_fit.fit_static([10.1, 10.65], preds)
+        self.assertAlmostEqual(got['node_us'], 3.125)
+        self.assertAlmostEqual(got['step_us'], 37.5)
+
+    def test_static_costs_bounds(self):
+        # Excess 100 us with 20 nodes and 60 with 36: the node cost held at 0, the step the mean.
+        preds = [{'step_ms': 10.0, 'nodes': 20}, {'step_ms': 10.0, 'nodes': 36}]
+        got = sim_fit.fit_static([10.1, 10.06], preds)
+        self.assertEqual(got['node_us'], 0.0)
+        self.assertAlmostEqual(got['step_us'], 80.0)
+
+
+def write_finals(w, prefix, values):
+    """PREFIX_<r>.jsonl, r = 1.., each with one final record of step_ms_p50 = the value."""
+    for r, ms in enumerate(values, 1):
+        with open(os.path.join(w, f'{prefix}_{r}.jsonl'), 'w') as f:
+            f.write(json.dumps({'final': True, 'step_ms_p50': ms}) + '\n')
+
+
+class StaticSection(unittest.TestCase):
+    def test_fitted_from_the_median_launches_against_the_static_prediction(self):
+        with tempfile.TemporaryDirectory() as w:
+            write_finals(w, 'ms', [10.3, 10.1, 10.2])     # median 10.2
+            write_finals(w, 'ms2', [10.8, 10.7, 10.75])   # median 10.75
+            calls = []
+
+            def predict(prof, *extra):
+                calls.append((dict(prof['static']), extra))
+                return {'step_ms': 10.0, 'nodes': 20} if '--microbatches' not in extra else {'step_ms': 10.5, 'nodes': 36}
+            prof = {}
+            chain = {'exec_us': 0.5, 'run_us': 20.0}
+            got = sim_fit.static_section(sim_fit.Measurements(w, 3, 1), predict, prof, chain)
+            self.assertEqual(got, [10.2, 10.75])
+            # Predicted as the static model's chained step with both costs 0; excess 200 and 250 us.
+            self.assertEqual([c[0] for c in calls], [{'node_us': 0.0, 'step_us': 0.0, 'exec_us': 0.5, 'run_us': 20.0}] * 2)
+            self.assertEqual((prof['static']['exec_us'], prof['static']['run_us']), (0.5, 20.0))
+            self.assertTrue(all(('--mpmd', 'static') == c[1][2:4] and c[1][:2] == ('--granularity', 'chained') for c in calls))
+            self.assertAlmostEqual(prof['static']['node_us'], 3.125)
+            self.assertAlmostEqual(prof['static']['step_us'], 137.5)
+
+    def test_absent_without_mpmd_train_launches(self):
+        with tempfile.TemporaryDirectory() as w:
+            prof = {'dispatch': {}}
+            self.assertIsNone(sim_fit.static_section(sim_fit.Measurements(w, 3, 1), None, prof, {'exec_us': 0, 'run_us': 0}))
+            self.assertEqual(prof, {'dispatch': {}})
+            write_finals(w, 'ms', [10.0])
+            self.assertIsNone(sim_fit.static_section(sim_fit.Measurements(w, 1, 1), None, prof, None))  # no static chain
+            self.assertEqual(prof, {'dispatch': {}})
+
+    def test_static_chain_line_in_one_over_k(self):
+        # ar 1, exec 0.5, run 32: 1.5 + 0.5 = 2.0 us at 64, 1.5 + 0.125 at 256.
+        got = sim_fit.fit_static_chain(1.0, 64, 256, {64: 2.0, 256: 1.625})
+        self.assertAlmostEqual(got['run_us'], 32.0)
+        self.assertAlmostEqual(got['exec_us'], 0.5)
+
+    def test_static_chain_bounds(self):
+        # Slower at the longer chain: run held at 0, exec the mean less ar; below ar: exec 0.
+        got = sim_fit.fit_static_chain(1.0, 64, 256, {64: 1.5, 256: 1.7})
+        self.assertEqual(got['run_us'], 0.0)
+        self.assertAlmostEqual(got['exec_us'], 0.6)
+        self.assertEqual(sim_fit.fit_static_chain(3.0, 64, 256, {64: 2.0, 256: 1.625})['exec_us'], 0.0)
+
 
 class Files(unittest.TestCase):
     def test_final_is_the_median_launch_of_the_last_final_records(self):

@@ -34,6 +34,11 @@ class ScaleProfile(unittest.TestCase):
         self.assertEqual(p['kernels']['contention'], [[2, 1.3]])
         self.assertNotIn('msg_us', p['dispatch'])
 
+    def test_the_static_node_cost_scales_its_step_cost_not(self):
+        prof = profile() | {'static': {'node_us': 3.0, 'step_us': 40.0, 'exec_us': 0.5, 'run_us': 20.0}}
+        p = sim_report.scale_profile(prof, [100.0])
+        self.assertEqual(p['static'], {'node_us': 6.0, 'step_us': 40.0, 'exec_us': 1.0, 'run_us': 20.0})
+
     def test_unchanged_without_probes_or_a_calibration_probe(self):
         self.assertEqual(sim_report.scale_profile(profile(), []), profile())
         p = profile()
@@ -86,6 +91,8 @@ class Rows(unittest.TestCase):
             asked = []
             rows = sim_report.dispatch_rows(by, lambda eff: asked.append(eff) or {'fused': 2.5e5})
             self.assertEqual(asked, [1, 101])   # the launches' effective T
+            # A mode the prediction lacks (dispatch_bench's static row, a profile from before it) is left out.
+            self.assertEqual(sim_report.dispatch_rows(by, lambda eff: {'spmd': 1e6}), [])
             # 1, 4, 2, 5 us per computation: sorted 1, 2, 4, 5, element 4 // 4 = 1.
             self.assertEqual(rows[0]['config'], 'fig5_fused_T0')
             self.assertEqual((rows[0]['measured'], rows[0]['predicted'], rows[0]['unit']), (2.0, 4.0, 'us/comp'))

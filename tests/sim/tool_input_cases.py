@@ -86,6 +86,7 @@ def specials():
 def case_sim_bad_inputs():
     sim = exe("sim", "pwm_sim")
     prof = write("prof.json", PROFILE)
+    static_prof = write("static_prof.json", PROFILE.rstrip()[:-1] + ', "static": {"node_us": 3, "step_us": 40, "exec_us": 0.5, "run_us": 20}}')
     fifo, directory, missing = specials()
     write("bad.json", '{"kernels": ')
     write("nokey.json", '{"kernels": {}}')
@@ -131,6 +132,14 @@ def case_sim_bad_inputs():
         (["--profile", prof, "--what", "step", "--moe-routing", "worker"], "applies to Mixture-of-Experts models"),
         (["--profile", prof, "--what", "step", "--experts", "4", "--granularity", "chained", "--moe-routing",
           "controller"], "set --capacity-factor 0"),
+        # The static model (--mpmd static): a profile calibrated before it, and what it does not run.
+        (["--profile", prof, "--what", "step", "--mpmd", "oneflow"], "unknown --mpmd 'oneflow' (pathways, static)"),
+        (["--profile", prof, "--what", "step", "--dp", "2", "--granularity", "chained", "--mpmd", "static"],
+         "the profile has no static section"),
+        (["--profile", prof, "--what", "dispatch", "--mpmd", "static"], "--mpmd static is simulated with --what step or pipeline"),
+        (["--profile", static_prof, "--what", "step", "--dp", "2", "--granularity", "opbyop", "--mpmd", "static"],
+         "no --granularity opbyop"),
+        (["--profile", static_prof, "--what", "step", "--mpmd", "static"], "runs --granularity fused or chained"),
     ]:
         refused([sim, "--what", "dispatch"] + args if "--what" not in args else [sim] + args, pattern, P,
                 timeout=20, forbidden_stdout='"what"')
@@ -141,6 +150,12 @@ def case_sim_bad_inputs():
     p = subprocess.run([sim, "--what", "moe", "--profile", prof, "--dp", "2", "--experts", "4", "--expert-parallel", "2",
                         "--top-k", "2", "--moe-every", "2", "--layers", "2"], env=ENV, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"what":"moe"') == 5 and p.stdout.count('"what":"moe_layer"') == 1, p.stderr
+    p = subprocess.run([sim, "--what", "pipeline", "--profile", static_prof, "--mpmd", "static", "--stages", "2",
+                        "--schedule", "1f1b", "--microbatches", "4", "--layers", "2"], env=ENV, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.count('"mpmd":"static"') == 1, p.stderr
+    p = subprocess.run([sim, "--what", "dispatch", "--profile", static_prof, "--compute-us", "0"], env=ENV,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout.count('"static":') == 1, p.stderr
 
 
 def case_model_bench_bad_inputs():
