@@ -139,7 +139,8 @@ json read_json(const std::string& path, const char* flag) {
     // Where the parser stopped: parse again with exceptions for the byte offset only.
     size_t byte = 0;
     try {
-      (void)json::parse(text);
+      const json again = json::parse(text);  // (throws here: the parse above failed)
+      (void)again;
     } catch (const json::parse_error& e) {
       byte = e.byte;
     }
