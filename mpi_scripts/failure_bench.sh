@@ -30,7 +30,9 @@
 #   --faults         what the injector does to its rank, each fault one of these at random (seeded):
 #                    kill (SIGKILL: a dead process; the default) and/or stop (SIGSTOP: a hung host;
 #                    the job's liveness or watchdog sees the silence, and the launcher's abort ends
-#                    the stopped process). A host cut off is tested over emulated hosts
+#                    the stopped process). With stop, every model runs at --coll-timeout 3 (as
+#                    pathways_spare always does): a stop is seen only by that timeout, whose
+#                    default (300 s) would make each one cost 5 minutes. A host cut off is tested over emulated hosts
 #                    (tests/cluster), not injected here: this benchmark runs on one host.
 # Results: DIR/failure_bench.json (default results/), the timestamped log of every run (and of
 # its injector: DIR/failure_MODEL_faulty.inject.log).
@@ -83,6 +85,8 @@ run() {
   local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2) launch=() sup=()
   [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
   [ "$model" = static ] && { bin="$BUILD_DIR/static_mpmd/mpmd_train" flags=(--dp 2 --granularity chained); }
+  # A stopped rank is seen only by the watchdog or the liveness: the same 3 s for every model.
+  [[ " $FAULTS " == *" stop "* && "$model" != pathways_spare ]] && { flags+=(--coll-timeout 3) launch=(-x PWM_COLL_TIMEOUT=3); }
   # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
   # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
   # (PWM_COLL_TIMEOUT too: the start-up's first agreement, before the flags are read, has only
