@@ -82,13 +82,13 @@ int main(int argc, char** argv) {
       // A lost rank that was stopped or cut off (not dead) still runs as far as the launcher
       // knows, and mpirun would wait for it for ever. MPI_Abort is the one call MPI has that
       // ends a process the job cannot reach; the controller makes it once everything is written.
-      // (Code 0: mpirun --enable-recovery reports the job's success; supervise.sh --done-file.)
-      if (ok && env.rank() == 0)
+      // (Code 0 after a run that ended well, else 1; supervise.sh --done-file reads the outcome.)
+      if (env.rank() == 0)
         collectives::MpiEnvironment::abort_job(
-            fmt::format("pathways_train: the run is done and written; ending world rank(s) {} that were lost (a stopped "
-                        "or cut-off rank would keep the launcher waiting): aborting the job",
-                        fmt::join(lost, ", ")),
-            0);
+            fmt::format("pathways_train: the run {}; ending world rank(s) {} that were lost (a stopped or cut-off rank "
+                        "would keep the launcher waiting): aborting the job",
+                        ok ? "is done and written" : "ended with the error above", fmt::join(lost, ", ")),
+            ok ? 0 : 1);
       std::_Exit(ok ? 0 : 1);
     }
     return ok ? 0 : 1;
