@@ -169,10 +169,10 @@ bool ResourceManager::has_slice(int slice_id) const {
   return slices_.count(slice_id) != 0;
 }
 
-int ResourceManager::pick_spare(int island, const std::vector<int>& exclude) const {
+int ResourceManager::pick_spare(int island, const std::vector<int>& exclude, bool idle_only) const {
   int best = -1;
   for (auto& d : devs_) {
-    if (d.island != island || d.drained) continue;
+    if (d.island != island || d.drained || (idle_only && d.load > 0)) continue;
     if (std::find(exclude.begin(), exclude.end(), d.id) != exclude.end()) continue;
     if (best < 0 || d.load < devs_[best].load) best = d.id;
   }
@@ -199,7 +199,7 @@ std::vector<SliceRemap> ResourceManager::drain(int device, bool keep_orphans) {
   for (auto& [id, s] : slices_) {
     for (int i = 0; i < static_cast<int>(s.devices.size()); ++i) {
       if (s.devices[i] != device) continue;
-      int to = pick_spare(s.island, s.devices);
+      int to = pick_spare(s.island, s.devices, keep_orphans);
       if (to < 0 && keep_orphans) {
         plan.push_back({id, i, device, -1});
         continue;

@@ -71,8 +71,10 @@ class ResourceManager {
 
   // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
   // changes nothing) when some slice has no spare device in its island, unless `keep_orphans`:
-  // then such a slice keeps the drained device (to_device -1 in the result; orphaned() is true)
-  // and the others move.
+  // then only an idle device (no slice on it) is a spare, and a slice with none keeps the
+  // drained device (to_device -1 in the result; orphaned() is true) while the others move. (A
+  // busy device would hold two slices, say two replicas, and its loss would take both: the
+  // client that keeps orphans goes on without the slice instead.)
   std::vector<SliceRemap> drain(int device, bool keep_orphans = false);
   // True when a device of the slice is drained: a drain found no spare for it (keep_orphans).
   bool orphaned(int slice_id) const;
@@ -80,7 +82,7 @@ class ResourceManager {
 
  private:
   uint32_t new_context();
-  int pick_spare(int island, const std::vector<int>& exclude) const;
+  int pick_spare(int island, const std::vector<int>& exclude, bool idle_only = false) const;
 
   mutable std::mutex mu_;
   std::vector<DeviceInfo> devs_;

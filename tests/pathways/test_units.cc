@@ -88,6 +88,34 @@ TEST(ResourceManager, DrainRemapsWithinTheIsland) {
   EXPECT_FALSE(rm.devices()[1].drained);
 }
 
+// RuntimeOptions::survive_without_spare: an idle device takes a lost device's slice; with none
+// left, the slice is orphaned rather than put beside another slice, whose device's next loss
+// would take both (two replicas on one device); the plain drain still doubles up.
+TEST(ResourceManager, DrainKeepsOrphansRatherThanDoublingUp) {
+  ResourceManager rm({"h", "h", "h"}, "1x3");
+  SliceInfo a = rm.allocate(1, {}, 0), b = rm.allocate(1, {}, 0);
+  ASSERT_EQ(a.devices, (std::vector<int>{0}));
+  ASSERT_EQ(b.devices, (std::vector<int>{1}));
+  auto plan = rm.drain(0, /*keep_orphans=*/true);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].to_device, 2);  // the idle one
+  EXPECT_FALSE(rm.orphaned(a.id));
+  plan = rm.drain(2, true);  // only device 1 is healthy, and it holds b
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].to_device, -1);
+  EXPECT_TRUE(rm.orphaned(a.id));
+  EXPECT_EQ(rm.slice(a.id).devices, (std::vector<int>{2}));
+  EXPECT_FALSE(rm.orphaned(b.id));
+  EXPECT_EQ(rm.slice(b.id).devices, (std::vector<int>{1}));
+  // Without keep_orphans the same drain doubles up on device 1.
+  ResourceManager plain({"h", "h", "h"}, "1x3");
+  SliceInfo c = plain.allocate(1, {}, 0), d = plain.allocate(1, {}, 0);
+  plain.drain(0);
+  plain.drain(2);
+  EXPECT_EQ(plain.slice(c.id).devices, (std::vector<int>{1}));
+  EXPECT_EQ(plain.slice(d.id).devices, (std::vector<int>{1}));
+}
+
 class ProgramTest : public ::testing::Test {
  protected:
   void SetUp() override { testing::register_test_kernels(); }
