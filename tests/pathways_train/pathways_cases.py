@@ -799,7 +799,10 @@ def case_spare_worker_recovers_bitwise():
         p = sc.run(4, sc.TINY + fast + ["--replicas", "2", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
                                         "--metrics", m], expect_ok=False, exe="pathways", timeout=120)
         out = p.stdout + p.stderr
-        assert "[pathways] controller + 3 workers" in out and "signal 9" in out, f"MPICH: no training, or no kill?\n{out}"
+        # (Hydra names the killed rank by its signal, or, when another rank's end is reported
+        # first, by "EXIT CODE: 9" in its banner: seen once in CI.)
+        killed = "signal 9" in out or "EXIT CODE: 9" in out
+        assert "[pathways] controller + 3 workers" in out and killed, f"MPICH: no training, or no kill?\n{out}"
         assert p.returncode != 0 and not os.path.exists(m), f"MPICH: the job went on after a lost rank?\n{out}"
         print("MPICH: a lost worker ends the job (no in-job recovery), exit", p.returncode)
         return
@@ -884,7 +887,7 @@ def case_spare_worker_survives_a_stop():
     liveness), as stopped_rank_ends_the_job checks for every model."""
     if os.environ.get("PWM_MPI_FLAVOR", "openmpi") != "openmpi":
         print("SKIP: in-job recovery needs OpenMPI's --enable-recovery (docs/failures.md)")
-        return
+        sys.exit(77)  # (ctest's skip code here)
     timeout = 3
     flags = ["--granularity", "chained", "--coll-timeout", str(timeout), "--steps", "60", "--step-sleep-ms", "20"]
     ref = sc.train(2, "stop_ref", flags, exe="pathways")
