@@ -223,10 +223,7 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
   return false;
 }
 
-std::string Executor::on_host(int world_rank) const {
-  const std::string h = t_.host_of(world_rank);
-  return h.empty() ? std::string() : " on " + h;
-}
+std::string Executor::on_host(int world_rank) const { return t_.on_host(world_rank); }
 
 bool Executor::progress() {
   if (done_) return true;

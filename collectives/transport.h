@@ -64,6 +64,11 @@ class Transport {
   // The host world rank `rank` runs on (MPI_Get_processor_name; "" where the transport has no
   // hosts), for error messages that must say where a rank is.
   virtual std::string host_of(int rank) const { return ""; }
+  // " on <host>" of world rank `rank`, or "" where the transport has no hosts: for those lines.
+  std::string on_host(int rank) const {
+    const std::string h = host_of(rank);
+    return h.empty() ? h : " on " + h;
+  }
   // World rank `rank`'s now_us() minus world rank 0's, measured once at start-up (0 where all
   // ranks share one clock, as in the in-process fabric). A timestamp t taken on `rank` is
   // t - clock_offset_us(rank) on rank 0's clock (clock_sync.h).

@@ -102,6 +102,23 @@ void Worker::controller_silent(double now) {
   std::abort();  // not reached (GCC does not see [[noreturn]] through the virtual call)
 }
 
+WorkerStats Worker::stats() const {
+  WorkerStats s;
+  s.rank = rank_;
+  s.objects = store_.size();
+  s.buffers = static_cast<uint64_t>(Buffer::live());
+  s.bytes = static_cast<uint64_t>(Buffer::live_bytes());
+  s.programs = programs_.size();
+  s.runs = runs_.size();
+  s.kernels_run = kernels_run_;
+  s.waiting_runs = queued_.size();
+  s.memory_cap = opts_.memory_cap_bytes;
+  s.peak_bytes = peak_bytes_;
+  s.high_water_bytes = static_cast<uint64_t>(Buffer::peak_live_bytes());
+  s.peak_intermediate_bytes = inter_peak_;
+  return s;
+}
+
 void Worker::evicted(const std::string& why) {
   // The controller went on without this worker: its slices are elsewhere and the job's last
   // agreement leaves it out. It leaves at once, without MPI_Finalize (whose fence would wait for
@@ -191,24 +208,7 @@ void Worker::handle(Message& m) {
       moves_.push_back(std::move(mv));
       break;
     }
-    case MsgType::kStats: {
-      const uint64_t req = decode<StatsRequest>(m.body).request;
-      WorkerStats s;
-      s.rank = rank_;
-      s.objects = store_.size();
-      s.buffers = static_cast<uint64_t>(Buffer::live());
-      s.bytes = static_cast<uint64_t>(Buffer::live_bytes());
-      s.programs = programs_.size();
-      s.runs = runs_.size();
-      s.kernels_run = kernels_run_;
-      s.waiting_runs = queued_.size();
-      s.memory_cap = opts_.memory_cap_bytes;
-      s.peak_bytes = peak_bytes_;
-      s.high_water_bytes = static_cast<uint64_t>(Buffer::peak_live_bytes());
-      s.peak_intermediate_bytes = inter_peak_;
-      chan_.send(0, StatsReply{req, s});
-      break;
-    }
+    case MsgType::kStats: chan_.send(0, StatsReply{decode<StatsRequest>(m.body).request, stats()}); break;
     case MsgType::kCancelRun: {
       const CancelRun c = decode<CancelRun>(m.body);
       for (auto it = runs_.begin(); it != runs_.end(); ++it)

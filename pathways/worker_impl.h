@@ -55,10 +55,7 @@ class Worker {
   std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
   // where() with this worker's host, for the lines that end the job.
   std::string where_on_host() const { return fmt::format("device {} (world rank {}{})", device_, rank_, on_host(rank_)); }
-  std::string on_host(int rank) const {
-    const std::string h = t_->host_of(rank);
-    return h.empty() ? h : " on " + h;
-  }
+  std::string on_host(int rank) const { return t_->on_host(rank); }
 
   // A heartbeat to the controller (liveness.h), sent at once.
   void beat() {
@@ -71,6 +68,8 @@ class Worker {
   [[noreturn]] void controller_silent(double now);
   // Evict: this worker was declared lost; one line and exit(1) (worker.cc).
   [[noreturn]] void evicted(const std::string& why);
+  // What a stats request is answered with: this worker's store, runs and memory now.
+  WorkerStats stats() const;
   // One message from the controller (worker_runs.cc and worker_transfers.cc do the work).
   void handle(Message& m);
 

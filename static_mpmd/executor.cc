@@ -60,15 +60,11 @@ void Executor::wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgra
     }
     if (all) break;
     if (now_s() - t0 > timeout_s_) {
-      auto on_host = [this](int r) {
-        const std::string h = t_->host_of(r);
-        return h.empty() ? h : " on " + h;
-      };
       for (const Pending& r : reqs)
         if (!r.done)
           PWM_THROW("static_mpmd: rank {}{} waited {:.0f} s for {} bytes of program '{}' (node {}) from or to rank {}{} "
                     "before node {}: that rank is gone or stuck (--coll-timeout sets the wait)",
-                    t_->rank(), on_host(t_->rank()), timeout_s_, r.bytes, p.name, r.node, r.peer, on_host(r.peer), node);
+                    t_->rank(), t_->on_host(t_->rank()), timeout_s_, r.bytes, p.name, r.node, r.peer, t_->on_host(r.peer), node);
     }
     t_->idle();
   }

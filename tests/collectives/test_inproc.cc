@@ -496,7 +496,9 @@ TEST(InProc, AllreduceWindowGivesTheWholeVectorsBits) {
                    Error);
     });
     EXPECT_TRUE(fails.empty()) << fails.size() << " failures, first: " << fails.front();
-    if (n >= 3) EXPECT_TRUE(moved) << "n " << n << ": no window reduced alone differed from the whole vector's bits";
+    if (n >= 3) {
+      EXPECT_TRUE(moved) << "n " << n << ": no window reduced alone differed from the whole vector's bits";
+    }
   }
 }
 
