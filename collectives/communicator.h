@@ -33,10 +33,21 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
+#include "common/check.h"
 #include "collectives/transport.h"
 #include "collectives/types.h"
 
 namespace pwm::collectives {
+
+// Thrown out of a collective's wait by the transport's wait hook (transport.h) when the caller
+// gives the collective up: a peer was lost and the Pathways controller cancelled the run. The
+// collective is abandoned as the exception leaves it (Executor::abandon): its posted receives
+// are withdrawn, so that the buffers it used are the caller's again. Its group is done with:
+// the peers are out of step (the controller remaps the slice onto a fresh context).
+class Interrupted : public pwm::Error {
+ public:
+  using pwm::Error::Error;
+};
 
 class Executor;
 struct CollectiveInfo;

@@ -65,6 +65,7 @@ Executor::Executor(Transport& transport, std::unique_ptr<NativeOp> native, Colle
       timeout_s_(timeout_s), start_us_(now_us()), last_us_(start_us_), native_(std::move(native)) {}
 
 Executor::~Executor() {
+  if (!done_) abandon();
   if (window_) {
     auto it = window_->live.find(info_.seq);
     if (it != window_->live.end() && it->second == this) window_->live.erase(it);
@@ -264,6 +265,39 @@ void Executor::wait() {
     t_.idle();
     t_.run_wait_hook();
   }
+}
+
+void Executor::abandon() noexcept {
+  // Only the wait hook's Interrupted leaves a collective unfinished (a failure aborts in
+  // progress(), and Work's destructor waits): the run was cancelled because a peer was lost.
+  if (native_)
+    t_.abort(fmt::format("world rank {}: {} was interrupted (a peer was lost) but runs in MPI's own library, which "
+                         "cannot withdraw it; aborting the job (in-job recovery needs the project's algorithms)",
+                         t_.rank(), info_.describe()));
+  std::vector<std::pair<Request*, int>> arriving;  // receives whose message matched: (request, peer)
+  auto withdraw = [&](const Schedule* s, std::vector<uint8_t>& state, std::vector<Request>& req) {
+    if (!s) return;
+    for (uint32_t id = 0; id < s->steps().size(); ++id)
+      if (state[id] == 1 && s->steps()[id].kind == StepKind::kRecv && !t_.cancel_recv(req[id]))
+        arriving.push_back({&req[id], (*info_.group)[s->steps()[id].peer]});
+  };
+  withdraw(&sched_, state_, req_);
+  withdraw(fp_sched_.get(), fp_state_, fp_req_);
+  const int64_t deadline = now_us() + static_cast<int64_t>(std::min(timeout_s_, 10.0) * 1e6);
+  while (!arriving.empty()) {
+    try {
+      std::erase_if(arriving, [&](auto& a) { return t_.test(*a.first, nullptr); });
+    } catch (const std::exception&) {
+      arriving.clear();  // (a failed request is over: MPI freed it)
+    }
+    if (arriving.empty()) break;
+    if (now_us() > deadline)
+      t_.abort(fmt::format("world rank {}: {} was interrupted, and its receive from world rank {}{} neither completes "
+                           "nor can be withdrawn; aborting the job",
+                           t_.rank(), info_.describe(), arriving.front().second, on_host(arriving.front().second)));
+    t_.idle();
+  }
+  done_ = true;
 }
 
 void Executor::fire_watchdog() {

@@ -50,6 +50,7 @@ class Executor {
   // Runs kMpi: the whole collective is the transport's native op.
   Executor(Transport& transport, std::unique_ptr<NativeOp> native, CollectiveInfo info,
            double timeout_s);
+  // An unfinished collective is abandoned here (abandon()): its caller left it (Interrupted).
   ~Executor();
 
   // Does all that can be done without blocking. Returns true once the collective is complete.
@@ -70,6 +71,11 @@ class Executor {
   void start_fingerprint(int fingerprint_tag);
   void check_fingerprints();
   [[noreturn]] void fire_watchdog();
+  // Withdraws the posted receives of both schedules and waits (a bounded time) for those whose
+  // message is arriving; one that does not end ends the job (Transport::abort), since its buffer
+  // is about to be freed. Posted sends are left to MPI (transport.h, cancel_recv). A native
+  // collective cannot be withdrawn at all: that ends the job too.
+  void abandon() noexcept;
   std::string on_host(int world_rank) const;  // " on <host>", or "" where the transport has no hosts
 
   Transport& t_;

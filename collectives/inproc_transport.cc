@@ -119,6 +119,20 @@ class InProcTransport : public Transport {
     return true;
   }
 
+  bool cancel_recv(Request& r) override {
+    if (r.handle == 0) return true;
+    auto it = slots_.find(r.handle);
+    if (it == slots_.end()) return true;
+    auto* box = boxes_[rank_];
+    {
+      std::lock_guard<std::mutex> lock(box->mu);  // (a send that matches it takes this lock too)
+      box->posted.remove(it->second);
+    }
+    slots_.erase(it);  // withdrawn, or complete: either way over
+    r.handle = 0;
+    return true;
+  }
+
   void idle() override { std::this_thread::yield(); }
 
   [[noreturn]] void abort(const std::string& message) override { throw CollectiveTimeout(message); }

@@ -320,6 +320,17 @@ class MpiTransport : public Transport {
     return true;
   }
 
+  bool cancel_recv(Request& r) override {
+    MPI_Request m = to_mpi(r);
+    if (m == MPI_REQUEST_NULL) return true;
+    // MPI_Cancel marks it; the request then completes, cancelled or (its message had matched)
+    // received, and MPI_Test frees it either way. A failure is an end too: MPI freed it.
+    int flag = 0;
+    if (MPI_Cancel(&m) != MPI_SUCCESS || MPI_Test(&m, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+    r = from_mpi(flag ? MPI_REQUEST_NULL : m);
+    return flag != 0;
+  }
+
   void idle() override {
     if (yield_when_idle_) sched_yield();
   }

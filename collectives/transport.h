@@ -88,6 +88,14 @@ class Transport {
   // the posted receive).
   virtual bool test(Request& r, size_t* received) = 0;
 
+  // Withdraws a posted receive (MPI_Cancel) whose collective was left (Interrupted, below).
+  // True once the request is over, withdrawn or complete (its message had arrived): the buffer
+  // is the caller's again. False while a message that matched it is still arriving: test() it
+  // until it completes. Call once per request. Never throws. Sends have no counterpart (MPI-4 deprecates cancelling
+  // them): a send left posted only reads its buffer, and only if a receive with its tag is
+  // posted, which the caller's fresh tag space after a remap rules out (docs/failures.md).
+  virtual bool cancel_recv(Request& r) = 0;
+
   // Called by a waiting collective when a progress pass found nothing to do. MPI must be polled
   // (its progress engine runs inside MPI_Test), so the MPI transport only yields its core, and
   // only when its host runs more ranks than it has cores; the in-process fabric always yields so
@@ -96,8 +104,11 @@ class Transport {
 
   // A hook run by a collective's blocking wait after each idle pass (after idle()), on the
   // waiting thread: the Pathways worker sends its heartbeat from there while a kernel waits in
-  // a collective (pathways/liveness.h). It must not start or wait for a collective. Set and
-  // cleared by the transport's one user thread; empty: nothing runs.
+  // a collective (pathways/liveness.h), and, with in-job recovery, reads the controller's
+  // cancel of the run (a peer was lost). It must not start or wait for a collective. It may
+  // throw Interrupted (communicator.h): the wait ends with it and the collective is abandoned
+  // (its receives withdrawn; the caller may free its buffers). Set and cleared by the
+  // transport's one user thread; empty: nothing runs.
   void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
   void run_wait_hook() {
     if (wait_hook_) wait_hook_();

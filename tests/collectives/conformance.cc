@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "common/time.h"
 #include "tests/collectives/reference.h"
 
 namespace pwm::collectives::testing {
@@ -348,6 +350,50 @@ std::vector<std::string> check_alltoall_nonblocking(Communicator& comm) {
       fails.push_back(fmt::format("allreduce overlapped with alltoall: element {} wrong on rank {}", i, r));
       break;
     }
+  return fails;
+}
+
+std::vector<std::string> check_interrupted_collective(std::shared_ptr<Transport> t, Communicator& world) {
+  std::vector<std::string> fails;
+  const int w = t->rank();
+  const size_t count = 1000;  // (small messages: sent eagerly, they arrive whether or not posted)
+  bool armed = false;
+  int64_t armed_at = 0;
+  t->set_wait_hook([&] {
+    if (armed && now_us() - armed_at > 50'000) throw Interrupted("the test's hook");
+  });
+  // Rank `who` enters the pair's AllReduce alone and must leave it by the hook.
+  auto leave_alone = [&](int who, std::vector<float>& buf) {
+    if (w != who) return;
+    Communicator pair(t, {0, 1}, 1001);  // (contexts no other test uses: stale messages stay unmatched)
+    armed = true;
+    armed_at = now_us();
+    try {
+      pair.allreduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+      fails.push_back(fmt::format("rank {}: the AllReduce completed without its peer", w));
+    } catch (const Interrupted&) {
+    }
+    armed = false;
+  };
+  std::vector<float> buf(count, 1.0f);
+  world.barrier();
+  leave_alone(0, buf);
+  if (w == 0) std::fill(buf.begin(), buf.end(), 7.0f);  // (rank 0's again: nothing may write it now)
+  world.barrier();
+  leave_alone(1, buf);
+  world.barrier();  // (rank 1's messages have been sent; rank 0 progresses MPI in these waits)
+  world.barrier();
+  if (w == 0 && std::count(buf.begin(), buf.end(), 7.0f) != static_cast<long>(count))
+    fails.push_back("rank 0: its abandoned AllReduce's buffer was written after the collective was left");
+  t->set_wait_hook({});
+  if (w <= 1) {
+    Communicator fresh(t, {0, 1}, 1002);
+    std::vector<float> x(count, static_cast<float>(w + 1));
+    fresh.allreduce(x.data(), x.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+    if (std::count(x.begin(), x.end(), 3.0f) != static_cast<long>(count))
+      fails.push_back(fmt::format("rank {}: the AllReduce on a fresh context after the abandoned one is wrong", w));
+  }
+  world.barrier();
   return fails;
 }
 

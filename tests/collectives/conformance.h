@@ -39,5 +39,12 @@ std::vector<std::string> check_alltoall_nonblocking(Communicator& comm);
 // per communicator, contexts that share wire tags on other channels (c and c + 64) and
 // neighbouring contexts, then completed newest first. Each result is checked exactly.
 std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& comms, int calls);
+// A collective left by the wait hook's Interrupted (a Pathways worker whose peer was lost) is
+// abandoned: world ranks 0 and 1 of `world` (transport `t`; the others only take part in its
+// barriers) each enter an AllReduce of the pair alone, rank 0 first, and leave it by the hook.
+// Rank 1's messages then reach rank 0 after its receives were withdrawn: rank 0's buffer must
+// keep the bytes it wrote after leaving (a receive still posted would overwrite them). Then an
+// AllReduce of the pair on a fresh context must give the exact sum. Needs 2 ranks or more.
+std::vector<std::string> check_interrupted_collective(std::shared_ptr<Transport> t, Communicator& world);
 
 }  // namespace pwm::collectives::testing

@@ -606,5 +606,18 @@ TEST(ClockSync, TheLeastDelayedSampleGivesTheOffsetWithinHalfItsRoundTrip) {
   EXPECT_THROW(estimate_clock_offset({}), pwm::Error);
 }
 
+TEST(InProcInterrupt, AnInterruptedCollectiveIsAbandoned) {
+  // (3 ranks: rank 2 only takes part in the barriers, as a worker outside the slice.)
+  std::mutex mu;
+  std::vector<std::string> fails;
+  run_inproc(3, [&](int, std::shared_ptr<Transport> t) {
+    Communicator world = Communicator::world(t, default_options());
+    auto f = testing::check_interrupted_collective(t, world);
+    std::lock_guard<std::mutex> lock(mu);
+    fails.insert(fails.end(), f.begin(), f.end());
+  });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
 }  // namespace
 }  // namespace pwm::collectives

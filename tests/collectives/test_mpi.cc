@@ -187,6 +187,14 @@ TEST(Mpi, MessageJustOverTwoGiB) {
   EXPECT_TRUE(fails.empty()) << first(fails);
 }
 
+TEST(Mpi, AnInterruptedCollectiveIsAbandoned) {
+  // Through MPI: the withdrawn receives are MPI_Cancel'ed; rank 1's messages stay unmatched.
+  if (g_env->size() < 2) GTEST_SKIP() << "needs two ranks";
+  Communicator world = Communicator::world(g_env->transport());
+  auto fails = testing::check_interrupted_collective(g_env->transport(), world);
+  EXPECT_TRUE(fails.empty()) << first(fails);
+}
+
 }  // namespace
 }  // namespace pwm::collectives
 
