@@ -24,7 +24,10 @@
 #                    --spare-workers 2 under mpirun --enable-recovery, 5 ranks: a lost worker is
 #                    replaced in the job from a spare, restored from the other replica; a lost
 #                    controller, or a worker lost with no spare left, ends the job and the
-#                    supervisor restarts it with fresh spares; OpenMPI only), and/or static
+#                    supervisor restarts it with fresh spares; OpenMPI only), pathways_spare_dp2
+#                    (the same with one slice of two devices, --dp 2 --spare-workers 2: the device
+#                    left in the slice is interrupted inside its collectives, and the slice is
+#                    restored from the checkpoint in the job, with a replay; OpenMPI only), and/or static
 #                    (mpmd_train --dp 2 --granularity chained, 2 ranks: no controller, a lost rank
 #                    ends the job and the supervisor restarts it, as spmd_train)
 #   --faults         what the injector does to its rank, each fault one of these at random (seeded):
@@ -54,7 +57,7 @@ while [ $# -gt 0 ]; do
     --faults) FAULTS=$(value "$@") || exit 2; shift 2 ;;
     --out) OUT=$(value "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "failure_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -62,11 +65,11 @@ whole() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "failure_bench.s
 whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEED" 0
 [[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
   { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
-for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare || "$m" == static ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways, pathways_spare and/or static (got '$m')" >&2; exit 2; }; done
+for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare || "$m" == pathways_spare_dp2 || "$m" == static ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways, pathways_spare, pathways_spare_dp2 and/or static (got '$m')" >&2; exit 2; }; done
 for f in $FAULTS; do [[ "$f" == kill || "$f" == stop ]] || { echo "failure_bench.sh: error: --faults takes kill and/or stop (got '$f')" >&2; exit 2; }; done
 [ -n "${FAULTS// /}" ] || { echo "failure_bench.sh: error: --faults needs kill and/or stop" >&2; exit 2; }
-[[ " $MODELS " != *" pathways_spare "* || "$PWM_MPI" == openmpi ]] ||
-  { echo "failure_bench.sh: error: pathways_spare needs OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
+[[ " $MODELS " != *" pathways_spare"* || "$PWM_MPI" == openmpi ]] ||
+  { echo "failure_bench.sh: error: pathways_spare and pathways_spare_dp2 need OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy
@@ -86,13 +89,15 @@ run() {
   [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
   [ "$model" = static ] && { bin="$BUILD_DIR/static_mpmd/mpmd_train" flags=(--dp 2 --granularity chained); }
   # A stopped rank is seen only by the watchdog or the liveness: the same 3 s for every model.
-  [[ " $FAULTS " == *" stop "* && "$model" != pathways_spare ]] && { flags+=(--coll-timeout 3) launch=(-x PWM_COLL_TIMEOUT=3); }
+  [[ " $FAULTS " == *" stop "* && "$model" != pathways_spare* ]] && { flags+=(--coll-timeout 3) launch=(-x PWM_COLL_TIMEOUT=3); }
   # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
   # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
   # (PWM_COLL_TIMEOUT too: the start-up's first agreement, before the flags are read, has only
   # it; with --enable-recovery a rank killed then would keep the others waiting 300 s.)
   [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
     flags=(--replicas 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
+  [ "$model" = pathways_spare_dp2 ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
+    flags=(--dp 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
   rm -f "$base.ckpt" "$base.jsonl" "$base.inject.log"
   local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD "${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"
              --ckpt "$base.ckpt" --resume --metrics "$base.jsonl")

@@ -9,9 +9,14 @@
 // pass of a loop that reads the clock anyway, and one small message per peer per quarter
 // timeout (75 s by default): nothing on the dispatch path.
 //
-// A worker inside a kernel polls nothing, so a kernel must not compute for longer than the
-// timeout without entering a collective (a collective's idle wait beats: Transport's idle
-// hook), as an SPMD rank must reach its next collective within the watchdog's timeout.
+// A worker inside a kernel polls nothing but from a collective's idle wait (Transport's wait
+// hook), which beats, so a kernel must not compute for longer than the timeout without entering
+// a collective, as an SPMD rank must reach its next collective within the watchdog's timeout.
+//
+// With in-job recovery (WorkerOptions::interruptible), a kernel's collective waiting for a lost
+// peer is ended by the controller's cancel, read inside the wait; its watchdog waits
+// kInterruptibleWatchdogFactor timeouts, so that the controller's verdict (after one timeout
+// and at most a quarter more, the beat interval) comes first.
 //
 // Plain data, used by one thread (the dispatcher's, or the worker loop's).
 #pragma once
@@ -20,6 +25,8 @@
 #include <vector>
 
 namespace pwm::pathways {
+
+constexpr double kInterruptibleWatchdogFactor = 1.5;
 
 class Liveness {
  public:

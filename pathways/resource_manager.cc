@@ -145,8 +145,16 @@ void ResourceManager::release(int slice_id) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = slices_.find(slice_id);
   if (it == slices_.end()) return;
-  for (int d : it->second.devices) devs_[d].load--;
-  contexts_in_use_.erase(it->second.context);
+  bool orphan = false;
+  for (int d : it->second.devices) {
+    devs_[d].load--;
+    orphan = orphan || devs_[d].drained;
+  }
+  // (An orphaned slice's collectives were abandoned too: its context is retired, as in drain.)
+  if (orphan)
+    contexts_in_use_[it->second.context] = kRetiredContext;
+  else
+    contexts_in_use_.erase(it->second.context);
   slices_.erase(it);
 }
 
@@ -219,8 +227,11 @@ std::vector<SliceRemap> ResourceManager::drain(int device, bool keep_orphans) {
     SliceInfo& s = slices_[r.slice];
     s.devices[r.index] = r.to_device;
     devs_[device].load--;
-    contexts_in_use_.erase(s.context);
-    s.context = new_context();  // a new group needs a fresh tag space
+    // A new group needs a fresh tag space, and the old one is never handed out again: the
+    // collectives abandoned on it when the device was lost left messages that a receive with
+    // their tags would still match (docs/collectives.md, "Leaving a collective").
+    contexts_in_use_[s.context] = kRetiredContext;
+    s.context = new_context();
     contexts_in_use_[s.context] = s.id;
     s.generation++;
   }

@@ -90,7 +90,8 @@ class ResourceManager {
   std::map<int, SliceInfo> slices_;
   int next_slice_ = 1;
   uint32_t next_context_ = 0;
-  std::map<uint32_t, int> contexts_in_use_;
+  std::map<uint32_t, int> contexts_in_use_;  // context -> its slice, or kRetiredContext
+  static constexpr int kRetiredContext = -1;  // a remapped slice's old context (drain)
 };
 
 }  // namespace pwm::pathways

@@ -24,6 +24,25 @@ WorkerOptions WorkerOptions::from_env() {
 
 namespace worker_detail {
 
+void Worker::poll_in_kernel(double now) {
+  if (now >= next_poll_) {
+    next_poll_ = now + 1e-3;
+    const size_t seen = held_.size();
+    chan_.progress(held_);
+    if (held_.size() > seen) live_.heard(0, now);
+    for (size_t i = seen; i < held_.size(); ++i) {
+      if (held_[i].type == MsgType::kEvict) evicted(decode<Evict>(held_[i].body).reason);
+      if (held_[i].type != MsgType::kCancelRun) continue;
+      CancelRun c = decode<CancelRun>(held_[i].body);
+      interrupted_[c.run_id] = std::move(c.reason);
+    }
+  }
+  // (Checked on every call: an abandoned collective's Work waits in its destructor, and leaves
+  // the same way.)
+  if (auto it = interrupted_.find(kernel_run_); it != interrupted_.end())
+    throw collectives::Interrupted(fmt::format("cancelled inside its collectives: {}", it->second));
+}
+
 void Worker::loop() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -32,7 +51,9 @@ void Worker::loop() {
   chan_.flush();
   std::vector<Message> inbox;
   while (true) {
-    bool any = chan_.progress(inbox);
+    inbox.swap(held_);  // (read inside a kernel's wait: poll_in_kernel; they came first)
+    bool any = !inbox.empty();
+    any |= chan_.progress(inbox);
     const bool heard = !inbox.empty();  // (the worker listens to the controller only)
     for (auto& m : inbox) handle(m);
     inbox.clear();
@@ -211,6 +232,7 @@ void Worker::handle(Message& m) {
     case MsgType::kStats: chan_.send(0, StatsReply{decode<StatsRequest>(m.body).request, stats()}); break;
     case MsgType::kCancelRun: {
       const CancelRun c = decode<CancelRun>(m.body);
+      interrupted_.erase(c.run_id);
       for (auto it = runs_.begin(); it != runs_.end(); ++it)
         if (it->h.run_id == c.run_id) {
           cancel_run(*it, c.reason);

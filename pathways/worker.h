@@ -54,6 +54,17 @@ struct WorkerOptions {
   // dead, and the job is aborted with one line naming it (PWM_COLL_TIMEOUT, 300 s by default;
   // pathways_train passes --coll-timeout).
   double timeout_s = 300;
+  // In-job recovery (pathways_train --spare-workers): a kernel waiting in a collective reads the
+  // controller's messages from inside the wait (the transport's wait hook), and the cancel of
+  // its run (a device of the slice was lost) ends the wait with collectives::Interrupted: the
+  // kernel fails, its collective is abandoned, and the worker takes the remapped slice's next
+  // programs. The other messages read there wait for the loop, in order. Off: a kernel's
+  // collectives wait for their peers or their watchdog.
+  bool interruptible = false;
+  // > 0: the watchdog of the communicators the worker makes for gang kernels (else
+  // PWM_COLL_TIMEOUT, 300 s). With `interruptible`, longer than the liveness timeout
+  // (kInterruptibleWatchdogFactor, liveness.h), so that the controller's verdict comes first.
+  double collective_timeout_s = 0;
 
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };

@@ -41,7 +41,9 @@ class Worker {
     // A kernel waiting in a collective still beats (liveness.h): the controller must not take
     // a worker waiting for a stopped peer for the stopped one.
     t_->set_wait_hook([this] {
-      if (live_.due(now_s())) beat();
+      const double now = now_s();
+      if (live_.due(now)) beat();
+      if (opts_.interruptible && kernel_run_ != 0) poll_in_kernel(now);
     });
   }
   ~Worker() { t_->set_wait_hook({}); }
@@ -62,6 +64,11 @@ class Worker {
     chan_.post(0, MsgType::kHeartbeat);
     chan_.flush();
   }
+
+  // From a kernel's collective wait (WorkerOptions::interruptible): reads the controller's
+  // messages into held_ (handled by the loop after the kernel, in order), acts on an eviction at
+  // once, and throws collectives::Interrupted once the running kernel's run is cancelled.
+  void poll_in_kernel(double now);
 
   // The controller has been silent past the liveness timeout: one line naming what this worker
   // waits for, and the job ends.
@@ -198,6 +205,13 @@ class Worker {
   uint64_t next_order_ = 0;
   uint64_t kernels_run_ = 0;
   Liveness live_;  // the controller's silence; our heartbeats
+  // poll_in_kernel: the run whose kernel is running (0: none), the messages read inside it, the
+  // runs whose cancel was read there (until the loop handles it: their kernels do not start),
+  // and when it next polls (every millisecond at most).
+  uint64_t kernel_run_ = 0;
+  std::vector<Message> held_;
+  std::map<uint64_t, std::string> interrupted_;
+  double next_poll_ = 0;
 };
 
 }  // namespace pwm::pathways::worker_detail

@@ -273,7 +273,11 @@ bool Worker::try_exec(Run& run, size_t i) {
   // (unless the run was sent with the order turned off, the deadlock demonstration).
   if (gang && !(run.h.flags & kRunUnordered) && *pending_execs_.begin() != run.order[i]) return false;
   if (!def) failed = fmt::format("unknown kernel '{}' on {} (not registered on this rank)", e.kernel, where());
-  const bool skip = !def || (!gang && !failed.empty());
+  // Its cancel was read inside an earlier kernel's wait (poll_in_kernel) and waits for the loop:
+  // no kernel of it starts, a gang one least of all (its peers are gone).
+  const auto cancelled = interrupted_.find(run.h.run_id);
+  if (cancelled != interrupted_.end() && failed.empty()) failed = cancelled->second;
+  const bool skip = !def || cancelled != interrupted_.end() || (!gang && !failed.empty());
   if (!skip) {
     std::vector<KernelContext::Buffer> ins, outs;
     for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
@@ -294,6 +298,7 @@ bool Worker::try_exec(Run& run, size_t i) {
       awaited_done_ = false;
     }
     const double t0 = now_s();
+    kernel_run_ = run.h.run_id;  // (poll_in_kernel: its cancel ends the kernel's collective waits)
     try {
       KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
                         gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
@@ -309,6 +314,7 @@ bool Worker::try_exec(Run& run, size_t i) {
         failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
                            fmt::format("node {}", e.node), p.name, e.shard, e.num_shards, where(), ex.what());
     }
+    kernel_run_ = 0;
     if (trace) node_event(run, e.node, false);
   }
   for (int32_t s : e.outs) {
@@ -327,8 +333,11 @@ collectives::Communicator& Worker::comm(const LoadedProgram& lp, int32_t x) {
   const ExecInfo& e = lp.p.execs[x];
   std::vector<int> group(e.group.begin(), e.group.end());
   auto it = comms_.find(e.context);
-  if (it == comms_.end() || it->second->group() != group)
-    it = comms_.insert_or_assign(e.context, std::make_shared<collectives::Communicator>(t_, group, e.context)).first;
+  if (it == comms_.end() || it->second->group() != group) {
+    collectives::CommOptions o = collectives::CommOptions::from_env();
+    if (opts_.collective_timeout_s > 0) o.timeout_s = opts_.collective_timeout_s;
+    it = comms_.insert_or_assign(e.context, std::make_shared<collectives::Communicator>(t_, group, e.context, o)).first;
+  }
   return *(lp.comms[x] = it->second);
 }
 

@@ -254,6 +254,14 @@ void TrainingDevice::finish_reduce(const float* out) {
   add_comm((now_us() - t0) * 1e-6);
 }
 
+void TrainingDevice::abandon_step() {
+  reduces_.clear();  // (each Work's wait is interrupted too, and its collective abandoned)
+  moe_saved_.clear();
+  moe_ordered_.clear();
+  moe_ = {};
+  alltoall_s_ = route_wait_s_ = comm_s_ = busy_s_ = 0;
+}
+
 void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, double loss, double kernel_comm_s,
                             std::span<double> out, const StepStats* exchange) {
   const int64_t now = now_us();

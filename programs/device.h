@@ -162,6 +162,11 @@ class TrainingDevice {
   void start_layer_reduce_scatter(KernelContext& ctx, const Pos& p, int layer, const float* grads, float* chunk);
   void poll_reduces();
   void finish_reduce(const float* out);
+  // The running kernel's collectives were interrupted (collectives::Interrupted: its run was
+  // cancelled, a device of the slice lost): the step is abandoned on this device, its started
+  // reductions with it (their collectives withdrawn), its MoE state and its accounting dropped.
+  // The kernel wrapper calls it, inside the kernel.
+  void abandon_step();
 
   Trace* trace() { return trace_.get(); }
 

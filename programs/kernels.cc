@@ -92,10 +92,10 @@ void state_from(TrainingDevice& dev, KernelContext& ctx, const Pos& p, size_t ou
 
 }  // namespace
 
-// The state kernels' position: the slice's, or (attrs[1], --expert-island's experts' device j, a
-// slice of one) dp rank j's, whose layout the device holds.
+// The state kernels' position: the slice's (no attrs[1], or -1), or (attrs[1] = j >= 0,
+// --expert-island's experts' device j, a slice of one) dp rank j's, whose layout the device holds.
 Pos state_pos(const TrainingDevice& dev, const KernelContext& ctx) {
-  if (ctx.attrs().size() > 1) return {dev.cfg().mesh.dp, static_cast<int>(ctx.attr(0)), static_cast<int>(ctx.attr(1)), 0};
+  if (ctx.attrs().size() > 1 && ctx.attr(1) >= 0) return {dev.cfg().mesh.dp, static_cast<int>(ctx.attr(0)), static_cast<int>(ctx.attr(1)), 0};
   return pos(ctx);
 }
 
@@ -568,7 +568,12 @@ void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet>
       Scope scope(dev, k, step_work);
       // Started dp reductions advance between kernels (device.h, start_reduce).
       dev.poll_reduces();
-      body(dev, ctx, scope);
+      try {
+        body(dev, ctx, scope);
+      } catch (const collectives::Interrupted&) {
+        dev.abandon_step();
+        throw;
+      }
       dev.poll_reduces();
     };
     KernelRegistry::global().add(

@@ -18,6 +18,7 @@
 #include "collectives/mpi_transport.h"
 #include "collectives/strings.h"
 #include "common/check.h"
+#include "pathways/liveness.h"
 #include "pathways/tags.h"
 #include "pathways/train/programs.h"
 #include "pathways/train/trainer.h"
@@ -44,7 +45,15 @@ int main(int argc, char** argv) {
     if (env.rank() == 0) s.data.reset();  // the controller never touches tensor data
     // Every rank registers the kernels (the controller for their signatures); a worker also holds
     // its training device, which the kernels find by its world rank.
-    auto devices = std::make_shared<pathways::train::DeviceSet>(s.cfg, pathways::train::PipelineShape{s.cfg.mpmd.stages});
+    // --spare-workers: a worker's kernels can be interrupted by the controller's cancel (a device
+    // of the slice was lost), and their collectives' watchdog waits longer than the liveness
+    // timeout, so that the controller's verdict comes first (pathways/liveness.h).
+    const bool interruptible = s.cfg.mpmd.spare_workers > 0;
+    const double kernel_timeout = s.cfg.exec.coll_timeout * (interruptible ? pathways::kInterruptibleWatchdogFactor : 1);
+    train::TrainConfig device_cfg = s.cfg;
+    device_cfg.exec.coll_timeout = kernel_timeout;
+    auto devices =
+        std::make_shared<pathways::train::DeviceSet>(device_cfg, pathways::train::PipelineShape{s.cfg.mpmd.stages});
     pathways::train::register_train_kernels(pathways::train::KernelNames{}, devices);
     collectives::Communicator world = collectives::Communicator::world(env.transport());
     // A run stopped at a non-finite step: the controller has ended the metrics and shut the
@@ -60,6 +69,8 @@ int main(int argc, char** argv) {
       const auto attached = devices->attach(env.transport(), s.data);
       pathways::WorkerOptions wo = pathways::WorkerOptions::from_env();
       wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
+      wo.interruptible = interruptible;
+      wo.collective_timeout_s = kernel_timeout;
       pathways::run_worker(env.transport(), wo, &lost);
     }
     std::optional<collectives::Communicator> survivors;  // (the ranks left, on a context of their own)

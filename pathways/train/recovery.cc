@@ -104,8 +104,8 @@ bool Trainer::recover(const std::string& why) {
     const bool ckpt = saved_step_ >= 0;
     st.clear();
     for (auto& sl : slices_)
-      st.push_back(ArrayState::from(  // (attrs: tp, the dp rank of the one-device slice, a recovery's load)
-          dispatch(single(names_(ckpt ? "load" : "init"), sl, {}, {cfg_.mesh.tp, 0, 1}), {}, "restore")));
+      st.push_back(ArrayState::from(  // (attrs: tp, -1: the slice's own positions, 1: a recovery's load)
+          dispatch(single(names_(ckpt ? "load" : "init"), sl, {}, {cfg_.mesh.tp, -1, 1}), {}, "restore")));
     source = ckpt ? fmt::format("the checkpoint of step {} ({})", saved_step_, cfg_.outputs.ckpt) : "the initial state";
   }
   states_ = std::move(st);

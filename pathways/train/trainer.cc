@@ -72,11 +72,8 @@ void validate_spares(const pwm::train::TrainConfig& cfg, int workers) {
   const pwm::train::MpmdConfig& p = cfg.mpmd;
   if (p.spare_workers < 0) PWM_THROW("--spare-workers must be 0 or more (got {})", p.spare_workers);
   if (p.spare_workers == 0) return;
-  if (cfg.mesh.dp != 1 || cfg.mesh.tp != 1 || cfg.mesh.fsdp)
-    PWM_THROW("--spare-workers needs slices of one device (--dp 1 --tp 1, data parallelism as --replicas R): a device "
-              "of a larger slice that loses a peer is inside the slice's collectives, which it cannot leave yet");
-  if (p.stages > 1 || cfg.model.moe() || p.expert_island)
-    PWM_THROW("--spare-workers runs dense models without --stages");
+  if (p.stages > 1 || cfg.model.moe() || p.expert_island || cfg.mesh.fsdp)
+    PWM_THROW("--spare-workers runs dense models without --stages and without --fsdp");
   if (p.spare_workers >= workers)
     PWM_THROW("--spare-workers {} leaves no worker for the slices: the job has {} workers (mpirun -n {})", p.spare_workers,
               workers, workers + 1);

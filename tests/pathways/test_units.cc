@@ -116,6 +116,40 @@ TEST(ResourceManager, DrainKeepsOrphansRatherThanDoublingUp) {
   EXPECT_EQ(plain.slice(d.id).devices, (std::vector<int>{1}));
 }
 
+TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
+  // Collectives abandoned on it left messages that its tags would still match (docs/collectives.md).
+  ResourceManager rm({"h", "h", "h", "h"}, "1x4");
+  SliceInfo a = rm.allocate(3, {3}, 0);
+  const uint32_t old = a.context;
+  rm.drain(a.devices[1]);
+  const uint32_t moved = rm.slice(a.id).context;
+  EXPECT_NE(moved, old);
+  std::set<uint32_t> seen;  // every context, several times over (the manager hands them out in turn)
+  for (int i = 0; i < 3000; ++i) {
+    SliceInfo s = rm.allocate(1, {}, 0);
+    seen.insert(s.context);
+    rm.release(s.id);
+  }
+  EXPECT_FALSE(seen.count(old)) << "context " << old << " of the remapped slice was handed out again";
+  EXPECT_FALSE(seen.count(moved));  // (in use)
+  EXPECT_GT(seen.size(), 800u);     // (the others were)
+  // An orphaned slice's context is retired when it is released.
+  ResourceManager rm2({"h", "h"}, "1x2");
+  SliceInfo b = rm2.allocate(2, {2}, 0);
+  rm2.drain(b.devices[0], /*keep_orphans=*/true);
+  ASSERT_TRUE(rm2.orphaned(b.id));
+  const uint32_t orphan = rm2.slice(b.id).context;
+  rm2.release(b.id);
+  rm2.undrain(0);
+  seen.clear();
+  for (int i = 0; i < 3000; ++i) {
+    SliceInfo s = rm2.allocate(1, {}, 0);
+    seen.insert(s.context);
+    rm2.release(s.id);
+  }
+  EXPECT_FALSE(seen.count(orphan));
+}
+
 class ProgramTest : public ::testing::Test {
  protected:
   void SetUp() override { testing::register_test_kernels(); }

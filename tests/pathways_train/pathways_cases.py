@@ -790,7 +790,8 @@ def case_spare_worker_recovers_bitwise():
     """--spare-workers: a worker SIGKILLed in the middle of a step is replaced in the job (OpenMPI's
     mpirun --enable-recovery keeps the other ranks alive), and the run ends on the bits of the same
     run without the loss: restored from the other replica's memory, from this run's checkpoint
-    with a replay, from the initial state with a replay. Under MPICH (no library support: the
+    with a replay, from the initial state with a replay; for slices of one device and of two (dp
+    and tp: the device left in the slice is interrupted inside its collectives). Under MPICH (no library support: the
     launcher ends the job, docs/failures.md) the job ends non-zero, the supervisor's case."""
     openmpi = os.environ.get("PWM_MPI_FLAVOR", "openmpi") == "openmpi"
     fast = ["--coll-timeout", "3", "--steps", "8"]  # (liveness: the loss is seen after 3 s of silence)
@@ -814,6 +815,12 @@ def case_spare_worker_recovers_bitwise():
         ("chained_ckpt", 2, ["--granularity", "chained", "--ckpt-every", "2"], "the checkpoint of step 4",
          ["--kill-step", "5", "--kill-rank", "1"]),
         ("opbyop_start", 2, ["--granularity", "opbyop"], "the initial state", ["--kill-step", "5", "--kill-rank", "1"]),
+        # Slices of two devices: the device left in the slice waits in a collective with the lost
+        # one until the controller's cancel interrupts it (WorkerOptions::interruptible).
+        ("dp2_fused_start", 3, ["--dp", "2"], "the initial state", ["--kill-step", "3", "--kill-rank", "2"]),
+        ("tp2_chained_ckpt", 3, ["--tp", "2", "--granularity", "chained", "--ckpt-every", "2"], "the checkpoint of step 4",
+         ["--kill-step", "5", "--kill-rank", "1"]),
+        ("dp2_replicas", 5, ["--dp", "2", "--replicas", "2"], "replica 0's memory", ["--kill-step", "3", "--kill-rank", "3"]),
     ]
     for name, n, flags, source, kill in cases:
         # (each run writes its own checkpoints from step 0)
@@ -873,8 +880,8 @@ def case_spare_worker_recovers_bitwise():
     out = p.stdout + p.stderr
     assert "has heard nothing from the controller (world rank 0" in out and not os.path.exists(m), out[-3000:]
     # What --spare-workers does not cover is refused before anything runs, in one line.
-    sc.expect_error(4, sc.TINY + ["--dp", "2", "--spare-workers", "1"], "--spare-workers needs slices of one device",
-                    exe="pathways")
+    sc.expect_error(4, sc.TINY + ["--dp", "2", "--fsdp", "--spare-workers", "1"],
+                    "--spare-workers runs dense models without --stages and without --fsdp", exe="pathways")
     sc.expect_error(3, sc.TINY + ["--spare-workers", "2"], "--spare-workers 2 leaves no worker", exe="pathways")
 
 
@@ -890,12 +897,16 @@ def case_spare_worker_survives_a_stop():
         sys.exit(77)  # (ctest's skip code here)
     timeout = 3
     flags = ["--granularity", "chained", "--coll-timeout", str(timeout), "--steps", "60", "--step-sleep-ms", "20"]
-    ref = sc.train(2, "stop_ref", flags, exe="pathways")
+    refs = {1: sc.train(2, "stop_ref", flags, exe="pathways"),
+            2: sc.train(3, "stop_ref_dp2", flags + ["--dp", "2"], exe="pathways")}
     stop = ["--kill-step", "5", "--kill-rank", "1", "--kill-signal", "stop"]
-    for resume in (False, True):
-        m = os.path.join(sc.TMP, f"stop{int(resume)}.jsonl")
-        cmd = sc.MPIRUN + ["--enable-recovery", sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + flags + [
-            "--spare-workers", "1", "--metrics", m] + stop
+    # (dp 2: the device left in the slice waits for the stopped one inside a collective, until the
+    # controller's cancel interrupts it)
+    for resume, dp in ((False, 1), (True, 1), (False, 2)):
+        ref = refs[dp]
+        m = os.path.join(sc.TMP, f"stop{int(resume)}_dp{dp}.jsonl")
+        cmd = sc.MPIRUN + ["--enable-recovery", sc.NP_FLAG, str(dp + 2), sc.trainer("pathways")] + sc.TINY + flags + [
+            "--dp", str(dp), "--spare-workers", "1", "--metrics", m] + stop
 
         def on_line(line, stopped):  # resume the stopped worker once the controller has gone on without it
             if resume and "the controller lost device" in line:
@@ -915,7 +926,7 @@ def case_spare_worker_survives_a_stop():
         assert "ending world rank(s) 1 that were lost" in out, f"the job did not end the lost rank:\n{out[-3000:]}"
         got = sc.metrics(m)
         assert_bitwise(ref, got, "pathways after a stopped worker", "the run without the loss")
-        print(f"resumed={resume}: recovered {took:.1f} s after the stop, job ended {ended - stopped_at:.1f} s after it "
+        print(f"dp={dp} resumed={resume}: recovered {took:.1f} s after the stop, job ended {ended - stopped_at:.1f} s after it "
               f"(exit {rc}), bitwise equal to the run without the loss")
 
 
