@@ -71,6 +71,8 @@ bool Work::test() {
   return e_->progress();
 }
 
+void Work::abandon() { e_.reset(); }  // (the executor's destructor abandons it)
+
 void Work::wait() {
   PWM_CHECK(e_ != nullptr, "wait() on an empty Work");
   e_->wait();

@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "collectives/cost_model.h"
-#include "common/check.h"
 #include "collectives/transport.h"
 #include "collectives/types.h"
+#include "common/check.h"
 
 namespace pwm::collectives {
 
@@ -76,6 +76,10 @@ class Work {
 
   bool test();  // progresses without blocking; true once complete. Throws pwm::Error on failure.
   void wait();  // blocks until complete (watchdog applies)
+  // Gives the collective up without waiting (Executor::abandon: its posted receives withdrawn):
+  // for a caller whose peers left it (Interrupted). The Work is empty afterwards. The
+  // communicator is out of step with its peers from then on: use a fresh context.
+  void abandon();
   bool valid() const { return e_ != nullptr; }
 
  private:

@@ -277,25 +277,35 @@ void Executor::abandon() noexcept {
   std::vector<std::pair<Request*, int>> arriving;  // receives whose message matched: (request, peer)
   auto withdraw = [&](const Schedule* s, std::vector<uint8_t>& state, std::vector<Request>& req) {
     if (!s) return;
-    for (uint32_t id = 0; id < s->steps().size(); ++id)
-      if (state[id] == 1 && s->steps()[id].kind == StepKind::kRecv && !t_.cancel_recv(req[id]))
+    for (uint32_t id = 0; id < s->steps().size(); ++id) {
+      if (state[id] != 1) continue;
+      if (s->steps()[id].kind == StepKind::kSend)
+        t_.release(req[id]);
+      else if (!t_.cancel_recv(req[id]))
         arriving.push_back({&req[id], (*info_.group)[s->steps()[id].peer]});
+    }
   };
   withdraw(&sched_, state_, req_);
   withdraw(fp_sched_.get(), fp_state_, fp_req_);
   const int64_t deadline = now_us() + static_cast<int64_t>(std::min(timeout_s_, 10.0) * 1e6);
   while (!arriving.empty()) {
-    try {
-      std::erase_if(arriving, [&](auto& a) { return t_.test(*a.first, nullptr); });
-    } catch (const std::exception&) {
-      arriving.clear();  // (a failed request is over: MPI freed it)
-    }
+    std::erase_if(arriving, [&](auto& a) {
+      try {
+        return t_.test(*a.first, nullptr);
+      } catch (const std::exception&) {
+        return true;  // (a failed request is over: MPI freed it)
+      }
+    });
     if (arriving.empty()) break;
     if (now_us() > deadline)
       t_.abort(fmt::format("world rank {}: {} was interrupted, and its receive from world rank {}{} neither completes "
                            "nor can be withdrawn; aborting the job",
                            t_.rank(), info_.describe(), arriving.front().second, on_host(arriving.front().second)));
     t_.idle();
+    try {
+      t_.run_wait_hook();  // (the heartbeat, while this lasts; its Interrupted is the one being handled)
+    } catch (...) {
+    }
   }
   done_ = true;
 }

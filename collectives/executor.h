@@ -71,10 +71,12 @@ class Executor {
   void start_fingerprint(int fingerprint_tag);
   void check_fingerprints();
   [[noreturn]] void fire_watchdog();
-  // Withdraws the posted receives of both schedules and waits (a bounded time) for those whose
-  // message is arriving; one that does not end ends the job (Transport::abort), since its buffer
-  // is about to be freed. Posted sends are left to MPI (transport.h, cancel_recv). A native
-  // collective cannot be withdrawn at all: that ends the job too.
+  // Withdraws the posted receives of both schedules and waits (a bounded time, running the wait
+  // hook for the heartbeat) for those whose message is arriving; one that does not end ends the
+  // job (Transport::abort), since its buffer is about to be freed. Posted sends are released
+  // to MPI (Transport::release). A native collective cannot be withdrawn at all: that ends the
+  // job too. (Neither abort is reached in process, whose abort throws: its receives always
+  // withdraw and it has no native collectives.)
   void abandon() noexcept;
   std::string on_host(int world_rank) const;  // " on <host>", or "" where the transport has no hosts
 

@@ -323,12 +323,20 @@ class MpiTransport : public Transport {
   bool cancel_recv(Request& r) override {
     MPI_Request m = to_mpi(r);
     if (m == MPI_REQUEST_NULL) return true;
-    // MPI_Cancel marks it; the request then completes, cancelled or (its message had matched)
-    // received, and MPI_Test frees it either way. A failure is an end too: MPI freed it.
+    // MPI_Cancel marks it; the request then completes, withdrawn or (its message had matched)
+    // received, and MPI_Test frees it either way. A failed cancel leaves it posted: the caller
+    // tests it until it completes. A failed test is an end: MPI freed the request (test()).
+    if (MPI_Cancel(&m) != MPI_SUCCESS) return false;
     int flag = 0;
-    if (MPI_Cancel(&m) != MPI_SUCCESS || MPI_Test(&m, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+    if (MPI_Test(&m, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
     r = from_mpi(flag ? MPI_REQUEST_NULL : m);
     return flag != 0;
+  }
+
+  void release(Request& r) override {
+    MPI_Request m = to_mpi(r);
+    if (m != MPI_REQUEST_NULL) PWM_MPI_REPORT(MPI_Request_free(&m));  // (reported, not thrown: an abandon's)
+    r = from_mpi(MPI_REQUEST_NULL);
   }
 
   void idle() override {

@@ -90,11 +90,16 @@ class Transport {
 
   // Withdraws a posted receive (MPI_Cancel) whose collective was left (Interrupted, below).
   // True once the request is over, withdrawn or complete (its message had arrived): the buffer
-  // is the caller's again. False while a message that matched it is still arriving: test() it
-  // until it completes. Call once per request. Never throws. Sends have no counterpart (MPI-4 deprecates cancelling
-  // them): a send left posted only reads its buffer, and only if a receive with its tag is
-  // posted, which the caller's fresh tag space after a remap rules out (docs/failures.md).
+  // is the caller's again. False while a message that matched it is still arriving (or the
+  // cancel failed): test() it until it completes. Call once per request. Never throws.
   virtual bool cancel_recv(Request& r) = 0;
+  // Gives up a posted send of a collective that was left (MPI_Request_free; MPI-4 deprecates
+  // cancelling sends): MPI completes it if its receiver ever takes it, and nothing is left
+  // pending. The handle is invalid afterwards. The send only reads its buffer, and only for a
+  // receive that had matched it (a peer that left the collective too: what it receives it
+  // discards) or that is posted later with its tag (none: the group goes on with a fresh
+  // context). Never throws. The in-process fabric's sends are complete when posted.
+  virtual void release(Request& r) { r = Request{}; }
 
   // Called by a waiting collective when a progress pass found nothing to do. MPI must be polled
   // (its progress engine runs inside MPI_Test), so the MPI transport only yields its core, and
