@@ -63,6 +63,14 @@ struct Signature {
   std::vector<ArgSpec> inputs, outputs;
 };
 
+// A slice's collectives context c (its gang communicator, KernelContext::comm) comes with the
+// next kSliceSubContexts contexts, c + 1 .. c + kSliceSubContexts, for its kernels' sub-groups
+// (programs/device.cc: tp, dp, expert-parallel, experts). Whoever hands out slice contexts
+// spaces them kSliceContextStride apart, so that a slice given a fresh context (a remap, or
+// collectives abandoned after a loss) has fresh sub-groups too.
+constexpr uint32_t kSliceSubContexts = 4;
+constexpr uint32_t kSliceContextStride = 1 + kSliceSubContexts;
+
 // What a running kernel sees. Valid during the call only.
 class KernelContext {
  public:

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "common/time.h"
 #include "pathways/dispatcher.h"
@@ -115,9 +116,11 @@ void Dispatcher::lose(int rank, const std::string& why) {
   // The runs it had a part in: cancelled on the other workers (they answer run_done), failed.
   const std::string reason = fmt::format("{} was lost", who);
   std::vector<uint64_t> done;
+  std::set<int> out_of_step;  // the slices of the cancelled runs: their devices may leave collectives midway
   for (auto& [id, rp] : runs_) {
     RunRec& r = *rp;
     if (!r.sent || r.workers_done || !r.lp->workers.count(rank)) continue;
+    for (const auto& [slice, gen] : r.lp->generations) out_of_step.insert(slice);
     if (r.error.empty()) r.error = fmt::format("program '{}': {}", r.prog->def.name, reason);
     r.waiting.erase(rank);
     r.stage_waiting.erase(rank);
@@ -126,6 +129,11 @@ void Dispatcher::lose(int rank, const std::string& why) {
   }
   for (uint64_t id : done)
     if (RunRec* r = runs_.find(id)) complete_workers(*r);
+  // (A remapped slice has a fresh context already.) A worker interrupted inside a collective of
+  // a cancelled run leaves its communicator out of step with the peers that were not: the
+  // slices of those runs go on with fresh contexts, their programs lowered again.
+  for (const SliceRemap& m : plan) out_of_step.erase(m.slice);
+  for (int slice : out_of_step) c_.rm().renew_context(slice);
   for (auto it = fetch_reqs_.begin(); it != fetch_reqs_.end();) {
     if (it->second.rank != rank) {
       ++it;

@@ -14,9 +14,11 @@
 // a collective, as an SPMD rank must reach its next collective within the watchdog's timeout.
 //
 // With in-job recovery (WorkerOptions::interruptible), a kernel's collective waiting for a lost
-// peer is ended by the controller's cancel, read inside the wait; its watchdog waits
-// kInterruptibleWatchdogFactor timeouts, so that the controller's verdict (after one timeout
-// and at most a quarter more, the beat interval) comes first.
+// peer is ended by the controller's cancel, read inside the wait; its watchdog, a backstop then,
+// waits kInterruptibleWatchdogFactor timeouts. The controller's verdict comes at most 1.25
+// timeouts after the peer's last message (the timeout and a beat interval), so it comes first
+// unless the peer was lost more than 0.75 timeouts after this device entered the collective
+// (a slice's devices reaching one collective that far apart).
 //
 // Plain data, used by one thread (the dispatcher's, or the worker loop's).
 #pragma once
@@ -26,7 +28,7 @@
 
 namespace pwm::pathways {
 
-constexpr double kInterruptibleWatchdogFactor = 1.5;
+constexpr double kInterruptibleWatchdogFactor = 2.0;
 
 class Liveness {
  public:

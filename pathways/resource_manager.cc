@@ -77,12 +77,16 @@ std::string ResourceManager::describe() const {
 }
 
 uint32_t ResourceManager::new_context() {
-  const uint32_t span = tags::kLastSliceContext - tags::kFirstSliceContext + 1;
+  // Blocks of kSliceContextStride: the slice's context, then its kernels' sub-groups'.
+  const uint32_t span = (tags::kLastSliceContext - tags::kFirstSliceContext + 1) / dataflow::kSliceContextStride;
   for (uint32_t i = 0; i < span; ++i) {
-    uint32_t c = tags::kFirstSliceContext + (next_context_++ % span);
+    uint32_t c = tags::kFirstSliceContext + (next_context_++ % span) * dataflow::kSliceContextStride;
     if (!contexts_in_use_.count(c)) return c;
   }
-  PWM_THROW("resource manager: more than {} live slices", span);
+  size_t retired = 0;
+  for (const auto& [c, s] : contexts_in_use_) retired += s == kRetiredContext;
+  PWM_THROW("resource manager: no collectives context left: {} live slices and {} contexts retired after losses (of {})",
+            contexts_in_use_.size() - retired, retired, span);
 }
 
 SliceInfo ResourceManager::allocate(int n, std::vector<int> mesh, int island) {
@@ -163,6 +167,17 @@ SliceInfo ResourceManager::slice(int slice_id) const {
   auto it = slices_.find(slice_id);
   if (it == slices_.end()) PWM_THROW("resource manager: unknown slice {}", slice_id);
   return it->second;
+}
+
+void ResourceManager::renew_context(int slice_id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end()) return;
+  SliceInfo& s = it->second;
+  contexts_in_use_[s.context] = kRetiredContext;
+  s.context = new_context();
+  contexts_in_use_[s.context] = s.id;
+  s.generation++;
 }
 
 uint64_t ResourceManager::generation(int slice_id) const {

@@ -68,6 +68,11 @@ class ResourceManager {
   SliceInfo slice(int slice_id) const;  // throws for an unknown id
   bool has_slice(int slice_id) const;
   uint64_t generation(int slice_id) const;  // throws for an unknown id
+  // A fresh context (and a new generation: its programs are lowered again) for a live slice
+  // whose devices may have left collectives midway (runs cancelled after a loss: they are out
+  // of step, and the messages left behind would match the old context's tags); the old context
+  // is never handed out again. Unknown ids are ignored (a released slice).
+  void renew_context(int slice_id);
 
   // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
   // changes nothing) when some slice has no spare device in its island, unless `keep_orphans`:
@@ -91,7 +96,10 @@ class ResourceManager {
   int next_slice_ = 1;
   uint32_t next_context_ = 0;
   std::map<uint32_t, int> contexts_in_use_;  // context -> its slice, or kRetiredContext
-  static constexpr int kRetiredContext = -1;  // a remapped slice's old context (drain)
+  // A context given up (drain, renew_context, an orphaned slice's release): never handed out
+  // again, since messages of collectives abandoned on it may still be waiting. Bounded by the
+  // losses: new_context says so when none is left.
+  static constexpr int kRetiredContext = -1;
 };
 
 }  // namespace pwm::pathways

@@ -5,7 +5,9 @@
 // Communicator contexts (context c on channel c / 64); the runtime never builds a tag there:
 //   contexts 0            the world communicator (tests, benchmarks around the runtime)
 //   contexts 1..899       slice communicators (one per live physical slice, from the resource
-//                         manager; the kernels' in-kernel collectives run on them)
+//                         manager; the kernels' in-kernel collectives run on them), in blocks
+//                         of dataflow::kSliceContextStride: the slice's, then its kernels'
+//                         sub-groups'
 //   contexts 900..999     free for code around the runtime (e.g. a benchmark's SPMD baseline)
 // and uses the channels above them:
 //   channels 16..47       worker-to-worker tensor transfers: 2^20 data tags, handed out in

@@ -36,6 +36,7 @@
 //    alive at once on this worker: activations and gradients in flight).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,6 +66,11 @@ struct WorkerOptions {
   // PWM_COLL_TIMEOUT, 300 s). With `interruptible`, longer than the liveness timeout
   // (kInterruptibleWatchdogFactor, liveness.h), so that the controller's verdict comes first.
   double collective_timeout_s = 0;
+  // Called on the worker's thread when a run that started here is cancelled (a device was
+  // lost), after its transfers were abandoned: the kernels' own state of the run is given up
+  // (pathways_train: the device's started reductions, TrainingDevice::abandon_step). Must not
+  // wait for a collective. Empty: nothing.
+  std::function<void()> on_cancel;
 
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };

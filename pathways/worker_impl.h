@@ -146,6 +146,9 @@ class Worker {
   // Runs kernel instruction i if its inputs are ready and, for a gang kernel, its turn in the
   // island's order has come; true if it ran.
   bool try_exec(Run& run, size_t i);
+  // try_exec's call of the kernel (its outputs allocated, answers flushed before a long one,
+  // timed, traced): "" or the failure, which names the kernel.
+  std::string run_kernel(Run& run, size_t i, bool gang);
 
   void node_event(Run& run, uint32_t node, bool started) {
     chan_.send(0, NodeEvent{run.h.run_id, node, started});

@@ -108,6 +108,7 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
 void Worker::cancel_run(Run& run, const std::string& reason) {
   note_error(run, reason);
   if (!run.prog) return;
+  if (opts_.on_cancel) opts_.on_cancel();
   const WorkerProgram& p = run.prog->p;
   for (size_t i = run.first; i < p.instrs.size(); ++i) {
     if (run.state[i] == kDone) continue;
@@ -279,43 +280,8 @@ bool Worker::try_exec(Run& run, size_t i) {
   if (cancelled != interrupted_.end() && failed.empty()) failed = cancelled->second;
   const bool skip = !def || cancelled != interrupted_.end() || (!gang && !failed.empty());
   if (!skip) {
-    std::vector<KernelContext::Buffer> ins, outs;
-    for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
-    for (int32_t s : e.outs) outs.push_back({write_ptr(run, s), &run.slots[s]->spec});
-    const bool trace = run.h.flags & kRunTrace;
-    if (trace) node_event(run, e.node, true);
-    // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
-    // the core for long (it last ran here for >= long_kernel_s_, or has not run yet): otherwise
-    // they would reach the controller a whole kernel late (a fused training step's statistics
-    // would be answered only when the worker's queue of steps is empty; long_kernel_s_ is
-    // LatencyPolicy::long_kernel_us). Before short kernels they stay bundled until the end of
-    // the pass, except a run_done a client waits for.
-    double& last_s = run.prog->last_s[p.instrs[i].exec];
-    const bool long_kernel = last_s == 0 || last_s >= long_kernel_s_;
-    if (long_kernel) progress_fetches();
-    if (long_kernel || awaited_done_) {
-      chan_.flush();
-      awaited_done_ = false;
-    }
-    const double t0 = now_s();
-    kernel_run_ = run.h.run_id;  // (poll_in_kernel: its cancel ends the kernel's collective waits)
-    try {
-      KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
-                        gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
-      def->fn(ctx);
-      kernels_run_++;
-      const double t1 = now_s();
-      last_s = t1 - t0;
-      long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
-      run.kernel_s += t1 - t0;
-      if (WorkerTrace::recording(run.h)) trace_.kernel(run.h, e.node, e.shard, t0, t1);
-    } catch (const std::exception& ex) {
-      if (failed.empty())
-        failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
-                           fmt::format("node {}", e.node), p.name, e.shard, e.num_shards, where(), ex.what());
-    }
-    kernel_run_ = 0;
-    if (trace) node_event(run, e.node, false);
+    std::string error = run_kernel(run, i, gang);
+    if (failed.empty()) failed = std::move(error);
   }
   for (int32_t s : e.outs) {
     if (!failed.empty()) run.slots[s]->fail(failed);
@@ -325,6 +291,55 @@ bool Worker::try_exec(Run& run, size_t i) {
   pending_execs_.erase(run.order[i]);
   done(run, i);
   return true;
+}
+
+std::string Worker::run_kernel(Run& run, size_t i, bool gang) {
+  const WorkerProgram& p = run.prog->p;
+  const ExecInfo& e = p.execs[p.instrs[i].exec];
+  const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+  std::string failed;
+  std::vector<KernelContext::Buffer> ins, outs;
+  for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
+  for (int32_t s : e.outs) outs.push_back({write_ptr(run, s), &run.slots[s]->spec});
+  const bool trace = run.h.flags & kRunTrace;
+  if (trace) node_event(run, e.node, true);
+  // Answers waiting to go out (a run_done, a fetched object) leave before a kernel that takes
+  // the core for long (it last ran here for >= long_kernel_s_, or has not run yet): otherwise
+  // they would reach the controller a whole kernel late (a fused training step's statistics
+  // would be answered only when the worker's queue of steps is empty; long_kernel_s_ is
+  // LatencyPolicy::long_kernel_us). Before short kernels they stay bundled until the end of
+  // the pass, except a run_done a client waits for.
+  double& last_s = run.prog->last_s[p.instrs[i].exec];
+  const bool long_kernel = last_s == 0 || last_s >= long_kernel_s_;
+  if (long_kernel) progress_fetches();
+  if (long_kernel || awaited_done_) {
+    chan_.flush();
+    awaited_done_ = false;
+  }
+  const double t0 = now_s();
+  kernel_run_ = run.h.run_id;  // (poll_in_kernel: its cancel ends the kernel's collective waits)
+  try {
+    KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
+                      gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
+    def->fn(ctx);
+    kernels_run_++;
+    const double t1 = now_s();
+    last_s = t1 - t0;
+    long_kernel_ran_ = long_kernel_ran_ || last_s >= long_kernel_s_;
+    run.kernel_s += t1 - t0;
+    if (WorkerTrace::recording(run.h)) trace_.kernel(run.h, e.node, e.shard, t0, t1);
+  } catch (const std::exception& ex) {
+    failed = fmt::format("kernel '{}' ({} of program '{}', shard {} of {}) failed on {}: {}", e.kernel,
+                         fmt::format("node {}", e.node), p.name, e.shard, e.num_shards, where(), ex.what());
+    if (dynamic_cast<const collectives::Interrupted*>(&ex)) {  // (one line: the recovery's story on this worker)
+      fmt::print(stderr, "pathways worker: {} left kernel '{}' of program '{}' inside its collectives: {}\n",
+                 where_on_host(), e.kernel, p.name, ex.what());
+      std::fflush(stderr);
+    }
+  }
+  kernel_run_ = 0;
+  if (trace) node_event(run, e.node, false);
+  return failed;
 }
 
 collectives::Communicator& Worker::comm(const LoadedProgram& lp, int32_t x) {

@@ -18,7 +18,10 @@ namespace pwm::programs {
 using collectives::Communicator;
 
 namespace {
-constexpr uint32_t kTpContext = 901, kDpContext = 902, kEpContext = 903, kExpertContext = 904;
+// The sub-groups' contexts follow the slice's (dataflow::kSliceSubContexts).
+enum SubContext : uint32_t { kTpContext = 1, kDpContext = 2, kEpContext = 3, kExpertContext = 4 };
+static_assert(kExpertContext <= dataflow::kSliceSubContexts);
+uint32_t sub_context(KernelContext& ctx, SubContext k) { return ctx.comm().context() + k; }
 }  // namespace
 
 Pos Pos::of(const KernelContext& ctx, int tp) {
@@ -120,14 +123,14 @@ Communicator* TrainingDevice::tp_comm(KernelContext& ctx, const Pos& p) {
   if (p.tp == 1) return nullptr;
   std::vector<int> grp;
   for (int t = 0; t < p.tp; ++t) grp.push_back(ctx.comm().group()[p.dp_rank * p.tp + t]);
-  return &comm(kTpContext, grp);
+  return &comm(sub_context(ctx, kTpContext), grp);
 }
 
 Communicator* TrainingDevice::dp_comm(KernelContext& ctx, const Pos& p) {
   if (p.dp == 1) return nullptr;
   std::vector<int> grp;
   for (int d = 0; d < p.dp; ++d) grp.push_back(ctx.comm().group()[d * p.tp + p.tp_rank]);
-  return &comm(kDpContext, grp);
+  return &comm(sub_context(ctx, kDpContext), grp);
 }
 
 model::TpReduce<float> TrainingDevice::tp_reducer(Communicator* c, double* comm_s) {
@@ -146,7 +149,7 @@ Communicator* TrainingDevice::ep_comm(KernelContext& ctx, const Pos& p) {
   if (P == 1) return nullptr;
   std::vector<int> grp;
   for (int j = 0; j < P; ++j) grp.push_back(ctx.comm().group()[(p.dp_rank - ep_rank(p) + j) * p.tp + p.tp_rank]);
-  return &comm(kEpContext, grp);
+  return &comm(sub_context(ctx, kEpContext), grp);
 }
 
 Communicator* TrainingDevice::expert_comm(KernelContext& ctx, const Pos& p) {
@@ -154,7 +157,7 @@ Communicator* TrainingDevice::expert_comm(KernelContext& ctx, const Pos& p) {
   if (p.dp / P == 1) return nullptr;
   std::vector<int> grp;
   for (int i = ep_rank(p); i < p.dp; i += P) grp.push_back(ctx.comm().group()[i * p.tp + p.tp_rank]);
-  return &comm(kExpertContext, grp);
+  return &comm(sub_context(ctx, kExpertContext), grp);
 }
 
 model::ExpertComm<float> TrainingDevice::expert_alltoall(KernelContext& ctx, const Pos& p, std::span<const int64_t> counts) {
@@ -255,7 +258,8 @@ void TrainingDevice::finish_reduce(const float* out) {
 }
 
 void TrainingDevice::abandon_step() {
-  reduces_.clear();  // (each Work's wait is interrupted too, and its collective abandoned)
+  for (PendingReduce& r : reduces_) r.work.abandon();  // (no wait: the peers may be gone)
+  reduces_.clear();
   moe_saved_.clear();
   moe_ordered_.clear();
   moe_ = {};

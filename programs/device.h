@@ -84,8 +84,8 @@ class TrainingDevice {
   // the run, so that its products' best times accumulate over the probes; null with --peak-gflops.
   model::GemmProbe* gemm_probe();
 
-  // The slice's tp and dp sub-communicators (nullptr for a group of one); contexts 901 and 902
-  // (docs/pathways.md reserves 900..999 for code around the runtime).
+  // The slice's tp and dp sub-communicators (nullptr for a group of one), on the slice's
+  // sub-contexts (dataflow::kSliceSubContexts): a slice with a fresh context has fresh ones.
   collectives::Communicator* tp_comm(KernelContext& ctx, const Pos& p);
   collectives::Communicator* dp_comm(KernelContext& ctx, const Pos& p);
   // A tp reduction for the model that adds its time to *comm_s.
@@ -100,7 +100,7 @@ class TrainingDevice {
 
   // Mixture of Experts (tp = 1). The expert-parallel group (the P devices that split the experts)
   // and the expert group (the devices holding the same experts: their gradients' sum); nullptr
-  // for a group of one. Contexts 903 and 904.
+  // for a group of one. The slice's sub-contexts too.
   collectives::Communicator* ep_comm(KernelContext& ctx, const Pos& p);
   collectives::Communicator* expert_comm(KernelContext& ctx, const Pos& p);
   // The model's AllToAll over the expert-parallel group (size 1 without --expert-parallel). The
@@ -162,10 +162,10 @@ class TrainingDevice {
   void start_layer_reduce_scatter(KernelContext& ctx, const Pos& p, int layer, const float* grads, float* chunk);
   void poll_reduces();
   void finish_reduce(const float* out);
-  // The running kernel's collectives were interrupted (collectives::Interrupted: its run was
-  // cancelled, a device of the slice lost): the step is abandoned on this device, its started
-  // reductions with it (their collectives withdrawn), its MoE state and its accounting dropped.
-  // The kernel wrapper calls it, inside the kernel.
+  // The step's run was cancelled (a device was lost; collectives::Interrupted inside a kernel):
+  // the step is abandoned on this device, its started reductions with it (their collectives
+  // withdrawn without waiting), its MoE state and its accounting dropped. The kernel wrapper
+  // calls it on Interrupted, pathways_train's worker on a cancel (WorkerOptions::on_cancel).
   void abandon_step();
 
   Trace* trace() { return trace_.get(); }

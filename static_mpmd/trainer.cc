@@ -26,7 +26,9 @@ using train::Granularity;
 
 namespace {
 
-constexpr uint32_t kFirstSliceContext = 1;  // slice i's communicator's context is 1 + i (the world's is 0)
+// Slice i's communicator's context is 1 + i * kSliceContextStride (the world's is 0; the ones
+// between are its kernels' sub-groups', dataflow/kernel.h).
+constexpr uint32_t kFirstSliceContext = 1;
 constexpr int kChannel = collectives::kFirstFreeChannel;  // the transfers' two tag channels
 
 // --quota: each stage's registers (activations held from its forward to its backward) must hold
@@ -121,7 +123,7 @@ Prepared Trainer::lower(const dataflow::ProgramDef& def) {
     PWM_CHECK(slice >= 0 && slice < K_, "program '{}' names slice {} of {}", def.name, slice, K_);
     std::vector<int> ranks(static_cast<size_t>(devices_));
     std::iota(ranks.begin(), ranks.end(), slice * devices_);
-    return dataflow::SliceMapping{ranks, kFirstSliceContext + static_cast<uint32_t>(slice), 0, 0};
+    return dataflow::SliceMapping{ranks, kFirstSliceContext + static_cast<uint32_t>(slice) * dataflow::kSliceContextStride, 0, 0};
   };
   dataflow::LoweredProgram lp = dataflow::lower(def, 0, lookup);
   auto it = lp.workers.find(t_->rank());

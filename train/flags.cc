@@ -45,7 +45,7 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
       ->group(P);
   app.add_option("--spare-workers", p.spare_workers,
                  "workers beyond the slices: a lost worker's slice moves onto one and the run goes on (dense, no "
-                 "--stages or --fsdp; OpenMPI's mpirun --enable-recovery)")
+                 "--fsdp; OpenMPI's mpirun --enable-recovery)")
       ->group(P);
   app.add_option("--quota", p.quota,
                  "mpmd_train's pipeline: activations a stage may hold (its registers; 0: what --schedule needs); a "

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
       wo.timeout_s = s.cfg.exec.coll_timeout;  // liveness: a silent controller ends the job after it
       wo.interruptible = interruptible;
       wo.collective_timeout_s = kernel_timeout;
+      if (interruptible) wo.on_cancel = [devices, rank = env.rank()] { devices->at(rank).abandon_step(); };
       pathways::run_worker(env.transport(), wo, &lost);
     }
     std::optional<collectives::Communicator> survivors;  // (the ranks left, on a context of their own)

@@ -15,6 +15,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <optional>
+#include <set>
+
 #include "common/time.h"
 #include "pathways/train/trainer.h"
 
@@ -30,7 +34,8 @@ Trainer::ArrayState Trainer::copy_state(const ArrayState& from, const Slice& to)
 }
 
 std::string Trainer::drop_lost_replicas(std::vector<ArrayState>& st, const std::string& why) {
-  // Only dense replicas of one slice each (pipelines and expert islands refuse --spare-workers).
+  // Only dense replicas of one slice each (a pipeline never gets here: survive_without_spare is
+  // off for it; expert islands refuse --spare-workers).
   std::vector<size_t> keep;
   for (size_t s = 0; s < slices_.size(); ++s)
     if (!slices_[s].lost()) keep.push_back(s);
@@ -72,6 +77,19 @@ std::string Trainer::drop_lost_replicas(std::vector<ArrayState>& st, const std::
                      cfg_.workload.global_batch);
 }
 
+std::optional<std::vector<size_t>> Trainer::same_stage(const std::vector<size_t>& moved,
+                                                       const std::vector<size_t>& healthy) const {
+  // Slice r * S + s is replica r's stage s (a pipeline's stage holds its own layers' state: only
+  // the same stage of another replica has it).
+  std::vector<size_t> from;
+  for (size_t m : moved) {
+    auto it = std::find_if(healthy.begin(), healthy.end(), [&](size_t h) { return h % S_ == m % S_; });
+    if (it == healthy.end()) return std::nullopt;
+    from.push_back(*it);
+  }
+  return from;
+}
+
 bool Trainer::recover(const std::string& why) {
   if (cfg_.mpmd.spare_workers == 0 || pending_.empty()) return false;
   bool lost = false;
@@ -97,9 +115,13 @@ bool Trainer::recover(const std::string& why) {
   }
   if (moved.empty()) {
     source = "the replicas left (nothing to restore)";
-  } else if (!healthy.empty()) {
-    for (size_t s : moved) st[s] = copy_state(st[healthy.front()], slices_[s]);
-    source = fmt::format("replica {}'s memory", healthy.front());
+  } else if (std::optional<std::vector<size_t>> from = same_stage(moved, healthy)) {
+    std::set<size_t> replicas;
+    for (size_t i = 0; i < moved.size(); ++i) {
+      st[moved[i]] = copy_state(st[(*from)[i]], slices_[moved[i]]);
+      replicas.insert((*from)[i] / static_cast<size_t>(S_));
+    }
+    source = fmt::format("replica {}'s memory", fmt::join(replicas, " and "));
   } else {
     const bool ckpt = saved_step_ >= 0;
     st.clear();

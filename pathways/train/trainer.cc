@@ -72,8 +72,8 @@ void validate_spares(const pwm::train::TrainConfig& cfg, int workers) {
   const pwm::train::MpmdConfig& p = cfg.mpmd;
   if (p.spare_workers < 0) PWM_THROW("--spare-workers must be 0 or more (got {})", p.spare_workers);
   if (p.spare_workers == 0) return;
-  if (p.stages > 1 || cfg.model.moe() || p.expert_island || cfg.mesh.fsdp)
-    PWM_THROW("--spare-workers runs dense models without --stages and without --fsdp");
+  if (cfg.model.moe() || p.expert_island || cfg.mesh.fsdp)
+    PWM_THROW("--spare-workers runs dense models without --fsdp");
   if (p.spare_workers >= workers)
     PWM_THROW("--spare-workers {} leaves no worker for the slices: the job has {} workers (mpirun -n {})", p.spare_workers,
               workers, workers + 1);
@@ -594,7 +594,8 @@ std::string run_controller(std::shared_ptr<collectives::Transport> transport, co
   ro.timeout_s = cfg.exec.coll_timeout;  // liveness: a silent worker ends the job after it
   ro.survive_worker_loss = cfg.mpmd.spare_workers > 0;  // (unless there are spares: Trainer::recover)
   // With replicas, a loss with no spare left goes on with one replica fewer (Trainer::recover).
-  ro.survive_without_spare = ro.survive_worker_loss && cfg.mesh.replicas > 1;
+  // (Not a pipeline's: a replica is S slices there, and its stages' shapes do not follow.)
+  ro.survive_without_spare = ro.survive_worker_loss && cfg.mesh.replicas > 1 && cfg.mpmd.stages == 1;
   Runtime rt(transport, ro);
   const auto& m = cfg.mesh;
   const std::string replicas = m.replicas > 1 ? fmt::format(", replicas={}", m.replicas) : "";

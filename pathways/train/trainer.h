@@ -119,6 +119,9 @@ class Trainer final : public pwm::train::Trainer {
   // False: no slice moved, the failure is another (the caller rethrows).
   bool recover(const std::string& why);
   ArrayState copy_state(const ArrayState& from, const Slice& to);  // a replica's state onto `to`
+  // For each moved slice, a healthy slice of the same pipeline stage (of another replica) to copy
+  // its state from; nullopt when one has none (the state then comes from the checkpoint).
+  std::optional<std::vector<size_t>> same_stage(const std::vector<size_t>& moved, const std::vector<size_t>& healthy) const;
   std::vector<Array> dispatch(const Program& p, const std::vector<Array>& in, const std::string& what);
   std::vector<double> fetch(const Array& a, const std::string& what);
   // A one-node program of `kernel` on slice `s`.

@@ -132,7 +132,7 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
   }
   EXPECT_FALSE(seen.count(old)) << "context " << old << " of the remapped slice was handed out again";
   EXPECT_FALSE(seen.count(moved));  // (in use)
-  EXPECT_GT(seen.size(), 800u);     // (the others were)
+  EXPECT_GT(seen.size(), 170u);     // (the others were: 899 contexts in blocks of 5)
   // An orphaned slice's context is retired when it is released.
   ResourceManager rm2({"h", "h"}, "1x2");
   SliceInfo b = rm2.allocate(2, {2}, 0);
