@@ -334,6 +334,11 @@ void Dispatcher::dispatch(RunRec& r) {
                                   c_.client_name(r.owner)));
   if (const int l = lost_of(r.waiting); l >= 0)  // (lowered before the loss)
     return abandon(r, fmt::format("program '{}': {} before the run was sent", r.prog->def.name, lost_line(l)));
+  if (auto it = stale_.find(r.id); it != stale_.end()) {  // (lowered for a context renewed since: cancel_runs_of)
+    const std::string why = std::move(it->second);
+    stale_.erase(it);
+    return abandon(r, why);
+  }
   RunHeader h;
   h.run_id = r.id;
   h.program_id = r.lp->id;

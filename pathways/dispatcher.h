@@ -106,6 +106,10 @@ class Dispatcher {
   std::string awaited_from(int rank);  // what this controller waits for from a worker, for that line
   // RuntimeOptions::survive_worker_loss: world rank `rank` is lost (dispatcher_liveness.cc).
   void lose(int rank, const std::string& why);
+  // lose()'s runs: those it had a part in cancelled (sent) or abandoned at dispatch; every slice
+  // of them renewed (a fresh context: its devices may have left collectives midway), and the
+  // other runs on those slices ended as well (cancelled, or in stale_ until dispatch).
+  void cancel_runs_of(int rank, const std::string& reason, const std::vector<SliceRemap>& plan);
   // The first of `ranks` that was lost, or -1 (at once when none was: on the dispatch path).
   template <typename Ranks>
   int lost_of(const Ranks& ranks) const {
@@ -134,6 +138,7 @@ class Dispatcher {
   std::map<uint64_t, std::pair<std::shared_ptr<FutureState<std::vector<WorkerStats>>>, std::vector<WorkerStats>>> stats_;
   std::map<int, uint64_t> caps_;                // world rank -> memory cap (0 = none)
   std::set<uint64_t> closed_;                   // disconnected clients
+  std::map<uint64_t, std::string> stale_;       // unsent runs lowered for a renewed context: why they end
   std::set<int> lost_;                          // lost workers (survive_worker_loss)
   std::map<uint64_t, ClientUsage> usage_;       // by client id
   std::map<uint64_t, std::vector<std::weak_ptr<ProgramState>>> programs_by_owner_;

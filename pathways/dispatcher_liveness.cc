@@ -86,6 +86,45 @@ std::string Dispatcher::lost_line(int rank) const {
   return fmt::format("device {} (world rank {}{}), which was lost", rank - 1, rank, h.empty() ? "" : " on " + h);
 }
 
+void Dispatcher::cancel_runs_of(int rank, const std::string& reason, const std::vector<SliceRemap>& plan) {
+  // A worker interrupted inside a collective of a cancelled run is out of step with the peers
+  // that were not, and the messages it abandoned would match the old tags: every slice of those
+  // runs goes on with a fresh context (a remapped slice has one already), its programs lowered
+  // again; a run lowered for one of them that did not include the lost worker ends too.
+  std::set<int> out_of_step;
+  for (auto& [id, rp] : runs_)
+    if (!rp->workers_done && rp->lp->workers.count(rank))
+      for (const auto& [slice, gen] : rp->lp->generations) out_of_step.insert(slice);
+  auto on_them = [&](const RunRec& r) {
+    for (const auto& [slice, gen] : r.lp->generations)
+      if (out_of_step.count(slice)) return true;
+    return false;
+  };
+  std::vector<uint64_t> done;
+  for (auto& [id, rp] : runs_) {
+    RunRec& r = *rp;
+    const bool had_it = r.lp->workers.count(rank) > 0;
+    if (r.workers_done || !(had_it || on_them(r))) continue;
+    if (!r.sent) {  // abandoned when its turn comes (dispatch(); one it had a part in: lost_of)
+      if (!had_it)
+        stale_.emplace(id, fmt::format("program '{}': {}, and a slice it runs on went on with a fresh context before "
+                                       "the run was sent",
+                                       r.prog->def.name, reason));
+      continue;
+    }
+    // Sent: cancelled on the other workers (they answer run_done), failed.
+    if (r.error.empty()) r.error = fmt::format("program '{}': {}", r.prog->def.name, reason);
+    r.waiting.erase(rank);
+    r.stage_waiting.erase(rank);
+    for (int w : r.waiting) chan_.send(w, CancelRun{r.id, reason});
+    if (r.waiting.empty()) done.push_back(id);
+  }
+  for (uint64_t id : done)
+    if (RunRec* r = runs_.find(id)) complete_workers(*r);
+  for (const SliceRemap& m : plan) out_of_step.erase(m.slice);
+  for (int slice : out_of_step) c_.rm().renew_context(slice);
+}
+
 void Dispatcher::lose(int rank, const std::string& why) {
   const std::string h = t_.host_of(rank);
   const std::string who = fmt::format("device {} (world rank {}{})", rank - 1, rank, h.empty() ? "" : " on " + h);
@@ -113,27 +152,8 @@ void Dispatcher::lose(int rank, const std::string& why) {
   chan_.send(rank, Evict{why});
   chan_.close(rank);
   chan_.drop(rank);
-  // The runs it had a part in: cancelled on the other workers (they answer run_done), failed.
   const std::string reason = fmt::format("{} was lost", who);
-  std::vector<uint64_t> done;
-  std::set<int> out_of_step;  // the slices of the cancelled runs: their devices may leave collectives midway
-  for (auto& [id, rp] : runs_) {
-    RunRec& r = *rp;
-    if (!r.sent || r.workers_done || !r.lp->workers.count(rank)) continue;
-    for (const auto& [slice, gen] : r.lp->generations) out_of_step.insert(slice);
-    if (r.error.empty()) r.error = fmt::format("program '{}': {}", r.prog->def.name, reason);
-    r.waiting.erase(rank);
-    r.stage_waiting.erase(rank);
-    for (int w : r.waiting) chan_.send(w, CancelRun{r.id, reason});
-    if (r.waiting.empty()) done.push_back(id);
-  }
-  for (uint64_t id : done)
-    if (RunRec* r = runs_.find(id)) complete_workers(*r);
-  // (A remapped slice has a fresh context already.) A worker interrupted inside a collective of
-  // a cancelled run leaves its communicator out of step with the peers that were not: the
-  // slices of those runs go on with fresh contexts, their programs lowered again.
-  for (const SliceRemap& m : plan) out_of_step.erase(m.slice);
-  for (int slice : out_of_step) c_.rm().renew_context(slice);
+  cancel_runs_of(rank, reason, plan);
   for (auto it = fetch_reqs_.begin(); it != fetch_reqs_.end();) {
     if (it->second.rank != rank) {
       ++it;

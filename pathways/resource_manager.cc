@@ -174,8 +174,9 @@ void ResourceManager::renew_context(int slice_id) {
   auto it = slices_.find(slice_id);
   if (it == slices_.end()) return;
   SliceInfo& s = it->second;
+  const uint32_t fresh = new_context();  // (first: when none is left, nothing changes)
   contexts_in_use_[s.context] = kRetiredContext;
-  s.context = new_context();
+  s.context = fresh;
   contexts_in_use_[s.context] = s.id;
   s.generation++;
 }
@@ -245,8 +246,9 @@ std::vector<SliceRemap> ResourceManager::drain(int device, bool keep_orphans) {
     // A new group needs a fresh tag space, and the old one is never handed out again: the
     // collectives abandoned on it when the device was lost left messages that a receive with
     // their tags would still match (docs/collectives.md, "Leaving a collective").
+    const uint32_t fresh = new_context();
     contexts_in_use_[s.context] = kRetiredContext;
-    s.context = new_context();
+    s.context = fresh;
     contexts_in_use_[s.context] = s.id;
     s.generation++;
   }

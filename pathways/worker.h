@@ -64,12 +64,13 @@ struct WorkerOptions {
   bool interruptible = false;
   // > 0: the watchdog of the communicators the worker makes for gang kernels (else
   // PWM_COLL_TIMEOUT, 300 s). With `interruptible`, longer than the liveness timeout
-  // (kInterruptibleWatchdogFactor, liveness.h), so that the controller's verdict comes first.
+  // (kInterruptibleWatchdogFactor, liveness.h: a backstop behind the controller's verdict).
   double collective_timeout_s = 0;
-  // Called on the worker's thread when a run that started here is cancelled (a device was
-  // lost), after its transfers were abandoned: the kernels' own state of the run is given up
-  // (pathways_train: the device's started reductions, TrainingDevice::abandon_step). Must not
-  // wait for a collective. Empty: nothing.
+  // Called on the worker's thread, between kernels, when a run that started here is cancelled
+  // (a device was lost): the kernels' own state of the run is given up (pathways_train: the
+  // device's started reductions, TrainingDevice::abandon_step, whichever run started them: its
+  // step runs all span every slice, so a loss cancels every one in flight). Must not wait for a
+  // collective. Empty: nothing.
   std::function<void()> on_cancel;
 
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()

@@ -159,9 +159,10 @@ class Worker {
   // program on that slice so that its collective sequence numbers stay in step.
   collectives::Communicator& comm(const LoadedProgram& lp, int32_t x);
 
-  // CancelRun: the run stops where it is (another device of it was lost). Its posted transfers
-  // are abandoned, its kernels not yet run never run, its unwritten values fail with `reason`;
-  // finish_run then answers run_done.
+  // CancelRun: the run stops where it is (another device of it was lost). Its posted receives
+  // are withdrawn and its other transfers abandoned (kept until MPI is done with them), its
+  // kernels not yet run never run, its unwritten values fail with `reason`; finish_run then
+  // answers run_done.
   void cancel_run(Run& run, const std::string& reason);
   // Tests the abandoned transfers, dropping the ones MPI is done with; true if any was.
   bool progress_abandoned();

@@ -113,7 +113,11 @@ void Worker::cancel_run(Run& run, const std::string& reason) {
   for (size_t i = run.first; i < p.instrs.size(); ++i) {
     if (run.state[i] == kDone) continue;
     const Instr& in = p.instrs[i];
-    if (run.state[i] == kPosted && (in.op == Op::kSend || in.op == Op::kRecv))
+    // A posted receive is withdrawn (else, from a peer that never sends, it would take a later
+    // run's message once the data tags come round); one whose message is arriving, and a send,
+    // keep their buffer until MPI is done with them.
+    const bool withdrawn = run.state[i] == kPosted && in.op == Op::kRecv && t_->cancel_recv(run.reqs[i]);
+    if (run.state[i] == kPosted && !withdrawn && (in.op == Op::kSend || in.op == Op::kRecv))
       abandoned_.push_back({std::move(run.reqs[i]), run.slots[in.slot]});
     if (in.op == Op::kExec) pending_execs_.erase(run.order[i]);  // (the island order goes on without it)
   }

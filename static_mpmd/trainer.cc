@@ -61,6 +61,11 @@ void validate(const train::TrainConfig& cfg, int world) {
   if (p.stages > cfg.model.n_layers)
     PWM_THROW("--stages {} is more than --layers {}: each stage needs a layer", p.stages, cfg.model.n_layers);
   validate_quota(cfg);
+  // (Slice i's contexts, 1 + 5 i .. 5 + 5 i, stay below the 900 left to code around it.)
+  constexpr int kMaxSlices = 899 / static_cast<int>(dataflow::kSliceContextStride);
+  if (cfg.mesh.replicas * p.stages > kMaxSlices)
+    PWM_THROW("mpmd_train runs at most {} slices (--replicas x --stages; got {}): each takes {} of the collectives' "
+              "contexts", kMaxSlices, cfg.mesh.replicas * p.stages, dataflow::kSliceContextStride);
   if (p.granularity == Granularity::kOpByOp)
     PWM_THROW("mpmd_train has no --granularity opbyop: with no controller there is no client to call node by node "
               "(use fused or chained)");

@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
     // Every rank registers the kernels (the controller for their signatures); a worker also holds
     // its training device, which the kernels find by its world rank.
     // --spare-workers: a worker's kernels can be interrupted by the controller's cancel (a device
-    // of the slice was lost), and their collectives' watchdog waits longer than the liveness
-    // timeout, so that the controller's verdict comes first (pathways/liveness.h).
+    // of the slice was lost), and their collectives' watchdog, a backstop behind the
+    // controller's verdict, waits longer than the liveness timeout (pathways/liveness.h).
     const bool interruptible = s.cfg.mpmd.spare_workers > 0;
     const double kernel_timeout = s.cfg.exec.coll_timeout * (interruptible ? pathways::kInterruptibleWatchdogFactor : 1);
     train::TrainConfig device_cfg = s.cfg;

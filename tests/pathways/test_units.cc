@@ -148,6 +148,23 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
     rm2.release(s.id);
   }
   EXPECT_FALSE(seen.count(orphan));
+  // renew_context (a slice of a run cancelled after a loss): a fresh block, the old one retired,
+  // a new generation; when every block is retired, one line says so.
+  ResourceManager rm3({"h", "h"}, "1x2");
+  SliceInfo c = rm3.allocate(2, {2}, 0);
+  const uint32_t before = c.context;
+  rm3.renew_context(c.id);
+  EXPECT_NE(rm3.slice(c.id).context, before);
+  EXPECT_EQ((rm3.slice(c.id).context - 1) % dataflow::kSliceContextStride, 0u);  // (a block's first)
+  EXPECT_EQ(rm3.generation(c.id), c.generation + 1);
+  try {
+    for (int i = 0; i < 200; ++i) rm3.renew_context(c.id);
+    ADD_FAILURE() << "200 renewals of one slice did not run out of the 179 blocks";
+  } catch (const pwm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no collectives context left: 1 live slices and 178 contexts retired"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 class ProgramTest : public ::testing::Test {
