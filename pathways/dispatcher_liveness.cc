@@ -122,7 +122,11 @@ void Dispatcher::cancel_runs_of(int rank, const std::string& reason, const std::
   for (uint64_t id : done)
     if (RunRec* r = runs_.find(id)) complete_workers(*r);
   for (const SliceRemap& m : plan) out_of_step.erase(m.slice);
-  for (int slice : out_of_step) c_.rm().renew_context(slice);
+  try {
+    for (int slice : out_of_step) c_.rm().renew_context(slice);
+  } catch (const std::exception& e) {
+    t_.abort(fmt::format("pathways liveness: after {}: {}; aborting the job", reason, e.what()));
+  }
 }
 
 void Dispatcher::lose(int rank, const std::string& why) {
