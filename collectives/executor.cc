@@ -161,7 +161,7 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
         PWM_THROW("collective mismatch: world rank {}{} in {}: the message from world rank {}{} did not fit "
                   "the {} bytes this rank expects ({}); the ranks called different collectives (set "
                   "PWM_COLL_DEBUG=1 to name both calls)",
-                  t_.rank(), on_host(t_.rank()), info_.describe(), group[st.peer], on_host(group[st.peer]),
+                  t_.rank(), t_.on_host(t_.rank()), info_.describe(), group[st.peer], t_.on_host(group[st.peer]),
                   st.count * elem, e.what());
       }
       if (complete) {
@@ -169,7 +169,7 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
           PWM_THROW("collective mismatch: world rank {}{} in {}: received {} bytes from world rank {}{} where {} "
                     "were expected; the ranks called different collectives (set PWM_COLL_DEBUG=1 to name both "
                     "calls)",
-                    t_.rank(), on_host(t_.rank()), info_.describe(), got, group[st.peer], on_host(group[st.peer]),
+                    t_.rank(), t_.on_host(t_.rank()), info_.describe(), got, group[st.peer], t_.on_host(group[st.peer]),
                     st.count * elem);
         state[id] = 2;
         active[i] = active.back();
@@ -223,8 +223,6 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
   }
   return false;
 }
-
-std::string Executor::on_host(int world_rank) const { return t_.on_host(world_rank); }
 
 bool Executor::progress() {
   if (done_) return true;
@@ -300,7 +298,7 @@ void Executor::abandon() noexcept {
     if (now_us() > deadline)
       t_.abort(fmt::format("world rank {}: {} was interrupted, and its receive from world rank {}{} neither completes "
                            "nor can be withdrawn; aborting the job",
-                           t_.rank(), info_.describe(), arriving.front().second, on_host(arriving.front().second)));
+                           t_.rank(), info_.describe(), arriving.front().second, t_.on_host(arriving.front().second)));
     t_.idle();
     try {
       t_.run_wait_hook();  // (the heartbeat, while this lasts; its Interrupted is the one being handled)
@@ -343,7 +341,7 @@ void Executor::fire_watchdog() {
   t_.abort(fmt::format(
       "collective watchdog: world rank {}{} timed out after {:.1f} s in {}{}, {}; aborting the job "
       "(timeout: PWM_COLL_TIMEOUT or --coll-timeout)",
-      t_.rank(), t_.host_of(t_.rank()).empty() ? "" : " on " + t_.host_of(t_.rank()), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
+      t_.rank(), t_.on_host(t_.rank()), timeout_s_, info_.describe(), in_fp ? " (fingerprint exchange)" : "", waiting));
   std::abort();  // not reached (Transport::abort does not return), but GCC does not see
                  // [[noreturn]] through a virtual call
 }

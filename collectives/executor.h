@@ -78,7 +78,6 @@ class Executor {
   // job too. (Neither abort is reached in process, whose abort throws: its receives always
   // withdraw and it has no native collectives.)
   void abandon() noexcept;
-  std::string on_host(int world_rank) const;  // " on <host>", or "" where the transport has no hosts
 
   Transport& t_;
   Schedule sched_;

@@ -44,11 +44,11 @@ std::vector<std::string> Dispatcher::hello() {
     if (got < workers_.size() && now - start > opts_.timeout_s) {
       std::vector<std::string> missing;
       for (int r : workers_)
-        if (!greeted[r]) missing.push_back(fmt::format("world rank {}{}", r, t_.host_of(r).empty() ? "" : " on " + t_.host_of(r)));
+        if (!greeted[r]) missing.push_back(fmt::format("world rank {}{}", r, t_.on_host(r)));
       t_.abort(fmt::format("pathways liveness: the controller (world rank 0{}) waited {:.1f} s for the hello of {} "
                            "(stopped, dead, or not calling run_worker); aborting the job (timeout: --coll-timeout or "
                            "PWM_COLL_TIMEOUT)",
-                           t_.host_of(0).empty() ? "" : " on " + t_.host_of(0), now - start, fmt::join(missing, ", ")));
+                           t_.on_host(0), now - start, fmt::join(missing, ", ")));
     }
   }
   for (int r : workers_) live_.heard(r, now_s());
@@ -68,7 +68,7 @@ void Dispatcher::check_liveness(double now) {
   }
   const std::vector<int> silent = live_.silent(now);
   if (silent.empty()) return;
-  auto on = [&](int r) { return t_.host_of(r).empty() ? std::string() : " on " + t_.host_of(r); };
+  auto on = [&](int r) { return t_.on_host(r); };
   if (opts_.survive_worker_loss && !shutdown_sent_) {
     for (int r : silent)
       lose(r, fmt::format("silent for {:.1f} s while the controller waited for {}", live_.silence(r, now), awaited_from(r)));
@@ -82,8 +82,7 @@ void Dispatcher::check_liveness(double now) {
 }
 
 std::string Dispatcher::lost_line(int rank) const {
-  const std::string h = t_.host_of(rank);
-  return fmt::format("device {} (world rank {}{}), which was lost", rank - 1, rank, h.empty() ? "" : " on " + h);
+  return fmt::format("device {} (world rank {}{}), which was lost", rank - 1, rank, t_.on_host(rank));
 }
 
 void Dispatcher::cancel_runs_of(int rank, const std::string& reason, const std::vector<SliceRemap>& plan) {
@@ -130,8 +129,7 @@ void Dispatcher::cancel_runs_of(int rank, const std::string& reason, const std::
 }
 
 void Dispatcher::lose(int rank, const std::string& why) {
-  const std::string h = t_.host_of(rank);
-  const std::string who = fmt::format("device {} (world rank {}{})", rank - 1, rank, h.empty() ? "" : " on " + h);
+  const std::string who = fmt::format("device {} (world rank {}{})", rank - 1, rank, t_.on_host(rank));
   // The remap first: a client that hears of the failure finds its slices on their new devices.
   std::vector<SliceRemap> plan;
   try {

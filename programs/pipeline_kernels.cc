@@ -95,7 +95,7 @@ void pipe_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const int64_t step = ctx.in<int64_t>(kStep)[0];
   // Testing hook (--kill-step/--kill-rank naming a worker): this stage's device dies after its
   // gradients and reductions, before its update (as the dense step's finish_step).
-  if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) dev.cfg().hooks.kill_self();
+  if (dev.cfg().hooks.kill_now(step, ctx.world_rank())) dev.cfg().hooks.kill_self();
   double total_sq = ctx.in<double>(args.sq())[0];
   // The last stage's loss: each replica's island_loss (the dp sum of its devices' means), summed
   // in replica order and made the mean here.

@@ -52,7 +52,7 @@ pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, co
                                 const double* given_sq = nullptr, double* shared = nullptr) {
   // Testing hook (--kill-step/--kill-rank naming a worker): this worker dies in the middle of the
   // step, after its gradients and before the update, as spmd_train's rank does.
-  if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) dev.cfg().hooks.kill_self();
+  if (dev.cfg().hooks.kill_now(step, ctx.world_rank())) dev.cfg().hooks.kill_self();
   double red[2] = {local_loss, sq_norm(dev, ctx, p, layout, grads, comm_s, given_sq)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))
@@ -173,7 +173,7 @@ pwm::train::UpdateResult shard_update(TrainingDevice& dev, KernelContext& ctx, c
                                      double* loss_out) {
   pwm::train::Fsdp& f = dev.fsdp(ctx, p);
   // Testing hook: as finish_step's, after the gradients and before the update.
-  if (step == dev.cfg().hooks.kill_step && ctx.world_rank() == dev.cfg().hooks.kill_rank) dev.cfg().hooks.kill_self();
+  if (dev.cfg().hooks.kill_now(step, ctx.world_rank())) dev.cfg().hooks.kill_self();
   double red[2] = {loss_sum ? *loss_sum : local_loss, f.grad_sq_norm(grads)};
   const double t0 = now_s();
   if (Communicator* c = dev.tp_comm(ctx, p))

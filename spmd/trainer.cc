@@ -268,7 +268,7 @@ double Trainer::train_step(int64_t step, train::StepRecord& rec) {
     };
   }
   hooks.span = [this](const char* name, int64_t t0, int64_t t1) { trace_.span(name, "compute", t0, t1); };
-  if (step == cfg_.hooks.kill_step && transport_->rank() == cfg_.hooks.kill_rank) hooks.after_forward = [this](int64_t) { cfg_.hooks.kill_self(); };
+  if (cfg_.hooks.kill_now(step, transport_->rank())) hooks.after_forward = [this](int64_t) { cfg_.hooks.kill_self(); };
   double local_loss = 0;
   if (fsdp_) {
     local_loss = fsdp_->accumulate(data_, step, mesh_.data_index, params_.data(), grads_.data(), ws_, tokens_.data(), hooks);

@@ -115,11 +115,11 @@ bool Trainer::recover(const std::string& why) {
   }
   if (moved.empty()) {
     source = "the replicas left (nothing to restore)";
-  } else if (std::optional<std::vector<size_t>> from = same_stage(moved, healthy)) {
+  } else if (std::optional<std::vector<size_t>> donors = same_stage(moved, healthy)) {
     std::set<size_t> replicas;
     for (size_t i = 0; i < moved.size(); ++i) {
-      st[moved[i]] = copy_state(st[(*from)[i]], slices_[moved[i]]);
-      replicas.insert((*from)[i] / static_cast<size_t>(S_));
+      st[moved[i]] = copy_state(st[(*donors)[i]], slices_[moved[i]]);
+      replicas.insert((*donors)[i] / static_cast<size_t>(S_));
     }
     source = fmt::format("replica {}'s memory", fmt::join(replicas, " and "));
   } else {
