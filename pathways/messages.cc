@@ -10,6 +10,40 @@ void write_spec(Writer& w, const TensorSpec& s) {
   w.vec(s.shape);
 }
 
+// An instruction field by field: its padding bytes are indeterminate, and a message's bytes must
+// be a function of its fields (a decoded message encodes to the same bytes: tests/fuzz/fuzz_wire.cc).
+constexpr size_t kInstrWireBytes = 1 + 4 + 4 + 4 + 8 + 8 + 8 + 4 + 4 + 4;
+
+void write_instr(Writer& w, const Instr& i) {
+  w.put<uint8_t>(static_cast<uint8_t>(i.op));
+  w.put(i.stage);
+  w.put(i.slot);
+  w.put(i.slot2);
+  w.put(i.offset);
+  w.put(i.offset2);
+  w.put(i.bytes);
+  w.put(i.peer);
+  w.put(i.xfer);
+  w.put(i.exec);
+}
+
+Instr read_instr(Reader& r) {
+  Instr i;
+  const uint8_t op = r.get<uint8_t>();
+  if (op > static_cast<uint8_t>(dataflow::Op::kExec)) PWM_THROW("pathways wire: bad instruction op {}", op);
+  i.op = static_cast<dataflow::Op>(op);
+  i.stage = r.get<uint32_t>();
+  i.slot = r.get<int32_t>();
+  i.slot2 = r.get<int32_t>();
+  i.offset = r.get<uint64_t>();
+  i.offset2 = r.get<uint64_t>();
+  i.bytes = r.get<uint64_t>();
+  i.peer = r.get<int32_t>();
+  i.xfer = r.get<uint32_t>();
+  i.exec = r.get<int32_t>();
+  return i;
+}
+
 TensorSpec read_spec(Reader& r) {
   TensorSpec s;
   const uint8_t t = r.get<uint8_t>();
@@ -67,7 +101,7 @@ void LoadProgram::write(Writer& w) const {
   w.vec(params);
   w.vec(outputs);
   w.put<uint32_t>(static_cast<uint32_t>(instrs.size()));
-  for (auto& i : instrs) w.put(i);
+  for (auto& i : instrs) write_instr(w, i);
   w.put<uint32_t>(static_cast<uint32_t>(execs.size()));
   for (auto& e : execs) {
     w.put(e.node);
@@ -93,8 +127,8 @@ LoadProgram LoadProgram::read(Reader& r) {
   p.slot_writers = r.vec<uint32_t>();
   p.params = r.vec<SlotBinding>();
   p.outputs = r.vec<SlotBinding>();
-  p.instrs.resize(r.count(sizeof(Instr)));
-  for (auto& i : p.instrs) i = r.get<Instr>();
+  p.instrs.resize(r.count(kInstrWireBytes));
+  for (auto& i : p.instrs) i = read_instr(r);
   p.execs.resize(r.count(37));  // an exec takes >= 37 bytes on the wire
   for (auto& e : p.execs) {
     e.node = r.get<uint32_t>();
