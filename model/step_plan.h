@@ -7,7 +7,7 @@
 // gradient and one update. This file is the only place that order is written down:
 //  - spmd_train and pathways_train's fused kernel execute it directly (train::accumulate_gradients);
 //  - pathways_train's chained step traces it into one program and its opbyop step calls it unit
-//    by unit (one kernel per unit kind, pathways/train/step_program.cc);
+//    by unit (one kernel per unit kind, programs/trace.h, mpmd/trainer.cc);
 //  - the MPMD pipeline partitions it by layer range (forward_units / backward_units of a stage).
 // Since every executor runs the same units in the same order over the same model functions, the
 // trainers' bitwise equality follows from construction, not from copies kept in step.

@@ -250,11 +250,11 @@ palm_set() {  # palm_set RATE (empty: unshaped)
         spmd_1host) PALM_LAUNCH=("${one_host[@]}"); palm_run spmd_1host 0 "$n_spmd" spmd/spmd_train "${one_ref[@]}" ;;
         spmd_flat) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_flat 1 "$n_spmd" spmd/spmd_train --replicas 2 "${mesh[@]}" --replica-reduce flat ;;
         spmd_hier) PALM_LAUNCH=("${two_hosts[@]}"); palm_run spmd_hier 1 "$n_spmd" spmd/spmd_train --replicas 2 "${mesh[@]}" --replica-reduce hierarchical ;;
-        pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity fused ;;
-        pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 "$n_pw" pathways/train/pathways_train --replicas 2 "${mesh[@]}" --granularity chained ;;
+        pw_fused) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_fused 0 "$n_pw" mpmd/pathways_train --replicas 2 "${mesh[@]}" --granularity fused ;;
+        pw_chained) PALM_LAUNCH=("${two_hosts[@]}"); palm_run pw_chained 0 "$n_pw" mpmd/pathways_train --replicas 2 "${mesh[@]}" --granularity chained ;;
         # The static model: replica r on host r (ranks fill the hosts' slots in order), the
         # pieces sent between the replicas' ranks as the chained step's messages.
-        static) PALM_LAUNCH=("${two_hosts[@]}"); palm_run static 0 "$n_spmd" static_mpmd/mpmd_train --replicas 2 "${mesh[@]}" --granularity chained ;;
+        static) PALM_LAUNCH=("${two_hosts[@]}"); palm_run static 0 "$n_spmd" mpmd/mpmd_train --replicas 2 "${mesh[@]}" --granularity chained ;;
       esac
     done
   done
@@ -280,7 +280,7 @@ if [ "$PALM" = 1 ]; then
   echo "compare.sh --palm$([ "$PALM_FSDP" = 1 ] && echo -fsdp): finished in ${SECONDS} s"
   exit 0
 fi
-PT=pathways/train/pathways_train
+PT=mpmd/pathways_train
 # --moe (issue 41): the MoE model's five rows at one router skew, in interleaved rounds.
 moe_set() {  # moe_set SKEW
   local skew=$1 dir="$OUT/moe-skew$1"
@@ -328,7 +328,7 @@ one() {
     spmd) run spmd "$NP" spmd/spmd_train --dp "$NP" ;;
     fused) run fused $((NP + 1)) $PT --dp "$NP" --granularity fused "${ISLAND_SPAN[@]}" ;;
     chained) run chained $((NP + 1)) $PT --dp "$NP" --granularity chained "${ISLAND_SPAN[@]}" ;;
-    static) run static "$NP" static_mpmd/mpmd_train --dp "$NP" --granularity chained ;;
+    static) run static "$NP" mpmd/mpmd_train --dp "$NP" --granularity chained ;;
     # The MPMD pipeline: NP stages of one device each, one stage per island.
     pipeline) run pipeline $((NP + 1)) $PT --stages "$NP" --islands "${NP}x1" --microbatches 8 --schedule gpipe ;;
   esac

@@ -86,17 +86,17 @@ stamp() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$
 run() {
   local model=$1 kind=$2 base="$OUT/failure_$1_$2"
   local n=2 bin="$BUILD_DIR/spmd/spmd_train" flags=(--dp 2) launch=() sup=()
-  [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/pathways/train/pathways_train" flags=(--dp 2 --granularity chained); }
-  [ "$model" = static ] && { bin="$BUILD_DIR/static_mpmd/mpmd_train" flags=(--dp 2 --granularity chained); }
+  [ "$model" = pathways ] && { n=3 bin="$BUILD_DIR/mpmd/pathways_train" flags=(--dp 2 --granularity chained); }
+  [ "$model" = static ] && { bin="$BUILD_DIR/mpmd/mpmd_train" flags=(--dp 2 --granularity chained); }
   # A stopped rank is seen only by the watchdog or the liveness: the same 3 s for every model.
   [[ " $FAULTS " == *" stop "* && "$model" != pathways_spare* ]] && { flags+=(--coll-timeout 3) launch=(-x PWM_COLL_TIMEOUT=3); }
   # In-job recovery: the loss is seen after --coll-timeout of silence (the liveness timeout), and
   # mpirun --enable-recovery exits 0 whatever its ranks' codes: the metrics file says it finished.
   # (PWM_COLL_TIMEOUT too: the start-up's first agreement, before the flags are read, has only
   # it; with --enable-recovery a rank killed then would keep the others waiting 300 s.)
-  [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
+  [ "$model" = pathways_spare ] && { n=5 bin="$BUILD_DIR/mpmd/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
     flags=(--replicas 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
-  [ "$model" = pathways_spare_dp2 ] && { n=5 bin="$BUILD_DIR/pathways/train/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
+  [ "$model" = pathways_spare_dp2 ] && { n=5 bin="$BUILD_DIR/mpmd/pathways_train" launch=(-x PWM_COLL_TIMEOUT=3 --enable-recovery)
     flags=(--dp 2 --granularity chained --spare-workers 2 --coll-timeout 3) sup=(--done-file "$base.jsonl"); }
   rm -f "$base.ckpt" "$base.jsonl" "$base.inject.log"
   local cmd=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD "${launch[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "${flags[@]}"

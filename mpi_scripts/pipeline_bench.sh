@@ -72,9 +72,9 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 echo "pipeline_bench: $(getconf _NPROCESSORS_ONLN) cores; load: $(uptime | sed 's/.*load average: //'); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC')"
 # Every run measures its own MFU peak at the model's shapes (docs/train.md, "MFU").
 WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 "${EXTRA[@]}")
-PT="$BUILD_DIR/pathways/train/pathways_train"
+PT="$BUILD_DIR/mpmd/pathways_train"
 SPMD="$BUILD_DIR/spmd/spmd_train"
-STATIC="$BUILD_DIR/static_mpmd/mpmd_train"
+STATIC="$BUILD_DIR/mpmd/mpmd_train"
 LOCAL=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 declare -A RUNS  # WHERE/NAME -> its rounds' metrics, comma-separated
 run() {  # run WHERE NAME LAUNCHER... :: N BIN FLAGS...  (the launcher may contain "--")

@@ -21,7 +21,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 OUT="$PWM_ROOT/results/sim/profile.json"
 pwm_sim_args 2,17 0 "$@"
-pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train static_mpmd/mpmd_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
+pwm_sim_binaries spmd/spmd_train mpmd/pathways_train mpmd/mpmd_train bench/collectives/collectives_bench bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
 pwm_sim_workdir
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
@@ -67,10 +67,10 @@ done
 echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
 for r in $(seq 1 $LAUNCHES); do
   pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
-  "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity fused --steps $STEPS --metrics "$W/mf_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/pathways/train/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/mc2_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity fused --steps $STEPS --metrics "$W/mf_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/mc2_$r.jsonl" >/dev/null
 done
 
 echo "== kernels: mpmd_train dp 2 chained at 1 and 2 micro-batches (the static model's per-node and per-step costs)" >&2
@@ -78,8 +78,8 @@ echo "== kernels: mpmd_train dp 2 chained at 1 and 2 micro-batches (the static m
 # the two cores (no controller), so the 2-rank contention factor applies.
 for r in $(seq 1 $LAUNCHES); do
   pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
-  "${MPI[@]}" -n 2 "$B/static_mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/ms_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 2 "$B/static_mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/ms2_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 2 "$B/mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/ms_$r.jsonl" >/dev/null
+  "${MPI[@]}" -n 2 "$B/mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/ms2_$r.jsonl" >/dev/null
 done
 
 # Dispatch before the emulated hosts: tearing their namespaces down keeps the cores busy for a

@@ -17,7 +17,7 @@ PROFILE="$PWM_ROOT/results/sim/profile.json"
 OUT="$PWM_ROOT/results/sim"  # a folder (--out)
 pwm_sim_args 2,11 1 "$@"
 [ -f "$PROFILE" ] || { echo "sim_validate.sh: error: no profile $PROFILE: run mpi_scripts/sim_calibrate.sh first" >&2; exit 1; }
-pwm_sim_binaries spmd/spmd_train pathways/train/pathways_train static_mpmd/mpmd_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
+pwm_sim_binaries spmd/spmd_train mpmd/pathways_train mpmd/mpmd_train bench/pathways/dispatch_bench bench/model/model_bench sim/pwm_sim
 # The speed probe the profile was calibrated with (pwm_step_probe, env.sh: model_bench's step of
 # the calibration model).
 read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])).get("measured", {}).get("speed_probe", {}); print(" ".join(p["model"]) if p.get("kind") == "model_step" else "")' "$PROFILE")
@@ -78,7 +78,7 @@ run() {
   "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }
-SP="$B/spmd/spmd_train" PW="$B/pathways/train/pathways_train" ST="$B/static_mpmd/mpmd_train"
+SP="$B/spmd/spmd_train" PW="$B/mpmd/pathways_train" ST="$B/mpmd/mpmd_train"
 run spmd_dp1 1 - --what step "${MOD[@]}" --microbatches 2 -- "$SP" "${MOD[@]}" --microbatches 2 --steps $STEPS
 run spmd_dp2 2 - --what step "${MOD[@]}" --dp 2 -- "$SP" "${MOD[@]}" --dp 2 --steps $STEPS
 run fused_dp2 3 - --what step --granularity fused "${MOD[@]}" --dp 2 -- "$PW" "${MOD[@]}" --dp 2 --granularity fused --steps $STEPS

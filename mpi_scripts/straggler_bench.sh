@@ -48,7 +48,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 echo "straggler_bench: $(getconf _NPROCESSORS_ONLN) cores ($(lscpu | sed -n 's/^Model name: *//p')); commit $(git -C "$PWM_ROOT" rev-parse --short HEAD 2>/dev/null); $(date -u '+%Y-%m-%d %H:%M UTC'); delay $DELAY ms"
 WORKLOAD=(--steps "$STEPS" --batch 32 --log-every 100 --eval-batches 1 "${EXTRA[@]}")
 LAUNCH=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
-SPMD="$BUILD_DIR/spmd/spmd_train" PT="$BUILD_DIR/pathways/train/pathways_train" ST="$BUILD_DIR/static_mpmd/mpmd_train"
+SPMD="$BUILD_DIR/spmd/spmd_train" PT="$BUILD_DIR/mpmd/pathways_train" ST="$BUILD_DIR/mpmd/mpmd_train"
 declare -A RUNS
 run() {  # run NAME DELAY_MS STRAGGLER_RANK N BIN FLAGS...
   local name=$1 d=$2 rank=$3 n=$4 bin=$5; shift 5

@@ -128,6 +128,23 @@ Program ProgramBuilder::build() {
   return p;
 }
 
+Program Program::over(ProgramDef def, const std::vector<Slice>& slices) {
+  auto s = std::make_shared<ProgramState>();
+  const auto slice = [&](int i) -> const Slice& {
+    PWM_CHECK(i >= 0 && static_cast<size_t>(i) < slices.size() && slices[static_cast<size_t>(i)].valid(),
+              "program '{}' names slice {} of {}", def.name, i, slices.size());
+    const Slice& sl = slices[static_cast<size_t>(i)];
+    keep_slice(s->slices, sl);
+    return sl;
+  };
+  for (ParamDef& p : def.params) p.slice = slice(p.slice).id();
+  for (NodeDef& n : def.nodes) n.slice = slice(n.slice).id();
+  s->def = std::move(def);
+  Program p;
+  p.s_ = std::move(s);
+  return p;
+}
+
 // ---- Client ----
 
 uint64_t Client::id() const { return s_->id; }

@@ -198,6 +198,9 @@ using dataflow::Value;
 class Program {
  public:
   Program() = default;
+  // A program traced with dataflow::Builder over slice indices: slice i of `def` is slices[i]
+  // (the dataflow::Runtime interface's slices, pathways/client_runtime.h).
+  static Program over(ProgramDef def, const std::vector<Slice>& slices);
   const ProgramDef& def() const;
   const std::string& error() const { return def().error; }  // "" when the program is well formed
   bool valid() const { return s_ != nullptr; }

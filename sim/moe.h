@@ -41,7 +41,7 @@ struct MoeRows {
 MoeRows moe_rows(const model::Config& m, int64_t tokens, int ep, double imbalance);
 
 // --moe-routing controller, one MoE layer and micro-batch: the time the devices idle between the
-// end of moe_counts and the start of the next segment (pathways/train/step_program.h
+// end of moe_counts and the start of the next segment (mpmd/segmented.h
 // SegmentedStep::run). The controller fetches every device's counts (fetch_rtt_us, plus dp
 // messages of E int64 on its link), puts on each device what its block_fwd reads (msg_us and 2E
 // int64 per device, one after the other on its link: what Trainer::route's put sends, Shapes::

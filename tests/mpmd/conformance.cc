@@ -1,4 +1,4 @@
-#include "tests/pathways_train/conformance.h"
+#include "tests/mpmd/conformance.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,9 +13,15 @@
 #include "train/checks.h"
 #include "train/flags.h"
 #include "train/full_state.h"
+#include "mpmd/pathways_backend.h"
+#include "mpmd/static_backend.h"
+#include "mpmd/trainer.h"
 #include "spmd/trainer.h"
 
-namespace pwm::pathways::train::testing {
+namespace pwm::mpmd::testing {
+
+using programs::PipelineShape;
+using programs::register_train_kernels;
 
 namespace {
 
@@ -177,8 +183,14 @@ CaseKernels register_case(const Case& c, const std::string& metrics, const std::
   return k;
 }
 
-void train_case(const CaseKernels& k, const Case& c, Client& client, int num_islands) {
-  Trainer(k.cfg, client, num_islands, false, k.names).run();
+void train_case(const CaseKernels& k, const Case&, pathways::Client& client, int num_islands) {
+  PathwaysBackend backend(k.cfg, client, num_islands);
+  Trainer(k.cfg, backend, false, k.names).run();
+}
+
+void train_static_case(const CaseKernels& k, std::shared_ptr<collectives::Transport> t) {
+  StaticBackend backend(k.cfg, std::move(t));
+  Trainer(k.cfg, backend, false, k.names).run();
 }
 
 void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, const std::string& dir) {
@@ -223,4 +235,4 @@ std::string temp_dir(const std::string& tag) {
   return d;
 }
 
-}  // namespace pwm::pathways::train::testing
+}  // namespace pwm::mpmd::testing

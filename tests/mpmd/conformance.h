@@ -1,16 +1,20 @@
-// pathways_train's conformance suite: one list of cases, run over two transports (IFRT's practice:
-// conformance tests written once against the interface, run for every backend).
+// The MPMD trainer's conformance suite (mpmd/trainer.h): one list of cases, run for both execution
+// models over two transports (IFRT's practice: conformance tests written once against the
+// interface, run for every backend).
 //
-//   test_inproc.cc  the controller and the workers as threads of one process (InProcFabric);
-//   test_mpi.cc     the same cases under mpirun -n 3 (rank 0 the controller), those of 2 workers
-//                   (the dp 3 cases run in process here, under mpirun in pathways_cases.py).
+//   tests/pathways_train/test_inproc.cc  the controller and the workers as threads of one process;
+//   tests/pathways_train/test_mpi.cc     the same cases under mpirun -n 3 (rank 0 the controller),
+//                                        those of 2 workers (the dp 3 cases run in process);
+//   tests/static_mpmd/test_inproc.cc     the static model's cases (those needing no controller),
+//                                        every rank a thread.
 //
 // The reference is independent of the transport under test: spmd_train's Trainer, run on threads
 // over the in-process transport with the same workload, dp/tp sharding and micro-batches. Fused,
 // chained and opbyop must give its bits (every step's loss, learning rate and gradient norm, the
 // validation losses, the final weights hash); the pipeline agrees to 1e-5 relative (it sums the
 // tied embedding's two gradient parts in another order: docs/pathways_train.md).
-// The same cases, from the command line, are tests/pathways_train/pathways_cases.py.
+// The same cases, from the command line, are tests/pathways_train/pathways_cases.py and
+// tests/static_mpmd/static_cases.py.
 #pragma once
 
 #include <memory>
@@ -20,11 +24,15 @@
 
 #include "train/data.h"
 #include "train/config.h"
+#include "mpmd/backend.h"
 #include "pathways/client.h"
-#include "pathways/train/programs.h"
-#include "pathways/train/trainer.h"
+#include "programs/kernels.h"
+#include "programs/step_io.h"
 
-namespace pwm::pathways::train::testing {
+namespace pwm::mpmd::testing {
+
+using programs::DeviceSet;
+using programs::KernelNames;
 
 struct Case {
   std::string name;
@@ -51,7 +59,9 @@ struct CaseKernels {
 CaseKernels register_case(const Case& c, const std::string& metrics, const std::string& prefix);
 
 // Controller side: trains the case through `client` (the workers already hold their devices).
-void train_case(const CaseKernels& k, const Case& c, Client& client, int num_islands);
+void train_case(const CaseKernels& k, const Case& c, pathways::Client& client, int num_islands);
+// Every rank of the static model: trains the case over `t` (this rank's device attached).
+void train_static_case(const CaseKernels& k, std::shared_ptr<collectives::Transport> t);
 
 // Runs spmd_train's Trainer on the case's workload (threads, in-process) and checks the
 // pathways run's metrics file against it with gtest assertions.
@@ -59,4 +69,4 @@ void expect_matches_spmd(const Case& c, const std::string& pathways_metrics, con
 
 std::string temp_dir(const std::string& tag);  // a fresh directory under the gtest temp dir
 
-}  // namespace pwm::pathways::train::testing
+}  // namespace pwm::mpmd::testing

@@ -1,13 +1,15 @@
-// The conformance suite (conformance.h) with the controller and both workers as threads of this
+// The conformance suite (tests/mpmd/conformance.h) with the controller and both workers as threads of this
 // process, over the in-process transport: no mpirun.
 #include <gtest/gtest.h>
 
 #include "collectives/inproc_transport.h"
 #include "pathways/runtime.h"
 #include "pathways/worker.h"
-#include "tests/pathways_train/conformance.h"
+#include "tests/mpmd/conformance.h"
 
-namespace pwm::pathways::train::testing {
+namespace pwm::mpmd::testing {
+
+using namespace pwm::pathways;
 namespace {
 
 class InProc : public ::testing::TestWithParam<Case> {};
@@ -36,4 +38,4 @@ INSTANTIATE_TEST_SUITE_P(Conformance, InProc, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
-}  // namespace pwm::pathways::train::testing
+}  // namespace pwm::mpmd::testing

@@ -1,4 +1,4 @@
-// The conformance suite (conformance.h) under mpirun -n 3, its cases of 2 workers: world rank 0
+// The conformance suite (tests/mpmd/conformance.h) under mpirun -n 3, its cases of 2 workers: world rank 0
 // is the controller and runs the tests, ranks 1 and 2 are the workers. Every rank registers every
 // such case's kernels (each under its own prefix) before the runtime starts; the workers attach
 // their devices and serve until the controller shuts the runtime down after the last test.
@@ -9,9 +9,11 @@
 #include "collectives/mpi_transport.h"
 #include "pathways/runtime.h"
 #include "pathways/worker.h"
-#include "tests/pathways_train/conformance.h"
+#include "tests/mpmd/conformance.h"
 
-namespace pwm::pathways::train::testing {
+namespace pwm::mpmd::testing {
+
+using namespace pwm::pathways;
 namespace {
 
 struct Registered {
@@ -42,16 +44,16 @@ INSTANTIATE_TEST_SUITE_P(Conformance, Mpi, ::testing::ValuesIn(mpi_cases()),
                          [](const ::testing::TestParamInfo<size_t>& i) { return cases()[i.param].name; });
 
 }  // namespace
-}  // namespace pwm::pathways::train::testing
+}  // namespace pwm::mpmd::testing
 
 int main(int argc, char** argv) {
-  using namespace pwm::pathways::train::testing;
+  using namespace pwm::mpmd::testing;
   pwm::collectives::MpiEnvironment env(&argc, &argv);
   return pwm::collectives::run_mpi_main(env, [&] {
     ::testing::InitGoogleTest(&argc, argv);
     PWM_CHECK(env.size() == kWorkers + 1, "run under mpirun -n {}", kWorkers + 1);
     std::map<size_t, Registered> regs;
-    std::vector<pwm::pathways::train::DeviceSet::Attached> attached;  // until run_worker returns
+    std::vector<pwm::programs::DeviceSet::Attached> attached;  // until run_worker returns
     for (const size_t i : mpi_cases()) {
       const Case& c = cases()[i];
       const std::string dir = env.rank() == 0 ? temp_dir("mpi_" + c.name) : "";

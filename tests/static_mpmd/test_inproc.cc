@@ -1,24 +1,21 @@
 // The static model over the in-process transport (every rank a thread of this process, no
-// mpirun): pathways_train's conformance cases (tests/pathways_train/conformance.h) that the static
+// mpirun): the MPMD trainer's conformance cases (tests/mpmd/conformance.h) that the static
 // model runs, each against spmd_train's Trainer on the same workload, bitwise (the pipeline to
 // 1e-5 relative: its tied gradient's order, as pathways_train's). The same trainer over MPI:
 // static_cases.py.
 #include <gtest/gtest.h>
 
 #include "collectives/inproc_transport.h"
-#include "static_mpmd/trainer.h"
-#include "tests/pathways_train/conformance.h"
+#include "tests/mpmd/conformance.h"
 
-namespace pwm::static_mpmd {
+namespace pwm::mpmd::testing {
 namespace {
-
-using pathways::train::testing::Case;
 
 // The conformance cases that need a controller are not the static model's: opbyop (a client
 // calling node by node), sequential dispatch, the controller's MoE routing, the expert island.
 std::vector<Case> static_cases() {
   std::vector<Case> out;
-  for (const Case& c : pathways::train::testing::cases()) {
+  for (const Case& c : cases()) {
     const auto& p = c.po;
     if (p.granularity == train::Granularity::kOpByOp || p.sequential || p.expert_island ||
         p.moe_routing == train::MoeRouting::kController)
@@ -32,17 +29,17 @@ class StaticInProc : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StaticInProc, MatchesSpmdTrain) {
   const Case& c = GetParam();
-  const std::string dir = pathways::train::testing::temp_dir("static_inproc_" + c.name);
-  const auto k = pathways::train::testing::register_case(c, dir + "/static.jsonl", "static_inproc_" + c.name + "_");
+  const std::string dir = temp_dir("static_inproc_" + c.name);
+  const auto k = register_case(c, dir + "/static.jsonl", "static_inproc_" + c.name + "_");
   collectives::run_inproc(c.workers, [&](int, std::shared_ptr<collectives::Transport> t) {
     const auto attached = k.devices->attach(t, k.data);
-    Trainer(k.cfg, t, false, k.names).run();
+    train_static_case(k, t);
   });
-  pathways::train::testing::expect_matches_spmd(c, dir + "/static.jsonl", dir);
+  expect_matches_spmd(c, dir + "/static.jsonl", dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Conformance, StaticInProc, ::testing::ValuesIn(static_cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
-}  // namespace pwm::static_mpmd
+}  // namespace pwm::mpmd::testing
