@@ -23,8 +23,8 @@ struct Config {
   NormKind norm = NormKind::kLayerNorm;
   uint64_t seed = 1234;     // parameter initialization seed
 
-  // Mixture of Experts (docs/model.md "Mixture of Experts"). experts = 0: dense. Otherwise the MLP
-  // branch of every moe_every-th block (layers l with (l + 1) % moe_every == 0) is E SwiGLU
+  // Mixture of Experts (docs/model_moe.md "Mixture of Experts"). experts = 0: dense. Otherwise the
+  // MLP branch of every moe_every-th block (layers l with (l + 1) % moe_every == 0) is E SwiGLU
   // experts of hidden size d_ff behind a float32 softmax router choosing top_k of them per token.
   int64_t experts = 0;           // E
   int64_t top_k = 1;             // K

@@ -1,4 +1,4 @@
-// bf16 matrix products through oneDNN (docs/model.md, "bf16").
+// bf16 matrix products through oneDNN (docs/model_kernels.md, "bf16").
 //
 // Why this shape: oneDNN's matmul picks the best kernel for the CPU at run time (AMX, AVX512-BF16
 // vdpbf16ps, or an AVX-512/AVX2 fallback that upconverts), so one code path serves every x86

@@ -1,4 +1,4 @@
-// Mixture of Experts: the MLP branch of an MoE block (docs/model.md "Mixture of Experts").
+// Mixture of Experts: the MLP branch of an MoE block (docs/model_moe.md "Mixture of Experts").
 //
 //   logits = h . router^T + skew            [N, E] float32 (also under bf16: no gemm<float>)
 //   p = softmax(logits);  top_k experts per token, ties to the lower index;  gate = p of a chosen

@@ -31,7 +31,7 @@
 #   --out DIR       results directory (default results/)
 #   --precision P   fp32 (default) or bf16: both trainers' matrix products (bf16 operands, fp32
 #                   sums, oneDNN); the trainers' GEMM peak for MFU is then the bf16 one, and the
-#                   CPU's bf16 instructions are printed (docs/model.md, "bf16")
+#                   CPU's bf16 instructions are printed (docs/model_kernels.md, "bf16")
 #   --palm          PaLM's layout instead (docs/results/palm.md): 2 replicas over an emulated
 #                   cluster of 2 hosts, against SPMD dp=2 on one host, once unshaped and once at
 #                   --dcn-rate 1gbit (or only at --dcn-rate R); rows: spmd_1host (the

@@ -44,7 +44,7 @@ esac
 # PWM_MPIRUN_PIN_FLAGS: the same launch with rank i pinned to core i mod cores (ranks beyond the
 # cores share them), for measurements that should not depend on where the scheduler puts ranks:
 # the simulator scripts' dispatch_bench runs, whose microseconds at T = 0 spread 2x between
-# unpinned launches of 3 ranks on 2 cores (docs/simulator.md, "Pinned dispatch launches").
+# unpinned launches of 3 ranks on 2 cores (docs/simulator_calibration.md, "Pinned dispatch launches").
 # PWM_MPIRUN_YIELD: the flags that make a waiting rank yield its core instead of busy-polling,
 # for measurements whose ranks share cores (OpenMPI's mpi_yield_when_idle; none for Hydra).
 export PWM_MPIRUN PWM_MPIRUN_FLAGS PWM_MPIRUN_PIN_FLAGS PWM_MPIRUN_YIELD
@@ -157,7 +157,7 @@ pwm_speed_probe() {
 #   25-30% too fast.
 # - On core 0, because this VM's two vCPUs differ by turns: the same step took 14.2-15.0 ms on
 #   core 0 and 12.3-12.5 ms on core 1 in ten alternating runs, the reverse 20 minutes later, and
-#   an unpinned process lands on either (docs/simulator.md, "Speed scaling").
+#   an unpinned process lands on either (docs/simulator_calibration.md, "Speed scaling").
 pwm_step_probe() {
   local mb=$1
   shift

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures this machine for the simulator (docs/simulator.md) and writes a profile (JSON):
+# Measures this machine for the simulator (docs/simulator_calibration.md) and writes a profile (JSON):
 #   kernels   spmd_train --trace at dp 1 (the forward/backward/optimizer spans per GFLOP) and at
 #             dp 2 (the slowdown when two ranks share the cores: "contention")
 #   links     collectives_bench AllReduce of 2 ranks (ring and hd, the faster per size): in one
@@ -35,12 +35,12 @@ STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; DREPS=60; LAUNCHES=${PWM_SIM_LAUNCHES:-5};
 # repetition: a launch's best of 300 spread as much between launches as its best of 30 (spmd
 # 0.65-1.48 us over 24 launches of chain 64), so the launches are many and short; and the slow
 # launches come in phases, so their median moved by 48% between blocks of 11 launches run back to
-# back where the lower quartile moved by 15% (docs/simulator.md, "The T = 0 rows").
+# back where the lower quartile moved by 15% (docs/simulator_calibration.md, "The T = 0 rows").
 # dispatch_bench calibrates on chains of DCHAIN and DCHAIN2 computations (2 workers; 1 worker at
 # DCHAIN only), the validation runs its default 128: between the two, not at either. One chain
 # length put the validation's T = 0 rows 10-16% off in one direction for a whole phase (the
 # per-computation times do not follow the model's a + b / k from one k: OpByOp's grows from 64
-# to 256; docs/simulator.md, "The T = 0 rows").
+# to 256; docs/simulator_calibration.md, "The T = 0 rows").
 DCHAIN=64 DCHAIN2=256
 # The calibration model (the validation uses other shapes, sim_validate.sh).
 CAL=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
@@ -86,7 +86,7 @@ done
 # while, which the microsecond costs at T = 0 would take in.
 echo "== dispatch: dispatch_bench Fig. 5, 1 and 2 workers, chains of $DCHAIN and $DCHAIN2 ($DLAUNCHES launches each)" >&2
 # Ranks pinned (PWM_MPIRUN_PIN_FLAGS, as sim_validate.sh's dispatch launches): unpinned, one
-# command's per-computation times at T = 0 spread 2x between launches (docs/simulator.md,
+# command's per-computation times at T = 0 spread 2x between launches (docs/simulator_calibration.md,
 # "Pinned dispatch launches").
 DB=(--figs 5 --compute-us 0 --reps $DREPS)
 DMPI=("$PWM_MPIRUN" $PWM_MPIRUN_PIN_FLAGS $PWM_MPIRUN_YIELD)

@@ -85,7 +85,7 @@ def fit_link(rows):
     is folded into B_eff, the same fraction of the bytes at any rank count for a ring). Ring and
     halving-doubling move exactly these bytes for 2 ranks (hd as one message per phase, the ring
     in segments); per size the faster of the two is kept. Over the shaped DCN the ring runs at
-    ~75% of a raw TCP stream's rate and hd at ~99% (docs/simulator.md, "The shaped DCN"): the
+    ~75% of a raw TCP stream's rate and hd at ~99% (docs/simulator_calibration.md, "The shaped DCN"): the
     ring's loss is OpenMPI's TCP rendezvous behind the data queued the other way, which the
     simulator does not model, not the link's; in one host and unshaped the two are within noise.
     Least squares over those points; L from the intercept, B from the slope.

@@ -39,7 +39,7 @@ def scale_profile(prof, probes):
     over the probes' median; the static model's node_us and exec_us with them), recorded under
     'scaled'. Unchanged without probes or without a
     calibration probe in the profile. The 2-rank contention factors are the calibration's
-    (docs/simulator.md, "Speed scaling").
+    (docs/simulator_calibration.md, "Speed scaling").
     """
     cal = prof.get('measured', {}).get('speed_probe')
     if cal and probes:
@@ -126,7 +126,7 @@ def dispatch_rows(by, predict):
     Per launch the best repetition (as dispatch_bench reports), then the lower quartile of the
     launches (the 3rd fastest of 11 at T = 0, the 2nd of 5 at T > 0), as the calibration's T = 0
     figures: slow launches come in phases of minutes, which moved the median of 11 launches by
-    up to 48% (docs/simulator.md, "The T = 0 rows"). Time per computation so that "lower is
+    up to 48% (docs/simulator_calibration.md, "The T = 0 rows"). Time per computation so that "lower is
     better" as for step times. T is the kernel's duration as dispatch_bench measured it
     (effective_compute_us: a loaded machine stretches the calibrated spin), the median of the
     launches.

@@ -38,12 +38,12 @@ DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
 # scaled_profile PROBES OUT: the profile with its costs scaled to the machine's speed at this
-# configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator.md,
+# configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator_calibration.md,
 # "Speed scaling"), so a probe (pwm_step_probe, model_bench's step on core 0) runs before every
 # launch, as in the calibration: kernels, the optimizer and the controller's costs by the rate
 # (calibration / now). The 2-rank contention factors are the calibration's: a probe of both
 # cores (two model_bench processes, then spmd_train --dp 2 for 10 steps) rescaling them made
-# the predictions worse, not better (docs/simulator.md, "Speed scaling").
+# the predictions worse, not better (docs/simulator_calibration.md, "Speed scaling").
 scaled_profile() {
   python3 "$PWM_ROOT/mpi_scripts/sim_report.py" scale "$PROFILE" "$1" "$2"
 }

@@ -1,4 +1,4 @@
-// Waiting without spinning (docs/pathways.md, "no spinning controller").
+// Waiting without spinning (docs/pathways_waiting.md).
 //
 // A poll loop calls idle() when a pass found nothing to do and reset() when it did something.
 // The first `spins` idle passes only yield the CPU; after that each idle pass sleeps, starting at

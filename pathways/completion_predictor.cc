@@ -17,7 +17,7 @@ void CompletionPredictor::completed(const RunRec& r, double now) {
   // to its prediction, and the next run is dispatched only when this one is noticed. An early
   // one costs a few polls. A symmetric average kept the first steps (warm-up: 74 and 53 ms for
   // a 14 ms fused step) in the estimate for ten runs, and the dispatcher noticed each step up to
-  // 50 ms late (docs/pathways.md, "Predictions fall at once").
+  // 50 ms late (docs/pathways_waiting.md, "Predictions fall at once").
   auto [it, fresh] = exec_time_.try_emplace(r.lp->id, d);
   if (!fresh) it->second = d < it->second ? d : 0.75 * it->second + 0.25 * d;
   // The completion was noticed at `now`; it happened no later, and likely near its prediction

@@ -1,4 +1,4 @@
-// The dispatcher's methods (dispatcher.h). See docs/pathways.md for the protocol.
+// The dispatcher's methods (dispatcher.h). See docs/pathways_wire.md for the protocol.
 #include "pathways/dispatcher.h"
 
 #include <fmt/format.h>

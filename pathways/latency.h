@@ -1,7 +1,7 @@
 // The runtime's latency policy: every knob that trades the controller's and the workers' CPU
 // (wake-ups that preempt a worker on a shared core) against how late a completion is noticed.
-// docs/pathways.md ("Waiting without spinning") explains each rule; sleep_planner.h applies the
-// controller's share, the worker loop (worker.cc) the workers'.
+// docs/pathways_waiting.md ("Waiting without spinning") explains each rule; sleep_planner.h applies
+// the controller's share, the worker loop (worker.cc) the workers'.
 //
 // One struct, read from the environment in one place (LatencyPolicy::from_env(), which
 // RuntimeOptions::from_env() and WorkerOptions::from_env() call): RuntimeOptions::latency on

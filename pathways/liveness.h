@@ -1,4 +1,4 @@
-// Liveness between the controller and the workers (docs/pathways.md, "Liveness").
+// Liveness between the controller and the workers (docs/pathways_liveness.md, "Liveness").
 //
 // Every wait of one side on the other has a deadline: the timeout (RuntimeOptions::timeout_s /
 // WorkerOptions::timeout_s; --coll-timeout or PWM_COLL_TIMEOUT, the collectives' watchdog's).

@@ -1,5 +1,6 @@
-// The controller <-> worker messages (docs/pathways.md, "Wire protocol"): one struct per message
-// type, its write() and read() side by side, so that both ends of the protocol use one codec.
+// The controller <-> worker messages (docs/pathways_wire.md, "Wire protocol"): one struct per
+// message type, its write() and read() side by side, so that both ends of the protocol use one
+// codec.
 //
 //   chan.send(worker, Fetch{req, object});                  // encodes straight into the bundle
 //   case MsgType::kFetch: { auto f = decode<Fetch>(m.body); ... }

@@ -5,7 +5,7 @@
 // its workers in one step, in the order the runs are released. So the schedulers decide the one
 // order of the island, and programs with collectives on overlapping slices cannot deadlock.
 //
-// Two policies (docs/pathways.md, "Multi-tenancy"):
+// Two policies (docs/pathways_tenancy.md, "Multi-tenancy"):
 //  - FIFO: releases every run at once, in submission order (the paper's default).
 //  - Proportional share: one queue per client; at most `max_inflight_nodes` gang node-shards of
 //    released, unfinished runs per island; the next run released is the head of the backlogged

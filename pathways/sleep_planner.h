@@ -2,7 +2,7 @@
 // and fetches in flight, the time and the latency policy (latency.h), so that every rule can be
 // tested without threads or clocks (tests/pathways/test_sleep_planner.cc).
 //
-// The rules (docs/pathways.md, "Waiting without spinning"):
+// The rules (docs/pathways_waiting.md, "Waiting without spinning"):
 //  - nothing awaited: the idle back-off, up to backoff_max_us; runs nobody waits for are
 //    noticed within it, and waking more often would only take CPU from the workers;
 //  - an awaited run (a client waits for it or fetches it, a sequential run, one with a

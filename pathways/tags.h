@@ -1,4 +1,4 @@
-// The runtime's share of the tag space, next to the collectives' (docs/pathways.md).
+// The runtime's share of the tag space, next to the collectives' (docs/pathways_wire.md).
 //
 // A logical tag is `channel << 15 | wire tag` (collectives/transport.h: MPI guarantees only
 // 15-bit tags, so the channel is a separate MPI communicator). Channels [0, 16) belong to

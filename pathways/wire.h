@@ -1,7 +1,7 @@
 // The controller <-> worker wire protocol: message types, a byte writer/reader, and the framed
-// Channel that carries them over the collectives' Transport (docs/pathways.md, "Wire protocol").
-// The payload of each message type has one codec, in messages.h. Internal: not part of the
-// client API (client.h does not include it).
+// Channel that carries them over the collectives' Transport (docs/pathways_wire.md,
+// "Wire protocol"). The payload of each message type has one codec, in messages.h. Internal: not
+// part of the client API (client.h does not include it).
 //
 // Messages are bundled: everything posted to one peer between two flush() calls travels as one
 // frame ([u32 type][u32 length][payload] repeated), so a controller that dispatches 100 runs in

@@ -1,4 +1,4 @@
-// The worker loop. See worker.h for the contract and docs/pathways.md for the protocol; the
+// The worker loop. See worker.h for the contract and docs/pathways_wire.md for the protocol; the
 // worker's state is in worker_impl.h.
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// Internal to the worker (worker.h states the contract; docs/pathways.md the protocol): the
+// Internal to the worker (worker.h states the contract; docs/pathways_wire.md the protocol): the
 // worker's state and the members its three sources share, one Worker per worker rank, used by
 // that rank's one thread.
 //   worker.cc            the loop, the controller's messages, loading programs

@@ -1,5 +1,5 @@
 // Internal to worker.cc: what the worker loop keeps per loaded program, per run and per object
-// migration (docs/pathways.md, "Dispatch" and "Objects"). Used by the worker thread only.
+// migration (docs/pathways.md, "Dispatch" and "Life of a buffer"). Used by the worker thread only.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// --expert-island's kernels (Shapes::expert_island, docs/pathways_train.md "Experts on an island
+// --expert-island's kernels (Shapes::expert_island, docs/pathways_train_moe.md "Experts on an island
 // of their own"): an MoE layer's block in three nodes, the dense slice's around the experts'.
 //
 //   dense slice (D devices)                 experts' device j (a slice of one, for j < P = D)

@@ -33,7 +33,7 @@ namespace trace_detail {
 // --no-overlap). Not across block_bwd(l - 1): the runtime progresses a collective only between
 // kernels and inside waits (no progress thread), so the sum would be complete when block_bwd(l - 1)
 // starts anyway, and the gradient it reads would be held through that backward for nothing (a
-// layer's gradient more per device; docs/pathways_train.md has the measurement). Each finish adds
+// layer's gradient more per device; docs/pathways_train_fsdp.md has the measurement). Each finish adds
 // the chunk so far (the previous micro-batches'), as Fsdp::accumulate adds into the shard: the
 // same sums in the same order, the same bits.
 //

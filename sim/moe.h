@@ -1,4 +1,4 @@
-// One Mixture-of-Experts training step, simulated (docs/simulator.md, "Mixture of Experts").
+// One Mixture-of-Experts training step, simulated (docs/simulator_moe.md, "Mixture of Experts").
 //
 // The step is the plan's units (model/step_plan.h) on one device of the slice, as in sim/step.h,
 // with an MoE layer's block costed apart (N = the tokens of one micro-batch on one dp rank, the

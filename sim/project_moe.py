@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Projects the MoE step to a GShard-like scale with pwm_sim --what moe (docs/simulator.md,
+"""Projects the MoE step to a GShard-like scale with pwm_sim --what moe (docs/simulator_moe.md,
 "Mixture of Experts").
 
     sim/project_moe.py BUILD_DIR PROFILE [OUTDIR=results/sim]     (~3 min: 2048 simulated ranks)

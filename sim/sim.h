@@ -60,7 +60,8 @@ struct Link {
   double wire_us(double bytes) const;
 };
 
-// What one machine was measured to do (sim_calibrate.sh writes it; JSON as in docs/simulator.md).
+// What one machine was measured to do (sim_calibrate.sh writes it; JSON as in
+// docs/simulator_calibration.md).
 struct Profile {
   std::string machine;  // free text: where and when it was measured
   // Kernels, from the trainers' traces: microseconds per GFLOP of the forward and of the

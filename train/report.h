@@ -22,7 +22,7 @@ struct MoeRecord {
   double dropped_share = 0;    // choices over an expert's capacity / all choices
   double padding_share = 0;    // padding rows / rows the experts computed (the capacity's waste)
   double max_mean_tokens = 0;  // the busiest expert's choices / the mean expert's (1 = balanced)
-  double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model.md)
+  double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model_moe.md)
   std::vector<double> alltoall_ms;  // per rank: time inside the expert AllToAlls
   double round_trips = -1;  // pathways_train: the controller's routing round trips (-1: none to count)
   std::vector<double> route_wait_ms;  // pathways_train, per device: idle before the routed block forwards

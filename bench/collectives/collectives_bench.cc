@@ -14,7 +14,8 @@
 // --inflight K (AllReduce): each iteration starts K AllReduces of the row's size at once on K
 // buffers and waits for all, as a trainer's gradient buckets overlap on the wire; time is the
 // iteration's over K (per AllReduce), so algbw is what the K together move. (Over the emulated
-// 200 Mbit/s DCN, 4 or 16 in flight moved no more than one at a time: docs/simulator.md, "The
+// 200 Mbit/s DCN, 4 or 16 in flight moved no more than one at a time:
+// docs/simulator_calibration.md, "The shaped DCN").
 //
 // --rounds R: each size's algorithms are measured R times in alternating order (ABC CBA ...);
 // a row's time is the median over rounds and vs_mpi the median of the rounds' MPI/ours time

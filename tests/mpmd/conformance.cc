@@ -106,7 +106,7 @@ const std::vector<Case>& cases() {
     c.push_back(
         {"chained_dp3_buckets4k", {"--dp", "3", "--batch", "12", "--bucket-bytes", "4096"}, gran("chained"), true, 3});
     // Mixture of Experts, the experts split over the two devices (AllToAll inside the block
-    // kernels): the three routings (docs/pathways_train.md), each against spmd_train's bits.
+    // kernels): the three routings (docs/pathways_train_moe.md), each against spmd_train's bits.
     const std::vector<std::string> moe = {"--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2"};
     const auto with = [&moe](std::vector<std::string> more) {
       std::vector<std::string> f = moe;

@@ -12,7 +12,7 @@
 // over the in-process transport with the same workload, dp/tp sharding and micro-batches. Fused,
 // chained and opbyop must give its bits (every step's loss, learning rate and gradient norm, the
 // validation losses, the final weights hash); the pipeline agrees to 1e-5 relative (it sums the
-// tied embedding's two gradient parts in another order: docs/pathways_train.md).
+// tied embedding's two gradient parts in another order: docs/pathways_train_pipeline.md).
 // The same cases, from the command line, are tests/pathways_train/pathways_cases.py and
 // tests/static_mpmd/static_cases.py.
 #pragma once

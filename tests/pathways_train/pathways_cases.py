@@ -302,7 +302,7 @@ DROPLESS = ["--capacity-factor", "0"]
 
 
 def case_moe_routings_equal_spmd():
-    # The three routings of an MoE layer's expert calls (docs/pathways_train.md) against spmd_train
+    # The three routings of an MoE layer's expert calls (docs/pathways_train_moe.md) against spmd_train
     # on the same devices: static capacity against SPMD's capacity, both dropless routings against
     # SPMD's dropless, bitwise; the routing figures equal; the controller's round trips per step,
     # as the runtime counted them, one per MoE layer and micro-batch with controller, none else.
@@ -349,7 +349,7 @@ def case_moe_checkpoints_cross_trainers():
 
 
 def case_moe_expert_island_equals_spmd():
-    # --expert-island (docs/pathways_train.md): the experts on an island of their own (--islands 2x2:
+    # --expert-island (docs/pathways_train_moe.md): the experts on an island of their own (--islands 2x2:
     # the dense slice's two devices, then the two experts' devices), the rows crossing as the
     # program's transfers. Against spmd_train's --dp 2 --expert-parallel 2, bitwise: static (a
     # capacity), worker and controller (dropless) routing, chained and opbyop; the routing figures

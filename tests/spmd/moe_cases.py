@@ -123,7 +123,7 @@ def case_bf16_trains_under_expert_parallelism():
     # every expert on both ranks. The same shapes per block, so the same bits where the bf16
     # kernel's sums depend only on the shape (the fp32 fallback on CPUs without AVX-512, oneDNN's
     # brgemm); 1e-3 covers a kernel that picks by the number of rows. bf16 must be in effect (step
-    # 0 differs from fp32) and within its bound of fp32 (docs/model.md, "bf16": 2e-3 at step 0).
+    # 0 differs from fp32) and within its bound of fp32 (docs/model_kernels.md, "bf16": 2e-3 at step 0).
     bf = ["--precision", "bf16"]
     a = train(2, "bf16_ep1", ["--dp", "2"] + MOE + bf + NOCLIP)
     b = train(2, "bf16_ep2", ["--dp", "2", "--expert-parallel", "2"] + MOE + bf + NOCLIP)
