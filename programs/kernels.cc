@@ -1,6 +1,6 @@
 // The training kernels' registration: each kernel's name, signature (from the workload's
 // shapes) and whether it is gang-scheduled; and the DeviceSet the registered kernels run on. The
-// kernel bodies: state_kernels.cc (between steps), step_kernels.cc, pipeline_kernels.cc,
+// kernel bodies: state_kernels.cc (between steps), step_kernels*.cc, pipeline_kernels.cc,
 // island_kernels.cc.
 #include "programs/kernels.h"
 
@@ -128,7 +128,7 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   add("save", true, [S](Attrs a) { return sig(S->state(tp_of(a)), {rep_i64(1)}); }, save_state);
 }
 
-// --fsdp: what fsdp_gather returns for the tied pieces, which the device holds (step_kernels.cc).
+// --fsdp: what fsdp_gather returns for the tied pieces, which the device holds (step_kernels_fsdp.cc).
 ArgSpec fsdp_tied_marker() { return ArgSpec{TensorSpec{DataType::kInt64, {1}}, Sharding::kSplit}; }
 
 // A layer's block (attrs: tp, layer[, 1: the controller's counts are input 2]).
@@ -201,7 +201,7 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   }, dp_reduce_finish);
   // The update's inputs in update_args()'s order (step_io.h): state, pieces, losses.
   // --expert-island (attrs[1] = 1): then each experts' device's squared norm; one more output, the
-  // loss and squared norm its update reads (step_kernels.cc).
+  // loss and squared norm its update reads (step_kernels_units.cc).
   add("update", true, [S](Attrs a) {
     Signature s = update_sig(S, a, update_args(*S, tp_of(a)));
     if (a.size() > 1 && a[1] != 0) {
@@ -253,7 +253,7 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
 
 void add_replica_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
-  // Replicas (step_kernels.cc): attrs[0] = tp; fused_grads [1] = the island, [2] = the shards
+  // Replicas (step_kernels_replicas.cc): attrs[0] = tp; fused_grads [1] = the island, [2] = the shards
   // (1 or dp); island_loss [1] = the micro-batches; replica_add [1] = the piece's (or chunk's)
   // size, [2] = the replicas; dp_reduce_scatter and dp_allgather [1] = the piece's size, [2] =
   // the island's dp.

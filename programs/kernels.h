@@ -10,10 +10,11 @@
 // keeps between kernels: device.h.
 //
 // Where the kernels are: kernels.cc (the registration, DeviceSet), state_kernels.cc (state,
-// evaluation, hash, checkpoint, trace), step_kernels.cc (the fused step, one kernel per plan
-// unit kind, the dp reduction and the update), pipeline_kernels.cc (the MPMD pipeline's norm
-// and update, merge), island_kernels.cc (--expert-island: an MoE layer's block around the
-// experts' own devices).
+// evaluation, hash, checkpoint, trace), step_kernels.cc (the fused step and the step's tail),
+// step_kernels_units.cc (one kernel per plan unit kind, the dp reduction and the update),
+// step_kernels_fsdp.cc (--fsdp's), step_kernels_replicas.cc (replicas'), pipeline_kernels.cc
+// (the MPMD pipeline's norm and update, merge), island_kernels.cc (--expert-island: an MoE
+// layer's block around the experts' own devices); what their sources share: kernels_impl.h.
 #pragma once
 
 #include <functional>

@@ -1,7 +1,7 @@
 // The MPMD pipeline's own kernels (each stage a dp x tp slice; attrs: tp, stage): its share of
 // the squared gradient norm, the stage's update, the full state merged from the stages'
 // buffers, and the small array kernels its programs use (zeros, add, sum). The stages' forward
-// and backward units are the per-unit kernels (step_kernels.cc); their dp reductions the
+// and backward units are the per-unit kernels (step_kernels_units.cc); their dp reductions the
 // dp_allreduce kernel, inside the stage's slice.
 #include <cmath>
 #include <cstring>

@@ -1,6 +1,6 @@
 // The kernels that run between steps: the state's set-up (init, load, copy_state), the
 // validation loss, the GEMM peak probe, the memory report, the weights hash, the checkpoint and
-// the trace fragment. Their registration: kernels.cc; the step's kernels: step_kernels.cc,
+// the trace fragment. Their registration: kernels.cc; the step's kernels: step_kernels*.cc,
 // pipeline_kernels.cc, island_kernels.cc.
 #include <fmt/format.h>
 
@@ -15,18 +15,11 @@
 #include "train/peak.h"
 #include "train/step.h"
 #include "dataflow/kernel.h"
-#include "programs/kernels.h"
+#include "programs/kernels_impl.h"
 
 namespace pwm::programs::kernels {
 
-using collectives::Algorithm;
-using collectives::Communicator;
-using collectives::ReduceOp;
-using model::ParamLayout;
-
 namespace {
-
-Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
 
 // Full tensors of this tp group and, with expert parallelism, of the experts split over the
 // expert-parallel group (every dp replica computes the same).
