@@ -226,7 +226,7 @@ void expert_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 
 // inputs: the layer pieces of the MoE layers (expert_bwd's, in layer order); output: the squared
 // norm of each of this device's experts' parameters, in layout order (attrs: tp, j): the terms
-// spmd_train's norm adds (the update adds them in its order: step_kernels.cc, island_sq_norm).
+// spmd_train's norm adds (the update adds them in its order: step_kernels_units.cc, island_sq_norm).
 void expert_sqnorm(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p{dev.cfg().mesh.dp, 1, static_cast<int>(ctx.attr(1)), 0};
   const ParamLayout& layout = dev.layout(p);

@@ -9,10 +9,12 @@
 // trainers agree bitwise. Names, shapes and argument positions: step_io.h. What each device
 // keeps between kernels: device.h.
 //
-// Where the kernels are: kernels.cc (state, evaluation, hash, checkpoint, trace, and the
-// registration), step_kernels.cc (the fused step, one kernel per plan unit kind, the dp
-// reduction and the update), pipeline_kernels.cc (the MPMD pipeline's norm and update, merge),
-// island_kernels.cc (--expert-island: an MoE layer's block around the experts' own devices).
+// Where the kernels are: kernels.cc (the registration, DeviceSet), state_kernels.cc (state,
+// evaluation, hash, checkpoint, trace), step_kernels.cc (the fused step and the step's tail),
+// step_kernels_units.cc (one kernel per plan unit kind, the dp reduction and the update),
+// step_kernels_fsdp.cc (--fsdp's), step_kernels_replicas.cc (replicas'), pipeline_kernels.cc
+// (the MPMD pipeline's norm and update, merge), island_kernels.cc (--expert-island: an MoE
+// layer's block around the experts' own devices); what their sources share: kernels_impl.h.
 #pragma once
 
 #include <functional>
@@ -77,12 +79,21 @@ class DeviceSet {
 // throws if a name is taken.
 void register_train_kernels(const KernelNames& names, std::shared_ptr<DeviceSet> devices);
 
-// The kernel bodies (the three sources above). `scope` times the running kernel; the step's last
+// The kernel bodies (the sources above). `scope` times the running kernel; the step's last
 // kernel hands it to TrainingDevice::report.
 using Scope = TrainingDevice::KernelScope;
 namespace kernels {
 void init_state(TrainingDevice&, KernelContext&, Scope&);
 void load_state(TrainingDevice&, KernelContext&, Scope&);
+void copy_state(TrainingDevice&, KernelContext&, Scope&);
+void evaluate(TrainingDevice&, KernelContext&, Scope&);
+void val_total(TrainingDevice&, KernelContext&, Scope&);
+void gemm_probe(TrainingDevice&, KernelContext&, Scope&);
+void memory(TrainingDevice&, KernelContext&, Scope&);
+void weights_hash(TrainingDevice&, KernelContext&, Scope&);
+void save_state(TrainingDevice&, KernelContext&, Scope&);
+// (Registered untimed, without a Scope: kernels.cc.)
+void trace_dump(TrainingDevice&, KernelContext&);
 void fused_step(TrainingDevice&, KernelContext&, Scope&);
 void batch(TrainingDevice&, KernelContext&, Scope&);
 void embed_fwd(TrainingDevice&, KernelContext&, Scope&);
@@ -111,6 +122,9 @@ void replica_update(TrainingDevice&, KernelContext&, Scope&);
 void pipe_sqnorm(TrainingDevice&, KernelContext&, Scope&);
 void pipe_update(TrainingDevice&, KernelContext&, Scope&);
 void merge(TrainingDevice&, KernelContext&, Scope&);
+void zeros(TrainingDevice&, KernelContext&, Scope&);
+void add_arrays(TrainingDevice&, KernelContext&, Scope&);
+void sum_scalars(TrainingDevice&, KernelContext&, Scope&);
 // --expert-island (island_kernels.cc).
 void moe_send(TrainingDevice&, KernelContext&, Scope&);
 void expert_fwd(TrainingDevice&, KernelContext&, Scope&);

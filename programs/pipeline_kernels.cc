@@ -1,7 +1,8 @@
 // The MPMD pipeline's own kernels (each stage a dp x tp slice; attrs: tp, stage): its share of
-// the squared gradient norm, the stage's update, and the full state merged from the stages'
-// buffers. The stages' forward and backward units are the per-unit kernels (step_kernels.cc);
-// their dp reductions the dp_allreduce kernel, inside the stage's slice.
+// the squared gradient norm, the stage's update, the full state merged from the stages'
+// buffers, and the small array kernels its programs use (zeros, add, sum). The stages' forward
+// and backward units are the per-unit kernels (step_kernels_units.cc); their dp reductions the
+// dp_allreduce kernel, inside the stage's slice.
 #include <cmath>
 #include <cstring>
 
@@ -130,6 +131,22 @@ void merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     const int64_t lo = layout.layer(sl.begin).begin, hi = layout.layer(sl.end - 1).end;
     std::memcpy(out + lo, ctx.in<float>(static_cast<size_t>(s)).data() + lo, sizeof(float) * (hi - lo));
   }
+}
+
+// The pipeline programs' small array kernels (pipeline.cc): zeros, the sum of two arrays, the sum
+// of scalars.
+void zeros(TrainingDevice&, KernelContext& ctx, Scope&) { std::ranges::fill(ctx.out<float>(0), 0.0f); }
+
+void add_arrays(TrainingDevice&, KernelContext& ctx, Scope&) {
+  auto a = ctx.in<float>(0), b = ctx.in<float>(1);
+  auto o = ctx.out<float>(0);
+  for (size_t i = 0; i < o.size(); ++i) o[i] = a[i] + b[i];
+}
+
+void sum_scalars(TrainingDevice&, KernelContext& ctx, Scope&) {
+  double s = 0;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) s += ctx.in<double>(i)[0];
+  ctx.out<double>(0)[0] = s;
 }
 
 }  // namespace pwm::programs::kernels

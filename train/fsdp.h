@@ -27,7 +27,7 @@
 // prefetch could not hide a transfer, and it would hold a second layer (measured: the same
 // tokens/s with two slots of each kind and prefetch; docs/spmd.md). The model's functions index a
 // layer by its offset in the full buffer, so they get the slot's address minus that offset (as
-// programs/step_kernels.cc does for its layer pieces). The embedding and final norm live in
+// programs/step_kernels_units.cc does for its layer pieces). The embedding and final norm live in
 // a reserved range laid out as the full buffer (common/lazy_array.h).
 //
 // Which ranks must call: every rank of the dp group (and of the replica group), every method
