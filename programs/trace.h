@@ -41,7 +41,7 @@ using RouteFn = std::function<V(const V& counts)>;
 // --fsdp: the layers' pieces are their chunks (reduce-scattered over dp) and the tied piece is
 // whole; fsdp_held is the most bytes of gathered weights (the tied pieces' for the whole step),
 // full layer gradients, the tied piece's gradient and started chunks
-// the device holds at once (step_program.cc, FsdpNodes).
+// the device holds at once (trace_impl.h, FsdpNodes).
 // --expert-island: the experts' devices (one slice each) and their states; `call` runs a kernel
 // on experts' device j. With one, an MoE layer's block is moe_send, expert_fwd on every experts'
 // device, moe_combine, and its backward moe_bwd_send, expert_bwd, block_bwd_remote
