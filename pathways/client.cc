@@ -59,8 +59,8 @@ std::vector<int> Slice::devices() const {
 
 uint64_t Array::id() const { return s_->id; }
 const Slice& Array::slice() const { return s_->slice; }
-const ArgSpec& Array::spec() const { return s_->spec; }
-TensorSpec Array::logical() const { return s_->spec.logical(s_->slice.size()); }
+const dataflow::ArgSpec& Array::spec() const { return s_->spec; }
+dataflow::TensorSpec Array::logical() const { return s_->spec.logical(s_->slice.size()); }
 bool Array::ready() const { return s_->status.done(); }
 bool Array::ok() const { return s_->status.done() && !s_->status.failed(); }
 std::string Array::error() const { return s_->status.error(); }
@@ -94,7 +94,7 @@ Future<HostTensor> Array::fetch() const {
 
 // ---- Program, ProgramBuilder ----
 
-const ProgramDef& Program::def() const { return s_->def; }
+const dataflow::ProgramDef& Program::def() const { return s_->def; }
 
 ProgramBuilder::ProgramBuilder(std::string name) : b_(std::move(name)) {}
 
@@ -104,7 +104,7 @@ static void keep_slice(std::vector<Slice>& slices, const Slice& s) {
   slices.push_back(s);
 }
 
-Value ProgramBuilder::param(const Slice& slice, ArgSpec spec) {
+Value ProgramBuilder::param(const Slice& slice, dataflow::ArgSpec spec) {
   PWM_CHECK(slice.valid(), "param on an empty Slice");
   keep_slice(slices_, slice);
   return b_.param(slice.id(), slice.size(), std::move(spec));
@@ -128,7 +128,7 @@ Program ProgramBuilder::build() {
   return p;
 }
 
-Program Program::over(ProgramDef def, const std::vector<Slice>& slices) {
+Program Program::over(dataflow::ProgramDef def, const std::vector<Slice>& slices) {
   auto s = std::make_shared<ProgramState>();
   const auto slice = [&](int i) -> const Slice& {
     PWM_CHECK(i >= 0 && static_cast<size_t>(i) < slices.size() && slices[static_cast<size_t>(i)].valid(),
@@ -137,8 +137,8 @@ Program Program::over(ProgramDef def, const std::vector<Slice>& slices) {
     keep_slice(s->slices, sl);
     return sl;
   };
-  for (ParamDef& p : def.params) p.slice = slice(p.slice).id();
-  for (NodeDef& n : def.nodes) n.slice = slice(n.slice).id();
+  for (dataflow::ParamDef& p : def.params) p.slice = slice(p.slice).id();
+  for (dataflow::NodeDef& n : def.nodes) n.slice = slice(n.slice).id();
   s->def = std::move(def);
   Program p;
   p.s_ = std::move(s);
@@ -179,15 +179,15 @@ Slice Client::allocate(int devices, std::vector<int> mesh, int island) {
   return s;
 }
 
-Array Client::put(const Slice& slice, Sharding sharding, const TensorSpec& logical, const void* data) {
+Array Client::put(const Slice& slice, dataflow::Sharding sharding, const dataflow::TensorSpec& logical, const void* data) {
   PWM_CHECK(slice.valid(), "put on an empty Slice");
   check_usable("put");
   check_owner(*s_->ctl, s_->id, slice.s_->owner, fmt::format("slice {}", slice.id()));
   const int n = slice.size();
-  ArgSpec spec{logical, sharding};
+  dataflow::ArgSpec spec{logical, sharding};
   std::vector<std::vector<uint8_t>> shards(n);
   const auto* p = static_cast<const uint8_t*>(data);
-  if (sharding == Sharding::kSplit) {
+  if (sharding == dataflow::Sharding::kSplit) {
     if (logical.shape.empty() || logical.shape[0] % n != 0)
       PWM_THROW("put: cannot split {} along dimension 0 over {} devices", logical.str(), n);
     spec.shard.shape[0] /= n;
@@ -234,7 +234,7 @@ std::vector<Array> Client::run(const Program& p, const std::vector<Array>& input
   PWM_CHECK_LT(run_id, kMaxRunId);
   std::vector<Array> result;
   for (size_t k = 0; k < ps->def.outputs.size(); ++k) {
-    const ValueId v = ps->def.outputs[k];
+    const dataflow::ValueId v = ps->def.outputs[k];
     auto a = std::make_shared<ArrayState>();
     a->id = output_object_id(run_id, static_cast<uint32_t>(k));
     for (auto& s : ps->slices)

@@ -49,7 +49,9 @@
 #include <vector>
 
 #include "dataflow/builder.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/worker_stats.h"
 
 namespace pwm::pathways {
@@ -124,7 +126,7 @@ class Future {
 
 // A value fetched to the client: the logical tensor, row-major.
 struct HostTensor {
-  TensorSpec spec;
+  dataflow::TensorSpec spec;
   std::vector<uint8_t> bytes;
   template <typename T>
   std::vector<T> as() const {
@@ -165,8 +167,8 @@ class Array {
   Array() = default;
   uint64_t id() const;
   const Slice& slice() const;
-  const ArgSpec& spec() const;  // per-shard spec and sharding
-  TensorSpec logical() const;
+  const dataflow::ArgSpec& spec() const;  // per-shard spec and sharding
+  dataflow::TensorSpec logical() const;
   bool ready() const;            // complete (ok or failed); does not block
   void wait() const;             // blocks until complete; throws pwm::Error if it failed
   bool ok() const;               // complete and not failed
@@ -200,8 +202,8 @@ class Program {
   Program() = default;
   // A program traced with dataflow::Builder over slice indices: slice i of `def` is slices[i]
   // (the dataflow::Runtime interface's slices, pathways/client_runtime.h).
-  static Program over(ProgramDef def, const std::vector<Slice>& slices);
-  const ProgramDef& def() const;
+  static Program over(dataflow::ProgramDef def, const std::vector<Slice>& slices);
+  const dataflow::ProgramDef& def() const;
   const std::string& error() const { return def().error; }  // "" when the program is well formed
   bool valid() const { return s_ != nullptr; }
 
@@ -216,7 +218,7 @@ class Program {
 class ProgramBuilder {
  public:
   explicit ProgramBuilder(std::string name);
-  Value param(const Slice& slice, ArgSpec spec);
+  Value param(const Slice& slice, dataflow::ArgSpec spec);
   Value param_like(const Array& a) { return param(a.slice(), a.spec()); }
   // Calls `kernel` on every device of `slice`; inputs on other slices or with another sharding
   // are moved there (point-to-point, M shards to N). Returns the kernel's outputs.
@@ -269,10 +271,10 @@ class Client {
   // pwm::Error when it cannot be satisfied. Blocks only on the resource manager's lock.
   Slice allocate(int devices, std::vector<int> mesh = {}, int island = -1);
   // Places a client value on `slice`: split along dimension 0, or replicated.
-  Array put(const Slice& slice, Sharding sharding, const TensorSpec& logical, const void* data);
+  Array put(const Slice& slice, dataflow::Sharding sharding, const dataflow::TensorSpec& logical, const void* data);
   template <typename T>
-  Array put(const Slice& slice, Sharding sharding, std::vector<int64_t> shape, const std::vector<T>& v) {
-    TensorSpec t{collectives::dtype_of<T>(), std::move(shape)};
+  Array put(const Slice& slice, dataflow::Sharding sharding, std::vector<int64_t> shape, const std::vector<T>& v) {
+    dataflow::TensorSpec t{collectives::dtype_of<T>(), std::move(shape)};
     PWM_CHECK_EQ(static_cast<int64_t>(v.size()), t.elements());
     return put(slice, sharding, t, v.data());
   }

@@ -124,7 +124,7 @@ void Controller::free_owner(uint64_t owner) {
   enqueue([owner](Dispatcher& d) { d.free_owner(owner); });
 }
 
-void Controller::evict(std::shared_ptr<LoweredProgram> lp) {
+void Controller::evict(std::shared_ptr<dataflow::LoweredProgram> lp) {
   enqueue([lp](Dispatcher& d) { d.evict(*lp); });
 }
 

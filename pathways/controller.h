@@ -18,7 +18,9 @@
 
 #include "pathways/client.h"
 #include "pathways/doorbell.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/resource_manager.h"
 #include "pathways/runtime.h"
 
@@ -34,7 +36,7 @@ struct SliceState {
 struct ArrayState {
   uint64_t id = 0;
   Slice slice;
-  ArgSpec spec;
+  dataflow::ArgSpec spec;
   uint64_t owner = 0;
   FutureState<std::monostate> status;
   std::atomic<bool> awaited{false};  // a client waits for it (or fetches it): poll its run finely
@@ -44,10 +46,10 @@ struct ArrayState {
 };
 
 struct ProgramState {
-  ProgramDef def;
+  dataflow::ProgramDef def;
   std::vector<Slice> slices;  // keeps the slices alive
   std::weak_ptr<Controller> ctl;
-  std::shared_ptr<LoweredProgram> lowered;  // dispatcher thread only
+  std::shared_ptr<dataflow::LoweredProgram> lowered;  // dispatcher thread only
   std::atomic<uint64_t> owner{0};           // the client that ran it first (0: never run)
   ~ProgramState();  // evicts the lowered program from the workers
 };
@@ -101,7 +103,7 @@ class Controller : public std::enable_shared_from_this<Controller> {
   // From handle destructors.
   void free_object(uint64_t id);
   void free_owner(uint64_t owner);  // the client disconnected
-  void evict(std::shared_ptr<LoweredProgram> lp);
+  void evict(std::shared_ptr<dataflow::LoweredProgram> lp);
 
   struct ClientRec {
     std::string name;

@@ -27,7 +27,7 @@ std::string json_str(const std::string& s) {
 }
 }  // namespace
 
-void ControllerTrace::program(uint64_t lowered_id, const ProgramDef& def) {
+void ControllerTrace::program(uint64_t lowered_id, const dataflow::ProgramDef& def) {
   if (!enabled() || programs_.count(lowered_id)) return;
   std::vector<std::string> kernels;
   for (auto& n : def.nodes) kernels.push_back(n.kernel);

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "pathways/messages.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 
 namespace pwm::pathways {
 
@@ -30,7 +32,7 @@ class ControllerTrace {
   bool enabled() const { return !path_.empty(); }
 
   // The names of a lowered program's nodes, for the device rows (once per lowered program).
-  void program(uint64_t lowered_id, const ProgramDef& def);
+  void program(uint64_t lowered_id, const dataflow::ProgramDef& def);
   // A run from its dispatch to its completion; `predicted`: its predicted completion (0: none).
   void run(uint64_t run_id, uint64_t owner, const std::string& program, double t0, double t1, double predicted);
   // The kernel executions and transfers a worker recorded (its kTrace message); its clock runs

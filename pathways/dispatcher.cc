@@ -125,14 +125,14 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   auto fail = [&](const std::string& e) {
     for (auto& a : out) a->status.fail(e);
   };
-  const ProgramDef& def = p->def;
+  const dataflow::ProgramDef& def = p->def;
   if (closed_.count(owner))
     return fail(fmt::format("program '{}': client {} is disconnected", def.name, c_.client_name(owner)));
   if (!def.error.empty()) return fail(def.error);
   if (in.size() != def.params.size())
     return fail(fmt::format("program '{}' takes {} input(s), got {}", def.name, def.params.size(), in.size()));
   for (size_t i = 0; i < in.size(); ++i) {
-    const ParamDef& pd = def.params[i];
+    const dataflow::ParamDef& pd = def.params[i];
     if (in[i]->slice.id() != pd.slice || !(in[i]->spec == pd.spec))
       return fail(fmt::format("program '{}': input {} has the wrong shape or placement: expected {} on slice {}, got {} "
                               "on slice {}",
@@ -150,7 +150,7 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
     if (const int l = lost_of(meta->ranks); l >= 0)
       return fail(fmt::format("program '{}': input {} (object {}) was on {}", def.name, i, in[i]->id, lost_line(l)));
   }
-  std::shared_ptr<LoweredProgram> lp;
+  std::shared_ptr<dataflow::LoweredProgram> lp;
   const bool fresh = !p->lowered;
   try {
     lp = lowered(*p);
@@ -181,7 +181,7 @@ void Dispatcher::run(std::shared_ptr<ProgramState> p, std::vector<std::shared_pt
   rec->owner = owner;
   rec->weight = weight;
   for (size_t k = 0; k < rec->out.size(); ++k) {
-    const OutputPlacement& op = lp->outputs[k];
+    const dataflow::OutputPlacement& op = lp->outputs[k];
     objects_.add(rec->out[k]->id, ObjMeta{op.slice, op.spec, op.ranks, rec->owner});
   }
   for (int r : lp->ranks()) rec->waiting.insert(r);
@@ -225,7 +225,7 @@ void Dispatcher::fetch(std::shared_ptr<ArrayState> a, std::shared_ptr<FutureStat
   if (!mp) return f->fail(fmt::format("object {} no longer exists", a->id));
   const ObjMeta& m = *mp;
   if (const int l = lost_of(m.ranks); l >= 0) return f->fail(fmt::format("object {} was on {}", a->id, lost_line(l)));
-  const bool split = m.spec.sharding == Sharding::kSplit;
+  const bool split = m.spec.sharding == dataflow::Sharding::kSplit;
   auto rec = std::make_shared<FetchRec>();
   rec->a = a;
   rec->f = f;
@@ -291,12 +291,12 @@ void Dispatcher::free_owner(uint64_t owner) {
   for (int r : workers_) chan_.send(r, FreeOwner{owner});
 }
 
-void Dispatcher::evict(const LoweredProgram& lp) {
+void Dispatcher::evict(const dataflow::LoweredProgram& lp) {
   post_staged();
   for (int r : lp.ranks()) chan_.send(r, EvictProgram{lp.id});
 }
 
-std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
+std::shared_ptr<dataflow::LoweredProgram> Dispatcher::lowered(ProgramState& p) {
   if (p.lowered) {
     bool fresh = true;
     for (auto& [slice, gen] : p.lowered->generations) fresh = fresh && c_.rm().generation(slice) == gen;
@@ -304,11 +304,11 @@ std::shared_ptr<LoweredProgram> Dispatcher::lowered(ProgramState& p) {
     evict(*p.lowered);
     p.lowered.reset();
   }
-  SliceLookup lookup = [&](int id) {
+  dataflow::SliceLookup lookup = [&](int id) {
     SliceInfo s = c_.rm().slice(id);
-    return SliceMapping{s.world_ranks(), s.context, s.generation, s.island};
+    return dataflow::SliceMapping{s.world_ranks(), s.context, s.generation, s.island};
   };
-  auto lp = std::make_shared<LoweredProgram>(lower(p.def, c_.new_id(), lookup));
+  auto lp = std::make_shared<dataflow::LoweredProgram>(dataflow::lower(p.def, c_.new_id(), lookup));
   const auto devs = c_.rm().devices();
   for (auto& [r, wp] : lp->workers) {
     lp->island_execs[devs.at(r - 1).island] += static_cast<int>(wp.execs.size());

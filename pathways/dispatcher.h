@@ -58,7 +58,7 @@ class Dispatcher {
   void drain(int device, bool undrain, std::shared_ptr<FutureState<std::monostate>> f);
   void free_object(uint64_t id);
   void free_owner(uint64_t owner);
-  void evict(const LoweredProgram& lp);
+  void evict(const dataflow::LoweredProgram& lp);
   void begin_shutdown() { stopping_ = true; }
   // The world ranks lost (RuntimeOptions::survive_worker_loss); after the dispatcher has stopped.
   std::vector<int> lost() const { return {lost_.begin(), lost_.end()}; }
@@ -77,7 +77,7 @@ class Dispatcher {
     int rank;  // the worker asked
   };
 
-  std::shared_ptr<LoweredProgram> lowered(ProgramState& p);
+  std::shared_ptr<dataflow::LoweredProgram> lowered(ProgramState& p);
   void pump_schedulers();
   void dispatch(RunRec& r);
   void release_stage(RunRec& r, uint32_t s);

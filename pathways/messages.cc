@@ -5,7 +5,7 @@
 
 namespace pwm::pathways {
 
-void write_spec(Writer& w, const TensorSpec& s) {
+void write_spec(Writer& w, const dataflow::TensorSpec& s) {
   w.put<uint8_t>(static_cast<uint8_t>(s.dtype));
   w.vec(s.shape);
 }
@@ -14,7 +14,7 @@ void write_spec(Writer& w, const TensorSpec& s) {
 // be a function of its fields (a decoded message encodes to the same bytes: tests/fuzz/fuzz_wire.cc).
 constexpr size_t kInstrWireBytes = 1 + 4 + 4 + 4 + 8 + 8 + 8 + 4 + 4 + 4;
 
-void write_instr(Writer& w, const Instr& i) {
+void write_instr(Writer& w, const dataflow::Instr& i) {
   w.put<uint8_t>(static_cast<uint8_t>(i.op));
   w.put(i.stage);
   w.put(i.slot);
@@ -27,8 +27,8 @@ void write_instr(Writer& w, const Instr& i) {
   w.put(i.exec);
 }
 
-Instr read_instr(Reader& r) {
-  Instr i;
+dataflow::Instr read_instr(Reader& r) {
+  dataflow::Instr i;
   const uint8_t op = r.get<uint8_t>();
   if (op > static_cast<uint8_t>(dataflow::Op::kExec)) PWM_THROW("pathways wire: bad instruction op {}", op);
   i.op = static_cast<dataflow::Op>(op);
@@ -44,11 +44,11 @@ Instr read_instr(Reader& r) {
   return i;
 }
 
-TensorSpec read_spec(Reader& r) {
-  TensorSpec s;
+dataflow::TensorSpec read_spec(Reader& r) {
+  dataflow::TensorSpec s;
   const uint8_t t = r.get<uint8_t>();
-  if (t > static_cast<uint8_t>(DataType::kInt64)) PWM_THROW("pathways wire: bad data type {} in a tensor spec", t);
-  s.dtype = static_cast<DataType>(t);
+  if (t > static_cast<uint8_t>(collectives::DataType::kInt64)) PWM_THROW("pathways wire: bad data type {} in a tensor spec", t);
+  s.dtype = static_cast<collectives::DataType>(t);
   s.shape = r.vec<int64_t>();
   // Its size in bytes must be representable: TensorSpec::bytes() multiplies the dimensions.
   int64_t bytes = static_cast<int64_t>(collectives::dtype_size(s.dtype));
@@ -125,8 +125,8 @@ LoadProgram LoadProgram::read(Reader& r) {
   p.slots.resize(r.count(5));
   for (auto& s : p.slots) s = read_spec(r);
   p.slot_writers = r.vec<uint32_t>();
-  p.params = r.vec<SlotBinding>();
-  p.outputs = r.vec<SlotBinding>();
+  p.params = r.vec<dataflow::SlotBinding>();
+  p.outputs = r.vec<dataflow::SlotBinding>();
   p.instrs.resize(r.count(kInstrWireBytes));
   for (auto& i : p.instrs) i = read_instr(r);
   p.execs.resize(r.count(37));  // an exec takes >= 37 bytes on the wire

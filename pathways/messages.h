@@ -21,15 +21,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/wire.h"
 #include "pathways/worker_stats.h"
 
 namespace pwm::pathways {
 
 // Wire form of a tensor spec: u8 data type, vector<i64> shape (checked when read).
-void write_spec(Writer& w, const TensorSpec& s);
-TensorSpec read_spec(Reader& r);
+void write_spec(Writer& w, const dataflow::TensorSpec& s);
+dataflow::TensorSpec read_spec(Reader& r);
 
 // Most messages list their fields once, in wire order (`fields(m)`, a tuple of references), and
 // the codec below writes and reads that list: encoder and decoder cannot disagree. Field
@@ -40,7 +42,7 @@ TensorSpec read_spec(Reader& r);
 namespace codec {
 inline void put(Writer& w, bool v) { w.put<uint8_t>(v); }
 inline void put(Writer& w, const std::string& s) { w.str(s); }
-inline void put(Writer& w, const TensorSpec& s) { write_spec(w, s); }
+inline void put(Writer& w, const dataflow::TensorSpec& s) { write_spec(w, s); }
 template <typename T>
 void put(Writer& w, const std::vector<T>& v) {
   w.vec(v);
@@ -52,7 +54,7 @@ void put(Writer& w, const T& v) {
 }
 inline void get(Reader& r, bool& v) { v = r.get<uint8_t>() != 0; }
 inline void get(Reader& r, std::string& s) { s = r.str(); }
-inline void get(Reader& r, TensorSpec& s) { s = read_spec(r); }
+inline void get(Reader& r, dataflow::TensorSpec& s) { s = read_spec(r); }
 template <typename T>
 void get(Reader& r, std::vector<T>& v) {
   v = r.vec<T>();
@@ -88,7 +90,7 @@ M read_message(Reader& r) {
 
 // ---- controller -> worker ----
 // A worker's instruction list (dataflow/lowering.h), cached under its id.
-struct LoadProgram : WorkerProgram {
+struct LoadProgram : dataflow::WorkerProgram {
   static constexpr MsgType kType = MsgType::kLoadProgram;
   void write(Writer& w) const;
   static LoadProgram read(Reader& r);
@@ -152,7 +154,7 @@ using ReleaseStage = StageMsg<MsgType::kReleaseStage>;
 struct PutShard {
   static constexpr MsgType kType = MsgType::kPut;
   uint64_t object = 0, owner = 0;
-  TensorSpec spec;
+  dataflow::TensorSpec spec;
   std::span<const uint8_t> bytes;  // spec.bytes() of them
   void write(Writer& w) const;
   static PutShard read(Reader& r);
@@ -197,7 +199,7 @@ struct MoveOut {
 struct MoveIn {
   static constexpr MsgType kType = MsgType::kMoveIn;
   uint64_t object = 0, owner = 0;
-  TensorSpec spec;
+  dataflow::TensorSpec spec;
   int32_t from = 0, tag = 0;
   static auto fields(auto& m) { return std::tie(m.object, m.owner, m.spec, m.from, m.tag); }
 };

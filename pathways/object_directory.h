@@ -12,7 +12,9 @@
 #include <map>
 #include <vector>
 
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/resource_manager.h"
 #include "pathways/wire.h"
 
@@ -20,7 +22,7 @@ namespace pwm::pathways {
 
 struct ObjMeta {
   int slice = 0;
-  ArgSpec spec;
+  dataflow::ArgSpec spec;
   std::vector<int> ranks;  // world rank of each shard
   uint64_t owner = 0;
 };

@@ -5,7 +5,7 @@
 
 namespace pwm::pathways {
 
-Object::Object(TensorSpec s, uint32_t writers, bool lazy)
+Object::Object(dataflow::TensorSpec s, uint32_t writers, bool lazy)
     : spec(std::move(s)), buf(spec.bytes(), lazy), state(writers ? State::kPending : State::kReady),
       pending_writes(writers) {}
 

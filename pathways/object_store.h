@@ -17,7 +17,9 @@
 #include <string>
 
 #include "dataflow/buffer.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 
 namespace pwm::pathways {
 
@@ -25,8 +27,8 @@ using dataflow::Buffer;
 
 struct Object {
   enum class State : uint8_t { kPending, kReady, kFailed };
-  explicit Object(TensorSpec s, uint32_t writers = 0, bool lazy = false);
-  TensorSpec spec;
+  explicit Object(dataflow::TensorSpec s, uint32_t writers = 0, bool lazy = false);
+  dataflow::TensorSpec spec;
   Buffer buf;
   State state;
   uint32_t pending_writes;

@@ -21,7 +21,7 @@ namespace pwm::pathways {
 struct RunRec {
   uint64_t id = 0;
   std::shared_ptr<ProgramState> prog;
-  std::shared_ptr<LoweredProgram> lp;
+  std::shared_ptr<dataflow::LoweredProgram> lp;
   std::vector<std::shared_ptr<ArrayState>> in, out;
   RunOptions opts;
   uint64_t owner = 0;

@@ -7,7 +7,9 @@
 
 #include "common/env.h"
 #include "common/time.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
 #include "pathways/worker_impl.h"
@@ -156,7 +158,7 @@ void Worker::handle(Message& m) {
     case MsgType::kLoadProgram: {
       auto lp = std::make_shared<LoadedProgram>();
       lp->p = decode<LoadProgram>(m.body);
-      for (auto& e : lp->p.execs) lp->kernels.push_back(KernelRegistry::global().find(e.kernel));
+      for (auto& e : lp->p.execs) lp->kernels.push_back(dataflow::KernelRegistry::global().find(e.kernel));
       lp->last_s.assign(lp->p.execs.size(), 0.0);
       count_reads(*lp);
       programs_[lp->p.id] = std::move(lp);
@@ -258,21 +260,21 @@ void Worker::handle(Message& m) {
 }
 
 void Worker::count_reads(LoadedProgram& lp) {
-  const WorkerProgram& p = lp.p;
+  const dataflow::WorkerProgram& p = lp.p;
   lp.readers.assign(p.slots.size(), 0);
   lp.intermediate.assign(p.slots.size(), 1);
   for (auto& b : p.params) lp.intermediate[b.slot] = 0;
   for (auto& b : p.outputs) lp.intermediate[b.slot] = 0;
   uint32_t execs = 0;
-  for (const Instr& in : p.instrs) {
+  for (const dataflow::Instr& in : p.instrs) {
     lp.execs_before.push_back(execs);
-    if (in.op == Op::kExec) {
+    if (in.op == dataflow::Op::kExec) {
       for (int32_t s : p.execs[in.exec].ins) lp.readers[s]++;
       execs++;
-    } else if (in.op == Op::kSend || in.op == Op::kCopy) {
+    } else if (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kCopy) {
       lp.readers[in.slot]++;
     }
-    if (in.op == Op::kSend || in.op == Op::kRecv) lp.transfers.push_back(static_cast<uint32_t>(&in - p.instrs.data()));
+    if (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kRecv) lp.transfers.push_back(static_cast<uint32_t>(&in - p.instrs.data()));
   }
 }
 

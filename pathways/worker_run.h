@@ -8,15 +8,17 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/messages.h"
 #include "pathways/object_store.h"
 
 namespace pwm::pathways::worker_detail {
 
 struct LoadedProgram {
-  WorkerProgram p;
-  std::vector<const KernelDef*> kernels;  // per exec; nullptr: not registered here
+  dataflow::WorkerProgram p;
+  std::vector<const dataflow::KernelDef*> kernels;  // per exec; nullptr: not registered here
   mutable std::vector<std::shared_ptr<collectives::Communicator>> comms;  // per exec, on first use
   mutable std::vector<double> last_s;  // per exec: how long it last ran here (s; 0: not yet)
   std::vector<uint32_t> readers;       // per slot: instructions reading it (exec inputs, sends, copies)

@@ -5,7 +5,9 @@
 
 #include "common/env.h"
 #include "common/time.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
 #include "pathways/worker_impl.h"
@@ -37,7 +39,7 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
     return;
   }
   run.prog = std::move(prog);
-  const WorkerProgram& p = run.prog->p;
+  const dataflow::WorkerProgram& p = run.prog->p;
   if (opts_.memory_cap_bytes > 0 && p.buffer_bytes() > opts_.memory_cap_bytes) {
     run.error = fmt::format("{}: program '{}' needs {} bytes of buffers, more than the memory cap of {} bytes", where(),
                             p.name, p.buffer_bytes(), opts_.memory_cap_bytes);
@@ -93,13 +95,13 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
   run.stage_left.assign(p.num_stages, 0);
   for (size_t i = 0; i < n; ++i) {
     run.stage_left[p.instrs[i].stage]++;
-    if (p.instrs[i].op == Op::kExec) {
+    if (p.instrs[i].op == dataflow::Op::kExec) {
       run.order[i] = next_order_++;
       pending_execs_.insert(run.order[i]);
     }
   }
   run.left = n;
-  while (run.next_exec < n && p.instrs[run.next_exec].op != Op::kExec) run.next_exec++;
+  while (run.next_exec < n && p.instrs[run.next_exec].op != dataflow::Op::kExec) run.next_exec++;
   if (!(run.h.flags & kRunSequential)) run.released = p.num_stages;
   runs_.push_back(std::move(run));
   peak_bytes_ = std::max(peak_bytes_, static_cast<uint64_t>(Buffer::live_bytes()));
@@ -109,17 +111,17 @@ void Worker::cancel_run(Run& run, const std::string& reason) {
   note_error(run, reason);
   if (!run.prog) return;
   if (opts_.on_cancel) opts_.on_cancel();
-  const WorkerProgram& p = run.prog->p;
+  const dataflow::WorkerProgram& p = run.prog->p;
   for (size_t i = run.first; i < p.instrs.size(); ++i) {
     if (run.state[i] == kDone) continue;
-    const Instr& in = p.instrs[i];
+    const dataflow::Instr& in = p.instrs[i];
     // A posted receive is withdrawn (else, from a peer that never sends, it would take a later
     // run's message once the data tags come round); one whose message is arriving, and a send,
     // keep their buffer until MPI is done with them.
-    const bool withdrawn = run.state[i] == kPosted && in.op == Op::kRecv && t_->cancel_recv(run.reqs[i]);
-    if (run.state[i] == kPosted && !withdrawn && (in.op == Op::kSend || in.op == Op::kRecv))
+    const bool withdrawn = run.state[i] == kPosted && in.op == dataflow::Op::kRecv && t_->cancel_recv(run.reqs[i]);
+    if (run.state[i] == kPosted && !withdrawn && (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kRecv))
       abandoned_.push_back({std::move(run.reqs[i]), run.slots[in.slot]});
-    if (in.op == Op::kExec) pending_execs_.erase(run.order[i]);  // (the island order goes on without it)
+    if (in.op == dataflow::Op::kExec) pending_execs_.erase(run.order[i]);  // (the island order goes on without it)
   }
   // What it would still have written fails, so that what reads it (a fetch, another run) ends;
   // its inputs are another run's to write.
@@ -173,15 +175,15 @@ bool Worker::post_transfers(Run& run) {
   // schedule bounds the buffers), every receive of a released stage: the transfer then moves
   // while the kernels before its consumer run.
   bool any = false;
-  const WorkerProgram& p = run.prog->p;
+  const dataflow::WorkerProgram& p = run.prog->p;
   for (uint32_t i : run.prog->transfers) {
     if (i < run.first || run.state[i] != kWaiting) continue;
-    const Instr& in = p.instrs[i];
+    const dataflow::Instr& in = p.instrs[i];
     if (in.stage >= run.released) break;
-    if (in.op == Op::kSend && run.slots[in.slot]->resolved()) {
+    if (in.op == dataflow::Op::kSend && run.slots[in.slot]->resolved()) {
       post_send(run, i);
       any = true;
-    } else if (in.op == Op::kRecv && !(run.h.flags & kRunInOrder)) {
+    } else if (in.op == dataflow::Op::kRecv && !(run.h.flags & kRunInOrder)) {
       post_recv(run, i);
       any = true;
     }
@@ -195,14 +197,14 @@ bool Worker::progress_run(Run& run) {
   // of OpByOp runs, each waiting for the previous one's output) is skipped in O(1).
   if (run.blocked_on && run.left == 1 && !run.blocked_on->resolved()) return false;
   run.blocked_on = nullptr;
-  const WorkerProgram& p = run.prog->p;
+  const dataflow::WorkerProgram& p = run.prog->p;
   bool any = post_transfers(run);
   for (size_t i = run.first; i < p.instrs.size(); ++i) {
     if (run.state[i] == kDone) continue;
-    const Instr& in = p.instrs[i];
+    const dataflow::Instr& in = p.instrs[i];
     if (in.stage >= run.released) break;  // stages are non-decreasing in program order
     switch (in.op) {
-      case Op::kRecv: {
+      case dataflow::Op::kRecv: {
         Object& dst = *run.slots[in.slot];
         if (run.state[i] == kWaiting) {
           // In order: the buffer is taken only shortly before the kernels that read it.
@@ -219,7 +221,7 @@ bool Worker::progress_run(Run& run) {
         }
         break;
       }
-      case Op::kSend: {
+      case dataflow::Op::kSend: {
         Object& src = *run.slots[in.slot];
         if (run.state[i] == kWaiting) {
           if (!src.resolved()) break;  // sent even when failed: the receiver must not wait for ever
@@ -233,7 +235,7 @@ bool Worker::progress_run(Run& run) {
         }
         break;
       }
-      case Op::kCopy: {
+      case dataflow::Op::kCopy: {
         Object& src = *run.slots[in.slot];
         Object& dst = *run.slots[in.slot2];
         if (!src.resolved()) break;
@@ -245,7 +247,7 @@ bool Worker::progress_run(Run& run) {
         any = true;
         break;
       }
-      case Op::kExec:
+      case dataflow::Op::kExec:
         if (try_exec(run, i)) {
           any = true;
           post_transfers(run);  // its outputs' sends leave now, not when the walk reaches them
@@ -258,9 +260,9 @@ bool Worker::progress_run(Run& run) {
 }
 
 bool Worker::try_exec(Run& run, size_t i) {
-  const WorkerProgram& p = run.prog->p;
-  const ExecInfo& e = p.execs[p.instrs[i].exec];
-  const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+  const dataflow::WorkerProgram& p = run.prog->p;
+  const dataflow::ExecInfo& e = p.execs[p.instrs[i].exec];
+  const dataflow::KernelDef* def = run.prog->kernels[p.instrs[i].exec];
   if ((run.h.flags & kRunInOrder) && run.next_exec != i) return false;  // an earlier kernel first
   std::string failed;
   for (int32_t s : e.ins) {
@@ -298,11 +300,11 @@ bool Worker::try_exec(Run& run, size_t i) {
 }
 
 std::string Worker::run_kernel(Run& run, size_t i, bool gang) {
-  const WorkerProgram& p = run.prog->p;
-  const ExecInfo& e = p.execs[p.instrs[i].exec];
-  const KernelDef* def = run.prog->kernels[p.instrs[i].exec];
+  const dataflow::WorkerProgram& p = run.prog->p;
+  const dataflow::ExecInfo& e = p.execs[p.instrs[i].exec];
+  const dataflow::KernelDef* def = run.prog->kernels[p.instrs[i].exec];
   std::string failed;
-  std::vector<KernelContext::Buffer> ins, outs;
+  std::vector<dataflow::KernelContext::Buffer> ins, outs;
   for (int32_t s : e.ins) ins.push_back({run.slots[s]->buf.data(), &run.slots[s]->spec});
   for (int32_t s : e.outs) outs.push_back({write_ptr(run, s), &run.slots[s]->spec});
   const bool trace = run.h.flags & kRunTrace;
@@ -323,7 +325,7 @@ std::string Worker::run_kernel(Run& run, size_t i, bool gang) {
   const double t0 = now_s();
   kernel_run_ = run.h.run_id;  // (poll_in_kernel: its cancel ends the kernel's collective waits)
   try {
-    KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
+    dataflow::KernelContext ctx(e.shard, e.num_shards, rank_, e.attrs, std::move(ins), std::move(outs),
                       gang ? &comm(*run.prog, p.instrs[i].exec) : nullptr, &e.kernel);
     def->fn(ctx);
     kernels_run_++;
@@ -349,7 +351,7 @@ std::string Worker::run_kernel(Run& run, size_t i, bool gang) {
 collectives::Communicator& Worker::comm(const LoadedProgram& lp, int32_t x) {
   if (lp.comms.empty()) lp.comms.resize(lp.p.execs.size());
   if (auto& c = lp.comms[x]) return *c;
-  const ExecInfo& e = lp.p.execs[x];
+  const dataflow::ExecInfo& e = lp.p.execs[x];
   std::vector<int> group(e.group.begin(), e.group.end());
   auto it = comms_.find(e.context);
   if (it == comms_.end() || it->second->group() != group) {

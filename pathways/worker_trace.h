@@ -9,7 +9,9 @@
 #pragma once
 
 #include "common/time.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/messages.h"
 
 namespace pwm::pathways {
@@ -24,7 +26,7 @@ class WorkerTrace {
     records_.records.push_back(t);
   }
   // Transfer instruction `in` of run `h`, posted at `posted` (now_s()), completed now.
-  void transfer(const RunHeader& h, const Instr& in, double posted, TraceKind kind) {
+  void transfer(const RunHeader& h, const dataflow::Instr& in, double posted, TraceKind kind) {
     TraceRecord t = of(h, in.stage, posted, now_s());
     t.peer = in.peer;
     t.xfer = in.xfer;

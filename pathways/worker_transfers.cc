@@ -5,7 +5,9 @@
 
 #include "common/env.h"
 #include "common/time.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/object_id.h"
 #include "pathways/tags.h"
 #include "pathways/worker_impl.h"
@@ -13,7 +15,7 @@
 namespace pwm::pathways::worker_detail {
 
 bool Worker::test_recv(Run& run, size_t i, size_t* got) {
-  const Instr& in = run.prog->p.instrs[i];
+  const dataflow::Instr& in = run.prog->p.instrs[i];
   std::string what;
   try {
     if (!t_->test(run.reqs[i], got)) return false;
@@ -32,15 +34,15 @@ bool Worker::test_recv(Run& run, size_t i, size_t* got) {
 void Worker::done(Run& run, size_t i) {
   run.state[i] = kDone;
   run.left--;
-  const WorkerProgram& p = run.prog->p;
-  const Instr& in = p.instrs[i];
-  if (in.op == Op::kExec) {
+  const dataflow::WorkerProgram& p = run.prog->p;
+  const dataflow::Instr& in = p.instrs[i];
+  if (in.op == dataflow::Op::kExec) {
     for (int32_t s : p.execs[in.exec].ins) read_done(run, s);
     run.execs_done++;
     while (run.next_exec < p.instrs.size() &&
-           (p.instrs[run.next_exec].op != Op::kExec || run.state[run.next_exec] == kDone))
+           (p.instrs[run.next_exec].op != dataflow::Op::kExec || run.state[run.next_exec] == kDone))
       run.next_exec++;
-  } else if (in.op == Op::kSend || in.op == Op::kCopy) {
+  } else if (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kCopy) {
     read_done(run, in.slot);
   }
   if (--run.stage_left[in.stage] == 0 && (run.h.flags & kRunSequential)) {
@@ -50,7 +52,7 @@ void Worker::done(Run& run, size_t i) {
 }
 
 void Worker::post_send(Run& run, size_t i) {
-  const Instr& in = run.prog->p.instrs[i];
+  const dataflow::Instr& in = run.prog->p.instrs[i];
   note_posted(run, i);
   run.reqs[i] = t_->isend(static_cast<char*>(run.slots[in.slot]->buf.data()) + in.offset, in.bytes, in.peer,
                           tags::data_tag(run.h.xfer_base, in.xfer));
@@ -58,7 +60,7 @@ void Worker::post_send(Run& run, size_t i) {
 }
 
 void Worker::post_recv(Run& run, size_t i) {
-  const Instr& in = run.prog->p.instrs[i];
+  const dataflow::Instr& in = run.prog->p.instrs[i];
   note_posted(run, i);
   run.reqs[i] = t_->irecv(static_cast<char*>(write_ptr(run, in.slot)) + in.offset, in.bytes, in.peer,
                           tags::data_tag(run.h.xfer_base, in.xfer));

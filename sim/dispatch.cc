@@ -4,28 +4,25 @@
 #include <map>
 
 #include "common/check.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "sim/collective.h"
 #include "sim/engine.h"
 
 namespace pwm::sim {
 
-using pathways::ArgSpec;
-using pathways::KernelRegistry;
-using pathways::ProgramDef;
-using pathways::Signature;
-using pathways::ValueId;
 
 namespace {
 
 // dispatch_bench's kernels by signature (a float32[1] in and out; bench_step and bench_fused run
 // a collective over their slice). The simulator never runs them.
-const KernelRegistry& bench_registry() {
-  static const KernelRegistry* reg = [] {
-    auto* r = new KernelRegistry;
-    const ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, pathways::Sharding::kReplicated};
-    const Signature sig{{scalar}, {scalar}};
-    auto none = [](pathways::KernelContext&) {};
+const dataflow::KernelRegistry& bench_registry() {
+  static const dataflow::KernelRegistry* reg = [] {
+    auto* r = new dataflow::KernelRegistry;
+    const dataflow::ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated};
+    const dataflow::Signature sig{{scalar}, {scalar}};
+    auto none = [](dataflow::KernelContext&) {};
     r->add("bench_step", sig, none, true);
     r->add("bench_fused", sig, none, true);
     r->add("bench_stage", sig, none, false);
@@ -35,10 +32,10 @@ const KernelRegistry& bench_registry() {
 }
 
 // Slice i: `sizes[i]` workers starting at world rank 1 + starts[i] (rank 0 is the controller).
-LoweredShape shape_of(const ProgramDef& def, const std::vector<std::pair<int, int>>& slices) {
+LoweredShape shape_of(const dataflow::ProgramDef& def, const std::vector<std::pair<int, int>>& slices) {
   PWM_CHECK(def.error.empty(), "sim: program: {}", def.error);
-  const auto lp = pathways::lower(def, 1, [&](int id) {
-    pathways::SliceMapping m;
+  const auto lp = dataflow::lower(def, 1, [&](int id) {
+    dataflow::SliceMapping m;
     for (int k = 0; k < slices.at(id).second; ++k) m.ranks.push_back(1 + slices[id].first + k);
     m.context = static_cast<uint32_t>(id + 1);
     return m;
@@ -84,9 +81,9 @@ int run_messages(const Cluster& c, const DispatchOptions& o, const LoweredShape&
 
 LoweredShape lowered_chain(int workers, int nodes, bool fused) {
   const auto& reg = bench_registry();
-  ProgramDef def;
-  const ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, pathways::Sharding::kReplicated};
-  ValueId v{-1, def.add_param(0, workers, scalar)};
+  dataflow::ProgramDef def;
+  const dataflow::ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated};
+  dataflow::ValueId v{-1, def.add_param(0, workers, scalar)};
   if (fused) {
     v = {def.add_call(reg, "bench_fused", 0, workers, {v}, {nodes, 0}), 0};
   } else {
@@ -98,11 +95,11 @@ LoweredShape lowered_chain(int workers, int nodes, bool fused) {
 
 LoweredShape lowered_stages(int workers, int stages) {
   const auto& reg = bench_registry();
-  ProgramDef def;
-  const ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, pathways::Sharding::kReplicated};
+  dataflow::ProgramDef def;
+  const dataflow::ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated};
   std::vector<std::pair<int, int>> slices;
   for (int w = 0; w < workers; ++w) slices.push_back({w, 1});
-  ValueId v{-1, def.add_param(0, 1, scalar)};
+  dataflow::ValueId v{-1, def.add_param(0, 1, scalar)};
   for (int s = 0; s < stages; ++s) v = {def.add_call(reg, "bench_stage", s % workers, 1, {v}, {0}), 0};
   def.outputs.push_back(v);
   return shape_of(def, slices);

@@ -1,7 +1,7 @@
 // The dispatch benchmarks (bench/pathways/dispatch_bench.cc, the paper's Fig. 5-8) simulated.
 //
 // Programs are built as dispatch_bench builds them (a ProgramDef of the same kernels' signatures)
-// and lowered by pathways::lower(): the nodes, the workers that get a message per run and the
+// and lowered by dataflow::lower(): the nodes, the workers that get a message per run and the
 // stages come from the lowered per-worker programs. Costs (Profile, scaled by the cluster's
 // dispatch_scale): the controller pays call_us per client call, node_us per node and msg_us per
 // worker message of a run, serially (one dispatcher thread); a message reaches a worker after

@@ -4,7 +4,7 @@
 // The simulator never describes the workloads itself: the SPMD step's units and gradient ranges
 // come from model::StepPlan, collectives from the schedules the collectives library builds
 // (collectives/algorithms.h, the algorithm Algorithm::kAuto picks), Pathways programs from
-// pathways::lower(). It adds only time: a Profile (measured on a machine by
+// dataflow::lower(). It adds only time: a Profile (measured on a machine by
 // mpi_scripts/sim_calibrate.sh) says how long kernels, messages and dispatch steps take, and a
 // Cluster says how many hosts and devices there are and which links join them.
 //

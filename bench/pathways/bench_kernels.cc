@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "common/time.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 
 namespace pwm::pathways::bench {
 
@@ -50,20 +52,20 @@ void step(collectives::Communicator& comm, float& x, int64_t compute_us) {
 }
 
 void register_bench_kernels() {
-  auto& reg = KernelRegistry::global();
-  const ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, Sharding::kReplicated};
-  const Signature sig{{scalar}, {scalar}};
-  reg.add("bench_step", sig, [](KernelContext& ctx) {
+  auto& reg = dataflow::KernelRegistry::global();
+  const dataflow::ArgSpec scalar{{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated};
+  const dataflow::Signature sig{{scalar}, {scalar}};
+  reg.add("bench_step", sig, [](dataflow::KernelContext& ctx) {
     float x = ctx.in<float>(0)[0];
     step(ctx.comm(), x, ctx.attr(0));
     ctx.out<float>(0)[0] = x;
   }, /*collectives=*/true);
-  reg.add("bench_fused", sig, [](KernelContext& ctx) {
+  reg.add("bench_fused", sig, [](dataflow::KernelContext& ctx) {
     float x = ctx.in<float>(0)[0];
     for (int64_t i = 0; i < ctx.attr(0); ++i) step(ctx.comm(), x, ctx.attr(1));
     ctx.out<float>(0)[0] = x;
   }, /*collectives=*/true);
-  reg.add("bench_stage", sig, [](KernelContext& ctx) {
+  reg.add("bench_stage", sig, [](dataflow::KernelContext& ctx) {
     busy_compute(ctx.attr(0));
     ctx.out<float>(0)[0] = ctx.in<float>(0)[0] + 1.0f;
   });

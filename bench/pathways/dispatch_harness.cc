@@ -59,7 +59,7 @@ double spmd_chain(collectives::Communicator& wc, int chain, int64_t t, double* w
 double static_chain(const Bench& b, const std::vector<int>& ranks, int chain, int64_t t, double* wrong) {
   const int n = static_cast<int>(ranks.size());
   dataflow::Builder cb(fmt::format("static_chain_T{}", t));
-  dataflow::Value v = cb.param(0, n, ArgSpec{TensorSpec{collectives::DataType::kFloat32, {1}}, Sharding::kReplicated});
+  dataflow::Value v = cb.param(0, n, dataflow::ArgSpec{dataflow::TensorSpec{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated});
   for (int i = 0; i < chain; ++i) v = cb.call("bench_step", 0, n, {v}, {t})[0];
   cb.output(v);
   const auto lookup = [&](int) { return dataflow::SliceMapping{ranks, tags::kUserContextBase + 1, 0, 0}; };

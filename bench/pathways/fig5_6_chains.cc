@@ -59,7 +59,7 @@ void time_pathways(const Bench& b, Runtime& rt, int64_t t, bool timed, bool reve
   const int chain = b.opt.chain;
   Client c = rt.client("dispatch_bench");
   Slice s = c.allocate(b.workers);
-  Array x0 = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{0});
+  Array x0 = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
   if (!reverse) time_opbyop(c, s, x0, chain, t, timed, out);
   ProgramBuilder cb(fmt::format("chain_T{}", t));
   Value v = cb.param_like(x0);

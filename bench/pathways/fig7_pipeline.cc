@@ -17,7 +17,7 @@ void run_pipeline(const Bench& b, std::vector<Row>* rows) {
   Client c = rt.client("dispatch_bench");
   std::vector<Slice> devs;
   for (int w = 0; w < W; ++w) devs.push_back(c.allocate(1));
-  Array p0 = c.put(devs[0], Sharding::kReplicated, {1}, std::vector<float>{0});
+  Array p0 = c.put(devs[0], dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
   for (int64_t k : b.opt.stages) {
     ProgramBuilder pb(fmt::format("pipeline_{}", k));
     Value v = pb.param_like(p0);

@@ -47,7 +47,7 @@ ClientsSample run_clients(Runtime& rt, const Bench& b, int64_t t, int64_t k) {
       Client c = rt.client(fmt::format("fig8_c{}", i));
       ids[i] = c.id();
       Slice s = c.allocate(W);
-      Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{0});
+      Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
       x = c.call("bench_step", s, {x}, {t})[0];  // lowered and loaded before the clock
       x.wait();
       start.arrive_and_wait();

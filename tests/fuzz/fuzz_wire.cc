@@ -6,15 +6,19 @@
 #include <cstring>
 
 #include "common/check.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/messages.h"
 #include "tests/fuzz/fuzz.h"
 
 using namespace pwm::pathways;
+namespace dataflow = pwm::dataflow;
+namespace collectives = pwm::collectives;
 
 namespace {
 
-void size_specs(const TensorSpec& s) { (void)s.bytes(), (void)s.str(); }
+void size_specs(const dataflow::TensorSpec& s) { (void)s.bytes(), (void)s.str(); }
 void size_specs(const PutShard& m) { size_specs(m.spec); }
 void size_specs(const MoveIn& m) { size_specs(m.spec); }
 void size_specs(const LoadProgram& m) {
@@ -67,12 +71,12 @@ std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
   LoadProgram wp;
   wp.id = 7;
   wp.name = "train_step";
-  wp.slots = {TensorSpec{DataType::kFloat32, {4, 8}}, TensorSpec{DataType::kInt64, {3}}};
+  wp.slots = {dataflow::TensorSpec{collectives::DataType::kFloat32, {4, 8}}, dataflow::TensorSpec{collectives::DataType::kInt64, {3}}};
   wp.slot_writers = {0, 1};
-  wp.params = {SlotBinding{0, 0}};
-  wp.outputs = {SlotBinding{0, 1}};
-  wp.instrs = {Instr{}};
-  ExecInfo e;
+  wp.params = {dataflow::SlotBinding{0, 0}};
+  wp.outputs = {dataflow::SlotBinding{0, 1}};
+  wp.instrs = {dataflow::Instr{}};
+  dataflow::ExecInfo e;
   e.kernel = "matmul";
   e.attrs = {1, 2};
   e.group = {1, 2};
@@ -81,12 +85,12 @@ std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
   wp.execs = {e};
   wp.num_stages = 1;
   static const uint8_t shard[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-  PutShard put{3, 4, TensorSpec{DataType::kFloat32, {2, 2}}, {shard, 16}};
+  PutShard put{3, 4, dataflow::TensorSpec{collectives::DataType::kFloat32, {2, 2}}, {shard, 16}};
   RunHeader run{9, 7, 4, 100, kRunTrace, {11, 12}};
   FetchReply reply{5, "", {shard, 8}};
   TraceRecords tr{{TraceRecord{9, 7, 4, 1, 0, 0.5, 0.75, 2, 3, 64, kTraceSend}}};
   return {seed("program", 0, wp), seed("put", 4, put),   seed("run", 2, run),
-          seed("moveout", 8, MoveOut{1, 2, 3}), seed("movein", 9, MoveIn{1, 2, TensorSpec{DataType::kFloat32, {5}}, 3, 4}),
+          seed("moveout", 8, MoveOut{1, 2, 3}), seed("movein", 9, MoveIn{1, 2, dataflow::TensorSpec{collectives::DataType::kFloat32, {5}}, 3, 4}),
           seed("hello", 11, Hello{"host-a", 1 << 20}), seed("rundone", 12, RunDone{9, "boom", 0.25}),
           seed("fetchreply", 15, reply), seed("trace", 17, tr)};
 }

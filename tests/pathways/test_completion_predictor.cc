@@ -8,15 +8,15 @@
 namespace pwm::pathways {
 namespace {
 
-std::shared_ptr<LoweredProgram> program(uint64_t id, std::vector<int> ranks, int execs_per_rank) {
-  auto lp = std::make_shared<LoweredProgram>();
+std::shared_ptr<dataflow::LoweredProgram> program(uint64_t id, std::vector<int> ranks, int execs_per_rank) {
+  auto lp = std::make_shared<dataflow::LoweredProgram>();
   lp->id = id;
   for (int r : ranks) lp->workers[r].execs.resize(static_cast<size_t>(execs_per_rank));
   lp->execs = static_cast<int>(ranks.size()) * execs_per_rank;
   return lp;
 }
 
-RunRec& send(RunTable& runs, uint64_t id, std::shared_ptr<LoweredProgram> lp, double at) {
+RunRec& send(RunTable& runs, uint64_t id, std::shared_ptr<dataflow::LoweredProgram> lp, double at) {
   auto r = std::make_unique<RunRec>();
   r->id = id;
   r->lp = std::move(lp);

@@ -3,26 +3,28 @@
 #include <chrono>
 #include <thread>
 
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 
 namespace pwm::pathways::testing {
 
 namespace {
 
-ArgSpec f32(std::vector<int64_t> shape, Sharding s) { return {{DataType::kFloat32, std::move(shape)}, s}; }
+dataflow::ArgSpec f32(std::vector<int64_t> shape, dataflow::Sharding s) { return {{collectives::DataType::kFloat32, std::move(shape)}, s}; }
 
-Sharding sharding_attr(int64_t v) { return v == 0 ? Sharding::kSplit : Sharding::kReplicated; }
+dataflow::Sharding sharding_attr(int64_t v) { return v == 0 ? dataflow::Sharding::kSplit : dataflow::Sharding::kReplicated; }
 
 // Per-shard shape of a [rows, cols] logical tensor.
-std::vector<int64_t> shard_shape(int64_t rows, int64_t cols, Sharding s, int n) {
-  if (s == Sharding::kSplit) {
+std::vector<int64_t> shard_shape(int64_t rows, int64_t cols, dataflow::Sharding s, int n) {
+  if (s == dataflow::Sharding::kSplit) {
     if (rows % n != 0) PWM_THROW("{} rows do not split over {} devices", rows, n);
     return {rows / n, cols};
   }
   return {rows, cols};
 }
 
-void allreduce_add_once(KernelContext& ctx, std::span<float> v, float c) {
+void allreduce_add_once(dataflow::KernelContext& ctx, std::span<float> v, float c) {
   ctx.comm().allreduce(v, collectives::ReduceOp::kSum);
   for (auto& x : v) x += c;
 }
@@ -33,15 +35,15 @@ void register_test_kernels() {
   static bool done = false;
   if (done) return;
   done = true;
-  auto& reg = KernelRegistry::global();
+  auto& reg = dataflow::KernelRegistry::global();
 
   reg.add({"iota", false,
            [](std::span<const int64_t> a, int n) {
-             Signature s;
-             s.outputs = {f32(shard_shape(a[0], a[1], Sharding::kSplit, n), Sharding::kSplit)};
+             dataflow::Signature s;
+             s.outputs = {f32(shard_shape(a[0], a[1], dataflow::Sharding::kSplit, n), dataflow::Sharding::kSplit)};
              return s;
            },
-           [](KernelContext& ctx) {
+           [](dataflow::KernelContext& ctx) {
              auto out = ctx.out<float>(0);
              const int64_t rows = ctx.output_spec(0).shape[0], cols = ctx.output_spec(0).shape[1];
              for (int64_t r = 0; r < rows; ++r)
@@ -51,13 +53,13 @@ void register_test_kernels() {
 
   reg.add({"scale", false,
            [](std::span<const int64_t> a, int n) {
-             Sharding sh = sharding_attr(a[3]);
-             Signature s;
+             dataflow::Sharding sh = sharding_attr(a[3]);
+             dataflow::Signature s;
              s.inputs = {f32(shard_shape(a[1], a[2], sh, n), sh)};
              s.outputs = s.inputs;
              return s;
            },
-           [](KernelContext& ctx) {
+           [](dataflow::KernelContext& ctx) {
              auto x = ctx.in<float>(0);
              auto y = ctx.out<float>(0);
              const float f = static_cast<float>(ctx.attr(0));
@@ -66,13 +68,13 @@ void register_test_kernels() {
 
   reg.add({"add2", false,
            [](std::span<const int64_t> a, int n) {
-             Sharding sh = sharding_attr(a[2]);
-             Signature s;
+             dataflow::Sharding sh = sharding_attr(a[2]);
+             dataflow::Signature s;
              s.inputs = {f32(shard_shape(a[0], a[1], sh, n), sh), f32(shard_shape(a[0], a[1], sh, n), sh)};
              s.outputs = {s.inputs[0]};
              return s;
            },
-           [](KernelContext& ctx) {
+           [](dataflow::KernelContext& ctx) {
              auto x = ctx.in<float>(0), y = ctx.in<float>(1);
              auto z = ctx.out<float>(0);
              for (size_t i = 0; i < x.size(); ++i) z[i] = x[i] + y[i];
@@ -80,14 +82,14 @@ void register_test_kernels() {
 
   reg.add({"allreduce_add", true,
            [](std::span<const int64_t> a, int) {
-             Signature s;
+             dataflow::Signature s;
              std::vector<int64_t> shape{a.size() > 1 ? a[1] : 1};
              if (a.size() > 2) shape.push_back(a[2]);
-             s.inputs = {f32(shape, Sharding::kReplicated)};
+             s.inputs = {f32(shape, dataflow::Sharding::kReplicated)};
              s.outputs = s.inputs;
              return s;
            },
-           [](KernelContext& ctx) {
+           [](dataflow::KernelContext& ctx) {
              auto x = ctx.in<float>(0);
              auto y = ctx.out<float>(0);
              std::copy(x.begin(), x.end(), y.begin());
@@ -96,34 +98,34 @@ void register_test_kernels() {
 
   reg.add({"chain_fused", true,
            [](std::span<const int64_t> a, int) {
-             Signature s;
-             s.inputs = {f32({a[2]}, Sharding::kReplicated)};
+             dataflow::Signature s;
+             s.inputs = {f32({a[2]}, dataflow::Sharding::kReplicated)};
              s.outputs = s.inputs;
              return s;
            },
-           [](KernelContext& ctx) {
+           [](dataflow::KernelContext& ctx) {
              auto x = ctx.in<float>(0);
              auto y = ctx.out<float>(0);
              std::copy(x.begin(), x.end(), y.begin());
              for (int64_t i = 0; i < ctx.attr(0); ++i) allreduce_add_once(ctx, y, static_cast<float>(ctx.attr(1)));
            }});
 
-  reg.add("boom", {{f32({1}, Sharding::kReplicated)}, {f32({1}, Sharding::kReplicated)}},
-          [](KernelContext& ctx) {
+  reg.add("boom", {{f32({1}, dataflow::Sharding::kReplicated)}, {f32({1}, dataflow::Sharding::kReplicated)}},
+          [](dataflow::KernelContext& ctx) {
             const int64_t who = ctx.attrs().empty() ? -1 : ctx.attr(0);
             if (who < 0 || who == ctx.shard()) PWM_THROW("boom on shard {}", ctx.shard());
             ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
           });
 
-  reg.add("sleep_allreduce", {{f32({1}, Sharding::kReplicated)}, {f32({1}, Sharding::kReplicated)}},
-          [](KernelContext& ctx) {
+  reg.add("sleep_allreduce", {{f32({1}, dataflow::Sharding::kReplicated)}, {f32({1}, dataflow::Sharding::kReplicated)}},
+          [](dataflow::KernelContext& ctx) {
             std::this_thread::sleep_for(std::chrono::microseconds(ctx.attr(0)));
             ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
             ctx.comm().allreduce(ctx.out<float>(0), collectives::ReduceOp::kSum);
           }, /*collectives=*/true);
 
-  reg.add("sleep_ms", {{f32({1}, Sharding::kReplicated)}, {f32({1}, Sharding::kReplicated)}},
-          [](KernelContext& ctx) {
+  reg.add("sleep_ms", {{f32({1}, dataflow::Sharding::kReplicated)}, {f32({1}, dataflow::Sharding::kReplicated)}},
+          [](dataflow::KernelContext& ctx) {
             std::this_thread::sleep_for(std::chrono::milliseconds(ctx.attr(0)));
             ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
           });

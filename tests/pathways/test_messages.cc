@@ -5,7 +5,9 @@
 
 #include <cstring>
 
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/messages.h"
 #include "pathways/object_id.h"
 
@@ -32,7 +34,7 @@ void expect_round_trip(const M& m) {
   EXPECT_TRUE(M::fields(back) == M::fields(m)) << msg_type_name(M::kType);
 }
 
-TensorSpec spec_f32(std::vector<int64_t> shape) { return TensorSpec{DataType::kFloat32, std::move(shape)}; }
+dataflow::TensorSpec spec_f32(std::vector<int64_t> shape) { return dataflow::TensorSpec{collectives::DataType::kFloat32, std::move(shape)}; }
 
 TEST(Messages, ControllerToWorkerRoundTrip) {
   expect_round_trip(EvictProgram{42});
@@ -44,7 +46,7 @@ TEST(Messages, ControllerToWorkerRoundTrip) {
   expect_round_trip(Free{});
   expect_round_trip(FreeOwner{8});
   expect_round_trip(MoveOut{1, 2, -3});
-  expect_round_trip(MoveIn{1, 2, TensorSpec{DataType::kInt64, {3, 4}}, 5, 6});
+  expect_round_trip(MoveIn{1, 2, dataflow::TensorSpec{collectives::DataType::kInt64, {3, 4}}, 5, 6});
   expect_round_trip(StatsRequest{77});
 
   const std::vector<float> v{1.5f, -2.f, 3.25f};
@@ -96,12 +98,12 @@ TEST(Messages, WorkerProgramRoundTrip) {
   LoadProgram p;
   p.id = 3;
   p.name = "prog";
-  p.slots = {spec_f32({2}), TensorSpec{DataType::kInt32, {}}};
+  p.slots = {spec_f32({2}), dataflow::TensorSpec{collectives::DataType::kInt32, {}}};
   p.slot_writers = {0, 1};
   p.params = {{0, 0}};
   p.outputs = {{0, 1}};
-  p.instrs = {Instr{Op::kExec, 0, -1, -1, 0, 0, 0, -1, 0, 0}};
-  ExecInfo e;
+  p.instrs = {dataflow::Instr{dataflow::Op::kExec, 0, -1, -1, 0, 0, 0, -1, 0, 0}};
+  dataflow::ExecInfo e;
   e.kernel = "iota";
   e.attrs = {1, 2};
   e.group = {1, 2};

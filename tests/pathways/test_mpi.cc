@@ -49,8 +49,8 @@ TEST(Pathways, PutFetchRoundTrip) {
   Slice s = c.allocate(workers());
   std::vector<float> v(4 * workers());
   for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i);
-  Array split = c.put(s, Sharding::kSplit, {static_cast<int64_t>(v.size())}, v);
-  Array rep = c.put(s, Sharding::kReplicated, {static_cast<int64_t>(v.size())}, v);
+  Array split = c.put(s, dataflow::Sharding::kSplit, {static_cast<int64_t>(v.size())}, v);
+  Array rep = c.put(s, dataflow::Sharding::kReplicated, {static_cast<int64_t>(v.size())}, v);
   EXPECT_EQ(split.get<float>(), v);
   EXPECT_EQ(rep.get<float>(), v);
   EXPECT_EQ(split.spec().shard.shape[0], 4);
@@ -60,7 +60,7 @@ TEST(Pathways, OpByOpChainedAndFusedAgreeWithReference) {
   Client c = g_rt->client("chain");
   const int n = workers(), steps = 12;
   Slice s = c.allocate(n);
-  Array x0 = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1.0f});
+  Array x0 = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1.0f});
   const float want = chain_ref(1.0f, n, 1.0f, steps);
   // OpByOp: one program per call, each call's output the next call's input (a future).
   Array x = x0;
@@ -115,7 +115,7 @@ TEST(Pathways, CachedProgramThousandRunsThenNothingLeft) {
     Slice a = c.allocate(n);
     Slice b = c.allocate(1);
     ProgramBuilder pb("cached");
-    Value x = pb.param(a, {{DataType::kFloat32, {1}}, Sharding::kReplicated});
+    Value x = pb.param(a, {{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated});
     Value y = pb.call("allreduce_add", a, {x}, {1})[0];
     Value z = pb.call("scale", b, {pb.call("iota", a, {}, {4 * n, 1})[0]}, {2, 4 * n, 1, 1})[0];
     pb.output(y);
@@ -123,7 +123,7 @@ TEST(Pathways, CachedProgramThousandRunsThenNothingLeft) {
     Program p = pb.build();
     std::vector<Array> keep;
     for (int i = 0; i < 1000; ++i) {
-      Array in = c.put(a, Sharding::kReplicated, {1}, std::vector<float>{static_cast<float>(i % 7)});
+      Array in = c.put(a, dataflow::Sharding::kReplicated, {1}, std::vector<float>{static_cast<float>(i % 7)});
       auto out = c.run(p, {in});
       keep.push_back(out[0]);
       if (i % 97 == 0) keep.push_back(out[1]);
@@ -180,7 +180,7 @@ TEST(Pathways, ParallelAndSequentialDispatchAgree) {
 TEST(Pathways, KernelThatThrowsFailsTheFutureAndTheRuntimeContinues) {
   Client c = g_rt->client("errors");
   Slice s = c.allocate(workers());
-  Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{3});
+  Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{3});
   for (int64_t who : {-1, 0}) {
     Array y = c.call("boom", s, {x}, {who})[0];
     EXPECT_THROW(y.wait(), pwm::Error);
@@ -202,7 +202,7 @@ TEST(Pathways, KernelThatThrowsFailsTheFutureAndTheRuntimeContinues) {
 TEST(Pathways, UnknownKernelAndWrongShapeFailTheFuture) {
   Client c = g_rt->client("errors2");
   Slice s = c.allocate(workers());
-  Array x = c.put(s, Sharding::kReplicated, {2}, std::vector<float>{1, 2});
+  Array x = c.put(s, dataflow::Sharding::kReplicated, {2}, std::vector<float>{1, 2});
   ProgramBuilder pb("unknown");
   Value v = pb.param_like(x);
   auto outs = pb.call("no_such_kernel", s, {v});
@@ -217,7 +217,7 @@ TEST(Pathways, UnknownKernelAndWrongShapeFailTheFuture) {
   EXPECT_TRUE(contains(w.error(), "wrong shape")) << w.error();
   // A program run with an input of the wrong shape.
   ProgramBuilder pb2("shape");
-  Value p2 = pb2.param(s, {{DataType::kFloat32, {1}}, Sharding::kReplicated});
+  Value p2 = pb2.param(s, {{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated});
   pb2.output(pb2.call("allreduce_add", s, {p2}, {1})[0]);
   auto r2 = c.run(pb2.build(), {x});
   EXPECT_THROW(r2[0].wait(), pwm::Error);
@@ -230,7 +230,7 @@ TEST(Pathways, MissedDeadlineNamesTheDeviceAndNode) {
   Client c = g_rt->client("deadline");
   Slice a = c.allocate(1);
   Slice b = c.allocate(1);
-  Array x = c.put(a, Sharding::kReplicated, {1}, std::vector<float>{1});
+  Array x = c.put(a, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
   ProgramBuilder pb("stuck");
   Value v = pb.call("sleep_ms", a, {pb.param_like(x)}, {1500})[0];
   pb.output(pb.call("sleep_ms", b, {v}, {0})[0]);
@@ -256,7 +256,7 @@ TEST(Pathways, DrainedDeviceProgramsRunAfterRemap) {
   Client c = g_rt->client("drain");
   Slice s = c.allocate(1);
   const int before = s.devices()[0];
-  Array x = c.put(s, Sharding::kSplit, {6, 1}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  Array x = c.put(s, dataflow::Sharding::kSplit, {6, 1}, std::vector<float>{1, 2, 3, 4, 5, 6});
   ProgramBuilder pb("drained");
   pb.output(pb.call("scale", s, {pb.param_like(x)}, {4, 6, 1, 0})[0]);
   Program p = pb.build();
@@ -273,7 +273,7 @@ TEST(Pathways, DrainedDeviceProgramsRunAfterRemap) {
   c.undrain(before);
   if (workers() >= 3) {
     Slice w = c.allocate(2);
-    Array z = c.put(w, Sharding::kSplit, {4, 1}, std::vector<float>{1, 2, 3, 4});
+    Array z = c.put(w, dataflow::Sharding::kSplit, {4, 1}, std::vector<float>{1, 2, 3, 4});
     ProgramBuilder pb2("drained2");
     Value rep = pb2.call("scale", w, {pb2.param_like(z)}, {1, 4, 1, 1})[0];  // split -> replicated
     pb2.output(pb2.call("allreduce_add", w, {rep}, {0, 4, 1})[0]);
@@ -293,7 +293,7 @@ TEST(Pathways, ConcurrentClientsOnOverlappingSlices) {
     try {
       Client c = g_rt->client(fmt::format("thread{}", id));
       Slice s = c.allocate(n);
-      Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{static_cast<float>(id)});
+      Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{static_cast<float>(id)});
       for (int rep = 0; rep < 5; ++rep) {
         Array y = x;
         for (int i = 0; i < 8; ++i) y = c.call("allreduce_add", s, {y}, {id + 1})[0];
@@ -316,7 +316,7 @@ TEST(Pathways, DataDependentControlFlowInClientCode) {
   // Double until the value passes 100, deciding on the client after each fetch.
   Client c = g_rt->client("control");
   Slice s = c.allocate(workers());
-  Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+  Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
   int iters = 0;
   float host = 1;
   while (host <= 100) {

@@ -68,7 +68,7 @@ TEST(Tenancy, RandomProgramsFourClients) {
       std::vector<float> inputs, want;
       for (int p = 0; p < kPrograms; ++p) {
         ProgramBuilder pb(fmt::format("t{}_p{}", id, p));
-        Value v = pb.param(a, {{DataType::kFloat32, {1, 1}}, Sharding::kReplicated});
+        Value v = pb.param(a, {{collectives::DataType::kFloat32, {1, 1}}, dataflow::Sharding::kReplicated});
         float x = static_cast<float>(rng() % 5);
         inputs.push_back(x);
         const int steps = 1 + static_cast<int>(rng() % 4);
@@ -91,7 +91,7 @@ TEST(Tenancy, RandomProgramsFourClients) {
       start.arrive_and_wait();  // all clients submit at once
       std::vector<Array> outs;
       for (int p = 0; p < kPrograms; ++p) {
-        Array in = c.put(a, Sharding::kReplicated, {1, 1}, std::vector<float>{inputs[p]});
+        Array in = c.put(a, dataflow::Sharding::kReplicated, {1, 1}, std::vector<float>{inputs[p]});
         outs.push_back(c.run(progs[p], {in})[0]);
       }
       for (int p = 0; p < kPrograms && err.empty(); ++p) {
@@ -117,7 +117,7 @@ TEST(Tenancy, ForeignAndReleasedHandlesAreClearErrorsAndChangeNothing) {
   Client b = rt().client("bob");
   Slice sa = a.allocate(island_devices());
   Slice sb = b.allocate(island_devices());
-  Array xa = a.put(sa, Sharding::kReplicated, {1}, std::vector<float>{2});
+  Array xa = a.put(sa, dataflow::Sharding::kReplicated, {1}, std::vector<float>{2});
   ProgramBuilder pb("alice_prog");
   pb.output(pb.call("allreduce_add", sa, {pb.param_like(xa)}, {1})[0]);
   Program pa = pb.build();
@@ -141,13 +141,13 @@ TEST(Tenancy, ForeignAndReleasedHandlesAreClearErrorsAndChangeNothing) {
   expect_error([&] { b.run(pa, {xa}); }, alice);                                   // her program
   expect_error([&] { b.call("allreduce_add", sb, {xa}, {1}); }, alice);            // her array
   expect_error([&] { b.call("allreduce_add", sa, {}, {1}); }, alice);              // her slice
-  expect_error([&] { b.put(sa, Sharding::kReplicated, {1}, std::vector<float>{0}); }, alice);
+  expect_error([&] { b.put(sa, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0}); }, alice);
   ProgramBuilder pb2("bob_on_alice_slice");
   pb2.output(pb2.call("iota", sa, {}, {2 * island_devices(), 1})[0]);
   expect_error([&] { b.run(pb2.build(), {}); }, alice);
   // Bob's own program with Alice's array as input.
   ProgramBuilder pb3("bob_prog");
-  Array xb = b.put(sb, Sharding::kReplicated, {1}, std::vector<float>{5});
+  Array xb = b.put(sb, dataflow::Sharding::kReplicated, {1}, std::vector<float>{5});
   pb3.output(pb3.call("allreduce_add", sb, {pb3.param_like(xb)}, {0})[0]);
   Program p3 = pb3.build();
   expect_error([&] { b.run(p3, {xa}); }, alice);
@@ -170,7 +170,7 @@ TEST(Tenancy, ForeignAndReleasedHandlesAreClearErrorsAndChangeNothing) {
   a.disconnect();
   EXPECT_FALSE(a.connected());
   expect_error([&] { a.allocate(1); }, "is disconnected");
-  expect_error([&] { a.put(sa, Sharding::kReplicated, {1}, std::vector<float>{0}); }, "is disconnected");
+  expect_error([&] { a.put(sa, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0}); }, "is disconnected");
   EXPECT_EQ(b.run(p3, {xb})[0].get<float>(), std::vector<float>{5.0f * island_devices()});
 }
 
@@ -185,7 +185,7 @@ TEST(Tenancy, DisconnectedOrFailedClientIsReclaimed) {
     try {
       Client c = rt().client("crashes");
       Slice s = c.allocate(n);
-      Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+      Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
       ProgramBuilder pb("crash_prog");
       pb.output(pb.call("allreduce_add", s, {pb.param_like(x)}, {1})[0]);
       Program p = pb.build();
@@ -209,7 +209,7 @@ TEST(Tenancy, DisconnectedOrFailedClientIsReclaimed) {
   // are dropped; nothing is left.
   Client c = rt().client("leaves");
   Slice s = c.allocate(n);
-  Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+  Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
   std::vector<Array> outs;
   for (int i = 0; i < 50; ++i) outs.push_back(c.call("sleep_allreduce", s, {x}, {200})[0]);
   c.disconnect();
@@ -253,7 +253,7 @@ void check_shares(const std::vector<double>& weights) {
   for (size_t i = 0; i < weights.size(); ++i) {
     clients.push_back(rt().client(fmt::format("w{}_{}", weights[i], i), ClientOptions{weights[i]}));
     slices.push_back(clients[i].allocate(n, {}, 0));
-    xs.push_back(clients[i].put(slices[i], Sharding::kReplicated, {1}, std::vector<float>{1}));
+    xs.push_back(clients[i].put(slices[i], dataflow::Sharding::kReplicated, {1}, std::vector<float>{1}));
   }
   const double wmax = *std::max_element(weights.begin(), weights.end());
   const size_t heavy = static_cast<size_t>(std::max_element(weights.begin(), weights.end()) - weights.begin());
@@ -344,7 +344,7 @@ TEST(Tenancy, BackPressureWaitsForMemoryAndCompletes) {
   EXPECT_THROW(y.wait(), pwm::Error);
   EXPECT_TRUE(contains(y.error(), "could never run")) << y.error();
   std::vector<float> huge(static_cast<size_t>(cap / 4 + 16) * n, 1.0f);
-  Array z = c.put(s, Sharding::kSplit, {static_cast<int64_t>(huge.size())}, huge);
+  Array z = c.put(s, dataflow::Sharding::kSplit, {static_cast<int64_t>(huge.size())}, huge);
   EXPECT_THROW(z.wait(), pwm::Error);
   EXPECT_TRUE(contains(z.error(), "could never fit")) << z.error();
   fill = Program();

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "collectives/inproc_transport.h"
-#include "pathways/dataflow.h"
+#include "dataflow/kernel.h"
+#include "dataflow/lowering.h"
+#include "dataflow/program.h"
 #include "pathways/messages.h"
 #include "pathways/object_store.h"
 #include "pathways/resource_manager.h"
@@ -170,43 +172,43 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
 class ProgramTest : public ::testing::Test {
  protected:
   void SetUp() override { testing::register_test_kernels(); }
-  static ArgSpec rep1() { return {{DataType::kFloat32, {1}}, Sharding::kReplicated}; }
+  static dataflow::ArgSpec rep1() { return {{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated}; }
 };
 
 TEST_F(ProgramTest, ChecksKernelsAndShapes) {
-  ProgramDef d;
+  dataflow::ProgramDef d;
   d.name = "p";
   int x = d.add_param(1, 2, rep1());
-  d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
+  d.add_call(dataflow::KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
   EXPECT_EQ(d.error, "");
-  d.add_call(KernelRegistry::global(), "nope", 1, 2, {{-1, x}}, {});
+  d.add_call(dataflow::KernelRegistry::global(), "nope", 1, 2, {{-1, x}}, {});
   EXPECT_TRUE(contains(d.error, "unknown kernel 'nope'")) << d.error;
-  ProgramDef e;
+  dataflow::ProgramDef e;
   e.name = "q";
-  int y = e.add_param(1, 2, {{DataType::kFloat32, {2}}, Sharding::kReplicated});
-  e.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, y}}, {1});
+  int y = e.add_param(1, 2, {{collectives::DataType::kFloat32, {2}}, dataflow::Sharding::kReplicated});
+  e.add_call(dataflow::KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, y}}, {1});
   EXPECT_TRUE(contains(e.error, "wrong shape")) << e.error;
 }
 
-SliceLookup two_slices() {
+dataflow::SliceLookup two_slices() {
   return [](int id) {
-    if (id == 1) return SliceMapping{{1, 2}, 5, 0, 0};    // 2 devices
-    if (id == 2) return SliceMapping{{1, 2, 3}, 6, 0, 0}; // 3 devices, overlapping
-    return SliceMapping{{3}, 7, 0, 0};
+    if (id == 1) return dataflow::SliceMapping{{1, 2}, 5, 0, 0};    // 2 devices
+    if (id == 2) return dataflow::SliceMapping{{1, 2, 3}, 6, 0, 0}; // 3 devices, overlapping
+    return dataflow::SliceMapping{{3}, 7, 0, 0};
   };
 }
 
 TEST_F(ProgramTest, SameSliceEdgesAreNotCopied) {
-  ProgramDef d;
+  dataflow::ProgramDef d;
   d.name = "same";
   int x = d.add_param(1, 2, rep1());
-  int a = d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
-  d.add_call(KernelRegistry::global(), "allreduce_add", 1, 2, {{a, 0}}, {1});
+  int a = d.add_call(dataflow::KernelRegistry::global(), "allreduce_add", 1, 2, {{-1, x}}, {1});
+  d.add_call(dataflow::KernelRegistry::global(), "allreduce_add", 1, 2, {{a, 0}}, {1});
   d.outputs = {{1, 0}};
-  LoweredProgram lp = lower(d, 9, two_slices());
+  dataflow::LoweredProgram lp = dataflow::lower(d, 9, two_slices());
   EXPECT_EQ(lp.transfers, 0u);
   ASSERT_EQ(lp.workers.size(), 2u);
-  const WorkerProgram& w = lp.workers.at(1);
+  const dataflow::WorkerProgram& w = lp.workers.at(1);
   ASSERT_EQ(w.instrs.size(), 2u);
   EXPECT_EQ(w.execs[1].ins[0], w.execs[0].outs[0]);  // reads the producer's slot
   EXPECT_EQ(w.execs[0].group, (std::vector<int32_t>{1, 2}));
@@ -216,22 +218,22 @@ TEST_F(ProgramTest, SameSliceEdgesAreNotCopied) {
 TEST_F(ProgramTest, ReshardMtoNPlansPieces) {
   // iota [6,1] split over 2 devices (ranks 1,2) -> scale split over 3 (ranks 1,2,3):
   // rows 0-2 on rank 1, 3-5 on rank 2 -> rows 0-1 rank 1, 2-3 rank 2, 4-5 rank 3.
-  ProgramDef d;
+  dataflow::ProgramDef d;
   d.name = "m2n";
-  int a = d.add_call(KernelRegistry::global(), "iota", 1, 2, {}, {6, 1});
-  d.add_call(KernelRegistry::global(), "scale", 2, 3, {{a, 0}}, {2, 6, 1, 0});
+  int a = d.add_call(dataflow::KernelRegistry::global(), "iota", 1, 2, {}, {6, 1});
+  d.add_call(dataflow::KernelRegistry::global(), "scale", 2, 3, {{a, 0}}, {2, 6, 1, 0});
   ASSERT_EQ(d.error, "");
   d.outputs = {{1, 0}};
-  LoweredProgram lp = lower(d, 9, two_slices());
+  dataflow::LoweredProgram lp = dataflow::lower(d, 9, two_slices());
   // Pieces: rank1 rows0-1 local copy; row2 rank1->rank2; row3 local copy on rank2; rows4-5 rank2->rank3.
   EXPECT_EQ(lp.transfers, 2u);
   int copies = 0, sends = 0, recvs = 0;
   for (auto& [r, w] : lp.workers)
     for (auto& in : w.instrs) {
-      copies += in.op == Op::kCopy;
-      sends += in.op == Op::kSend;
-      recvs += in.op == Op::kRecv;
-      if (in.op == Op::kSend && r == 2) {
+      copies += in.op == dataflow::Op::kCopy;
+      sends += in.op == dataflow::Op::kSend;
+      recvs += in.op == dataflow::Op::kRecv;
+      if (in.op == dataflow::Op::kSend && r == 2) {
         EXPECT_EQ(in.bytes, 8u);  // two rows of one float
       }
     }
@@ -244,7 +246,7 @@ TEST_F(ProgramTest, ReshardMtoNPlansPieces) {
   LoadProgram{lp.workers.at(2)}.write(w);
   auto bytes = w.take();
   Reader r(bytes);
-  WorkerProgram back = LoadProgram::read(r);
+  dataflow::WorkerProgram back = LoadProgram::read(r);
   EXPECT_EQ(back.instrs.size(), lp.workers.at(2).instrs.size());
   EXPECT_EQ(back.execs[0].kernel, "iota");
   EXPECT_EQ(back.slots, lp.workers.at(2).slots);
@@ -334,7 +336,7 @@ TEST(InProcRuntime, ChainedProgramOverThreads) {
     Runtime rt(t);
     Client c = rt.client();
     Slice s = c.allocate(2);
-    Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+    Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
     ProgramBuilder b("chain");
     Value v = b.param_like(x);
     for (int i = 0; i < 5; ++i) v = b.call("allreduce_add", s, {v}, {1})[0];
@@ -355,7 +357,7 @@ TEST(InProcRuntime, IntermediatesLiveFromFirstWriteToLastReader) {
     Client c = rt.client();
     Slice s = c.allocate(1);
     const int64_t rows = 256, cols = 256, bytes = rows * cols * 4;
-    Array x = c.put(s, Sharding::kSplit, {rows, cols}, std::vector<float>(rows * cols, 1.0f));
+    Array x = c.put(s, dataflow::Sharding::kSplit, {rows, cols}, std::vector<float>(rows * cols, 1.0f));
     ProgramBuilder b("chain8");
     Value v = b.param_like(x);
     for (int i = 0; i < 8; ++i) v = b.call("scale", s, {v}, {2, rows, cols, 0})[0];
@@ -376,18 +378,18 @@ TEST(InProcRuntime, InOrderRunsKernelsInProgramOrder) {
   testing::register_test_kernels();
   static std::atomic<int> stamps{0};
   stamps = 0;
-  if (!KernelRegistry::global().find("stamp_test"))
-    KernelRegistry::global().add("stamp_test", {{ArgSpec{TensorSpec{DataType::kFloat32, {1}}, Sharding::kReplicated}},
-                                                {ArgSpec{TensorSpec{DataType::kFloat32, {1}}, Sharding::kReplicated}}},
-                                 [](KernelContext& ctx) { ctx.out<float>(0)[0] = static_cast<float>(stamps++); });
+  if (!dataflow::KernelRegistry::global().find("stamp_test"))
+    dataflow::KernelRegistry::global().add("stamp_test", {{dataflow::ArgSpec{dataflow::TensorSpec{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated}},
+                                                {dataflow::ArgSpec{dataflow::TensorSpec{collectives::DataType::kFloat32, {1}}, dataflow::Sharding::kReplicated}}},
+                                 [](dataflow::KernelContext& ctx) { ctx.out<float>(0)[0] = static_cast<float>(stamps++); });
   collectives::run_inproc(3, [](int rank, std::shared_ptr<collectives::Transport> t) {
     if (rank != 0) return run_worker(t);
     Runtime rt(t);
     Client c = rt.client();
     Slice d0 = c.allocate(1), d1 = c.allocate(1);
     ASSERT_NE(d0.devices(), d1.devices());
-    Array x0 = c.put(d0, Sharding::kReplicated, {1}, std::vector<float>{0});
-    Array x1 = c.put(d1, Sharding::kReplicated, {1}, std::vector<float>{0});
+    Array x0 = c.put(d0, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
+    Array x1 = c.put(d1, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
     ProgramBuilder b("in-order");
     Value late = b.call("sleep_ms", d1, {b.param_like(x1)}, {50})[0];
     Value first = b.call("stamp_test", d0, {late}, {})[0];           // waits for device 1
@@ -414,7 +416,7 @@ TEST(InProcRuntime, PerfettoTraceShowsEveryClientOnEveryDevice) {
     auto body = [&](const std::string& name) {
       Client c = rt.client(name);
       Slice s = c.allocate(2);
-      Array x = c.put(s, Sharding::kReplicated, {1}, std::vector<float>{1});
+      Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{1});
       for (int i = 0; i < 4; ++i) x = c.call("allreduce_add", s, {x}, {1})[0];
       EXPECT_EQ(x.get<float>(), std::vector<float>{31});
     };
@@ -471,13 +473,13 @@ TEST(InProcRuntime, PerfettoTraceJoinsEachTransferFromSenderToReceiver) {
     sender = a.devices()[0] + 1;
     receiver = b.devices()[0] + 1;
     ProgramBuilder pb("move_and_scale");
-    Value v = pb.param(a, {{DataType::kFloat32, {1, 1}}, Sharding::kReplicated});
+    Value v = pb.param(a, {{collectives::DataType::kFloat32, {1, 1}}, dataflow::Sharding::kReplicated});
     v = pb.call("scale", a, {v}, {2, 1, 1, 1})[0];
     v = pb.call("scale", b, {v}, {3, 1, 1, 1})[0];
     pb.output(v);
     Program p = pb.build();
     for (int i = 0; i < 3; ++i) {
-      Array in = c.put(a, Sharding::kReplicated, {1, 1}, std::vector<float>{1});
+      Array in = c.put(a, dataflow::Sharding::kReplicated, {1, 1}, std::vector<float>{1});
       EXPECT_EQ(c.run(p, {in})[0].get<float>(), std::vector<float>{6});
     }
     rt.shutdown();
