@@ -130,17 +130,17 @@ void Trainer::probe_peak() {
 void Trainer::report_layout_and_memory() {
   const int tp = cfg_.mesh.tp;
   if (cfg_.mpmd.spare_workers > 0) {  // in-job recoveries: each one's seconds and the steps it ran again
-    report_->set_extra("recoveries", static_cast<double>(recovery_s_.size()));
-    report_->set_extra_list("recovery_s", recovery_s_);
-    report_->set_extra_list("recovery_steps_run_again", recovery_steps_);
+    report_->figures().recoveries = static_cast<double>(recovery_s_.size());
+    report_->figures().recovery_s = recovery_s_;
+    report_->figures().recovery_steps_run_again = recovery_steps_;
     if (R_ > 1 || replicas_dropped_ > 0) {  // (going on with fewer replicas: docs/failures.md)
-      report_->set_extra("replicas_dropped", static_cast<double>(replicas_dropped_));
-      report_->set_extra("replicas_left", static_cast<double>(R_));
+      report_->figures().replicas_dropped = static_cast<double>(replicas_dropped_);
+      report_->figures().replicas_left = static_cast<double>(R_);
     }
   }
   if (pipe_ && !bubbles_.empty()) {
-    report_->set_extra("bubble", median(bubbles_));
-    report_->set_extra("bubble_bound", static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1));
+    report_->figures().bubble = median(bubbles_);
+    report_->figures().bubble_bound = static_cast<double>(S_ - 1) / static_cast<double>(cfg_.workload.microbatches + S_ - 1);
   }
   // Memory: every device's peak resident set, after the last step and before the final
   // evaluation and checkpoint (as spmd_train's: their whole-model buffers are not training
@@ -156,18 +156,18 @@ void Trainer::report_layout_and_memory() {
       gathered = std::max(gathered, m[i + 1]);
     }
   }
-  report_->set_extra("peak_rss_bytes", static_cast<double>(peak_rss));
+  report_->figures().peak_rss_bytes = static_cast<double>(peak_rss);
   be_.report(*report_, all, step_.get());  // the runtime's own: store, intermediates, messages
   if (pipe_) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
-    report_->set_extra("stages", S_);
-    report_->set_extra("stage_dp", cfg_.mesh.dp);
-    report_->set_extra("stage_tp", tp);
+    report_->figures().stages = S_;
+    report_->figures().stage_dp = cfg_.mesh.dp;
+    report_->figures().stage_tp = tp;
     std::vector<double> isl, regs;
     for (int sl : slices_) isl.push_back(rt_.island(sl));
-    report_->set_extra_list("stage_islands", isl);
+    report_->figures().stage_islands = isl;
     // Each stage's activations held at once by the schedule's order (mpmd_train's --quota need).
     for (int n : programs::stage_activations(cfg_.mpmd.schedule, S_, cfg_.workload.microbatches)) regs.push_back(n);
-    report_->set_extra_list("stage_activations", regs);
+    report_->figures().stage_activations = regs;
   }
   // The model state a device holds (docs/train.md, as spmd_train's): parameters, gradients and
   // both AdamW moments of its shard, 16 bytes a parameter (a pipeline stage's state arrays are
@@ -175,13 +175,13 @@ void Trainer::report_layout_and_memory() {
   // weights and gradients it held at once: the kernels' own (fused's step, every evaluation), or
   // at chained and opbyop the step program's arrays and the tied pieces (never at the same time
   // as an evaluation's).
-  report_->set_extra("state_bytes", 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
-                                        static_cast<double>(std::max(gathered, fsdp_program_held_)));
+  report_->figures().state_bytes = 4.0 * static_cast<double>(sh_.state_floats(tp)) * sizeof(float) +
+                                    static_cast<double>(std::max(gathered, fsdp_program_held_));
   if (R_ > 1) {
     // Bytes between replicas per step (programs/replicas.cc: each device its 1/dp of a piece).
-    report_->set_extra("dcn_bytes_per_step", programs::replica_bytes_per_step(sh_, devices_));
-    if (!exposed_.empty()) report_->set_extra("xchg_exposed_ms", median(exposed_));
-    if (!tails_.empty()) report_->set_extra("xchg_tail_ms", median(tails_));
+    report_->figures().dcn_bytes_per_step = programs::replica_bytes_per_step(sh_, devices_);
+    if (!exposed_.empty()) report_->figures().xchg_exposed_ms = median(exposed_);
+    if (!tails_.empty()) report_->figures().xchg_tail_ms = median(tails_);
   }
 }
 

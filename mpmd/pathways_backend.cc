@@ -140,8 +140,8 @@ void PathwaysBackend::report(train::TrainReport& r, const std::vector<int>& slic
     store.push_back(static_cast<double>(hw));
     inter.push_back(static_cast<double>(in));
   }
-  r.set_extra_list("peak_store_bytes", store);
-  r.set_extra_list("peak_intermediate_bytes", inter);
+  r.figures().peak_store_bytes = store;
+  r.figures().peak_intermediate_bytes = inter;
 }
 
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const train::TrainConfig& cfg,

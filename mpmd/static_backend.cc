@@ -101,9 +101,9 @@ void StaticBackend::report(train::TrainReport& r, const std::vector<int>& slices
     msgs = std::max(msgs, w[3 * static_cast<size_t>(k)]);
     wait = std::max(wait, w[3 * static_cast<size_t>(k) + 1]);
   }
-  r.set_extra("messages_per_step", msgs);
-  r.set_extra("recv_wait_ms", wait);
-  r.set_extra_list("peak_intermediate_bytes", inter);
+  r.figures().messages_per_step = msgs;
+  r.figures().recv_wait_ms = wait;
+  r.figures().peak_intermediate_bytes = inter;
 }
 
 }  // namespace pwm::mpmd

@@ -412,10 +412,10 @@ void Trainer::before_final() {
     state.push_back(all[2 * r + 1]);
   }
   // Per rank, and the largest as pathways_train reports them (compare.sh's table reads those).
-  report_.set_extra_list("peak_resident_bytes_per_rank", peak);
-  report_.set_extra_list("state_bytes_per_rank", state);
-  report_.set_extra("peak_rss_bytes", *std::max_element(peak.begin(), peak.end()));
-  report_.set_extra("state_bytes", *std::max_element(state.begin(), state.end()));
+  report_.figures().peak_resident_bytes_per_rank = peak;
+  report_.figures().state_bytes_per_rank = state;
+  report_.figures().peak_rss_bytes = *std::max_element(peak.begin(), peak.end());
+  report_.figures().state_bytes = *std::max_element(state.begin(), state.end());
 }
 
 std::optional<std::string> Trainer::finish() {

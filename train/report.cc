@@ -207,16 +207,18 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"final_val_loss", last_val_},
                       {"skipped_nonfinite", skipped_},
                       {"weights_hash", weights_hash}};
-  for (auto& [k, v] : extra_) j[k] = v;
-  for (auto& [k, v] : extra_lists_) j[k] = v;
+  figures_.for_each([&](const char* k, const RunFigures::Number& v) { if (v) j[k] = *v; },
+                    [&](const char* k, const RunFigures::List& v) { if (v) j[k] = *v; });
   write(j.dump());
   if (failed()) throw Error(error_);
   if (out_) {
     out_->commit();  // throws (the temporary file removed) if the last bytes cannot be stored
     out_.reset();
   }
-  for (auto& [k, v] : extra_) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, v);
-  for (auto& [k, v] : extra_lists_) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(v, ", "));
+  figures_.for_each([&](const char* k, const RunFigures::Number& v) { if (v) fmt::print("[{}] {} = {:.4f}\n", trainer_, k, *v); },
+                    [&](const char* k, const RunFigures::List& v) {
+                      if (v) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(*v, ", "));
+                    });
   fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}% of a GEMM peak of {:.1f} GFLOP/s per rank ({}), step p50 "
              "{:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, {}weights {}\n",
              trainer_, tps, 100 * mfu(tps), peak_.gflops(), peak_.source(), median(step_ms_), quantile(step_ms_, 0.9),

@@ -13,6 +13,7 @@
 #include "common/atomic_file.h"
 #include "model/moe.h"
 #include "train/config.h"
+#include "train/figures.h"
 #include "train/peak.h"
 
 namespace pwm::train {
@@ -85,12 +86,8 @@ class TrainReport {
   bool failed() const { return !error_.empty(); }
   const std::string& error() const { return error_; }
 
-  // An extra number for the final line (e.g. a pipeline's measured bubble).
-  void set_extra(const std::string& key, double value) { extra_.push_back({key, value}); }
-  // A per-rank list for the final line (e.g. peak resident bytes, index = rank).
-  void set_extra_list(const std::string& key, std::vector<double> values) {
-    extra_lists_.push_back({key, std::move(values)});
-  }
+  // The trainer's own figures for the final line (train/figures.h), set before finish().
+  RunFigures& figures() { return figures_; }
 
   double tokens_per_s(double step_ms) const;
   // The model FLOP rate per compute rank (tokens/s x Config::flops_per_token / ranks), GFLOP/s,
@@ -117,8 +114,7 @@ class TrainReport {
   int64_t skipped_ = 0;     // non-finite steps skipped so far
   std::vector<double> step_ms_, tokens_per_s_, comm_share_;
   double last_loss_ = 0, last_val_ = -1;
-  std::vector<std::pair<std::string, double>> extra_;
-  std::vector<std::pair<std::string, std::vector<double>>> extra_lists_;
+  RunFigures figures_;
 };
 
 }  // namespace pwm::train
