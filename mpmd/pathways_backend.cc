@@ -79,9 +79,6 @@ void validate(const train::TrainConfig& cfg, int world) {
   validate_spares(cfg, world - 1);
   const int workers = world - 1 - p.spare_workers;  // (the spares hold no slice until one is lost)
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
-  if (p.quota != 0)
-    PWM_THROW("--quota is mpmd_train's (the static model's registers); pathways_train's workers hold what the "
-              "schedule's order keeps: leave it out");
   if (cfg.mesh.fsdp && (p.stages > 1 || cfg.model.moe()))
     PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
   validate_moe(cfg);
@@ -102,7 +99,7 @@ train::TrainerSpec pathways_spec() {
   s.program = "pathways_train";
   s.description =
       "Pathways trainer: a single controller (rank 0) dispatches the training step as programs to the worker ranks.";
-  s.flags = train::FlagSet::kMpmd;
+  s.flags = train::FlagSet::kPathways;
   s.controller = true;
   s.validate = validate;
   // The runtime's own trace (PWM_PW_TRACE) is written at shutdown, after the training: check its

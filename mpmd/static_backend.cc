@@ -33,7 +33,9 @@ void validate_quota(const train::TrainConfig& cfg) {
                 p.schedule == train::Schedule::kGpipe ? ", or --schedule 1f1b (S - s on stage s)" : "");
 }
 
-// What needs a controller, or is not the static model's, refused before anything starts (one line each).
+// What needs a controller refused before anything starts, one line each (the flags that only a
+// controller has, --islands, --sequential, --expert-island and --spare-workers, are not mpmd_train's:
+// train/flags.h refuses them).
 void validate(const train::TrainConfig& cfg, int world) {
   const train::MpmdConfig& p = cfg.mpmd;
   if (p.stages < 1) PWM_THROW("--stages must be at least 1 (got {})", p.stages);
@@ -51,12 +53,8 @@ void validate(const train::TrainConfig& cfg, int world) {
   if (p.granularity == Granularity::kOpByOp)
     PWM_THROW("mpmd_train has no --granularity opbyop: with no controller there is no client to call node by node "
               "(use fused or chained)");
-  if (p.sequential) PWM_THROW("mpmd_train has no --sequential dispatch: it has no dispatcher (leave it out)");
-  if (p.spare_workers > 0) PWM_THROW("mpmd_train has no --spare-workers: with no controller nothing remaps a slice");
-  if (p.expert_island) PWM_THROW("mpmd_train runs the experts on the dp slice; --expert-island runs in pathways_train");
   if (p.moe_routing == train::MoeRouting::kController)
     PWM_THROW("mpmd_train has no controller to route through: use --moe-routing worker (dropless) or static");
-  if (!p.islands.empty()) PWM_THROW("mpmd_train places no islands (--islands runs in pathways_train): leave it out");
   check_stages(cfg, world, 0);
   // replicas x dp x tp = every rank, or R x S slices of dp x tp
   cfg.validate(p.stages == 1 ? world : cfg.mesh.replicas * cfg.mesh.dp * cfg.mesh.tp);
@@ -70,7 +68,7 @@ train::TrainerSpec static_spec() {
   s.description =
       "Static MPMD trainer: every rank runs its own part of the training step's program in a fixed order, with no "
       "controller.";
-  s.flags = train::FlagSet::kMpmd;
+  s.flags = train::FlagSet::kStatic;
   s.validate = validate;
   return s;
 }

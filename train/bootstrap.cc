@@ -64,7 +64,7 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   // --seed 1 : -n 1 spmd_train --seed 2`) would otherwise train apart silently, post collectives
   // of other sizes, or dispatch programs the workers shape differently. One 8-byte AllGather of
   // a hash; the texts are exchanged only to name the difference.
-  const bool mpmd = spec.flags == FlagSet::kMpmd;
+  const bool mpmd = is_mpmd(spec.flags);
   if (!collectives::agree_on_errors(world, spec.program, [&] {
         check_same_config(collectives::gather_if_different(world, out.cfg.canonical_json(mpmd)));
       }))

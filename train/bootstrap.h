@@ -26,7 +26,7 @@ namespace pwm::train {
 struct TrainerSpec {
   std::string program;      // "spmd_train": names the errors ("spmd_train: error: ...") and --help
   std::string description;  // --help's first line
-  FlagSet flags = FlagSet::kCommon;
+  FlagSet flags = FlagSet::kSpmd;
   // World rank 0 is a controller that holds no tensors (pathways_train): it does not check the
   // memory, and the other ranks are the compute ranks.
   bool controller = false;

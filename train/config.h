@@ -85,7 +85,7 @@ struct ExecConfig {
 };
 
 // The MPMD trainers' own settings (pathways_train's flags; registered only by a trainer that
-// asks for them, FlagSet::kMpmd in train/flags.h).
+// asks for them, FlagSet::kPathways and kStatic in train/flags.h).
 struct MpmdConfig {
   Granularity granularity = Granularity::kFused;
   int stages = 1;                       // > 1: pipeline (each stage a dp x tp slice)

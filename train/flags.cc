@@ -25,20 +25,27 @@ CLI::Option* add_mode(CLI::App& app, const std::string& flag, Set set, const std
   return app.add_option_function<std::string>(flag, set, help)->check(CLI::IsMember(names))->default_str(shown);
 }
 
-void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
+void add_mpmd_flags(CLI::App& app, MpmdConfig& p, FlagSet set) {
   const char* P = "Pathways";
   add_mode(app, "--granularity", [&p](const std::string& s) { p.granularity = parse_granularity(s); },
            granularity_names(), "fused | chained | opbyop", name(p.granularity))->group(P);
   app.add_option("--stages", p.stages, "pipeline stages (> 1: MPMD pipeline, each stage a --dp x --tp slice)")->group(P);
   add_mode(app, "--schedule", [&p](const std::string& s) { p.schedule = parse_schedule(s); }, schedule_names(),
            "pipeline schedule: gpipe | 1f1b", name(p.schedule))->group(P);
-  app.add_option("--islands", p.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
-  app.add_flag("--sequential", p.sequential, "sequential dispatch (the paper's baseline)")->group(P);
   add_mode(app, "--moe-routing", [&p](const std::string& s) { p.moe_routing = parse_moe_routing(s); },
            moe_routing_names(),
            "MoE expert calls: static (capacity) | controller (dropless, a round trip per MoE layer) | worker "
            "(dropless, counts among the workers) | auto",
            name(p.moe_routing))->group(P);
+  if (set == FlagSet::kStatic) {
+    app.add_option("--quota", p.quota,
+                   "pipeline: activations a stage may hold (its registers; 0: what --schedule needs); a quota below "
+                   "the schedule's need is refused before training")
+        ->group(P);
+    return;
+  }
+  app.add_option("--islands", p.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
+  app.add_flag("--sequential", p.sequential, "sequential dispatch (the paper's baseline)")->group(P);
   app.add_flag("--expert-island", p.expert_island,
                "MoE: the experts on an island of their own (--expert-parallel more workers), the rows sent there "
                "and back as transfers")
@@ -46,10 +53,6 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p) {
   app.add_option("--spare-workers", p.spare_workers,
                  "workers beyond the slices: a lost worker's slice moves onto one and the run goes on (dense, no "
                  "--fsdp; OpenMPI's mpirun --enable-recovery)")
-      ->group(P);
-  app.add_option("--quota", p.quota,
-                 "mpmd_train's pipeline: activations a stage may hold (its registers; 0: what --schedule needs); a "
-                 "quota below the schedule's need is refused before training")
       ->group(P);
 }
 
@@ -103,11 +106,12 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
                  "split each MoE layer's experts over this many consecutive --dp ranks (AllToAll dispatch)")
       ->group(W);
   app.add_flag("--fsdp,!--no-fsdp", c.mesh.fsdp, "shard parameters, gradients and AdamW moments over --dp (ZeRO-3)")->group(W);
-  add_mode(app, "--replica-reduce", [&c](const std::string& s) { c.exec.replica_reduce = parse_replica_reduce(s); },
-           replica_reduce_names(),
-           "spmd_train with --replicas > 1: hierarchical (reduce-scatter, cross-replica allreduce, allgather) or flat",
-           name(c.exec.replica_reduce))
-      ->group(W);
+  if (set == FlagSet::kSpmd)
+    add_mode(app, "--replica-reduce", [&c](const std::string& s) { c.exec.replica_reduce = parse_replica_reduce(s); },
+             replica_reduce_names(),
+             "spmd_train with --replicas > 1: hierarchical (reduce-scatter, cross-replica allreduce, allgather) or flat",
+             name(c.exec.replica_reduce))
+        ->group(W);
   app.add_option("--batch", c.workload.global_batch, "global batch in sequences per optimizer step")->group(W);
   app.add_option("--microbatches", c.workload.microbatches, "gradient-accumulation micro-batches per dp rank")->group(W);
   app.add_option("--steps", c.workload.steps, "optimizer steps (also the cosine schedule's length)")->group(W);
@@ -151,10 +155,50 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.add_option("--nan-step", c.hooks.nan_step, "make this step's loss and gradient norm NaN (non-finite tests)")->group(T);
   app.add_option("--straggler-ms", c.hooks.straggler_ms, "--straggler-rank spends this much more in every step, ms")->group(T);
   app.add_option("--straggler-rank", c.hooks.straggler_rank, "the world rank --straggler-ms slows")->group(T);
-  if (set == FlagSet::kMpmd) add_mpmd_flags(app, c.mpmd);
+  if (is_mpmd(set)) add_mpmd_flags(app, c.mpmd, set);
 }
 
+bool is_mpmd(FlagSet set) { return set != FlagSet::kSpmd; }
+
 namespace {
+
+const char* trainer_of(FlagSet s) {
+  switch (s) {
+    case FlagSet::kSpmd: return "spmd_train";
+    case FlagSet::kPathways: return "pathways_train";
+    case FlagSet::kStatic: return "mpmd_train";
+  }
+  return "?";
+}
+
+// The trainers other than `set`'s that have `flag` ("--islands"), in words ("pathways_train's");
+// "" when none has it.
+std::string owners(const std::string& flag, FlagSet set) {
+  std::string who;
+  for (FlagSet s : {FlagSet::kSpmd, FlagSet::kPathways, FlagSet::kStatic}) {
+    if (s == set) continue;
+    CLI::App other;
+    TrainConfig c;
+    add_train_flags(other, c, s);
+    if (other.get_option_no_throw(flag) == nullptr) continue;
+    who += fmt::format("{}{}'s", who.empty() ? "" : " and ", trainer_of(s));
+  }
+  return who;
+}
+
+// A flag this trainer does not have but another one does: refused naming its owner (CLI11's own
+// line would only say it is not a flag of this one).
+void refuse_foreign_flags(const CLI::App& app, int argc, char** argv, FlagSet set, const std::string& program) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2) continue;
+    const std::string flag = a.substr(0, a.find('='));
+    if (app.get_option_no_throw(flag) != nullptr) continue;
+    const std::string who = owners(flag, set);
+    if (!who.empty())
+      PWM_THROW("{} is {}, not a flag of {}: leave it out (see {} --help)", flag, who, program, program);
+  }
+}
 
 // Flags a config file cannot set: the file itself and --help.
 bool reserved_key(const std::string& key) { return key == "config" || key == "help" || key == "h"; }
@@ -162,7 +206,7 @@ bool reserved_key(const std::string& key) { return key == "config" || key == "he
 // JSON config -> "--key=value" arguments, so that the file and the flags share one parser. Every
 // key must be a flag of `app` (the trainer's own set), named without its dashes.
 std::vector<std::string> json_to_args(std::string_view text, const std::string& path, const CLI::App& app,
-                                      const std::string& program) {
+                                      FlagSet set, const std::string& program) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -177,6 +221,8 @@ std::vector<std::string> json_to_args(std::string_view text, const std::string& 
   std::vector<std::string> args;
   for (auto& [key, v] : j.items()) {
     if (reserved_key(key)) PWM_THROW("--config {}: key '{}' cannot be set from a config file", path, key);
+    if (app.get_option_no_throw("--" + key) == nullptr && !owners("--" + key, set).empty())
+      PWM_THROW("--config {}: key '{}' is {}, not a flag of {}: leave it out", path, key, owners("--" + key, set), program);
     if (app.get_option_no_throw("--" + key) == nullptr)
       PWM_THROW("--config {}: key '{}' is not a flag of {} (keys are flag names without the dashes, e.g. "
                 "\"seq-len\"; see {} --help)",
@@ -214,7 +260,7 @@ void parse_train_config_text(std::string_view text, const std::string& path, Tra
                              const std::string& program) {
   CLI::App app{"", program};
   add_train_flags(app, cfg, set);
-  auto args = json_to_args(text, path, app, program);
+  auto args = json_to_args(text, path, app, set, program);
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
   parse_arguments(app, std::move(args), "--config " + path);
 }
@@ -238,6 +284,7 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
   app.add_option("--config", config_path, "JSON file of flag values (flags override it)");
   add_train_flags(app, cfg, set);
   if (more_flags) more_flags(app);
+  refuse_foreign_flags(app, argc, argv, set, program);
   if (!parse_command_line(app, argc, argv, program, print_help, exit_code)) return false;
   cfg.optim.total_steps = cfg.workload.steps;
   return true;

@@ -14,14 +14,20 @@ class App;
 
 namespace pwm::train {
 
-// Which flag groups a trainer accepts: every trainer the common ones (model, optimizer, workload,
-// outputs, execution, testing); the MPMD trainers also --granularity, --stages, --schedule,
-// --islands and --sequential (MpmdConfig).
-enum class FlagSet { kCommon, kMpmd };
+// Which trainer's flags: every trainer registers the common ones (model, optimizer, workload,
+// outputs, execution, testing) and only the flags of its own that it uses; a flag of another
+// trainer is refused in one line that names the trainer it belongs to (docs/errors.md has the
+// table). The MPMD trainers share --granularity, --stages, --schedule and --moe-routing.
+enum class FlagSet {
+  kSpmd,      // spmd_train (and the tools that parse a workload): --replica-reduce
+  kPathways,  // pathways_train: the MPMD flags, --islands, --sequential, --expert-island, --spare-workers
+  kStatic,    // mpmd_train: the MPMD flags, --quota
+};
+bool is_mpmd(FlagSet set);
 
 // Registers the flags of `set` on `app`, bound to `cfg`. `--config FILE` is handled by
 // parse_train_config below.
-void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kCommon);
+void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kSpmd);
 
 // Parses argv into a TrainConfig: loads --config FILE first if given (keys: the flags of `set`),
 // then applies the flags of `set`. Numbers are read strictly (common/cli.h).
@@ -30,16 +36,16 @@ void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kCo
 // `more_flags` registers a program's own flags (the simulator's) on the same parser.
 bool parse_train_config(int argc, char** argv, const std::string& program, const std::string& description,
                         TrainConfig& cfg, int& exit_code, bool print_help,
-                        const std::function<void(CLI::App&)>& more_flags = {}, FlagSet set = FlagSet::kCommon);
+                        const std::function<void(CLI::App&)>& more_flags = {}, FlagSet set = FlagSet::kSpmd);
 
 // Loads a JSON config file (the keys are the long flag names without "--", those of `set`;
 // `config` and `help` are refused). The file must be a regular file of at most 1 MiB, checked
 // before it is opened. Throws pwm::Error naming the file and the bad key or value; `program`
 // names the trainer in those lines.
-void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set = FlagSet::kCommon,
+void load_train_config_file(const std::string& path, TrainConfig& cfg, FlagSet set = FlagSet::kSpmd,
                             const std::string& program = "this trainer");
 // The same on the file's text already in memory; `path` only names it in errors.
 void parse_train_config_text(std::string_view text, const std::string& path, TrainConfig& cfg,
-                             FlagSet set = FlagSet::kCommon, const std::string& program = "this trainer");
+                             FlagSet set = FlagSet::kSpmd, const std::string& program = "this trainer");
 
 }  // namespace pwm::train

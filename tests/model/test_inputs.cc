@@ -137,7 +137,7 @@ TEST(Paths, InputFilesAreCheckedWithoutOpening) {
   EXPECT_THROW(check_input_file("--config", t.path().string() + "/missing", 1 << 20), Error);
 }
 
-std::string config_error(const std::string& text, train::FlagSet set = train::FlagSet::kCommon) {
+std::string config_error(const std::string& text, train::FlagSet set = train::FlagSet::kSpmd) {
   train::TrainConfig cfg;
   try {
     train::parse_train_config_text(text, "c.json", cfg, set, "spmd_train");
@@ -151,7 +151,7 @@ TEST(ConfigFile, KeysAreTheTrainersFlags) {
   EXPECT_EQ(config_error(R"({"lr": 0.001, "steps": 3, "fsdp": true})"), "");
   EXPECT_NE(config_error(R"({"bogus": 1})").find("key 'bogus' is not a flag of spmd_train"), std::string::npos);
   EXPECT_NE(config_error(R"({"granularity": "fused"})").find("key 'granularity'"), std::string::npos);
-  EXPECT_EQ(config_error(R"({"granularity": "chained"})", train::FlagSet::kMpmd), "");
+  EXPECT_EQ(config_error(R"({"granularity": "chained"})", train::FlagSet::kPathways), "");
   EXPECT_NE(config_error(R"({"config": "x.json"})").find("cannot be set from a config file"), std::string::npos);
   EXPECT_NE(config_error(R"({"help": true})").find("cannot be set from a config file"), std::string::npos);
   EXPECT_NE(config_error(R"({"steps": "5x"})").find("--steps: '5x' is not a whole number"), std::string::npos);

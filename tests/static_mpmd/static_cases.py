@@ -133,9 +133,9 @@ def case_bad_inputs_fail_cleanly():
     m = os.path.join(sc.TMP, "bad.jsonl")
     bad = (
         (2, ["--dp", "2", "--granularity", "opbyop"], "no --granularity opbyop"),
-        (2, ["--dp", "2", "--spare-workers", "1"], "no --spare-workers"),
-        (2, ["--dp", "2", "--sequential"], "no --sequential"),
-        (2, ["--dp", "2", "--islands", "2x1"], "places no islands"),
+        (2, ["--dp", "2", "--spare-workers", "1"], "--spare-workers is pathways_train's, not a flag of mpmd_train"),
+        (2, ["--dp", "2", "--sequential"], "--sequential is pathways_train's, not a flag of mpmd_train"),
+        (2, ["--dp", "2", "--islands", "2x1"], "--islands is pathways_train's, not a flag of mpmd_train"),
         (2, ["--replicas", "2", "--experts", "4", "--capacity-factor", "1.25"], "leave out --replicas"),
         (3, ["--stages", "2", "--microbatches", "4"], "--stages 2 needs 2 ranks"),
         (2, ["--stages", "3", "--layers", "2", "--microbatches", "4"], "--stages 3 is more than --layers 2"),
