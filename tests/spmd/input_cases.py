@@ -81,7 +81,7 @@ def case_junk_numbers_are_refused():
         (["--precision", "fp16"], "--precision 'fp16': expected one of fp32, bf16"),
         (["--fsdp=maybe"], "--fsdp 'maybe'"),
         (["--no-such-flag"], "--no-such-flag is not a flag of spmd_train"),
-        (["--islands", "2x2"], "--islands is not a flag of spmd_train"),
+        (["--islands", "2x2"], "--islands is pathways_train's, not a flag of spmd_train"),
     ]
     for extra, pattern in cases:
         refused(base() + extra, pattern)
@@ -108,7 +108,7 @@ def case_config_files_are_checked():
     # A key of the MPMD trainers: refused by spmd_train by name, taken by pathways_train (which
     # refused its own keys in a config file before).
     mpmd = write("mpmd.json", '{"granularity": "chained", "steps": 2}')
-    refused(base() + ["--config", mpmd], "key 'granularity' is not a flag of spmd_train")
+    refused(base() + ["--config", mpmd], "key 'granularity' is pathways_train's and mpmd_train's, not a flag of spmd_train")
     p = sc.run(3, base() + ["--config", mpmd], exe="pathways")
     assert "[pathways-chained]" in p.stdout, p.stdout[-1500:]
     print("ok: pathways_train took --granularity chained from its config file")
