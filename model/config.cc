@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/check.h"
+#include "model/config_fields.h"
 
 namespace pwm::model {
 
@@ -98,15 +99,11 @@ double Config::flops_per_token() const {
 }
 
 std::string Config::to_string() const {
-  return fmt::format(
-      "d_model={} n_layers={} n_heads={} head_dim={} d_ff={} vocab={} seq_len={} z_loss={} "
-      "rope_base={} norm={} seed={}{}",
-      d_model, n_layers, n_heads, head_dim, d_ff, vocab, seq_len, z_loss, rope_base,
-      norm_name(norm), seed,
-      experts == 0 ? std::string()
-                   : fmt::format(" experts={} top_k={} moe_every={} capacity_factor={} aux_loss={} router_z_loss={} "
-                                 "router_skew={}",
-                                 experts, top_k, moe_every, capacity_factor, aux_loss, router_z_loss, router_skew));
+  std::string s;  // every field, "key=value" (the MoE fields only for an MoE model)
+  for (const ConfigField& f : config_fields())
+    if (f.group == ConfigField::Group::kModel || experts != 0)
+      s += fmt::format("{}{}={}", s.empty() ? "" : " ", f.key, field_text(*this, f));
+  return s;
 }
 
 const char* norm_name(NormKind k) { return k == NormKind::kLayerNorm ? "layernorm" : "rmsnorm"; }

@@ -18,6 +18,7 @@
 
 #include "common/atomic_file.h"
 #include "common/check.h"
+#include "train/model_json.h"
 
 // File layout (docs/checkpoint-format.md is the byte-exact reference):
 //
@@ -48,9 +49,9 @@ constexpr uint64_t kCrcBytes = 4;
 
 static_assert(std::endian::native == std::endian::little,
               "checkpoint.cc writes host floats as little-endian; add byte swapping for this host");
-// Every Config field is serialized below and compared in check_compatible. A new field changes
-// the size: add it to config_to_json, config_from_json and check_compatible, then update this.
-static_assert(sizeof(Config) == 144, "Config changed: update the checkpoint (de)serialization");
+// Every Config field is serialized and compared from one table (model/config_fields.h). A new
+// field changes the size: add its row there, then update this.
+static_assert(sizeof(Config) == 144, "Config changed: add the field to model/config_fields.h, then update this");
 
 // ---- CRC-32, slicing by 8 -----------------------------------------------------------------
 
@@ -84,42 +85,6 @@ void store_u32(unsigned char* p, uint32_t v) { std::memcpy(p, &v, 4); }
 void store_u64(unsigned char* p, uint64_t v) { std::memcpy(p, &v, 8); }
 
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-// ---- Config <-> JSON ----------------------------------------------------------------------
-
-json config_to_json(const Config& c) {
-  return json{{"d_model", c.d_model},   {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
-              {"head_dim", c.head_dim}, {"d_ff", c.d_ff},         {"vocab", c.vocab},
-              {"seq_len", c.seq_len},   {"z_loss", c.z_loss},     {"rope_base", c.rope_base},
-              {"norm", norm_name(c.norm)}, {"seed", c.seed},
-              {"experts", c.experts}, {"top_k", c.top_k}, {"moe_every", c.moe_every},
-              {"capacity_factor", c.capacity_factor}, {"aux_loss", c.aux_loss},
-              {"router_z_loss", c.router_z_loss}, {"router_skew", c.router_skew}};
-}
-
-Config config_from_json(const json& j) {
-  Config c;
-  c.d_model = j.at("d_model").get<int64_t>();
-  c.n_layers = j.at("n_layers").get<int64_t>();
-  c.n_heads = j.at("n_heads").get<int64_t>();
-  c.head_dim = j.at("head_dim").get<int64_t>();
-  c.d_ff = j.at("d_ff").get<int64_t>();
-  c.vocab = j.at("vocab").get<int64_t>();
-  c.seq_len = j.at("seq_len").get<int64_t>();
-  c.z_loss = j.at("z_loss").get<double>();
-  c.rope_base = j.at("rope_base").get<double>();
-  c.norm = parse_norm(j.at("norm").get<std::string>());
-  c.seed = j.at("seed").get<uint64_t>();
-  // Mixture of Experts (absent from a dense model's checkpoint written before them: the defaults).
-  c.experts = j.value("experts", c.experts);
-  c.top_k = j.value("top_k", c.top_k);
-  c.moe_every = j.value("moe_every", c.moe_every);
-  c.capacity_factor = j.value("capacity_factor", c.capacity_factor);
-  c.aux_loss = j.value("aux_loss", c.aux_loss);
-  c.router_z_loss = j.value("router_z_loss", c.router_z_loss);
-  c.router_skew = j.value("router_skew", c.router_skew);
-  return c;
-}
 
 // ---- Structural checks shared by save and load --------------------------------------------
 
@@ -232,7 +197,7 @@ void write_file(AtomicFile& f, const Checkpoint& c) {
                      {"bytes", e.bytes}});
   const json header = {{"format", "pwm-checkpoint"},
                        {"version", kCheckpointVersion},
-                       {"config", config_to_json(c.config)},
+                       {"config", model_to_json(c.config)},
                        {"step", c.step},
                        {"train_config", c.train_config_json},
                        {"tensors", std::move(table)}};
@@ -404,7 +369,7 @@ Checkpoint parse_checkpoint(std::span<const unsigned char> f, const std::string&
       PWM_THROW("{}: header format is not pwm-checkpoint", what);
     if (h.at("version").get<uint32_t>() != version)
       PWM_THROW("{}: header version disagrees with the preamble", what);
-    c.config = config_from_json(h.at("config"));
+    c.config = model_from_json(h.at("config"));
     c.step = h.at("step").get<int64_t>();
     c.train_config_json = h.at("train_config").get<std::string>();
     for (const auto& e : h.at("tensors")) {
@@ -449,31 +414,7 @@ Checkpoint parse_checkpoint(std::span<const unsigned char> f, const std::string&
 
 void check_compatible(const Checkpoint& ckpt, const Config& expected) {
   const std::string name = ckpt.path.empty() ? "(in memory)" : ckpt.path;
-  auto field = [&](const char* key, const auto& have, const auto& want) {
-    if (have != want)
-      PWM_THROW("checkpoint {} was written for {}={} but this run has {}={}; resume with the "
-                "checkpoint's model config or start a new run",
-                name, key, have, key, want);
-  };
-  const Config& c = ckpt.config;
-  field("d_model", c.d_model, expected.d_model);
-  field("n_layers", c.n_layers, expected.n_layers);
-  field("n_heads", c.n_heads, expected.n_heads);
-  field("head_dim", c.head_dim, expected.head_dim);
-  field("d_ff", c.d_ff, expected.d_ff);
-  field("vocab", c.vocab, expected.vocab);
-  field("seq_len", c.seq_len, expected.seq_len);
-  field("z_loss", c.z_loss, expected.z_loss);
-  field("rope_base", c.rope_base, expected.rope_base);
-  field("norm", std::string(norm_name(c.norm)), std::string(norm_name(expected.norm)));
-  field("seed", c.seed, expected.seed);
-  field("experts", c.experts, expected.experts);
-  field("top_k", c.top_k, expected.top_k);
-  field("moe_every", c.moe_every, expected.moe_every);
-  field("capacity_factor", c.capacity_factor, expected.capacity_factor);
-  field("aux_loss", c.aux_loss, expected.aux_loss);
-  field("router_z_loss", c.router_z_loss, expected.router_z_loss);
-  field("router_skew", c.router_skew, expected.router_skew);
+  check_same_model(ckpt.config, expected, name);
 }
 
 void check_finite(const Checkpoint& ckpt, bool moments) {

@@ -12,6 +12,8 @@
 
 #include "common/check.h"
 #include "common/hash.h"
+#include "model/config_fields.h"
+#include "train/model_json.h"
 
 namespace pwm::train {
 
@@ -48,24 +50,21 @@ void check_real_flags(const TrainConfig& c) {
       {"--weight-decay", c.optim.weight_decay, 0, inf},
       {"--max-grad-norm", c.optim.max_grad_norm, -inf, inf},
       {"--min-lr-frac", c.optim.min_lr_frac, 0, 1},
-      {"--z-loss", c.model.z_loss, 0, inf},
-      {"--rope-base", c.model.rope_base, 1, inf, true},
       {"--val-fraction", c.workload.val_fraction, 0, 1, true, true},
       {"--coll-timeout", c.exec.coll_timeout, 0, 1e9, true},
       {"--peak-gflops", c.exec.peak_gflops, 0, inf},
-      {"--capacity-factor", c.model.capacity_factor, 0, 1e6},
-      {"--aux-loss", c.model.aux_loss, 0, inf},
-      {"--router-z-loss", c.model.router_z_loss, 0, inf},
-      {"--router-skew", c.model.router_skew, -100, 100},
   };
   for (const Range& r : ranges) check_range(r);
   // --max-grad-norm: any finite value (<= 0 turns clipping off), so its check is finiteness only.
-  const std::pair<const char*, int64_t> sizes[] = {{"--d-model", c.model.d_model}, {"--layers", c.model.n_layers},
-                                                   {"--heads", c.model.n_heads},   {"--head-dim", c.model.head_dim},
-                                                   {"--d-ff", c.model.d_ff},       {"--vocab", c.model.vocab},
-                                                   {"--seq-len", c.model.seq_len}};
-  for (const auto& [flag, v] : sizes)
-    if (v < 1) PWM_THROW("{} must be at least 1 (got {})", flag, v);
+  // The model's bounded fields (model/config_fields.h): sizes at least their bound, reals in range.
+  for (const ConfigField& f : config_fields()) {
+    if (!f.bounded) continue;
+    if (const auto* m = std::get_if<int64_t Config::*>(&f.member)) {
+      if (static_cast<double>(c.model.**m) < f.lo) PWM_THROW("{} must be at least {} (got {})", f.flag, f.lo, c.model.**m);
+    } else if (const auto* d = std::get_if<double Config::*>(&f.member)) {
+      check_range({f.flag, c.model.**d, f.lo, f.hi, f.open_lo, f.open_hi});
+    }
+  }
   if (c.model.head_dim % 2 != 0) PWM_THROW("--head-dim must be even for rotary embeddings (got {})", c.model.head_dim);
   if (c.model.vocab > 65536) PWM_THROW("--vocab must be at most 65536 (got {})", c.model.vocab);
   if (c.optim.warmup_steps < 0) PWM_THROW("--warmup-steps must be >= 0 (got {})", c.optim.warmup_steps);
@@ -132,13 +131,7 @@ void TrainConfig::validate_kill_rank(int ranks) const {
 
 std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   nlohmann::json j = nlohmann::json::parse(to_json());
-  const Config& m = model;  // field by field, so that a difference names the field
-  j["model"] = {{"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"head_dim", m.head_dim},
-                {"d_ff", m.d_ff},       {"vocab", m.vocab},       {"seq_len", m.seq_len}, {"z_loss", m.z_loss},
-                {"rope_base", m.rope_base}, {"norm", norm_name(m.norm)}, {"seed", m.seed},
-                {"experts", m.experts}, {"top_k", m.top_k}, {"moe_every", m.moe_every},
-                {"capacity_factor", m.capacity_factor}, {"aux_loss", m.aux_loss},
-                {"router_z_loss", m.router_z_loss}, {"router_skew", m.router_skew}};
+  j["model"] = model_to_json(model);  // field by field, so that a difference names the field
   j["global_batch"] = workload.global_batch;
   j["log_every"] = outputs.log_every;
   j["metrics"] = outputs.metrics;

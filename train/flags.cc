@@ -12,6 +12,7 @@
 #include "common/cli.h"
 #include "common/env.h"
 #include "common/paths.h"
+#include "model/config_fields.h"
 
 namespace pwm::train {
 
@@ -60,33 +61,20 @@ void add_mpmd_flags(CLI::App& app, MpmdConfig& p, FlagSet set) {
 
 void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  const char* M = "Model";
-  app.add_option("--d-model", c.model.d_model, "model width C")->group(M);
-  app.add_option("--layers", c.model.n_layers, "Transformer blocks L")->group(M);
-  app.add_option("--heads", c.model.n_heads, "query heads H (one shared K/V head)")->group(M);
-  app.add_option("--head-dim", c.model.head_dim, "head dimension D")->group(M);
-  app.add_option("--d-ff", c.model.d_ff, "SwiGLU hidden width F")->group(M);
-  app.add_option("--vocab", c.model.vocab, "vocabulary (256 = bytes)")->group(M);
-  app.add_option("--seq-len", c.model.seq_len, "sequence length T")->group(M);
-  app.add_option("--z-loss", c.model.z_loss, "z-loss coefficient")->group(M);
-  app.add_option("--rope-base", c.model.rope_base, "rotary embedding base")->group(M);
-  app.add_option_function<std::string>(
-         "--norm", [&c](const std::string& s) { c.model.norm = model::parse_norm(s); },
-         "layernorm | rmsnorm (default layernorm)")
-      ->group(M);
-  app.add_option("--seed", c.model.seed, "parameter initialization seed")->group(M);
-  const char* X = "Mixture of Experts";
-  app.add_option("--experts", c.model.experts, "experts E in each MoE layer's MLP branch (0: a dense model)")->group(X);
-  app.add_option("--top-k", c.model.top_k, "experts per token K")->group(X);
-  app.add_option("--moe-every", c.model.moe_every, "every N-th block is MoE (layers l with (l+1) % N == 0)")->group(X);
-  app.add_option("--capacity-factor", c.model.capacity_factor,
-                 "rows per expert = ceil(factor * K * tokens / E), over-capacity choices dropped (0: dropless)")
-      ->group(X);
-  app.add_option("--aux-loss", c.model.aux_loss, "load-balancing loss weight (alpha E sum f_i P_i)")->group(X);
-  app.add_option("--router-z-loss", c.model.router_z_loss, "router z-loss weight (mean logsumexp^2)")->group(X);
-  app.add_option("--router-skew", c.model.router_skew,
-                 "routing-skew knob: expert e's logit += skew * (E-1-e)/(E-1) (imbalance experiments)")
-      ->group(X);
+  // The model's fields, from their one table (model/config_fields.h).
+  for (const model::ConfigField& f : model::config_fields()) {
+    const char* group = f.group == model::ConfigField::Group::kModel ? "Model" : "Mixture of Experts";
+    std::visit(
+        [&](auto m) {
+          if constexpr (std::is_same_v<decltype(m), model::NormKind model::Config::*>)
+            app.add_option_function<std::string>(
+                   f.flag, [&c, m](const std::string& s) { c.model.*m = model::parse_norm(s); }, f.help)
+                ->group(group);
+          else
+            app.add_option(f.flag, c.model.*m, f.help)->group(group);
+        },
+        f.member);
+  }
 
   const char* O = "Optimizer (AdamW, warm-up + cosine)";
   app.add_option("--lr", c.optim.lr, "peak learning rate")->group(O);
