@@ -17,12 +17,12 @@
 #include "collectives/mpi_transport.h"
 #include "collectives/strings.h"
 #include "common/check.h"
-#include "pathways/liveness.h"
-#include "pathways/tags.h"
 #include "mpmd/pathways_backend.h"
 #include "mpmd/startup.h"
-#include "programs/kernels.h"
+#include "pathways/liveness.h"
+#include "pathways/tags.h"
 #include "pathways/worker.h"
+#include "programs/kernels.h"
 
 using namespace pwm;
 

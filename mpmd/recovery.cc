@@ -124,7 +124,7 @@ bool Trainer::recover(const std::string& why) {
     source = fmt::format("replica {}'s memory", fmt::join(replicas, " and "));
   } else {
     const bool ckpt = saved_step_ >= 0;
-    st = init_states(slices_, ckpt, true);  // (the slice's own tp positions, counted as a recovery's load)
+    st = init_states(slices_, ckpt, Init::kRecovery);
     source = ckpt ? fmt::format("the checkpoint of step {} ({})", saved_step_, cfg_.outputs.ckpt) : "the initial state";
   }
   states_ = std::move(st);

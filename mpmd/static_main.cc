@@ -10,10 +10,10 @@
 #include "collectives/mpi_transport.h"
 #include "collectives/strings.h"
 #include "common/check.h"
-#include "programs/kernels.h"
 #include "mpmd/startup.h"
 #include "mpmd/static_backend.h"
 #include "mpmd/trainer.h"
+#include "programs/kernels.h"
 
 using namespace pwm;
 

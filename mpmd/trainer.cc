@@ -33,8 +33,8 @@ Trainer::Trainer(const train::TrainConfig& cfg, Backend& backend, bool resume, c
       R_(cfg.mesh.replicas), S_(cfg.mpmd.stages), devices_(cfg.mesh.dp * cfg.mesh.tp),
       sh_(cfg, programs::PipelineShape{cfg.mpmd.stages}) {
   place_slices();
-  states_ = init_states(slices_, resume, false);
-  expert_states_ = init_states(expert_slices_, resume, false);
+  states_ = init_states(slices_, resume, Init::kSlices);
+  expert_states_ = init_states(expert_slices_, resume, Init::kExperts);
   first_step_ = rt_.get<int64_t>(states_[0].step, "init")[0];
   if (resume) saved_step_ = first_step_;
   for (int sl : slices_) slice_devices_.push_back(rt_.devices(sl));
@@ -131,19 +131,21 @@ std::vector<Array> Trainer::on_slices(const std::string& kernel, const std::vect
   return rt_.execute(*exe, {}, what);
 }
 
-// Each slice's state from init or load (attrs: tp; an experts' device's index j; a recovery's
-// -1, 1: the slice's own tp positions, counted as a recovery's load).
-std::vector<Trainer::ArrayState> Trainer::init_states(const std::vector<int>& slices, bool load, bool recovery) {
+// Each slice's state from init or load, the kernels' attrs by `what`: tp; an experts' device's
+// index j; a recovery's -1, 1 (the slice's own tp positions, counted as a recovery's load).
+std::vector<Trainer::ArrayState> Trainer::init_states(const std::vector<int>& slices, bool load, Init what) {
   if (slices.empty()) return {};
-  const bool experts = slices == expert_slices_;
   const std::vector<Array> out = on_slices(
       names_(load ? "load" : "init"), slices,
       [&](size_t j) -> std::vector<int64_t> {
-        if (recovery) return {cfg_.mesh.tp, -1, 1};
-        if (experts) return {cfg_.mesh.tp, static_cast<int64_t>(j)};
-        return {cfg_.mesh.tp};
+        switch (what) {
+          case Init::kSlices: return {cfg_.mesh.tp};
+          case Init::kExperts: return {cfg_.mesh.tp, static_cast<int64_t>(j)};
+          case Init::kRecovery: return {cfg_.mesh.tp, -1, 1};
+        }
+        return {};
       },
-      recovery ? "restore" : "init");
+      what == Init::kRecovery ? "restore" : "init");
   std::vector<ArrayState> st;
   for (size_t j = 0; j < slices.size(); ++j) st.push_back(ArrayState::from(std::span(out).subspan(j * ArrayState::kCount)));
   return st;

@@ -98,7 +98,8 @@ class Trainer final : public train::Trainer {
   // `kernel` on every slice of `slices` (attrs(j) for the j-th), no inputs; its outputs in order.
   std::vector<Array> on_slices(const std::string& kernel, const std::vector<int>& slices,
                                const std::function<std::vector<int64_t>(size_t)>& attrs, const std::string& what);
-  std::vector<ArrayState> init_states(const std::vector<int>& slices, bool load, bool recovery);
+  enum class Init { kSlices, kExperts, kRecovery };  // whose state: the step's slices, the experts' devices, a recovery's
+  std::vector<ArrayState> init_states(const std::vector<int>& slices, bool load, Init what);
   dataflow::ProgramDef step_program() const;  // by mode
   std::string step_name() const;
   bool step_is_one_program() const;  // false: opbyop, or chained with --moe-routing controller
