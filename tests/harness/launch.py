@@ -44,6 +44,7 @@ PROGRAMS = {"spmd": "spmd_train", "pathways": "pathways_train", "static": "mpmd_
 
 
 def trainer(exe="spmd"):
+    """The path of trainer `exe` (spmd, pathways, static) in the build directory."""
     if exe == "spmd":
         return os.path.join(BUILD, "spmd", "spmd_train")
     if exe == "static":
@@ -52,6 +53,8 @@ def trainer(exe="spmd"):
 
 
 def run(n, args, expect_ok=True, timeout=240, exe="spmd"):
+    """Runs trainer `exe` on n ranks with `args` (ENV, at most `timeout` s); fails on a non-zero
+    exit unless expect_ok is False. Returns the CompletedProcess."""
     cmd = MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
     if expect_ok and p.returncode != 0:
@@ -95,6 +98,7 @@ def supervised(sup_args, n, args, exe="spmd", restart=None):
 
 
 def supervisor_lines(p):
+    """supervise.sh's own lines in the output of `p`."""
     return [l for l in p.stderr.splitlines() if l.startswith("supervise.sh:")]
 
 

@@ -13,6 +13,7 @@ from harness import read_checkpoint
 
 
 def metrics(path):
+    """The metrics file at `path`: ({step: its line}, {step: validation loss}, the final line)."""
     steps, vals, final = {}, {}, None
     with open(path) as f:
         for line in f:
@@ -28,6 +29,7 @@ def metrics(path):
 
 
 def metrics_lines(path):
+    """Every line of the metrics file at `path`, in order."""
     with open(path) as f:
         return [json.loads(l) for l in f]
 
