@@ -48,8 +48,8 @@ def trainer(exe="spmd"):
     if exe == "spmd":
         return os.path.join(BUILD, "spmd", "spmd_train")
     if exe == "static":
-        return os.path.join(BUILD, "static_mpmd", "mpmd_train")
-    return os.path.join(BUILD, "pathways", "train", "pathways_train")
+        return os.path.join(BUILD, "mpmd", "mpmd_train")
+    return os.path.join(BUILD, "mpmd", "pathways_train")
 
 
 def run(n, args, expect_ok=True, timeout=240, exe="spmd"):
