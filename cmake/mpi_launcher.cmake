@@ -61,7 +61,7 @@ endfunction()
 
 # What every MPI test's environment gets: OpenMPI refuses root without the first two and warns
 # about missing high-speed NICs without the third; the PWM_MPIEXEC* variables tell the Python
-# case files (tests/spmd/spmd_cases.py) which launcher to use. Hydra ignores the OMPI_ ones.
+# case files (tests/harness/launch.py) which launcher to use. Hydra ignores the OMPI_ ones.
 string(REPLACE ";" " " _pwm_flags "${PWM_MPIEXEC_FLAGS}")
 set(PWM_MPI_TEST_ENV
     "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_base_warn_component_unused=0"

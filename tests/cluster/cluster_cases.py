@@ -20,16 +20,18 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
-import spmd_cases as sc  # noqa: E402
+from harness import launch
+from harness.compare import DETERMINISTIC_FIELDS
+from harness.launch import SKIP, SUPERVISE, set_build, trainer
+from harness.outputs import metrics
+from harness.workloads import TINY, train
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 CLUSTER = os.path.join(ROOT, "mpi_scripts", "cluster.sh")
-SKIP = 77
 
 
 def env():
-    e = dict(sc.ENV)
+    e = dict(launch.ENV)
     e["PWM_MPI"] = os.environ.get("PWM_MPI_FLAVOR", "openmpi")
     return e
 
@@ -52,10 +54,10 @@ def run_on_cluster(hosts, slots, command, timeout=300):
 
 
 def train_on_cluster(hosts, slots, n, name, extra, exe="spmd", prefix=""):
-    path = os.path.join(sc.TMP, name + ".jsonl")
-    args = " ".join(sc.TINY + ["--metrics", path] + extra)
-    run_on_cluster(hosts, slots, f"{prefix} $PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}")
-    return sc.metrics(path)
+    path = os.path.join(launch.TMP, name + ".jsonl")
+    args = " ".join(TINY + ["--metrics", path] + extra)
+    run_on_cluster(hosts, slots, f"{prefix} $PWM_CLUSTER_MPIRUN -n {n} {trainer(exe)} {args}")
+    return metrics(path)
 
 
 def assert_bitwise(ref, got, what):
@@ -69,14 +71,14 @@ def assert_bitwise(ref, got, what):
 def case_collectives_two_hosts():
     # 2 hosts x 2 ranks: every algorithm against the analytic result and MPI_Allreduce, with
     # messages inside a host and across the bridge in the same collective.
-    exe = os.path.join(sc.BUILD, "tests", "collectives", "collectives_mpi_tests")
+    exe = os.path.join(launch.BUILD, "tests", "collectives", "collectives_mpi_tests")
     p = run_on_cluster(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {exe} "
                              "--gtest_filter=Mpi.AllReduce*:Mpi.Other*:Mpi.Many*:Mpi.Subgroups*")
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout, p.stdout
 
 
 def case_spmd_two_hosts_bitwise():
-    ref = sc.train(4, "spmd_dp4_one_host", ["--dp", "4"])
+    ref = train(4, "spmd_dp4_one_host", ["--dp", "4"])
     got = train_on_cluster(2, 2, 4, "spmd_dp4_two_hosts", ["--dp", "4"])
     assert_bitwise(ref, got, "spmd_train --dp 4 over 2 hosts vs one host")
 
@@ -84,7 +86,7 @@ def case_spmd_two_hosts_bitwise():
 def case_pathways_island_spans_hosts():
     # One island of 2 devices whose devices are on 2 hosts (controller and worker 1 on host 0,
     # worker 2 on host 1): fused and chained equal spmd_train on one host, bit for bit.
-    ref = sc.train(2, "spmd_dp2", ["--dp", "2"])
+    ref = train(2, "spmd_dp2", ["--dp", "2"])
     for g in ("fused", "chained"):
         got = train_on_cluster(2, 2, 3, "pw_" + g, ["--dp", "2", "--islands", "1x2", "--granularity", g], exe="pathways")
         assert_bitwise(ref, got, f"pathways {g} over an island spanning 2 hosts vs spmd on one host")
@@ -95,8 +97,9 @@ def case_pathways_replicas_two_hosts():
     # ranks round-robin over 2 hosts of 1 slot: the controller and island B's worker on host 0,
     # island A's worker on host 1. The gradients cross between the hosts as the program's
     # transfers (TCP over the bridge); both granularities bitwise equal to spmd_train --dp 2 on
-    # one host (two summands: a + b in either order, see pathways_cases.replicas_equal_spmd_dp).
-    ref = sc.train(2, "spmd_dp2_ref", ["--dp", "2"])
+    # one host (two summands: a + b in either order, see replicas_equal_spmd_dp in
+    # tests/pathways_train/replicas_cases.py).
+    ref = train(2, "spmd_dp2_ref", ["--dp", "2"])
     for g in ("fused", "chained"):
         got = train_on_cluster(2, 1, 3, "pw_r2_" + g, ["--replicas", "2", "--granularity", g], exe="pathways")
         assert_bitwise(ref, got, f"pathways {g} --replicas 2 over 2 hosts vs spmd --dp 2 on one host")
@@ -105,7 +108,7 @@ def case_pathways_replicas_two_hosts():
     # slots: each host's two workers are its island), the gradient shards (fused) or each layer's
     # chunks as they are made (chained) crossing over TCP: bitwise equal to spmd_train --fsdp
     # --replicas 2 --dp 2 on one host.
-    ref = sc.train(4, "spmd_r2dp2_fsdp_ref", ["--replicas", "2", "--dp", "2", "--fsdp"])
+    ref = train(4, "spmd_r2dp2_fsdp_ref", ["--replicas", "2", "--dp", "2", "--fsdp"])
     for g in ("fused", "chained"):
         got = train_on_cluster(2, 3, 5, "pw_r2dp2_fsdp_" + g, ["--replicas", "2", "--dp", "2", "--fsdp", "--granularity", g],
                                exe="pathways")
@@ -118,14 +121,14 @@ def case_spmd_replicas_two_hosts():
     # equal to --dp 2 on one host (a + b in either order is one rounding), and so is pathways_train's
     # exchange in the same layout (the cross-trainer check of the issue). A replica of 2 ranks
     # spread over the 2 hosts (--dp 2 on 2 hosts) is named by the trainer's note.
-    ref = sc.train(2, "spmd_r2_ref", ["--dp", "2"])
+    ref = train(2, "spmd_r2_ref", ["--dp", "2"])
     for mode in ("hierarchical", "flat"):
         got = train_on_cluster(2, 1, 2, "spmd_r2_" + mode, ["--replicas", "2", "--replica-reduce", mode])
         assert_bitwise(ref, got, f"spmd --replicas 2 --replica-reduce {mode} over 2 hosts vs --dp 2 on one host")
     pw = train_on_cluster(2, 1, 3, "pw_r2_vs_spmd_hier", ["--replicas", "2", "--granularity", "chained"], exe="pathways")
     assert_bitwise(ref, pw, "pathways chained --replicas 2 vs spmd --replicas 2 hierarchical (both over 2 hosts)")
-    path = os.path.join(sc.TMP, "spmd_dp2_spread.jsonl")
-    p = run_on_cluster(2, 1, f"$PWM_CLUSTER_MPIRUN -n 2 {sc.trainer('spmd')} {' '.join(sc.TINY + ['--dp', '2', '--metrics', path])}")
+    path = os.path.join(launch.TMP, "spmd_dp2_spread.jsonl")
+    p = run_on_cluster(2, 1, f"$PWM_CLUSTER_MPIRUN -n 2 {trainer('spmd')} {' '.join(TINY + ['--dp', '2', '--metrics', path])}")
     assert "not on one host: replica 0" in p.stdout, f"no note that replica 0 spans hosts:\n{p.stdout}"
 
 
@@ -135,8 +138,8 @@ def case_pipeline_three_hosts():
     # Both traces (the trainer's, and the runtime's PWM_PW_TRACE) label every row with its host,
     # and the runtime's joins each activation transfer from one host to the next by a flow.
     flags = ["--stages", "3", "--layers", "3", "--microbatches", "4"]
-    ref = sc.train(4, "pipe3_one_host", flags + ["--islands", "3x1"], exe="pathways")
-    trace, runtime_trace = os.path.join(sc.TMP, "pipe3.trace.json"), os.path.join(sc.TMP, "pipe3.runtime.json")
+    ref = train(4, "pipe3_one_host", flags + ["--islands", "3x1"], exe="pathways")
+    trace, runtime_trace = os.path.join(launch.TMP, "pipe3.trace.json"), os.path.join(launch.TMP, "pipe3.runtime.json")
     got = train_on_cluster(3, 1, 4, "pipe3_three_hosts", flags + ["--trace", trace], exe="pathways",
                            prefix=f"PWM_PW_TRACE={runtime_trace}")
     assert_bitwise(ref, got, "pipeline S=3 over 3 hosts vs one host")
@@ -170,9 +173,9 @@ def case_compare_hostfile_two_hosts():
     # nodes of a cluster). The runtime's default, one island per host, holds 2 devices at most, so
     # fused and chained must run on one island spanning the hosts; every row reaches the table, and
     # at dp 3 fused and chained end with spmd's weights. A tiny model, 2 rounds of 4 steps: ~15 s.
-    out = os.path.join(sc.TMP, "compare")
+    out = os.path.join(launch.TMP, "compare")
     model = "--d-model 64 --layers 3 --heads 4 --head-dim 16 --d-ff 128 --seq-len 32 --batch 24 --eval-batches 1"
-    p = run_on_cluster(2, 2, f"BUILD_DIR={os.path.abspath(sc.BUILD)} bash {ROOT}/mpi_scripts/compare.sh --np 3 --steps 4 --rounds 2 "
+    p = run_on_cluster(2, 2, f"BUILD_DIR={os.path.abspath(launch.BUILD)} bash {ROOT}/mpi_scripts/compare.sh --np 3 --steps 4 --rounds 2 "
                              f"--hostfile $PWM_HOSTFILE --out {out} -- {model}", timeout=240)
     rows = re.findall(r"^\s*(spmd|fused|chained|pipeline)\s+\d+\s", p.stdout, re.M)
     assert rows == ["spmd", "fused", "chained", "pipeline"], f"the table's rows are {rows}:\n{p.stdout}"
@@ -180,7 +183,7 @@ def case_compare_hostfile_two_hosts():
     for name in ("spmd", "fused", "chained"):
         paths = sorted(glob.glob(os.path.join(out, name + "*.jsonl")))
         assert paths, f"no metrics of {name} in {out}"
-        hashes[name] = sc.metrics(paths[0])[2]["weights_hash"]
+        hashes[name] = metrics(paths[0])[2]["weights_hash"]
     assert len(set(hashes.values())) == 1, f"dp 3: final weights differ: {hashes}"
 
 
@@ -205,9 +208,9 @@ def case_watchdog_names_stopped_rank_and_host():
     # A rank on host 1 is stopped (SIGSTOP) mid-training: another rank's watchdog names it and
     # its host, and the job ends non-zero instead of hanging. The rank is stopped only once rank
     # 0 has logged a training step (every rank is then past start-up, in the step loop).
-    args = " ".join(sc.TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "400", "--step-sleep-ms", "50",
-                                    "--log-every", "1"])
-    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {sc.trainer()} {args}", timeout=180)
+    args = " ".join(TINY[:-2] + ["--coll-timeout", "4", "--dp", "4", "--steps", "400", "--step-sleep-ms", "50",
+                                 "--log-every", "1"])
+    cmd = cluster_cmd(2, 2, f"$PWM_CLUSTER_MPIRUN -n 4 {trainer()} {args}", timeout=180)
     proc, name, lines, reader = start_until_a_step(cmd)
     stopped = None
     for pid in subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True, text=True).stdout.split():
@@ -254,8 +257,8 @@ def network_cut_ends_the_job(exe, n):
     bound = 2 * timeout + 5
     flags = ["--coll-timeout", str(timeout), "--steps", "400", "--step-sleep-ms", "50", "--log-every", "1"]
     flags += ["--dp", str(n)] if exe in ("spmd", "static") else ["--dp", str(n - 1), "--islands", f"1x{n - 1}"]
-    args = " ".join(sc.TINY[:-2] + flags)
-    cmd = cluster_cmd(2, 1, f"$PWM_CLUSTER_MPIRUN -n {n} {sc.trainer(exe)} {args}", timeout=150)
+    args = " ".join(TINY[:-2] + flags)
+    cmd = cluster_cmd(2, 1, f"$PWM_CLUSTER_MPIRUN -n {n} {trainer(exe)} {args}", timeout=150)
     proc, name, lines, reader = start_until_a_step(cmd)
     subprocess.run(["ip", "-n", f"{name}-sw", "link", "set", f"{name}-p1", "down"], check=True)
     cut = time.time()
@@ -362,10 +365,10 @@ def case_spare_worker_survives_a_host_cut():
     timeout = 3
     flags = ["--replicas", "2", "--granularity", "chained", "--coll-timeout", str(timeout), "--steps", "200",
              "--step-sleep-ms", "20", "--log-every", "1"]
-    ref = sc.train(3, "cut_ref", flags, exe="pathways")
-    m = os.path.join(sc.TMP, "cut.jsonl")
-    args = " ".join(sc.TINY[:-2] + flags + ["--spare-workers", "1", "--islands", "1x3", "--metrics", m])
-    cmd = cluster_cmd(3, 1, f"$PWM_CLUSTER_MPIRUN --enable-recovery --map-by node -n 4 {sc.trainer('pathways')} {args}",
+    ref = train(3, "cut_ref", flags, exe="pathways")
+    m = os.path.join(launch.TMP, "cut.jsonl")
+    args = " ".join(TINY[:-2] + flags + ["--spare-workers", "1", "--islands", "1x3", "--metrics", m])
+    cmd = cluster_cmd(3, 1, f"$PWM_CLUSTER_MPIRUN --enable-recovery --map-by node -n 4 {trainer('pathways')} {args}",
                       timeout=200)
     rc, out, cut, seen, name = run_and_cut(cmd, 20)
     lost = re.search(r"pathways liveness: the controller lost device 0 \(world rank 1 on " + re.escape(name) + r"-h1\).*", out)
@@ -373,7 +376,7 @@ def case_spare_worker_survives_a_host_cut():
     recovered = [t for line, t in seen.items() if "recovered at step" in line and "replica 1's memory" in line]
     assert recovered, f"no recovery from replica 1's memory:\n{out[-4000:]}"
     assert recovered[0] - cut <= 2 * timeout + 5, f"recovered {recovered[0] - cut:.1f} s after the cut"
-    assert_bitwise(ref, sc.metrics(m), "pathways --replicas 2 after host 1 was cut off")
+    assert_bitwise(ref, metrics(m), "pathways --replicas 2 after host 1 was cut off")
     done = [t for line, t in seen.items() if "the run is done and written" in line]
     assert done, f"the job did not end the lost rank:\n{out[-3000:]}"
     print(f"{lost.group(0)[:200]}\nrecovered {recovered[0] - cut:.1f} s after the cut; bitwise equal to the run "
@@ -390,20 +393,20 @@ def case_supervisor_restarts_after_a_host_cut():
     for exe in ("spmd", "static"):
         flags = ["--dp", "2", "--coll-timeout", "3", "--steps", "150", "--step-sleep-ms", "20", "--log-every", "1"]
         flags += ["--granularity", "chained"] if exe == "static" else []
-        ref = sc.train(2, f"sup_cut_ref_{exe}", flags, exe=exe)
-        ck, m = os.path.join(sc.TMP, f"sup_cut_{exe}.ckpt"), os.path.join(sc.TMP, f"sup_cut_{exe}.jsonl")
-        args = " ".join(sc.TINY[:-2] + flags + ["--ckpt", ck, "--ckpt-every", "25", "--resume", "--metrics", m])
-        prog = sc.trainer(exe)
-        job = (f"bash {sc.SUPERVISE} --max-restarts 1 --done-file {m} -- $PWM_CLUSTER_MPIRUN --map-by node -n 2 "
+        ref = train(2, f"sup_cut_ref_{exe}", flags, exe=exe)
+        ck, m = os.path.join(launch.TMP, f"sup_cut_{exe}.ckpt"), os.path.join(launch.TMP, f"sup_cut_{exe}.jsonl")
+        args = " ".join(TINY[:-2] + flags + ["--ckpt", ck, "--ckpt-every", "25", "--resume", "--metrics", m])
+        prog = trainer(exe)
+        job = (f"bash {SUPERVISE} --max-restarts 1 --done-file {m} -- $PWM_CLUSTER_MPIRUN --map-by node -n 2 "
                f"{prog} {args} --- $PWM_CLUSTER_MPIRUN --host $PWM_CLUSTER_NAME-h0:2 -n 2 {prog} {args}")
         rc, out, cut, seen, name = run_and_cut(cluster_cmd(2, 1, job, timeout=200), 30)
         assert rc == 0, f"{exe}: the supervised job failed ({rc}):\n{out[-4000:]}"
         restart = re.search(r"supervise\.sh: attempt 1 ended .*restart 1 of at most 1, from " + re.escape(ck), out)
         assert restart, f"{exe}: no restart from the checkpoint:\n{out[-4000:]}"
-        got = sc.metrics(m)
+        got = metrics(m)
         assert min(got[0]) == 25, f"{exe}: the restart began at step {min(got[0])}, not at the step-25 checkpoint"
         for st in got[0]:
-            for k in sc.DETERMINISTIC_FIELDS:
+            for k in DETERMINISTIC_FIELDS:
                 assert got[0][st][k] == ref[0][st][k], f"{exe} step {st} {k}: {got[0][st][k]} vs {ref[0][st][k]}"
         assert got[2]["weights_hash"] == ref[2]["weights_hash"], f"{exe}: final weights differ from the run without the cut"
         print(f"{exe}: {restart.group(0)}; steps 25..149 and the final weights bitwise equal to the run without the cut")
@@ -412,7 +415,7 @@ def case_supervisor_restarts_after_a_host_cut():
 def main():
     case, build = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory(prefix="pwm_cluster_") as tmp:
-        sc.set_build(build, tmp)
+        set_build(build, tmp)
         globals()["case_" + case]()
     print(f"{case}: ok")
 

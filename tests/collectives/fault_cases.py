@@ -8,10 +8,10 @@ non-zero with one clear line, never with a memory corruption, a backtrace or a h
 """
 import os
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
-import spmd_cases as sc  # noqa: E402  (shared helpers: MPIRUN, ENV, TINY, trainer)
+from harness import launch
+from harness.launch import MPIRUN, NP_FLAG, case_main, trainer
+from harness.workloads import TINY
 
 # What a memory corruption, an escaped exception or an MPI error handler leaves in the output.
 CORRUPTION = ("free(): ", "corrupted", "double free", "Segmentation fault", "signal 11", "SIGSEGV", "Aborted",
@@ -25,10 +25,10 @@ def case_mismatched_buckets_fail_cleanly():
     # before training, a line naming the differing flag) and no trace of a memory corruption.
     # Repeated: before issue 17 six runs in seven crashed, one of them with no error line.
     def app(bucket):
-        return [sc.NP_FLAG, "1", sc.trainer()] + sc.TINY + ["--dp", "2", "--bucket-bytes", str(bucket)]
+        return [NP_FLAG, "1", trainer()] + TINY + ["--dp", "2", "--bucket-bytes", str(bucket)]
     for i in range(4):
-        cmd = sc.MPIRUN + app(100000) + [":"] + app(50000)
-        p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=120)
+        cmd = MPIRUN + app(100000) + [":"] + app(50000)
+        p = subprocess.run(cmd, env=launch.ENV, capture_output=True, text=True, timeout=120)
         out = p.stdout + p.stderr
         assert p.returncode != 0, f"run {i}: mismatched bucket sizes exited 0:\n{out}"
         lines = [l for l in out.splitlines()
@@ -47,12 +47,12 @@ BAD_ENV = (("PWM_COLL_TIMEOUT", "abc"), ("PWM_COLL_TIMEOUT", "0"), ("PWM_COLL_TI
 
 
 def expect_env_error(exe, n, flags, name, value):
-    cmd = sc.MPIRUN + [sc.NP_FLAG, str(n), sc.trainer(exe)] + sc.TINY + flags
-    p = subprocess.run(cmd, env=dict(sc.ENV, **{name: value}), capture_output=True, text=True, timeout=120)
+    cmd = MPIRUN + [NP_FLAG, str(n), trainer(exe)] + TINY + flags
+    p = subprocess.run(cmd, env=dict(launch.ENV, **{name: value}), capture_output=True, text=True, timeout=120)
     out = p.stdout + p.stderr
-    what = f"{name}={value} {os.path.basename(sc.trainer(exe))}"
+    what = f"{name}={value} {os.path.basename(trainer(exe))}"
     assert p.returncode != 0, f"{what}: exited 0"
-    prog = os.path.basename(sc.trainer(exe))
+    prog = os.path.basename(trainer(exe))
     lines = [l for l in out.splitlines() if "error:" in l]
     assert len(lines) == 1, f"{what}: expected one error line, got {len(lines)}:\n{out[-3000:]}"
     assert lines[0].startswith(f"{prog}: error: {name}={value}: expected "), f"{what}: {lines[0]}"
@@ -73,4 +73,4 @@ def case_bad_environment_fails_cleanly():
 
 
 if __name__ == "__main__":
-    sc.case_main(globals(), "coll")
+    case_main(globals(), "coll")

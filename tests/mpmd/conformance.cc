@@ -25,7 +25,7 @@ using programs::register_train_kernels;
 
 namespace {
 
-// tests/spmd/spmd_cases.py's TINY workload.
+// tests/harness/workloads.py's TINY workload.
 const std::vector<std::string> kTiny = {"--d-model", "64", "--layers", "2", "--heads", "4", "--head-dim", "16",
                                         "--d-ff", "128", "--seq-len", "32", "--batch", "8", "--steps", "6",
                                         "--lr", "3e-3", "--peak-gflops", "50", "--eval-batches", "2",

@@ -13,12 +13,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
-import spmd_cases as sc  # noqa: E402  (shared helpers: MPIRUN, ENV, TINY, trainer)
+from harness import launch
+from harness.launch import MPIRUN, NP_FLAG, case_main, trainer
+from harness.workloads import TINY
 
 TIMEOUT_S = 3
 # A hang is what these cases catch: the bound only has to be far above 2 x the timeout.
@@ -51,11 +51,11 @@ def rank_pids(marker):
 def stop_rank_during_training(n, flags, rank):
     """Runs pathways_train on n ranks, SIGSTOPs world rank `rank` after the first logged step and
     returns (exit code, output). Every rank left is killed at the end (SIGCONT first)."""
-    marker = os.path.join(sc.TMP, "liveness.jsonl")
-    args = sc.TINY[:-2] + ["--coll-timeout", str(TIMEOUT_S), "--steps", "5000", "--log-every", "1",
-                           "--metrics", marker] + flags
-    cmd = sc.MPIRUN + [sc.NP_FLAG, str(n), sc.trainer("pathways")] + args
-    proc = subprocess.Popen(cmd, env=sc.ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marker = os.path.join(launch.TMP, "liveness.jsonl")
+    args = TINY[:-2] + ["--coll-timeout", str(TIMEOUT_S), "--steps", "5000", "--log-every", "1",
+                        "--metrics", marker] + flags
+    cmd = MPIRUN + [NP_FLAG, str(n), trainer("pathways")] + args
+    proc = subprocess.Popen(cmd, env=launch.ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -125,4 +125,4 @@ def case_single_worker_stopped():
 
 
 if __name__ == "__main__":
-    sc.case_main(globals(), "pw_live")
+    case_main(globals(), "pw_live")

@@ -6,32 +6,28 @@
 The reference is always spmd_train on the same workload (tiny model, default corpus): with the
 same dp/tp sharding the Pathways runs (fused, chained, opbyop) must give the same bits; the MPMD
 pipeline adds the embedding's two gradient parts in another order, so it agrees to a tolerance.
+
+The cases of replicas (replicas_cases.py) and of in-job recovery (recovery_cases.py) are in
+files of their own beside this one, imported here: CTest runs them all through this file. What
+every case file shares is tests/harness/.
 """
-import json
 import os
-import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
-import spmd_cases as sc  # noqa: E402  (shared helpers: run, train, metrics, expect_error)
-
-FIELDS = ("step", "loss", "lr", "grad_norm")
-
-
-def assert_bitwise(ref, got, what, ref_name="spmd_train"):
-    (rs, rv, rf), (gs, gv, gf) = ref, got
-    assert sorted(rs) == sorted(gs), f"{what}: different steps {sorted(gs)}"
-    for s in rs:
-        for k in FIELDS:
-            assert rs[s][k] == gs[s][k], f"{what}: step {s} {k}: {gs[s][k]!r} vs spmd {rs[s][k]!r}"
-    assert rv == gv, f"{what}: validation losses {gv} vs spmd {rv}"
-    assert rf["weights_hash"] == gf["weights_hash"], f"{what}: weights {gf['weights_hash']} vs spmd {rf['weights_hash']}"
-    print(f"{what}: {len(rs)} steps, losses, gradient norms and final weights bitwise equal to {ref_name}")
+from harness import launch
+from harness.checks import check_mfu_never_over_one, check_nonfinite_stop, check_overlap, nan_step_runs
+from harness.compare import FIELDS, RTOL, assert_bitwise, assert_close_curves
+from harness.errors import expect_error, one_error_line
+from harness.launch import MPIRUN, NP_FLAG, case_main, mpmd, run, small_tmpfs, trainer
+from harness.outputs import temp_leftovers
+from harness.workloads import TINY, train
+from recovery_cases import (case_spare_worker_recovers_a_pipeline, case_spare_worker_recovers_bitwise,  # noqa: F401
+                            case_spare_worker_survives_a_stop)
+from replicas_cases import (case_fsdp_equals_spmd, case_replicas_bad_inputs_fail_cleanly,  # noqa: F401
+                            case_replicas_dp2_match_spmd_dp4, case_replicas_equal_spmd_dp,
+                            case_replicas_exchange_overlaps_backward, case_replicas_resume_across_meshes)
 
 
 def case_bitwise_equal_to_spmd():
@@ -39,16 +35,16 @@ def case_bitwise_equal_to_spmd():
     # per-layer pieces as spmd_train's buckets (docs/pathways_train.md, "The dp sums").
     for mesh, np_ in ((["--dp", "2"], 2), (["--tp", "2"], 2), (["--dp", "2", "--microbatches", "2"], 2),
                       (["--dp", "3", "--batch", "12"], 3)):
-        ref = sc.train(np_, "spmd" + "".join(mesh), mesh)
+        ref = train(np_, "spmd" + "".join(mesh), mesh)
         for g in ("fused", "chained", "opbyop"):
             if g == "opbyop" and ("--microbatches" in mesh or np_ == 3):  # (opbyop at dp 3: the in-process suite)
                 continue
-            got = sc.train(np_ + 1, g + "".join(mesh), mesh + ["--granularity", g], exe="pathways")
+            got = train(np_ + 1, g + "".join(mesh), mesh + ["--granularity", g], exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} {' '.join(mesh)}")
     # Sequential dispatch (the paper's baseline) computes the same thing.
-    ref = sc.train(2, "spmd_seq", ["--dp", "2"])
-    assert_bitwise(ref, sc.train(3, "chained_seq", ["--dp", "2", "--granularity", "chained", "--sequential"],
-                                 exe="pathways"), "pathways chained --sequential")
+    ref = train(2, "spmd_seq", ["--dp", "2"])
+    assert_bitwise(ref, train(3, "chained_seq", ["--dp", "2", "--granularity", "chained", "--sequential"],
+                              exe="pathways"), "pathways chained --sequential")
 
 
 def case_bitwise_equal_to_spmd_bf16():
@@ -57,37 +53,37 @@ def case_bitwise_equal_to_spmd_bf16():
     # same bits from a second spmd_train run. The fp32 run must differ: the flag reached the
     # ranks that multiply.
     bf16 = ["--precision", "bf16"]
-    fp32 = sc.train(2, "spmd_dp2_fp32", ["--dp", "2"])
+    fp32 = train(2, "spmd_dp2_fp32", ["--dp", "2"])
     for mesh in (["--dp", "2"], ["--tp", "2"]):
-        ref = sc.train(2, "spmd_bf16" + "".join(mesh), mesh + bf16)
+        ref = train(2, "spmd_bf16" + "".join(mesh), mesh + bf16)
         if mesh == ["--dp", "2"]:
-            assert_bitwise(ref, sc.train(2, "spmd_bf16_again", mesh + bf16), "spmd_train bf16, second run")
+            assert_bitwise(ref, train(2, "spmd_bf16_again", mesh + bf16), "spmd_train bf16, second run")
             s0 = min(ref[0])
             assert ref[0][s0]["loss"] != fp32[0][s0]["loss"], "bf16 gave the fp32 bits: the flag did not reach the GEMMs"
         for g in ("fused", "chained"):
-            got = sc.train(3, g + "_bf16" + "".join(mesh), mesh + bf16 + ["--granularity", g], exe="pathways")
+            got = train(3, g + "_bf16" + "".join(mesh), mesh + bf16 + ["--granularity", g], exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} {' '.join(mesh)} --precision bf16")
     # A bad value: one line, every rank exits non-zero, no output left.
-    m = os.path.join(sc.TMP, "bad_precision.jsonl")
+    m = os.path.join(launch.TMP, "bad_precision.jsonl")
     for exe, n in (("spmd", 2), ("pathways", 3)):
-        sc.expect_error(n, sc.TINY + ["--precision", "fp16", "--metrics", m], "--precision 'fp16': expected one of fp32, bf16",
-                        [m], exe=exe)
+        expect_error(n, TINY + ["--precision", "fp16", "--metrics", m], "--precision 'fp16': expected one of fp32, bf16",
+                     [m], exe=exe)
 
 
 def case_pipeline_matches_spmd():
     # Tolerance: the pipeline sums the tied embedding's gradient as (head parts) + (lookup parts)
     # instead of interleaved per micro-batch; the difference is float rounding (~1e-7 relative)
     # carried through AdamW, as for dp/tp in tests/spmd (same 1e-5 bound, same reasoning).
-    ref = sc.train(1, "spmd_m4", ["--microbatches", "4"])
+    ref = train(1, "spmd_m4", ["--microbatches", "4"])
     for sched in ("gpipe", "1f1b"):
-        got = sc.train(3, "pipe2_" + sched, ["--stages", "2", "--microbatches", "4", "--schedule", sched], exe="pathways")
-        sc.assert_close_curves(ref, got, sc.RTOL, f"pipeline S=2 M=4 {sched} vs spmd")
+        got = train(3, "pipe2_" + sched, ["--stages", "2", "--microbatches", "4", "--schedule", sched], exe="pathways")
+        assert_close_curves(ref, got, RTOL, f"pipeline S=2 M=4 {sched} vs spmd")
         assert 0.0 <= got[2]["bubble"] < 1.0 and abs(got[2]["bubble_bound"] - 1 / 5) < 1e-12
     # Four stages over four layers.
     four = ["--layers", "4", "--microbatches", "4"]
-    ref4 = sc.train(1, "spmd_l4", four)
-    got4 = sc.train(5, "pipe4", four + ["--stages", "4", "--schedule", "1f1b"], exe="pathways")
-    sc.assert_close_curves(ref4, got4, sc.RTOL, "pipeline S=4 M=4 1f1b vs spmd")
+    ref4 = train(1, "spmd_l4", four)
+    got4 = train(5, "pipe4", four + ["--stages", "4", "--schedule", "1f1b"], exe="pathways")
+    assert_close_curves(ref4, got4, RTOL, "pipeline S=4 M=4 1f1b vs spmd")
 
 
 def case_pipeline_stages_of_dp_tp_match_spmd():
@@ -99,12 +95,12 @@ def case_pipeline_stages_of_dp_tp_match_spmd():
     # pipeline_matches_spmd derives (the tied embedding's two parts are summed in another order).
     for mesh in (["--dp", "2"], ["--tp", "2"]):
         m4 = mesh + ["--microbatches", "4"]
-        ref = sc.train(2, "spmd" + "".join(m4), m4)
-        got = sc.train(5, "pipe2x2" + "".join(m4), m4 + ["--stages", "2", "--schedule", "1f1b"], exe="pathways")
-        sc.assert_close_curves(ref, got, sc.RTOL, f"pipeline S=2 of {' '.join(mesh)} 1f1b vs spmd {' '.join(mesh)}")
+        ref = train(2, "spmd" + "".join(m4), m4)
+        got = train(5, "pipe2x2" + "".join(m4), m4 + ["--stages", "2", "--schedule", "1f1b"], exe="pathways")
+        assert_close_curves(ref, got, RTOL, f"pipeline S=2 of {' '.join(mesh)} 1f1b vs spmd {' '.join(mesh)}")
         for s in ref[0]:
             a, b = ref[0][s]["grad_norm"], got[0][s]["grad_norm"]
-            assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
+            assert abs(a - b) <= RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
 
 
 def backward_during_reductions(trace_path, kernels=("dp_reduce_start", "dp_reduce_finish", "dp_allreduce")):
@@ -147,8 +143,8 @@ def case_pipeline_stage_dp_reduce_overlaps_backward():
              "--d-model", "256", "--d-ff", "1024", "--head-dim", "64", "--schedule", "1f1b"]
     got = {}
     for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
-        t = os.path.join(sc.TMP, f"stage_reduce_{name}.json")
-        got[name] = sc.train(S * dp + 1, "stage_reduce_" + name, flags + extra + ["--trace", t], exe="pathways")
+        t = os.path.join(launch.TMP, f"stage_reduce_{name}.json")
+        got[name] = train(S * dp + 1, "stage_reduce_" + name, flags + extra + ["--trace", t], exe="pathways")
         rows = backward_during_reductions(t)
         assert len(rows) == S * dp, f"{name}: block_bwd on rows {sorted(rows)}, want {S * dp} workers"
         print(f"{name}: per worker row (reductions, block_bwd started inside one, sums seen complete after it): {rows}")
@@ -175,8 +171,8 @@ def case_fsdp_reduce_scatter_overlaps_gather():
              "--d-model", "256", "--d-ff", "1024", "--head-dim", "64"]
     got = {}
     for name, extra in (("overlap", []), ("no_overlap", ["--no-overlap"])):
-        t = os.path.join(sc.TMP, f"fsdp_rs_{name}.json")
-        got[name] = sc.train(dp + 1, "fsdp_rs_" + name, flags + extra + ["--trace", t], exe="pathways")
+        t = os.path.join(launch.TMP, f"fsdp_rs_{name}.json")
+        got[name] = train(dp + 1, "fsdp_rs_" + name, flags + extra + ["--trace", t], exe="pathways")
         rows = backward_during_reductions(t, ("fsdp_rs_start", "fsdp_rs_finish", "fsdp_reduce_scatter"))
         assert len(rows) == dp, f"{name}: block_bwd on rows {sorted(rows)}, want {dp} workers"
         ev = [e for e in json.load(open(t))["traceEvents"] if e.get("ph") == "X"]
@@ -204,14 +200,14 @@ def case_pipeline_replicas_match_spmd():
     # embedding's two parts are summed in another order). That both replicas end with the same
     # bits is checked by pathways_train itself (it fails the run otherwise).
     m4 = ["--microbatches", "4"]
-    ref = sc.train(2, "spmd_dp2_m4", ["--dp", "2"] + m4)
+    ref = train(2, "spmd_dp2_m4", ["--dp", "2"] + m4)
     for sched in ("1f1b", "gpipe"):
-        got = sc.train(5, "pipe_r2_" + sched, ["--replicas", "2", "--stages", "2", "--islands", "2x2", "--schedule", sched] + m4,
-                       exe="pathways")
-        sc.assert_close_curves(ref, got, sc.RTOL, f"2 replicas of a 2-stage {sched} pipeline vs spmd --dp 2")
+        got = train(5, "pipe_r2_" + sched, ["--replicas", "2", "--stages", "2", "--islands", "2x2", "--schedule", sched] + m4,
+                    exe="pathways")
+        assert_close_curves(ref, got, RTOL, f"2 replicas of a 2-stage {sched} pipeline vs spmd --dp 2")
         for s in ref[0]:
             a, b = ref[0][s]["grad_norm"], got[0][s]["grad_norm"]
-            assert abs(a - b) <= sc.RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
+            assert abs(a - b) <= RTOL * abs(a), f"step {s} gradient norm {b} vs spmd {a}"
         f = got[2]
         assert f["stage_islands"] == [0, 0, 1, 1], f"replica r's stages on island r: {f['stage_islands']}"
         # Between the replicas per step: every device sends each of its stage's pieces (the
@@ -251,8 +247,8 @@ def case_pipeline_1f1b_order_and_memory():
     flags = ["--stages", str(S), "--microbatches", str(M), "--seq-len", "64", "--batch", "16", "--steps", "3"]
     got = {}
     for sched in ("gpipe", "1f1b"):
-        t = os.path.join(sc.TMP, f"order_{sched}.json")
-        got[sched] = sc.train(S + 1, "order_" + sched, flags + ["--schedule", sched, "--trace", t], exe="pathways")
+        t = os.path.join(launch.TMP, f"order_{sched}.json")
+        got[sched] = train(S + 1, "order_" + sched, flags + ["--schedule", sched, "--trace", t], exe="pathways")
         counts, pid = stage0_forwards_before_first_backward(t)
         want = S if sched == "1f1b" else M
         assert len(counts) == 3 and all(c == want for c in counts), \
@@ -272,25 +268,25 @@ def case_pipeline_1f1b_order_and_memory():
 
 
 def case_checkpoints_cross_trainers():
-    ref = sc.train(2, "ref", ["--dp", "2"])
+    ref = train(2, "ref", ["--dp", "2"])
     # spmd_train is killed after its step-4 checkpoint; pathways_train resumes from it.
-    ck = os.path.join(sc.TMP, "a.ckpt")
-    p = sc.run(2, sc.TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
-               expect_ok=False)
+    ck = os.path.join(launch.TMP, "a.ckpt")
+    p = run(2, TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
+            expect_ok=False)
     assert p.returncode != 0
-    got = sc.train(3, "pw_resumed", ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume", "--granularity", "chained"],
-                   exe="pathways")
+    got = train(3, "pw_resumed", ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume", "--granularity", "chained"],
+                exe="pathways")
     assert min(got[0]) == 4, f"pathways resumed at {min(got[0])}"
     for s in got[0]:
         for k in FIELDS:
             assert got[0][s][k] == ref[0][s][k], f"step {s} {k} differs after resuming in pathways_train"
     assert got[2]["weights_hash"] == ref[2]["weights_hash"]
     # pathways_train is killed after its step-4 checkpoint; spmd_train resumes from it.
-    ck2 = os.path.join(sc.TMP, "b.ckpt")
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2", "--kill-step", "5"], expect_ok=False,
-               exe="pathways")
+    ck2 = os.path.join(launch.TMP, "b.ckpt")
+    p = run(3, TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2", "--kill-step", "5"], expect_ok=False,
+            exe="pathways")
     assert p.returncode != 0
-    got = sc.train(2, "spmd_resumed", ["--dp", "2", "--ckpt", ck2, "--resume"])
+    got = train(2, "spmd_resumed", ["--dp", "2", "--ckpt", ck2, "--resume"])
     assert min(got[0]) == 4, f"spmd resumed at {min(got[0])}"
     assert got[2]["weights_hash"] == ref[2]["weights_hash"], "resuming a pathways checkpoint in spmd_train diverged"
     print("checkpoints resume bitwise across the two trainers")
@@ -311,10 +307,10 @@ def case_moe_routings_equal_spmd():
             ("worker", DROPLESS, ("fused", "chained", "opbyop")),
             ("controller", DROPLESS, ("chained", "opbyop")))
     for routing, cap, grans in runs:
-        ref = sc.train(2, "moe_spmd_" + routing, MOE + cap + mb)
+        ref = train(2, "moe_spmd_" + routing, MOE + cap + mb)
         for g in grans:
-            got = sc.train(3, f"moe_{routing}_{g}", MOE + cap + mb + ["--granularity", g, "--moe-routing", routing],
-                           exe="pathways")
+            got = train(3, f"moe_{routing}_{g}", MOE + cap + mb + ["--granularity", g, "--moe-routing", routing],
+                        exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} --moe-routing {routing}")
             want = 2 * 2 if routing == "controller" else 0  # micro-batches x MoE layers
             for st in got[0]:
@@ -323,23 +319,23 @@ def case_moe_routings_equal_spmd():
                     assert m[k] == r[k], f"{routing} {g}: step {st} moe {k}: {m[k]} vs spmd {r[k]}"
                 assert m["round_trips"] == want, f"{routing} {g}: step {st}: {m['round_trips']} round trips, not {want}"
     # --moe-routing auto is static under a capacity, worker when dropless (no round trip).
-    got = sc.train(3, "moe_auto", MOE + DROPLESS + ["--granularity", "chained"], exe="pathways")
+    got = train(3, "moe_auto", MOE + DROPLESS + ["--granularity", "chained"], exe="pathways")
     assert all(got[0][st]["moe"]["round_trips"] == 0 for st in got[0])
 
 
 def case_moe_checkpoints_cross_trainers():
     # A checkpoint holds whole tensors (every expert) whichever trainer wrote it under
     # --expert-parallel 2: pathways_train's resumes in spmd_train and the reverse, bitwise.
-    ref = sc.train(2, "moe_ref", MOE + CAPACITY)
+    ref = train(2, "moe_ref", MOE + CAPACITY)
     for writer, reader in (("pathways", "spmd"), ("spmd", "pathways")):
-        ck = os.path.join(sc.TMP, f"moe_{writer}.ckpt")
+        ck = os.path.join(launch.TMP, f"moe_{writer}.ckpt")
         n = 3 if writer == "pathways" else 2
-        p = sc.run(n, sc.TINY + MOE + CAPACITY + ["--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5",
+        p = run(n, TINY + MOE + CAPACITY + ["--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5",
                                                    "--kill-rank", "1"], expect_ok=False, exe=writer)
         assert p.returncode != 0 and os.path.exists(ck), f"{writer}: no step-4 checkpoint"
         extra = ["--granularity", "chained"] if reader == "pathways" else []
-        got = sc.train(3 if reader == "pathways" else 2, f"moe_{reader}_resumed", MOE + CAPACITY + extra +
-                       ["--ckpt", ck, "--resume"], exe=reader)
+        got = train(3 if reader == "pathways" else 2, f"moe_{reader}_resumed", MOE + CAPACITY + extra +
+                    ["--ckpt", ck, "--resume"], exe=reader)
         assert min(got[0]) == 4, f"{reader} resumed at {min(got[0])}"
         for st in got[0]:
             for k in FIELDS:
@@ -359,10 +355,10 @@ def case_moe_expert_island_equals_spmd():
     isl = ["--expert-island", "--islands", "2x2"]
     refs = {}
     for routing, cap in (("static", CAPACITY), ("worker", DROPLESS), ("controller", DROPLESS)):
-        ref = refs[routing] = sc.train(2, "isl_spmd_" + routing, MOE + cap + mb)
+        ref = refs[routing] = train(2, "isl_spmd_" + routing, MOE + cap + mb)
         for g in ("chained", "opbyop"):
-            got = sc.train(5, f"isl_{routing}_{g}", MOE + cap + mb + isl + ["--granularity", g, "--moe-routing", routing],
-                           exe="pathways")
+            got = train(5, f"isl_{routing}_{g}", MOE + cap + mb + isl + ["--granularity", g, "--moe-routing", routing],
+                        exe="pathways")
             assert_bitwise(ref, got, f"pathways {g} --expert-island --moe-routing {routing}")
             for st in got[0]:
                 m, r = got[0][st]["moe"], ref[0][st]["moe"]
@@ -371,12 +367,12 @@ def case_moe_expert_island_equals_spmd():
                 # The controller's: one per MoE layer, micro-batch and experts' device, as the runtime counted.
                 want = 2 * 2 * 2 if routing == "controller" else 0
                 assert m["round_trips"] == want, f"island {routing} {g}: step {st}: {m['round_trips']} round trips"
-    ck = os.path.join(sc.TMP, "isl.ckpt")
+    ck = os.path.join(launch.TMP, "isl.ckpt")
     run = MOE + CAPACITY + mb + isl + ["--granularity", "chained", "--ckpt", ck]
-    p = sc.run(5, sc.TINY + run + ["--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"], expect_ok=False,
-               exe="pathways")
+    p = launch.run(5, TINY + run + ["--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"], expect_ok=False,
+                   exe="pathways")
     assert p.returncode != 0 and os.path.exists(ck), "--expert-island: no step-4 checkpoint"
-    got = sc.train(5, "isl_resumed", run + ["--resume"], exe="pathways")
+    got = train(5, "isl_resumed", run + ["--resume"], exe="pathways")
     assert min(got[0]) == 4, f"--expert-island resumed at {min(got[0])}"
     ref = refs["static"]
     for st in got[0]:
@@ -387,7 +383,7 @@ def case_moe_expert_island_equals_spmd():
 
 
 def case_moe_bad_settings_are_one_line():
-    m = os.path.join(sc.TMP, "moe_bad.jsonl")
+    m = os.path.join(launch.TMP, "moe_bad.jsonl")
     bad = (
         (MOE + DROPLESS + ["--moe-routing", "static"], "--moe-routing static needs a capacity"),
         (MOE + CAPACITY + ["--moe-routing", "controller"], "--moe-routing controller routes dropless layers"),
@@ -403,25 +399,25 @@ def case_moe_bad_settings_are_one_line():
         (MOE + CAPACITY + ["--expert-island", "--granularity", "chained"], "--expert-island needs 4 workers"),
     )
     for args, pattern in bad:
-        sc.expect_error(3, sc.TINY + args + ["--metrics", m], pattern, [m], exe="pathways")
+        expect_error(3, TINY + args + ["--metrics", m], pattern, [m], exe="pathways")
 
 
 def case_bad_inputs_fail_cleanly():
-    m = os.path.join(sc.TMP, "bad.jsonl")
-    sc.expect_error(3, sc.TINY + ["--dp", "3", "--metrics", m], "--dp 3 x --tp 1 = 3 ranks", [m], exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--layers", "4", "--stages", "3", "--metrics", m], "--stages 3 needs 3 workers", [m],
-                    exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--stages", "3", "--metrics", m], "each stage needs a layer", [m], exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--stages", "2", "--dp", "2", "--metrics", m], "needs 4 workers", [m],
-                    exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--granularity", "bogus"], "granularity", exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--dp", "2", "--data", "/nonexistent/x.txt"], "/nonexistent/x.txt", exe="pathways")
+    m = os.path.join(launch.TMP, "bad.jsonl")
+    expect_error(3, TINY + ["--dp", "3", "--metrics", m], "--dp 3 x --tp 1 = 3 ranks", [m], exe="pathways")
+    expect_error(3, TINY + ["--layers", "4", "--stages", "3", "--metrics", m], "--stages 3 needs 3 workers", [m],
+                 exe="pathways")
+    expect_error(3, TINY + ["--stages", "3", "--metrics", m], "each stage needs a layer", [m], exe="pathways")
+    expect_error(3, TINY + ["--stages", "2", "--dp", "2", "--metrics", m], "needs 4 workers", [m],
+                 exe="pathways")
+    expect_error(3, TINY + ["--granularity", "bogus"], "granularity", exe="pathways")
+    expect_error(3, TINY + ["--dp", "2", "--data", "/nonexistent/x.txt"], "/nonexistent/x.txt", exe="pathways")
 
 
 def case_trace_has_controller_and_workers():
     import json
-    t = os.path.join(sc.TMP, "t.json")
-    sc.train(3, "traced", ["--dp", "2", "--granularity", "chained", "--trace", t], exe="pathways")
+    t = os.path.join(launch.TMP, "t.json")
+    train(3, "traced", ["--dp", "2", "--granularity", "chained", "--trace", t], exe="pathways")
     ev = json.load(open(t))["traceEvents"]
     pids = {e["pid"] for e in ev}
     assert pids == {0, 1, 2}, f"trace rows {pids}"
@@ -432,273 +428,43 @@ def case_trace_has_controller_and_workers():
 
 def case_fused_first_bucket_overlaps_backward():
     # Issue 18: the fused kernel runs the same BucketedAllreduce as spmd_train (rows 1 and 2 are
-    # the workers; spmd_cases.check_overlap also runs the one-bucket control).
+    # the workers; harness.checks.check_overlap also runs the one-bucket control).
     def traced(name, extra):
-        t = os.path.join(sc.TMP, f"overlap_{name}.json")
-        sc.train(3, "overlap_" + name, ["--dp", "2", "--granularity", "fused", "--trace", t] + extra, exe="pathways")
+        t = os.path.join(launch.TMP, f"overlap_{name}.json")
+        train(3, "overlap_" + name, ["--dp", "2", "--granularity", "fused", "--trace", t] + extra, exe="pathways")
         return t
-    sc.check_overlap(traced, (1, 2), "pathways_train fused --dp 2")
-
-
-# ---- Issue 15: replicas, one slice per island, exchanging gradients between the islands ---------
-
-# --islands 2x1 / 2x2 make one island per replica on this one host (over the emulated cluster the
-# hosts are the islands: tests/cluster, case pathways_replicas_two_hosts).
-R2 = ["--replicas", "2", "--islands", "2x1"]
-
-
-def case_replicas_equal_spmd_dp():
-    # 2 replicas x dp 1 against spmd_train --dp 2 on the same global batch: replica r reads data
-    # index r (spmd's rank r) and both sum the gradient over 2 data-parallel ranks. With two
-    # summands the sum is one addition, a + b == b + a in IEEE arithmetic, so SPMD's AllReduce
-    # (flat, hierarchical or plain: all reduce two ranks to that one addition) and Pathways'
-    # replica_add (island order on every island) give the same bits: asserted bitwise.
-    for extra in ([], ["--microbatches", "2"]):
-        ref = sc.train(2, "spmd_dp2" + "".join(extra), ["--dp", "2"] + extra)
-        for g in ("fused", "chained"):
-            got = sc.train(3, f"r2_{g}" + "".join(extra), R2 + extra + ["--granularity", g], exe="pathways")
-            assert_bitwise(ref, got, f"pathways {g} --replicas 2 {' '.join(extra)}")
-            f = got[2]
-            # 2 islands x 1 device x (the pieces: the whole gradient) + one loss each, in bytes.
-            assert f["dcn_bytes_per_step"] == 2 * (4 * f["state_bytes"] // 16 + 8), f
-            assert f["xchg_exposed_ms"] >= 0 and f["xchg_tail_ms"] >= 0, f
-            assert f["peak_rss_bytes"] > f["state_bytes"] > 0, f
-    # Without --islands the host is one island holding both replicas' slices: the same bits.
-    got = sc.train(3, "r2_one_island", ["--replicas", "2", "--granularity", "chained"], exe="pathways")
-    assert_bitwise(sc.train(2, "spmd_dp2_again", ["--dp", "2"]), got, "pathways --replicas 2 on one island")
-
-
-def case_replicas_dp2_match_spmd_dp4():
-    # 2 replicas x dp 2 (5 ranks). Against spmd_train --replicas 2 --dp 2 (its hierarchical
-    # exchange, the default): both sum every element as (a + b) + (c + d), a ReduceScatter inside
-    # the replica (island) then the two replicas' shards, so the bits are equal: asserted bitwise.
-    # Against spmd_train --dp 4 the four ranks' gradients are summed in the order of SPMD's ring
-    # chunks, so the two agree to float rounding only: sc.RTOL (1e-5 relative on every loss, the
-    # dp/tp decomposition bound of tests/spmd; measured differences are printed).
-    hier = sc.train(4, "spmd_r2dp2", ["--replicas", "2", "--dp", "2"])
-    ref = sc.train(4, "spmd_dp4", ["--dp", "4"])
-    for g in ("fused", "chained"):
-        got = sc.train(5, f"r2dp2_{g}", ["--replicas", "2", "--dp", "2", "--islands", "2x2", "--granularity", g],
-                       exe="pathways")
-        assert_bitwise(hier, got, f"pathways {g} --replicas 2 --dp 2 vs spmd --replicas 2 --dp 2")
-        sc.assert_close_curves(ref, got, sc.RTOL, f"pathways {g} --replicas 2 --dp 2 vs spmd --dp 4")
-        # Each device sends its half of every piece and its loss to its peer: 2 islands x 2
-        # devices x (half the gradient + 8 bytes); the tiny model's pieces (its 2 layers, the
-        # tied embedding and final norm) have even sizes, so no chunk is padded. The parameters
-        # from the state (parameters, gradients and both moments: 16 bytes each, per device), the
-        # same in both trainers.
-        f = got[2]
-        assert f["state_bytes"] == hier[2]["state_bytes"], (f["state_bytes"], hier[2]["state_bytes"])
-        params = f["state_bytes"] // 16
-        want = 2 * 2 * (4 * params // 2 + 8)
-        assert f["dcn_bytes_per_step"] == want, (f["dcn_bytes_per_step"], want, "at dp 1 it would be", 2 * 2 * (4 * params + 8))
-
-
-def sends_before_last_backward(trace_path):
-    """From the runtime's trace (PWM_PW_TRACE), per worker and replicas-step run: whether the
-    worker posted a send to the other island before its last backward unit of that run ended."""
-    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
-    runs = {e["args"]["run"] for e in ev if e.get("cat") == "node" and e["args"]["program"].startswith("replicas-")}
-    got = {}
-    for pid in {e["pid"] for e in ev if e["pid"] > 0}:
-        for run in runs:
-            bwd = [e["ts"] + e["dur"] for e in ev if e["pid"] == pid and e.get("cat") == "node" and
-                   e["args"]["run"] == run and "_block_bwd" in e["args"]["kernel"]]
-            sends = [e["ts"] for e in ev if e["pid"] == pid and e.get("cat") == "transfer" and
-                     e["args"]["run"] == run and e["name"].startswith("send")]
-            if bwd and sends:
-                got[(pid, run)] = min(sends) < max(bwd)
-    return got
-
-
-def case_replicas_exchange_overlaps_backward():
-    # Chained at every D and T: a piece's sends (D > 1: of its chunk, after the island's
-    # ReduceScatter, the next node) are posted when the piece is final, while the island still
-    # computes the backward of the layers below, not when the exchange's nodes come after the
-    # whole backward. Checked from the runtime's own record of each worker's kernels and
-    # transfers: on every worker, in every step, the first send is posted before the last
-    # block_bwd ends (4 layers: three backward units follow the first final piece).
-    four = ["--layers", "4", "--steps", "3"]
-    for mesh, n in ((["--dp", "1", "--islands", "2x1"], 3), (["--dp", "2", "--islands", "2x2"], 5),
-                    (["--tp", "2", "--islands", "2x2"], 5)):
-        t = os.path.join(sc.TMP, f"rt{n}{mesh[0]}.json")
-        env = sc.ENV
-        sc.ENV = dict(env, PWM_PW_TRACE=t)
-        try:
-            sc.train(n, f"xchg{n}{mesh[0]}", ["--replicas", "2", "--granularity", "chained"] + mesh + four, exe="pathways")
-        finally:
-            sc.ENV = env
-        got = sends_before_last_backward(t)
-        what = " ".join(mesh)
-        print(f"{what}: (worker, run) -> first send before the last backward ends: {got}")
-        assert len(got) >= (n - 1) * 3, f"{what}: {len(got)} worker-steps with sends and backward units, want {(n - 1) * 3}"
-        assert all(got.values()), f"{what}: a worker posted its first send only after its backward: {got}"
-
-
-def case_replicas_resume_across_meshes():
-    # Checkpoints are mesh-independent (full tensors, the workload only): a run at 2 replicas,
-    # killed after its step-4 checkpoint, resumes at 1 replica in pathways_train and in
-    # spmd_train --dp 1, the two continuations bitwise equal (same mesh, same trainer bits); and
-    # within sc.RTOL of the uninterrupted 2-replica run (dp 1 vs 2 sums the batch in another order).
-    full = sc.train(3, "r2_full", R2 + ["--granularity", "chained"], exe="pathways")
-    ck = os.path.join(sc.TMP, "r2.ckpt")
-    p = sc.run(3, sc.TINY + R2 + ["--granularity", "chained", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5"],
-               expect_ok=False, exe="pathways")
-    assert p.returncode != 0
-    cks = []
-    for i in range(2):  # each resumed run writes its final checkpoint over its own copy
-        cks.append(os.path.join(sc.TMP, f"r2_{i}.ckpt"))
-        shutil.copy(ck, cks[-1])
-    a = sc.train(2, "r1_resumed", ["--ckpt", cks[0], "--resume", "--granularity", "chained"], exe="pathways")
-    b = sc.train(1, "spmd1_resumed", ["--ckpt", cks[1], "--resume"])
-    assert min(a[0]) == 4 and min(b[0]) == 4, f"resumed at {min(a[0])}, {min(b[0])}"
-    assert_bitwise(b, a, "resumed at 1 replica: pathways vs spmd --dp 1")
-    for s in a[0]:
-        x, y = a[0][s]["loss"], full[0][s]["loss"]
-        assert abs(x - y) <= sc.RTOL * abs(y), f"step {s}: resumed loss {x} vs uninterrupted {y}"
-    # The reverse: spmd_train --dp 1's step-4 checkpoint resumes at 2 replicas (fused), bitwise
-    # equal to spmd_train --dp 2 resumed from it (the first case's equality, from a checkpoint).
-    ck1 = os.path.join(sc.TMP, "dp1.ckpt")
-    p = sc.run(1, sc.TINY + ["--ckpt", ck1, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "0"],
-               expect_ok=False)
-    assert p.returncode != 0
-    c1, c2 = os.path.join(sc.TMP, "dp1_a.ckpt"), os.path.join(sc.TMP, "dp1_b.ckpt")
-    shutil.copy(ck1, c1)
-    shutil.copy(ck1, c2)
-    r = sc.train(3, "r2_resumed", R2 + ["--ckpt", c1, "--resume", "--granularity", "fused"], exe="pathways")
-    d = sc.train(2, "spmd2_resumed", ["--dp", "2", "--ckpt", c2, "--resume"])
-    assert min(r[0]) == 4, f"2 replicas resumed at {min(r[0])}"
-    assert_bitwise(d, r, "resumed at 2 replicas vs spmd --dp 2")
-
-
-def case_fsdp_equals_spmd():
-    # Issue 40: pathways_train --fsdp against spmd_train --fsdp, bitwise: fused runs spmd_train's
-    # own Fsdp step on the shards; chained and opbyop run one kernel per unit with the collectives
-    # as nodes of their own (each layer gathered by an fsdp_gather node before its forward and its
-    # backward, each micro-batch's full layer gradient reduce-scattered by fsdp_rs_start/_finish
-    # around the next backward unit, or one blocking node with --no-overlap, and added to the
-    # chunk; the tied piece reduce-scattered once), the same sums in the same order. Fused also against
-    # plain dp: at dp 2 each reduce-scattered element is a + b, as the AllReduce's, so losses and
-    # weights are bitwise equal; the reported gradient norm is summed per shard, then over dp,
-    # which rounds differently (1e-16 relative; it is the same on every rank, so the clipping and
-    # the weights agree). The state per device: both trainers count the shards plus the gathered
-    # buffers at their peak.
-    for mesh, n in ((["--dp", "2"], 2), (["--dp", "2", "--tp", "2"], 4), (["--dp", "2", "--microbatches", "2"], 2)):
-        tag = "".join(mesh)
-        ref = sc.train(n, "spmd_fsdp" + tag, mesh + ["--fsdp"])
-        plain = sc.train(n, "spmd_plain" + tag, mesh)
-        for g in ("chained", "opbyop", "chained --no-overlap"):
-            if g != "chained" and "--microbatches" not in mesh:
-                continue
-            other = sc.train(n + 1, f"pw_fsdp_{g.replace(' ', '')}" + tag, mesh + ["--fsdp", "--granularity"] + g.split(),
-                             exe="pathways")
-            assert_bitwise(ref, other, f"pathways {g} --fsdp {' '.join(mesh)} vs spmd --fsdp")
-            # The same buffers at the same time as spmd_train's Fsdp (a gathered layer, its full
-            # gradient, the chunk its reduce-scatter lands in, the tied pieces for the step), one
-            # counted from the program's arrays, the other from Fsdp's own.
-            assert other[2]["state_bytes"] == ref[2]["state_bytes"], (g, other[2]["state_bytes"], ref[2]["state_bytes"])
-        got = sc.train(n + 1, "pw_fsdp" + tag, mesh + ["--fsdp", "--granularity", "fused"], exe="pathways")
-        assert_bitwise(ref, got, f"pathways fused --fsdp {' '.join(mesh)} vs spmd --fsdp")
-        what = f"pathways fused --fsdp {' '.join(mesh)} vs spmd without --fsdp"
-        if "--microbatches" in mesh:
-            # FSDP reduce-scatters each micro-batch's layer gradient and adds it to the shard;
-            # plain dp accumulates the micro-batches, then sums over dp: another order, so a
-            # tolerance (as spmd_train's own fsdp_matches_dp).
-            sc.assert_close_curves(plain, got, sc.RTOL, what)
-            continue
-        for st in plain[0]:
-            assert plain[0][st]["loss"] == got[0][st]["loss"], f"{what}: step {st} loss"
-            a, b = plain[0][st]["grad_norm"], got[0][st]["grad_norm"]
-            assert abs(a - b) <= 1e-12 * a, f"{what}: step {st} grad norm {b!r} vs {a!r}"
-        assert plain[1] == got[1] and plain[2]["weights_hash"] == got[2]["weights_hash"], what
-        print(f"{what}: losses, validation losses and weights bitwise equal, gradient norms within 1e-12")
-        assert got[2]["state_bytes"] == ref[2]["state_bytes"] < plain[2]["state_bytes"], (
-            got[2]["state_bytes"], ref[2]["state_bytes"], plain[2]["state_bytes"])
-    # Two replicas of dp 2, one island each (5 ranks): each device's gradient shard (its 1/2 of
-    # the island's sum) is what crosses to its peer, replica_add sums the two (a + b), the update
-    # runs on the shard: bitwise equal to spmd_train --fsdp --replicas 2 (its AllReduce of the
-    # shard over the replicas), with spmd_train --replicas 2's weights and losses.
-    r2 = ["--replicas", "2", "--dp", "2"]
-    ref = sc.train(4, "spmd_r2_fsdp", r2 + ["--fsdp"])
-    plain = sc.train(4, "spmd_r2_plain", r2)
-    got = sc.train(5, "pw_r2_fsdp", r2 + ["--fsdp", "--islands", "2x2"], exe="pathways")
-    assert_bitwise(ref, got, "pathways fused --fsdp --replicas 2 --dp 2 vs spmd --fsdp --replicas 2 --dp 2")
-    assert plain[2]["weights_hash"] == got[2]["weights_hash"], "pathways --fsdp --replicas 2 vs spmd --replicas 2: weights"
-    assert all(plain[0][st]["loss"] == got[0][st]["loss"] for st in plain[0]), "losses vs spmd --replicas 2"
-    # Across the islands per step: 2 islands x 2 devices x (the shard, half the gradient of the
-    # tiny model's even-sized pieces, + the loss).
-    params = plain[2]["state_bytes"] // 16
-    want = 2 * 2 * (4 * params // 2 + 8)
-    assert got[2]["dcn_bytes_per_step"] == want, (got[2]["dcn_bytes_per_step"], want)
-    assert got[2]["state_bytes"] == ref[2]["state_bytes"], (got[2]["state_bytes"], ref[2]["state_bytes"])
-    # The same at chained, two micro-batches: each layer's chunk is what crosses, as the island's
-    # backward makes it (the same bytes in all: the chunks make the shard); bitwise equal again.
-    m2 = ["--microbatches", "2"]
-    ref = sc.train(4, "spmd_r2_fsdp_m2", r2 + m2 + ["--fsdp"])
-    got = sc.train(5, "pw_r2_fsdp_chained", r2 + m2 + ["--fsdp", "--islands", "2x2", "--granularity", "chained"],
-                   exe="pathways")
-    assert_bitwise(ref, got, "pathways chained --fsdp --replicas 2 --dp 2 vs spmd --fsdp --replicas 2 --dp 2")
-    assert got[2]["dcn_bytes_per_step"] == want, (got[2]["dcn_bytes_per_step"], want)
-    # Checkpoints hold full tensors: a --fsdp run killed after its step-4 checkpoint resumes in
-    # pathways_train --fsdp, bitwise equal to spmd_train --fsdp resumed from it, and with the
-    # weights of spmd_train without --fsdp resumed from it (dp 2, as above).
-    ck = os.path.join(sc.TMP, "fsdp.ckpt")
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--fsdp", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5"],
-               expect_ok=False, exe="pathways")
-    assert p.returncode != 0
-    cks = [os.path.join(sc.TMP, f"fsdp_{i}.ckpt") for i in range(3)]
-    for c in cks:
-        shutil.copy(ck, c)
-    a = sc.train(3, "pw_fsdp_resumed", ["--dp", "2", "--fsdp", "--ckpt", cks[0], "--resume"], exe="pathways")
-    b = sc.train(2, "spmd_fsdp_resumed", ["--dp", "2", "--fsdp", "--ckpt", cks[1], "--resume"])
-    c = sc.train(2, "spmd_dp2_resumed", ["--dp", "2", "--ckpt", cks[2], "--resume"])
-    assert min(a[0]) == 4 and min(b[0]) == 4 and min(c[0]) == 4, f"resumed at {min(a[0])}, {min(b[0])}, {min(c[0])}"
-    assert_bitwise(b, a, "pathways --fsdp resumed vs spmd --fsdp resumed")
-    assert a[2]["weights_hash"] == c[2]["weights_hash"], "pathways --fsdp resumed vs spmd --dp 2 resumed: weights"
-    # What is not built is refused in one line, before training.
-    m = os.path.join(sc.TMP, "fsdp_refused.jsonl")
-    sc.expect_error(5, sc.TINY + ["--dp", "2", "--fsdp", "--metrics", m, "--stages", "2", "--layers", "2"],
-                    "pathways_train runs --fsdp without --stages", [m], exe="pathways")
-
-
-def case_replicas_bad_inputs_fail_cleanly():
-    m = os.path.join(sc.TMP, "bad.jsonl")
-    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--dp", "2", "--metrics", m], "ranks", [m], exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--granularity", "opbyop", "--metrics", m], "not opbyop", [m],
-                    exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--replicas", "2", "--stages", "2", "--metrics", m],
-                    "--stages 2 needs 4 workers (--replicas 2 x 2 stages", [m], exe="pathways")
+    check_overlap(traced, (1, 2), "pathways_train fused --dp 2")
 
 
 # ---- Issue 17: the testing hooks, the pre-run check and checked writes in pathways_train --------
 
 
 def case_kill_rank_and_step_sleep_are_honoured():
-    m = os.path.join(sc.TMP, "k.jsonl")
+    m = os.path.join(launch.TMP, "k.jsonl")
     # A worker killed in the middle of step 1: the job ends non-zero (the old code ignored
     # --kill-rank and exited 0) and no metrics file is moved into place.
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "1", "--metrics", m], expect_ok=False,
-               exe="pathways", timeout=180)
+    p = run(3, TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "1", "--metrics", m], expect_ok=False,
+            exe="pathways", timeout=180)
     assert p.returncode != 0, "a run whose worker was killed exited 0"
     assert not os.path.exists(m), "the killed run left a metrics file"
     # (Temporary files are not checked here: OpenMPI ends the other ranks with SIGTERM, whose
     # handler removes them, but MPICH's Hydra with SIGKILL, which nothing can catch.)
-    sc.expect_error(3, sc.TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "3"], "--kill-rank 3", exe="pathways")
+    expect_error(3, TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "3"], "--kill-rank 3", exe="pathways")
     # --step-sleep-ms paces the run so that an outside SIGTERM of the controller finds it in
     # progress; the controller's handler then removes its temporary metrics file.
-    sub = os.path.join(sc.TMP, "sleep")  # apart from what the SIGKILLed run above may have left
+    sub = os.path.join(launch.TMP, "sleep")  # apart from what the SIGKILLed run above may have left
     os.makedirs(sub)
     m2 = os.path.join(sub, "sleep.jsonl")
-    cmd = sc.MPIRUN + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + [
+    cmd = MPIRUN + [NP_FLAG, "3", trainer("pathways")] + TINY + [
         "--dp", "2", "--steps", "60", "--step-sleep-ms", "500", "--metrics", m2]
-    log = os.path.join(sc.TMP, "sleep.log")
+    log = os.path.join(launch.TMP, "sleep.log")
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=sc.ENV, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=launch.ENV, stdout=out, stderr=subprocess.STDOUT)
     tmp = []
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:
-            tmp = sc.temp_leftovers(sub)
+            tmp = temp_leftovers(sub)
             try:
                 if tmp and sum(1 for _ in open(tmp[0])) >= 3:  # the header and two steps
                     break
@@ -715,310 +481,76 @@ def case_kill_rank_and_step_sleep_are_honoured():
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not sc.temp_leftovers(sub), f"temporary files left after SIGTERM: {sc.temp_leftovers(sub)}"
+    assert not temp_leftovers(sub), f"temporary files left after SIGTERM: {temp_leftovers(sub)}"
     assert not os.path.exists(m2)
 
 
 def case_outputs_and_config_checked_first():
     # PWM_PW_TRACE (the runtime's trace, written at shutdown) into a missing directory: named
     # before training (the old code failed after the whole run).
-    env = sc.ENV
-    sc.ENV = dict(env, PWM_PW_TRACE=os.path.join(sc.TMP, "missing", "rt.json"))
+    env = launch.ENV
+    launch.ENV = dict(env, PWM_PW_TRACE=os.path.join(launch.TMP, "missing", "rt.json"))
     try:
-        p = sc.run(3, sc.TINY + ["--dp", "2"], expect_ok=False, exe="pathways")
+        p = run(3, TINY + ["--dp", "2"], expect_ok=False, exe="pathways")
     finally:
-        sc.ENV = env
-    sc.one_error_line(p, "PWM_PW_TRACE", prefix="pathways_train: error:")
+        launch.ENV = env
+    one_error_line(p, "PWM_PW_TRACE", prefix="pathways_train: error:")
     assert "step" not in p.stdout, f"the run trained before failing:\n{p.stdout}"
-    d = os.path.join(sc.TMP, "adir")
+    d = os.path.join(launch.TMP, "adir")
     os.makedirs(d)
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--ckpt", d], expect_ok=False, exe="pathways")
-    sc.one_error_line(p, f"--ckpt {d} is a directory", prefix="pathways_train: error:")
+    p = run(3, TINY + ["--dp", "2", "--ckpt", d], expect_ok=False, exe="pathways")
+    one_error_line(p, f"--ckpt {d} is a directory", prefix="pathways_train: error:")
     # The controller and the workers parse the flags each: a worker with another --seed is named.
-    a = sc.TINY + ["--dp", "2", "--steps", "2"]
-    p = sc.mpmd([(2, a), (1, a + ["--seed", "9"])], exe="pathways")
-    sc.one_error_line(p, "rank 2 started with other flags than rank 0", prefix="pathways_train: error:")
-    p = sc.mpmd([(1, a + ["--granularity", "chained"]), (2, a)], exe="pathways")
-    sc.one_error_line(p, "granularity", prefix="pathways_train: error:")
+    a = TINY + ["--dp", "2", "--steps", "2"]
+    p = mpmd([(2, a), (1, a + ["--seed", "9"])], exe="pathways")
+    one_error_line(p, "rank 2 started with other flags than rank 0", prefix="pathways_train: error:")
+    p = mpmd([(1, a + ["--granularity", "chained"]), (2, a)], exe="pathways")
+    one_error_line(p, "granularity", prefix="pathways_train: error:")
 
 
 def case_full_disk_leaves_nothing():
-    full = sc.small_tmpfs("full")
+    full = small_tmpfs("full")
     subprocess.run(["dd", "if=/dev/zero", f"of={full}/fill", "bs=4k"], capture_output=True)
     m = os.path.join(full, "m.jsonl")
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--steps", "2", "--metrics", m], expect_ok=False, exe="pathways")
+    p = run(3, TINY + ["--dp", "2", "--steps", "2", "--metrics", m], expect_ok=False, exe="pathways")
     assert p.returncode != 0, "a run on a full disk exited 0"
     assert "No space left on device" in p.stderr, p.stderr[-2000:]
-    assert not os.path.exists(m) and not sc.temp_leftovers(full), "an output or a temporary file was left"
+    assert not os.path.exists(m) and not temp_leftovers(full), "an output or a temporary file was left"
     # A checkpoint larger than the filesystem, written by a worker's save kernel: its error
     # reaches the controller, which ends the job; neither output appears, no temporary is left.
-    small = sc.small_tmpfs("small")
-    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(sc.TMP, "m2.jsonl")
-    p = sc.run(3, sc.TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False, exe="pathways")
+    small = small_tmpfs("small")
+    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(launch.TMP, "m2.jsonl")
+    p = run(3, TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False, exe="pathways")
     assert p.returncode != 0 and f"checkpoint {ck}" in p.stderr and "No space left on device" in p.stderr, p.stderr[-2000:]
     assert not os.path.exists(ck) and not os.path.exists(m2), "an output was left under its final name"
-    assert not sc.temp_leftovers(small) and not sc.temp_leftovers(sc.TMP), "temporary files left"
+    assert not temp_leftovers(small) and not temp_leftovers(launch.TMP), "temporary files left"
 
 
 def case_mfu_never_over_one():
     # Issue 39: the workers' model-shape probes through the runtime; a pipeline's devices too.
-    sc.check_mfu_never_over_one(3, ["--dp", "2", "--granularity", "chained"], "pathways", "chained_dp2")
-    sc.check_mfu_never_over_one(3, ["--stages", "2", "--islands", "2x1", "--microbatches", "2"], "pathways",
-                                "pipeline_s2")
+    check_mfu_never_over_one(3, ["--dp", "2", "--granularity", "chained"], "pathways", "chained_dp2")
+    check_mfu_never_over_one(3, ["--stages", "2", "--islands", "2x1", "--microbatches", "2"], "pathways",
+                             "pipeline_s2")
 
 
 def case_nonfinite_stops_the_run():
     # As spmd_train (tests/spmd, nonfinite_stops_the_run): the controller sees the step's loss
     # with up to two later steps in flight; the run still ends at the first non-finite step, no
     # evaluation or checkpoint after it, the workers released and every rank non-zero.
-    sc.check_nonfinite_stop(3, ["--replicas", "2"], "pathways", "pw_diverged_replicas")
-    sc.check_nonfinite_stop(3, ["--dp", "2", "--granularity", "chained"], "pathways", "pw_diverged_chained")
+    check_nonfinite_stop(3, ["--replicas", "2"], "pathways", "pw_diverged_replicas")
+    check_nonfinite_stop(3, ["--dp", "2", "--granularity", "chained"], "pathways", "pw_diverged_chained")
     # --skip-nonfinite: the skipped step passes the state through on every worker, as spmd_train
     # skips its update: the same bits.
-    ref = sc.nan_step_runs(2, ["--dp", "2"], "spmd", "spmd_nan")
+    ref = nan_step_runs(2, ["--dp", "2"], "spmd", "spmd_nan")
     for mesh in (["--dp", "2", "--granularity", "fused"], ["--dp", "2", "--granularity", "chained"],
                  ["--dp", "2", "--granularity", "opbyop"], ["--replicas", "2"]):
-        got = sc.train(3, "pw_nan" + "".join(mesh), mesh + ["--nan-step", "2", "--skip-nonfinite", "1"], exe="pathways")
+        got = train(3, "pw_nan" + "".join(mesh), mesh + ["--nan-step", "2", "--skip-nonfinite", "1"], exe="pathways")
         assert got[2]["skipped_nonfinite"] == 1 and got[0][2]["skipped"] and got[0][2]["loss"] is None, got[0][2]
         assert_bitwise(ref, got, f"pathways {' '.join(mesh)} --nan-step 2 --skip-nonfinite 1")
     # The pipeline: every stage skips (the norm is the whole model's; the last stage also has the
     # loss), so the run stops or skips as the others.
-    sc.nan_step_runs(3, ["--stages", "2", "--microbatches", "2"], "pathways", "pw_nan_pipe")
-
-
-def case_spare_worker_recovers_bitwise():
-    """--spare-workers: a worker SIGKILLed in the middle of a step is replaced in the job (OpenMPI's
-    mpirun --enable-recovery keeps the other ranks alive), and the run ends on the bits of the same
-    run without the loss: restored from the other replica's memory, from this run's checkpoint
-    with a replay, from the initial state with a replay; for slices of one device and of two (dp
-    and tp: the device left in the slice is interrupted inside its collectives). Under MPICH (no library support: the
-    launcher ends the job, docs/failures.md) the job ends non-zero, the supervisor's case."""
-    openmpi = os.environ.get("PWM_MPI_FLAVOR", "openmpi") == "openmpi"
-    fast = ["--coll-timeout", "3", "--steps", "8"]  # (liveness: the loss is seen after 3 s of silence)
-    if not openmpi:
-        m = os.path.join(sc.TMP, "mpich.jsonl")
-        p = sc.run(4, sc.TINY + fast + ["--replicas", "2", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
-                                        "--metrics", m], expect_ok=False, exe="pathways", timeout=120)
-        out = p.stdout + p.stderr
-        # (Hydra names the killed rank by its signal, or, when another rank's end is reported
-        # first, by "EXIT CODE: 9" in its banner: seen once in CI.)
-        killed = "signal 9" in out or "EXIT CODE: 9" in out
-        assert "[pathways] controller + 3 workers" in out and killed, f"MPICH: no training, or no kill?\n{out}"
-        assert p.returncode != 0 and not os.path.exists(m), f"MPICH: the job went on after a lost rank?\n{out}"
-        print("MPICH: a lost worker ends the job (no in-job recovery), exit", p.returncode)
-        return
-    recovery = ["--enable-recovery"]
-    cases = [  # (name, ranks without the spare, flags, where the state comes from)
-        ("replicas_fused", 3, ["--replicas", "2"], "replica 0's memory", ["--kill-step", "3", "--kill-rank", "2"]),
-        ("replicas_chained", 3, ["--replicas", "2", "--granularity", "chained"], "replica 1's memory",
-         ["--kill-step", "4", "--kill-rank", "1"]),
-        ("chained_ckpt", 2, ["--granularity", "chained", "--ckpt-every", "2"], "the checkpoint of step 4",
-         ["--kill-step", "5", "--kill-rank", "1"]),
-        ("opbyop_start", 2, ["--granularity", "opbyop"], "the initial state", ["--kill-step", "5", "--kill-rank", "1"]),
-        # Slices of two devices: the device left in the slice waits in a collective with the lost
-        # one until the controller's cancel interrupts it (WorkerOptions::interruptible).
-        ("dp2_fused_start", 3, ["--dp", "2"], "the initial state", ["--kill-step", "3", "--kill-rank", "2"]),
-        ("tp2_chained_ckpt", 3, ["--tp", "2", "--granularity", "chained", "--ckpt-every", "2"], "the checkpoint of step 4",
-         ["--kill-step", "5", "--kill-rank", "1"]),
-        ("dp2_replicas", 5, ["--dp", "2", "--replicas", "2"], "replica 0's memory", ["--kill-step", "3", "--kill-rank", "3"]),
-        # (a slice of four: its tp pair left whole still gets a fresh context, the lost device's peers move)
-        ("dp2_tp2_chained_start", 5, ["--dp", "2", "--tp", "2", "--granularity", "chained"], "the initial state",
-         ["--kill-step", "3", "--kill-rank", "4"]),
-    ]
-    for name, n, flags, source, kill in cases:
-        # (each run writes its own checkpoints from step 0)
-        ckpt = lambda run: ["--ckpt", os.path.join(sc.TMP, f"{name}_{run}.ckpt")] if "--ckpt-every" in flags else []  # noqa: E731
-        ref = sc.train(n, name + "_ref", flags + fast + ckpt("ref"), exe="pathways")
-        m = os.path.join(sc.TMP, name + ".jsonl")
-        cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, str(n + 1), sc.trainer("pathways")] + sc.TINY + flags + fast + ckpt("lost") + [
-            "--spare-workers", "1", "--metrics", m] + kill
-        p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
-        # (mpirun --enable-recovery exits 0 whatever the ranks' exit codes: the outputs say.)
-        out = p.stdout + p.stderr
-        assert "recovered at step" in out and source in out, f"{name}: no recovery from {source}:\n{out[-4000:]}"
-        assert "the controller lost device" in out, f"{name}: the loss was not reported:\n{out[-3000:]}"
-        # (Killed before its update's reductions over the slice, whose peers wait in one; replicas
-        # exchange over islands instead, where the peers wait between kernels.)
-        if ("--dp" in flags or "--tp" in flags) and "--replicas" not in flags:
-            assert "left kernel" in out and "inside its collectives" in out, \
-                f"{name}: no device of the slice was interrupted inside a collective:\n{out[-3000:]}"
-        got = sc.metrics(m)
-        assert_bitwise(ref, got, f"pathways {name} after losing a worker", "the run without the loss")
-        assert got[2]["recoveries"] == 1, f"{name}: recoveries {got[2].get('recoveries')}"
-        print(f"{name}: recovered from {source}, bitwise equal to the run without the loss")
-    # No spare in the lost device's island (one device per island), with replicas: the run goes on
-    # with one replica fewer on the same global batch, from the input state of the oldest step in
-    # flight (step F, in the recovery line), held by the replica left. So it must end on the bits
-    # of a run of 2 replicas to step F (its checkpoint: a run killed in step F with a checkpoint
-    # every step) resumed with 1 replica.
-    m = os.path.join(sc.TMP, "nospare.jsonl")
-    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "4", sc.trainer("pathways")] + sc.TINY + fast + [
-        "--replicas", "2", "--islands", "3x1", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "2",
-        "--metrics", m]
-    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
-    out = p.stdout + p.stderr
-    rec = re.search(r"recovered at step (\d+): .*no spare left: going on with 1 replica\(s\), 1 fewer, on the same global "
-                    r"batch of 8", out)
-    assert rec and "slice 2 has no spare left" in out, f"no recovery with one replica fewer:\n{out[-3000:]}"
-    f_step, ck = int(rec.group(1)), os.path.join(sc.TMP, "fewer.ckpt")
-    sc.run(3, sc.TINY + fast + ["--replicas", "2", "--ckpt", ck, "--ckpt-every", "1", "--kill-step", str(f_step),
-                                "--kill-rank", "0"], expect_ok=False, exe="pathways", timeout=120)
-    ref = sc.train(2, "fewer_ref", fast + ["--ckpt", ck, "--resume"], exe="pathways")
-    got = sc.metrics(m)
-    assert min(ref[0]) == f_step, f"the reference resumed at step {min(ref[0])}, not {f_step}"
-    for st in ref[0]:
-        for k in sc.DETERMINISTIC_FIELDS:
-            assert got[0][st][k] == ref[0][st][k], f"one replica fewer, step {st} {k}: {got[0][st][k]} vs {ref[0][st][k]}"
-    assert got[2]["weights_hash"] == ref[2]["weights_hash"], "one replica fewer: the final weights differ"
-    assert (got[2]["replicas_dropped"], got[2]["replicas_left"]) == (1, 1), got[2]
-    print(f"no spare: went on with 1 replica from step {f_step}, bitwise equal to 2 replicas resumed as 1 there")
-    # No spare and no replica left: the job ends with one line.
-    m = os.path.join(sc.TMP, "nospare1.jsonl")
-    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "3", sc.trainer("pathways")] + sc.TINY + fast + [
-        "--islands", "2x1", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "1", "--metrics", m]
-    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=180)
-    assert "cannot go on without it" in p.stdout + p.stderr and not os.path.exists(m), (p.stdout + p.stderr)[-3000:]
-    # The controller's own loss: the workers' liveness ends the job (one line each, naming rank 0),
-    # no metrics are left, and nothing hangs (mpirun --enable-recovery would keep waiting for
-    # ranks that waited for ever).
-    m = os.path.join(sc.TMP, "controller.jsonl")
-    cmd = sc.MPIRUN + recovery + [sc.NP_FLAG, "4", sc.trainer("pathways")] + sc.TINY + fast + [
-        "--replicas", "2", "--spare-workers", "1", "--kill-step", "3", "--kill-rank", "0", "--metrics", m]
-    p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    assert "has heard nothing from the controller (world rank 0" in out and not os.path.exists(m), out[-3000:]
-    # What --spare-workers does not cover is refused before anything runs, in one line.
-    sc.expect_error(4, sc.TINY + ["--dp", "2", "--fsdp", "--spare-workers", "1"],
-                    "--spare-workers runs dense models without --fsdp", exe="pathways")
-    sc.expect_error(3, sc.TINY + ["--spare-workers", "2"], "--spare-workers 2 leaves no worker", exe="pathways")
-
-
-def world_rank_pid(rank, marker):
-    """The pid of the process of MPI world rank `rank` whose command line contains `marker`."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in f.read().split(b"\0"):
-                    return int(d)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return None
-
-
-def case_spare_worker_recovers_a_pipeline():
-    """--spare-workers with --stages 2: a stage's device lost is replaced from a spare, its stage's
-    state restored from the same stage of the other replica (or every stage from the checkpoint or
-    the initial state), and the run ends on the bits of the run without the loss. Killed by the
-    hook in its update, and from outside at a moment the test does not choose (inside a kernel,
-    its collectives or its stage's dp reductions, or between two): wherever it lands, the run
-    ends on the same bits."""
-    if os.environ.get("PWM_MPI_FLAVOR", "openmpi") != "openmpi":
-        print("SKIP: in-job recovery needs OpenMPI's --enable-recovery (docs/failures.md)")
-        sys.exit(77)  # (ctest's skip code here)
-    fast = ["--coll-timeout", "3", "--steps", "8", "--stages", "2", "--microbatches", "2"]
-    cases = [  # (name, ranks without the spare, flags, where the state comes from, the kill)
-        ("pipe_start", 3, [], "the initial state", ["--kill-step", "3", "--kill-rank", "2"]),
-        ("pipe_replicas", 5, ["--replicas", "2"], "replica 1's memory", ["--kill-step", "3", "--kill-rank", "1"]),
-        # (from outside: world rank 3, stage 1's first dp device, once the metrics show step 3)
-        ("pipe_dp2_outside", 5, ["--dp", "2", "--steps", "40", "--step-sleep-ms", "20"], None, []),
-    ]
-    for name, n, flags, source, kill in cases:
-        ref = sc.train(n, name + "_ref", fast + flags, exe="pathways")
-        m = os.path.join(sc.TMP, name + ".jsonl")
-        cmd = sc.MPIRUN + ["--enable-recovery", sc.NP_FLAG, str(n + 1), sc.trainer("pathways")] + sc.TINY + fast + flags + [
-            "--spare-workers", "1", "--metrics", m] + kill
-        log = os.path.join(sc.TMP, name + ".log")
-        with open(log, "w") as lf:
-            proc = subprocess.Popen(cmd, env=sc.ENV, stdout=lf, stderr=subprocess.STDOUT, text=True)
-        try:
-            if not kill:
-                deadline, victim = time.time() + 60, None
-                while victim is None and time.time() < deadline and proc.poll() is None:
-                    tmp = [t for t in sc.temp_leftovers(sc.TMP) if os.path.basename(t).startswith(name + ".jsonl")]
-                    try:
-                        if tmp and sum(1 for _ in open(tmp[0])) >= 4:  # (the header and three steps)
-                            victim = world_rank_pid(3, m)
-                    except FileNotFoundError:
-                        pass
-                    time.sleep(0.02)
-                assert victim, f"{name}: no rank to kill found while the run trained"
-                os.kill(victim, signal.SIGKILL)
-            proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        out = open(log).read()
-        assert "recovered at step" in out and (source is None or source in out), \
-            f"{name}: no recovery from {source}:\n{out[-4000:]}"
-        got = sc.metrics(m)
-        assert_bitwise(ref, got, f"pathways {name} after losing a worker", "the run without the loss")
-        assert got[2]["recoveries"] == 1, f"{name}: recoveries {got[2].get('recoveries')}"
-        print(f"{name}: {re.search(r'recovered at step [^;]*;[^;]*; state restored from [^;]*', out).group(0)}; "
-              "bitwise equal to the run without the loss")
-
-
-def case_spare_worker_survives_a_stop():
-    """--spare-workers with a worker stopped (SIGSTOP: a hung host) instead of killed: the
-    controller declares it lost after the liveness timeout and goes on on the spare, bitwise. Stopped
-    for good, the job still ends once the run is written (the controller's MPI_Abort ends the rank the
-    launcher would wait for). Resumed after the loss, the worker reads its eviction and leaves with
-    one line, and the job goes on without it. Under MPICH a stopped worker ends the job (the
-    liveness), as stopped_rank_ends_the_job checks for every model."""
-    if os.environ.get("PWM_MPI_FLAVOR", "openmpi") != "openmpi":
-        print("SKIP: in-job recovery needs OpenMPI's --enable-recovery (docs/failures.md)")
-        sys.exit(77)  # (ctest's skip code here)
-    timeout = 3
-    flags = ["--granularity", "chained", "--coll-timeout", str(timeout), "--steps", "60", "--step-sleep-ms", "20"]
-    refs = {1: sc.train(2, "stop_ref", flags, exe="pathways"),
-            2: sc.train(3, "stop_ref_dp2", flags + ["--dp", "2"], exe="pathways")}
-    stop = ["--kill-step", "5", "--kill-rank", "1", "--kill-signal", "stop"]
-    # (dp 2: the device left in the slice waits for the stopped one inside a collective, until the
-    # controller's cancel interrupts it)
-    for resume, dp in ((False, 1), (True, 1), (False, 2)):
-        ref = refs[dp]
-        m = os.path.join(sc.TMP, f"stop{int(resume)}_dp{dp}.jsonl")
-        cmd = sc.MPIRUN + ["--enable-recovery", sc.NP_FLAG, str(dp + 2), sc.trainer("pathways")] + sc.TINY + flags + [
-            "--dp", str(dp), "--spare-workers", "1", "--metrics", m] + stop
-
-        def on_line(line, stopped):  # resume the stopped worker once the controller has gone on without it
-            if resume and "the controller lost device" in line:
-                for pid in stopped:
-                    os.kill(pid, signal.SIGCONT)
-        rc, out, stopped_at, ended, seen = sc.watch_a_stop(cmd, on_line)
-        assert stopped_at is not None, f"no worker was seen stopped:\n{out[-3000:]}"
-        recovered = [t for l, t in seen.items() if "recovered at step" in l]
-        assert recovered and "the controller lost device 0 (world rank 1" in out, f"no recovery:\n{out[-4000:]}"
-        took = recovered[0] - stopped_at
-        assert took <= 2 * timeout + 5, f"recovered {took:.1f} s after the stop (timeout {timeout} s)"
-        if resume:  # it left while the job went on (stopped for good, it may say so too: mpirun's abort
-            # sends SIGCONT before SIGTERM)
-            left = [t for l, t in seen.items() if "was declared lost by the controller" in l]
-            done = [t for l, t in seen.items() if "the run is done and written" in l]
-            assert left and done and left[0] < done[0], f"the resumed worker did not leave first:\n{out[-3000:]}"
-        assert "ending world rank(s) 1 that were lost" in out, f"the job did not end the lost rank:\n{out[-3000:]}"
-        got = sc.metrics(m)
-        assert_bitwise(ref, got, "pathways after a stopped worker", "the run without the loss")
-        print(f"dp={dp} resumed={resume}: recovered {took:.1f} s after the stop, job ended {ended - stopped_at:.1f} s after it "
-              f"(exit {rc}), bitwise equal to the run without the loss")
-
-
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"pw_{case}_")
-    sc.set_build(build, tmp)
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        for d in sc.MOUNTS:
-            subprocess.run(["umount", d], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+    nan_step_runs(3, ["--stages", "2", "--microbatches", "2"], "pathways", "pw_nan_pipe")
 
 
 if __name__ == "__main__":
-    main()
+    case_main(globals(), "pw")

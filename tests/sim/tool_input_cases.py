@@ -11,20 +11,13 @@ or the C++ library's texts), a non-zero exit, nothing measured first and no file
 """
 import os
 import subprocess
-import sys
-import tempfile
 
-MPIRUN = [os.environ.get("PWM_MPIEXEC", "mpirun")] + os.environ.get(
-    "PWM_MPIEXEC_FLAGS", "--oversubscribe --bind-to none").split()
-NP_FLAG = os.environ.get("PWM_MPIEXEC_NUMPROC_FLAG", "-n")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_btl_base_warn_component_unused="0")
+from harness import launch
+from harness.launch import MPIRUN, NP_FLAG, case_main
 
 # Texts of the libraries underneath that a user must never see for bad input.
 LIBRARY_TEXTS = ("json.exception", "Could not convert", "std::", "what()", "not in range", "basic_string",
                  "basic_filebuf", "internal error", "takes no value", "Segmentation", "core dumped")
-
-BUILD = TMP = None
 
 # A profile with every required key (values need not be realistic).
 PROFILE = """{"machine": "test", "kernels": {"fwd_us_per_gflop": 1000, "bwd_us_per_gflop": 2000,
@@ -40,7 +33,7 @@ TINY_MODEL = {"--d-model": "32", "--layers": "1", "--heads": "2", "--head-dim": 
 
 
 def path(*p):
-    return os.path.join(TMP, *p)
+    return os.path.join(launch.TMP, *p)
 
 
 def write(name, text):
@@ -51,9 +44,9 @@ def write(name, text):
 
 def refused(cmd, pattern, prefix, timeout=30, forbidden_stdout=None):
     """Runs `cmd`, expects one error line with `pattern`; returns it."""
-    before = sorted(os.listdir(TMP))
+    before = sorted(os.listdir(launch.TMP))
     try:
-        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, cwd=TMP)
+        p = subprocess.run(cmd, env=launch.ENV, capture_output=True, text=True, timeout=timeout, cwd=launch.TMP)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"hung (> {timeout} s): {' '.join(cmd)}")
     shown = f"{' '.join(cmd)}\nstdout:\n{p.stdout[-1500:]}\nstderr:\n{p.stderr[-2000:]}"
@@ -65,14 +58,14 @@ def refused(cmd, pattern, prefix, timeout=30, forbidden_stdout=None):
         assert t not in p.stderr, f"a library's text ({t!r}) reached the user: {shown}"
     if forbidden_stdout:
         assert forbidden_stdout not in p.stdout, f"ran before refusing: {shown}"
-    after = sorted(os.listdir(TMP))
+    after = sorted(os.listdir(launch.TMP))
     assert after == before, f"files left behind: {sorted(set(after) - set(before))}: {shown}"
     print("ok:", lines[0])
     return lines[0]
 
 
 def exe(*p):
-    return os.path.join(BUILD, *p)
+    return os.path.join(launch.BUILD, *p)
 
 
 # Special paths every case can use: a FIFO, a directory, a file in a missing directory.
@@ -80,7 +73,7 @@ def specials():
     fifo = path("fifo")
     if not os.path.exists(fifo):
         os.mkfifo(fifo)
-    return fifo, TMP, path("missing", "out.json")
+    return fifo, launch.TMP, path("missing", "out.json")
 
 
 def case_sim_bad_inputs():
@@ -144,16 +137,16 @@ def case_sim_bad_inputs():
         refused([sim, "--what", "dispatch"] + args if "--what" not in args else [sim] + args, pattern, P,
                 timeout=20, forbidden_stdout='"what"')
     # Still runs with good input.
-    p = subprocess.run([sim, "--what", "dispatch", "--profile", prof, "--compute-us", "0,100"], env=ENV,
+    p = subprocess.run([sim, "--what", "dispatch", "--profile", prof, "--compute-us", "0,100"], env=launch.ENV,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"what":"dispatch"') == 2, p.stderr
     p = subprocess.run([sim, "--what", "moe", "--profile", prof, "--dp", "2", "--experts", "4", "--expert-parallel", "2",
-                        "--top-k", "2", "--moe-every", "2", "--layers", "2"], env=ENV, capture_output=True, text=True, timeout=30)
+                        "--top-k", "2", "--moe-every", "2", "--layers", "2"], env=launch.ENV, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"what":"moe"') == 5 and p.stdout.count('"what":"moe_layer"') == 1, p.stderr
     p = subprocess.run([sim, "--what", "pipeline", "--profile", static_prof, "--mpmd", "static", "--stages", "2",
-                        "--schedule", "1f1b", "--microbatches", "4", "--layers", "2"], env=ENV, capture_output=True, text=True, timeout=30)
+                        "--schedule", "1f1b", "--microbatches", "4", "--layers", "2"], env=launch.ENV, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"mpmd":"static"') == 1, p.stderr
-    p = subprocess.run([sim, "--what", "dispatch", "--profile", static_prof, "--compute-us", "0"], env=ENV,
+    p = subprocess.run([sim, "--what", "dispatch", "--profile", static_prof, "--compute-us", "0"], env=launch.ENV,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and p.stdout.count('"static":') == 1, p.stderr
 
@@ -222,10 +215,4 @@ def case_dispatch_bench_bad_inputs():
 
 
 if __name__ == "__main__":
-    case, BUILD = sys.argv[1], sys.argv[2]
-    TMP = tempfile.mkdtemp(prefix=f"tool_inputs_{case}_")
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        subprocess.run(["rm", "-rf", TMP])
+    case_main(globals(), "tool_inputs")

@@ -15,12 +15,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import spmd_cases as sc  # noqa: E402
+from harness import launch
+from harness.errors import one_error_line
+from harness.launch import MPIRUN, NP_FLAG, case_main, run, trainer
+from harness.workloads import TINY
 
 # Texts of the libraries underneath that a user must never see for bad input.
 LIBRARY_TEXTS = ("Could not convert", "was not expected", "were not expected", " not in {", "json.exception",
@@ -31,7 +32,7 @@ PW = "pathways_train: error:"
 
 
 def error_line(p, pattern, prefix="spmd_train: error:"):
-    line = sc.one_error_line(p, pattern, prefix)
+    line = one_error_line(p, pattern, prefix)
     for t in LIBRARY_TEXTS:
         assert t not in p.stderr, f"a library's text ({t!r}) reached the user:\n{p.stderr[-2000:]}"
     return line
@@ -39,9 +40,9 @@ def error_line(p, pattern, prefix="spmd_train: error:"):
 
 def refused(args, pattern, n=2, exe="spmd", env=None, timeout=60):
     """Runs a job expected to refuse `args` before training; returns its error line."""
-    cmd = sc.MPIRUN + [sc.NP_FLAG, str(n), sc.trainer(exe)] + args
+    cmd = MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args
     try:
-        p = subprocess.run(cmd, env=dict(sc.ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, env=dict(launch.ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"hung (> {timeout} s): {' '.join(cmd)}")
     assert "| loss" not in p.stdout, f"trained before refusing {args}:\n{p.stdout[-1500:]}"
@@ -50,7 +51,7 @@ def refused(args, pattern, n=2, exe="spmd", env=None, timeout=60):
 
 def base(n=2, timeout_flag=True):
     """The tiny workload at --dp n; without its --coll-timeout 60 when `timeout_flag` is False."""
-    args = list(sc.TINY)
+    args = list(TINY)
     if not timeout_flag:
         i = args.index("--coll-timeout")
         del args[i:i + 2]
@@ -92,7 +93,7 @@ def case_junk_numbers_are_refused():
 
 
 def write(name, text):
-    path = os.path.join(sc.TMP, name)
+    path = os.path.join(launch.TMP, name)
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -109,7 +110,7 @@ def case_config_files_are_checked():
     # refused its own keys in a config file before).
     mpmd = write("mpmd.json", '{"granularity": "chained", "steps": 2}')
     refused(base() + ["--config", mpmd], "key 'granularity' is pathways_train's and mpmd_train's, not a flag of spmd_train")
-    p = sc.run(3, base() + ["--config", mpmd], exe="pathways")
+    p = run(3, base() + ["--config", mpmd], exe="pathways")
     assert "[pathways-chained]" in p.stdout, p.stdout[-1500:]
     print("ok: pathways_train took --granularity chained from its config file")
 
@@ -120,22 +121,22 @@ def md5(path):
 
 
 def case_outputs_never_alias_inputs():
-    corpus = os.path.join(sc.TMP, "corpus.txt")
+    corpus = os.path.join(launch.TMP, "corpus.txt")
     shutil.copy("/usr/share/common-licenses/GPL-3", corpus)
     before = md5(corpus)
-    link = os.path.join(sc.TMP, "link.txt")
+    link = os.path.join(launch.TMP, "link.txt")
     os.symlink(corpus, link)
-    data_dir = os.path.join(sc.TMP, "data")
+    data_dir = os.path.join(launch.TMP, "data")
     os.makedirs(data_dir)
     shutil.copy(corpus, os.path.join(data_dir, "a.txt"))
     cfg = write("run.json", '{"steps": 2}')
-    m, t = os.path.join(sc.TMP, "m.jsonl"), os.path.join(sc.TMP, "t.json")
+    m, t = os.path.join(launch.TMP, "m.jsonl"), os.path.join(launch.TMP, "t.json")
     d = ["--data", corpus]
     # The training data overwritten with metrics was the reported case (exit 0, corpus lost).
     refused(base() + d + ["--metrics", corpus], f"--metrics {corpus} is the training data")
     refused(base() + d + ["--ckpt", link], f"--ckpt {link} is the training data")
     refused(base() + d + ["--metrics", m, "--trace", m], "are the same file")
-    refused(base() + d + ["--metrics", m, "--ckpt", os.path.join(sc.TMP, ".", "m.jsonl")], "are the same file")
+    refused(base() + d + ["--metrics", m, "--ckpt", os.path.join(launch.TMP, ".", "m.jsonl")], "are the same file")
     refused(base() + ["--data", data_dir, "--metrics", os.path.join(data_dir, "m.jsonl")],
             "lies inside the training data directory")
     refused(base() + d + ["--config", cfg, "--trace", cfg], f"--trace {cfg} is the config file")
@@ -148,14 +149,14 @@ def case_outputs_never_alias_inputs():
 
 def sparse(name, size):
     """A file of `size` bytes that takes no disk space (nothing reads it if the checks work)."""
-    path = os.path.join(sc.TMP, name)
+    path = os.path.join(launch.TMP, name)
     with open(path, "wb") as f:
         f.truncate(size)
     return path
 
 
 def case_special_and_huge_inputs_are_refused():
-    fifo = os.path.join(sc.TMP, "fifo")
+    fifo = os.path.join(launch.TMP, "fifo")
     os.mkfifo(fifo)
     # Each hung before: a rank blocked opening the FIFO while rank 0 had refused it.
     refused(base() + ["--config", fifo], "is a FIFO (named pipe), not a regular file")
@@ -190,10 +191,10 @@ def rank_pids(marker):
 def stopped_rank_run(extra, env):
     """2 ranks; stops the last once training runs; returns (stderr, seconds from the stop to the
     watchdog's line)."""
-    marker = os.path.join(sc.TMP, f"stop{time.monotonic_ns()}.jsonl")
-    cmd = sc.MPIRUN + [sc.NP_FLAG, "2", sc.trainer()] + base(timeout_flag=False) + [
+    marker = os.path.join(launch.TMP, f"stop{time.monotonic_ns()}.jsonl")
+    cmd = MPIRUN + [NP_FLAG, "2", trainer()] + base(timeout_flag=False) + [
         "--steps", "100000", "--step-sleep-ms", "20", "--log-every", "1", "--metrics", marker] + extra
-    p = subprocess.Popen(cmd, env=dict(sc.ENV, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, env=dict(launch.ENV, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = []
     threading.Thread(target=lambda: err.extend(p.stderr), daemon=True).start()
     stopped = []
@@ -238,11 +239,11 @@ def case_ranks_agree_on_settings():
     # rank showed up as "the ranks called different collectives", PWM_COLL_TIMEOUT not at all.
     a = base() + ["--steps", "2"]
     for name, value in (("PWM_COLL_TIMEOUT", "5"), ("PWM_COLL_DEBUG", "1")):
-        cmd = sc.MPIRUN + [sc.NP_FLAG, "1", sc.trainer()] + a + [":", sc.NP_FLAG, "1", "env", f"{name}={value}",
-                                                                  sc.trainer()] + a
-        p = subprocess.run(cmd, env=sc.ENV, capture_output=True, text=True, timeout=60)
+        cmd = MPIRUN + [NP_FLAG, "1", trainer()] + a + [":", NP_FLAG, "1", "env", f"{name}={value}",
+                                                                  trainer()] + a
+        p = subprocess.run(cmd, env=launch.ENV, capture_output=True, text=True, timeout=60)
         error_line(p, f"rank 1 runs with other PWM_* settings than rank 0 ({name}={value} vs (unset))")
 
 
 if __name__ == "__main__":
-    sc.case_main(globals(), "inputs")
+    case_main(globals(), "inputs")

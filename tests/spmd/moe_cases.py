@@ -10,11 +10,13 @@ same weights is a model test (tests/model/test_moe.cc).
 """
 import os
 import re
-import sys
+import subprocess
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import spmd_cases as sc  # noqa: E402
-from spmd_cases import RTOL, assert_close_curves, expect_error, same_bits, train  # noqa: E402
+from harness import launch
+from harness.compare import RTOL, assert_close_curves, same_bits
+from harness.errors import expect_error
+from harness.launch import case_main, run
+from harness.workloads import TINY, train
 
 MOE = ["--experts", "4", "--top-k", "1", "--capacity-factor", "1.25"]
 NOCLIP = ["--max-grad-norm", "0"]
@@ -69,8 +71,8 @@ def case_dropless_matches_a_capacity_that_drops_nothing():
 
 
 def killed_at_5(n, ck, mesh):
-    p = sc.run(n, sc.TINY + mesh + ["--ckpt", ck, "--ckpt-every", "4", "--kill-step", "5", "--kill-rank", "0",
-                                    "--metrics", os.path.join(sc.TMP, "killed.jsonl")], expect_ok=False)
+    p = run(n, TINY + mesh + ["--ckpt", ck, "--ckpt-every", "4", "--kill-step", "5", "--kill-rank", "0",
+                              "--metrics", os.path.join(launch.TMP, "killed.jsonl")], expect_ok=False)
     assert p.returncode != 0 and os.path.exists(ck), "the killed run left no step-4 checkpoint"
 
 
@@ -78,11 +80,11 @@ def case_resume_across_expert_parallel():
     # The checkpoint holds whole tensors (every expert), whatever --expert-parallel wrote it: a
     # P = 2 run resumes at P = 1 and the reverse (RTOL against the uninterrupted run of the
     # resuming mesh: the first steps ran on another decomposition); the same P resumes bitwise.
-    sc.TINY[sc.TINY.index("--steps") + 1] = "8"
+    TINY[TINY.index("--steps") + 1] = "8"
     p1, p2 = ["--dp", "2"] + MOE, ["--dp", "2", "--expert-parallel", "2"] + MOE
     ref1, ref2 = train(2, "rp1", p1), train(2, "rp2", p2)
     for src, dst, ref, label in ((p2, p1, ref1, "P=2 -> P=1"), (p1, p2, ref2, "P=1 -> P=2"), (p2, p2, ref2, "P=2 -> P=2")):
-        ck = os.path.join(sc.TMP, label.replace(" ", "").replace(">", "") + ".ckpt")
+        ck = os.path.join(launch.TMP, label.replace(" ", "").replace(">", "") + ".ckpt")
         killed_at_5(2, ck, src)
         got = train(2, "resumed", dst + ["--ckpt", ck, "--resume"])
         assert min(got[0]) == 4, f"{label}: resumed at step {min(got[0])}, not 4"
@@ -136,8 +138,8 @@ def case_bf16_trains_under_expert_parallelism():
 
 
 def case_bad_settings_are_one_line():
-    m = os.path.join(sc.TMP, "bad.jsonl")
-    t = sc.TINY + ["--metrics", m]
+    m = os.path.join(launch.TMP, "bad.jsonl")
+    t = TINY + ["--metrics", m]
     expect_error(1, t + ["--experts", "4", "--top-k", "5"], "--top-k must be between 1 and --experts=4 (got 5)", [m])
     expect_error(2, t + ["--dp", "2", "--experts", "3", "--expert-parallel", "2"],
                  "--experts 3 is not divisible by --expert-parallel 2", [m])
@@ -158,11 +160,11 @@ def case_bad_settings_are_one_line():
 def case_eval_reads_an_moe_checkpoint():
     # pwm_eval builds the model from the checkpoint's config, experts and all; its loss on the
     # training data is that of the run's final weights (finite, below the initial loss).
-    ck = os.path.join(sc.TMP, "moe.ckpt")
+    ck = os.path.join(launch.TMP, "moe.ckpt")
     a = train(2, "evalrun", ["--dp", "2", "--expert-parallel", "2", "--ckpt", ck] + MOE)
-    p = sc.subprocess.run([os.path.join(sc.BUILD, "train", "tools", "pwm_eval"), "--checkpoint", ck, "--text",
-                           "/usr/share/common-licenses/GPL-3", "--max-windows", "4"], capture_output=True,
-                          text=True, timeout=120)
+    p = subprocess.run([os.path.join(launch.BUILD, "train", "tools", "pwm_eval"), "--checkpoint", ck, "--text",
+                        "/usr/share/common-licenses/GPL-3", "--max-windows", "4"], capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     print(p.stdout.strip())
     first = a[0][min(a[0])]["loss"]
@@ -172,4 +174,4 @@ def case_eval_reads_an_moe_checkpoint():
 
 
 if __name__ == "__main__":
-    sc.case_main(globals(), "moe")
+    case_main(globals(), "moe")

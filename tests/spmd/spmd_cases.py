@@ -6,103 +6,24 @@
 Each case launches spmd_train with a tiny model on the default corpus and checks the metrics
 (JSON lines), checkpoints and exit codes against an independent run: another decomposition of
 the same computation (dp, tp), the same run again (determinism), or the uninterrupted run
-(kill and resume).
+(kill and resume). What the case files share (launching ranks, reading outputs, checking error
+lines, the tiny workload) is tests/harness/.
 """
-import glob
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
-import zlib
 
-BUILD = None
-TMP = None
-
-
-def set_build(build, tmp=None):
-    """For other case files that import these helpers."""
-    global BUILD, TMP
-    BUILD = build
-    if tmp:
-        TMP = tmp
-# The launcher of the MPI library the build found (cmake/mpi_launcher.cmake passes it through
-# the test environment); OpenMPI's mpirun with its flags when run by hand.
-MPIRUN = [os.environ.get("PWM_MPIEXEC", "mpirun")] + os.environ.get(
-    "PWM_MPIEXEC_FLAGS", "--oversubscribe --bind-to none").split()
-NP_FLAG = os.environ.get("PWM_MPIEXEC_NUMPROC_FLAG", "-n")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_btl_base_warn_component_unused="0")
-TINY = ["--d-model", "64", "--layers", "2", "--heads", "4", "--head-dim", "16", "--d-ff", "128",
-        "--seq-len", "32", "--batch", "8", "--steps", "6", "--lr", "3e-3", "--peak-gflops", "50",
-        "--eval-batches", "2", "--log-every", "3", "--coll-timeout", "60"]
-
-
-PROGRAMS = {"spmd": "spmd_train", "pathways": "pathways_train", "static": "mpmd_train"}
-
-
-def trainer(exe="spmd"):
-    if exe == "spmd":
-        return os.path.join(BUILD, "spmd", "spmd_train")
-    if exe == "static":
-        return os.path.join(BUILD, "mpmd", "mpmd_train")
-    return os.path.join(BUILD, "mpmd", "pathways_train")
-
-
-def run(n, args, expect_ok=True, timeout=240, exe="spmd"):
-    cmd = MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
-    if expect_ok and p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def metrics(path):
-    steps, vals, final = {}, {}, None
-    with open(path) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("final"):
-                final = j
-            elif "val_loss" in j:
-                vals[j["step"]] = j["val_loss"]
-            elif "loss" in j:
-                steps[j["step"]] = j
-    assert final is not None, f"{path} has no final line"
-    return steps, vals, final
-
-
-def train(n, name, extra, exe="spmd"):
-    path = os.path.join(TMP, name + ".jsonl")
-    run(n, TINY + ["--metrics", path] + extra, exe=exe)
-    return metrics(path)
-
-
-def assert_close_curves(ref, got, rtol, what):
-    """Loss curves agree step by step within rtol (relative)."""
-    (rs, rv, _), (gs, gv, _) = ref, got
-    assert sorted(rs) == sorted(gs), f"{what}: different steps"
-    worst = 0.0
-    for s in rs:
-        a, b = rs[s]["loss"], gs[s]["loss"]
-        worst = max(worst, abs(a - b) / abs(a))
-        assert abs(a - b) <= rtol * abs(a), f"{what}: step {s} loss {b} vs {a} (rtol {rtol})"
-    for s in rv:
-        assert abs(rv[s] - gv[s]) <= rtol * abs(rv[s]), f"{what}: val loss at {s}: {gv[s]} vs {rv[s]}"
-    print(f"{what}: max relative loss difference {worst:.2e} (tolerance {rtol})")
-
-
-# Tolerance for another decomposition of the same computation. The gradients agree only to
-# float rounding: dp changes the order of the AllReduce sum, tp the order of the block
-# reductions, micro-batches the order of accumulation (relative differences ~1e-7 per
-# operation, float32's epsilon). Over 6 AdamW steps the losses then differ by ~1e-7 relative
-# (measured here: 5e-8 to 1e-7, printed by each case). 1e-5 leaves 100x margin and still
-# catches any real error: a wrong scale or a missed reduction moves the loss by percents.
-RTOL = 1e-5
+from harness import launch
+from harness.checks import check_mfu_never_over_one, check_nonfinite_stop, check_overlap, nan_step_runs
+from harness.compare import DETERMINISTIC_FIELDS, RTOL, assert_close_curves, same_bits
+from harness.errors import expect_error, one_error_line
+from harness.launch import (MPIRUN, NP_FLAG, SUPERVISE, case_main, mpmd, run, small_tmpfs, supervised,
+                            supervisor_lines, trainer, watch_a_stop)
+from harness.outputs import finite_checkpoint, metrics, poison_checkpoint, temp_leftovers
+from harness.workloads import TINY, train
 
 
 def case_dp_matches_dp1():
@@ -128,11 +49,8 @@ def case_overlap_off_is_bitwise_equal():
     assert [a[0][s]["loss"] for s in sorted(a[0])] == [b[0][s]["loss"] for s in sorted(b[0])]
 
 
-DETERMINISTIC_FIELDS = ("step", "loss", "lr", "grad_norm")
-
-
 def case_same_seed_is_bitwise_identical():
-    ck1, ck2 = os.path.join(TMP, "det1.ckpt"), os.path.join(TMP, "det2.ckpt")
+    ck1, ck2 = os.path.join(launch.TMP, "det1.ckpt"), os.path.join(launch.TMP, "det2.ckpt")
     a = train(2, "det1", ["--dp", "2", "--ckpt", ck1])
     b = train(2, "det2", ["--dp", "2", "--ckpt", ck2])
     for s in a[0]:
@@ -163,18 +81,18 @@ def case_kill_and_resume_is_bitwise():
     ref = train(2, "ref", ["--dp", "2", "--steps", "8"])
     TINY[TINY.index("--steps") + 1] = "8"
     # 1. A rank SIGKILLs itself in the middle of step 5 (after the step-4 checkpoint).
-    ck = os.path.join(TMP, "kill.ckpt")
+    ck = os.path.join(launch.TMP, "kill.ckpt")
     p = run(2, TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5",
-                       "--kill-rank", "1", "--metrics", os.path.join(TMP, "killed.jsonl")],
+                       "--kill-rank", "1", "--metrics", os.path.join(launch.TMP, "killed.jsonl")],
             expect_ok=False)
     assert p.returncode != 0, "the killed run exited 0"
-    assert not os.path.exists(os.path.join(TMP, "killed.jsonl")), "a killed run left a metrics file"
+    assert not os.path.exists(os.path.join(launch.TMP, "killed.jsonl")), "a killed run left a metrics file"
     resume_matches(ref, ck, "resume after --kill-step")
     # 2. An outside SIGKILL of one rank at an arbitrary moment (possibly mid-checkpoint-write):
     # once both ranks run and a checkpoint exists, wait a while, then kill the highest rank's
     # process. The wait starts at the ranks, not at the launch: on a loaded machine (ctest -j)
     # mpirun can take longer than the delay to start them.
-    ck2 = os.path.join(TMP, "kill2.ckpt")
+    ck2 = os.path.join(launch.TMP, "kill2.ckpt")
 
     def ranks():
         out = subprocess.run(["pgrep", "-f", f"spmd_train.*{ck2}"], capture_output=True, text=True).stdout
@@ -183,7 +101,7 @@ def case_kill_and_resume_is_bitwise():
     for delay in (0.05, 0.23, 0.41):
         cmd = MPIRUN + [NP_FLAG, "2", trainer()] + TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2",
                                                           "--resume", "--step-sleep-ms", "200"]
-        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=launch.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while not (os.path.exists(ck2) and len(ranks()) == 2) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)
@@ -199,31 +117,19 @@ def case_kill_and_resume_is_bitwise():
     resume_matches(ref, ck2, "resume after an outside SIGKILL")
 
 
-def expect_error(n, args, pattern, outputs=(), exe="spmd"):
-    p = run(n, args, expect_ok=False, timeout=120, exe=exe)
-    assert p.returncode != 0, f"expected failure, got exit 0 for {args}"
-    prefix = PROGRAMS[exe] + ": error:"
-    lines = [l for l in p.stderr.splitlines() if prefix in l]
-    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr}"
-    assert pattern in lines[0], f"error line does not mention {pattern!r}: {lines[0]}"
-    for o in outputs:
-        assert not glob.glob(o + "*"), f"{o} was left behind"
-    print("ok:", lines[0])
-
-
 def case_bad_inputs_fail_cleanly():
-    m = os.path.join(TMP, "bad.jsonl")
+    m = os.path.join(launch.TMP, "bad.jsonl")
     expect_error(2, TINY + ["--dp", "3", "--metrics", m], "--dp 3 x --tp 1 = 3 ranks", [m])
     expect_error(3, TINY + ["--tp", "3", "--metrics", m], "n_heads=4 is not divisible by tp=3", [m])
     expect_error(2, TINY + ["--dp", "2", "--data", "/nonexistent/corpus.txt", "--metrics", m], "/nonexistent/corpus.txt", [m])
-    empty = os.path.join(TMP, "empty.txt")
+    empty = os.path.join(launch.TMP, "empty.txt")
     open(empty, "w").close()
     expect_error(2, TINY + ["--dp", "2", "--data", empty, "--metrics", m], "empty.txt", [m])
     expect_error(2, TINY + ["--dp", "2", "--metrics", "/nonexistent/dir/m.jsonl"], "--metrics /nonexistent/dir/m.jsonl")
     expect_error(2, TINY + ["--dp", "2", "--batch", "7", "--metrics", m], "--batch 7 is not divisible", [m])
     expect_error(2, TINY + ["--dp", "2", "--no-such-flag"], "no-such-flag")
     # A checkpoint of another config is refused.
-    ck = os.path.join(TMP, "other.ckpt")
+    ck = os.path.join(launch.TMP, "other.ckpt")
     train(2, "other", ["--dp", "2", "--ckpt", ck])
     args = [a for a in TINY]
     args[args.index("--d-model") + 1] = "32"
@@ -239,7 +145,7 @@ def case_bad_inputs_fail_cleanly():
 
 
 def case_trace_and_metrics_are_complete():
-    t = os.path.join(TMP, "trace.json")
+    t = os.path.join(launch.TMP, "trace.json")
     steps, vals, final = train(2, "traced", ["--dp", "2", "--trace", t, "--bucket-bytes", "65536"])
     doc = json.load(open(t))
     ev = doc["traceEvents"]
@@ -261,81 +167,15 @@ def case_trace_and_metrics_are_complete():
 # ---- Issue 18: real overlap by default ------------------------------------------------------------
 
 
-def late_first_buckets(trace_path, pids, steps):
-    """From a --trace file, per rank (pid): the steps whose first bucket's AllReduce ("allreduce
-    bucket 0") did NOT start before the step's last backward unit ("embed_bwd", one per step with
-    one micro-batch) started. Order of events on one rank's clock, not a duration: the bucket is
-    started by the trainer between two units, so it is either before embed_bwd or after it."""
-    ev = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
-    late = []
-    for pid in pids:
-        mine = [e for e in ev if e["pid"] == pid]
-        b0 = sorted(e["ts"] for e in mine if e["name"] == "allreduce bucket 0")
-        last = sorted(e["ts"] for e in mine if e["name"] == "embed_bwd")
-        nb = len({e["name"] for e in mine if e["name"].startswith("allreduce bucket ")})
-        assert len(b0) == steps and len(last) == steps, \
-            f"rank row {pid}: {len(b0)} first buckets and {len(last)} embed_bwd spans for {steps} steps"
-        late += [(pid, k, nb) for k in range(steps) if not b0[k] < last[k]]
-    return late
-
-
-def check_overlap(run_traced, pids, what):
-    """run_traced(name, extra args) -> trace path. By default the first bucket starts during the
-    backward on every rank and step; with one bucket as large as DDP's 25 MiB (the old default)
-    it starts after it on every one (the check can fail)."""
-    late = late_first_buckets(run_traced("default", []), pids, 6)
-    assert not late, f"{what}: first bucket started after the last backward unit began (rank row, step, buckets): {late}"
-    late = late_first_buckets(run_traced("one_bucket", ["--bucket-bytes", str(25 << 20)]), pids, 6)
-    assert len(late) == 6 * len(pids), f"{what} with one 25 MiB bucket: expected every step late, got {late}"
-    print(f"{what}: the first bucket's AllReduce starts before the last backward unit on every rank and step "
-          f"(and after it with one 25 MiB bucket)")
-
-
 def case_first_bucket_overlaps_backward():
     def traced(name, extra):
-        t = os.path.join(TMP, f"overlap_{name}.json")
+        t = os.path.join(launch.TMP, f"overlap_{name}.json")
         train(2, "overlap_" + name, ["--dp", "2", "--trace", t] + extra)
         return t
     check_overlap(traced, (0, 1), "spmd_train --dp 2")
 
 
 # ---- Issue 17: nothing lost, nothing thrown away at the end -------------------------------------
-
-
-def temp_leftovers(d):
-    return glob.glob(os.path.join(d, "*.tmp.*"))
-
-
-def mpmd(parts, timeout=120, exe="spmd"):
-    """One job of several programs: parts = [(ranks, args), ...] joined by ':'."""
-    cmd = list(MPIRUN)
-    for i, (n, args) in enumerate(parts):
-        cmd += ([":"] if i else []) + [NP_FLAG, str(n), trainer(exe)] + args
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(p, pattern, prefix="spmd_train: error:"):
-    assert p.returncode != 0, f"expected a failure, got exit 0:\n{p.stdout[-2000:]}"
-    lines = [l for l in p.stderr.splitlines() if prefix in l]
-    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{p.stderr[-3000:]}"
-    assert pattern in lines[0], f"error line does not mention {pattern!r}: {lines[0]}"
-    print("ok:", lines[0])
-    return lines[0]
-
-
-def small_tmpfs(name, kb=64):
-    """A tiny tmpfs under TMP (unmounted by main()), or exit 77 (skip) where mounting is not allowed."""
-    d = os.path.join(TMP, name)
-    os.makedirs(d)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kb}k", "tmpfs", d], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"SKIP: cannot mount a tmpfs here ({r.stderr.strip()})")
-        sys.exit(77)
-    MOUNTS.append(d)
-    return d
-
-
-MOUNTS = []
 
 
 def case_full_disk_leaves_nothing():
@@ -351,27 +191,27 @@ def case_full_disk_leaves_nothing():
     # 2. A checkpoint larger than the filesystem (the metrics elsewhere): the same, and the
     # metrics file is not moved into place either.
     small = small_tmpfs("small")
-    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(TMP, "m2.jsonl")
+    ck, m2 = os.path.join(small, "c.ckpt"), os.path.join(launch.TMP, "m2.jsonl")
     p = run(2, TINY + ["--dp", "2", "--steps", "2", "--ckpt", ck, "--metrics", m2], expect_ok=False)
     one_error_line(p, f"checkpoint {ck}")
     assert not os.path.exists(ck) and not os.path.exists(m2), "an output was left under its final name"
-    assert not temp_leftovers(small) and not temp_leftovers(TMP), "temporary files left"
+    assert not temp_leftovers(small) and not temp_leftovers(launch.TMP), "temporary files left"
 
 
 def case_outputs_checked_before_training():
-    d = os.path.join(TMP, "adir")
+    d = os.path.join(launch.TMP, "adir")
     os.makedirs(d)
     for flag in ("--metrics", "--ckpt", "--trace"):
         p = run(2, TINY + ["--dp", "2", flag, d], expect_ok=False)
         one_error_line(p, f"{flag} {d} is a directory")
         assert "step" not in p.stdout, f"{flag} DIR: the run trained before failing:\n{p.stdout}"
-        assert not temp_leftovers(TMP), f"{flag} DIR left {temp_leftovers(TMP)}"
-    p = run(2, TINY + ["--dp", "2", "--ckpt", os.path.join(TMP, "missing", "c.ckpt")], expect_ok=False)
+        assert not temp_leftovers(launch.TMP), f"{flag} DIR left {temp_leftovers(launch.TMP)}"
+    p = run(2, TINY + ["--dp", "2", "--ckpt", os.path.join(launch.TMP, "missing", "c.ckpt")], expect_ok=False)
     one_error_line(p, "does not exist")
 
 
 def case_bad_data_fails_before_training():
-    fifo = os.path.join(TMP, "fifo")
+    fifo = os.path.join(launch.TMP, "fifo")
     os.mkfifo(fifo)
     try:  # the old code blocked forever opening it
         p = run(2, TINY + ["--dp", "2", "--data", fifo], expect_ok=False, timeout=60)
@@ -383,7 +223,7 @@ def case_bad_data_fails_before_training():
     one_error_line(p, "--vocab 100 is smaller than the data's symbols")
     # A model too large for this host: both numbers, before anything is allocated (the old code
     # ended in std::bad_alloc). 1.8 MB of text so that the data holds the windows.
-    big = os.path.join(TMP, "big.txt")
+    big = os.path.join(launch.TMP, "big.txt")
     with open(big, "w") as f:
         f.write("the quick brown fox jumps over the lazy dog. " * 40000)
     p = run(2, TINY + ["--dp", "2", "--batch", "2", "--seq-len", "300000", "--val-fraction", "0.5", "--data", big],
@@ -407,11 +247,11 @@ def case_ranks_agree_on_the_configuration():
 
 
 def case_small_cases_are_named():
-    m = os.path.join(TMP, "s.jsonl")
+    m = os.path.join(launch.TMP, "s.jsonl")
     expect_error(2, TINY + ["--dp", "2", "--kill-step", "1", "--kill-rank", "2", "--metrics", m], "--kill-rank 2", [m])
     expect_error(2, TINY + ["--dp", "2", "--steps", "-3"], "--steps must be at least 1 (got -3)")
     # Resuming with another --steps names the field, in one short line (not two JSON dumps).
-    ck = os.path.join(TMP, "s.ckpt")
+    ck = os.path.join(launch.TMP, "s.ckpt")
     train(2, "s6", ["--dp", "2", "--ckpt", ck])
     p = run(2, TINY + ["--dp", "2", "--steps", "8", "--ckpt", ck, "--resume"], expect_ok=False)
     line = one_error_line(p, "optim/total_steps=6 vs 8")
@@ -421,15 +261,15 @@ def case_small_cases_are_named():
 def case_sigterm_removes_temp_files():
     # A run stopped by SIGTERM (the launcher's, after an abort; or a Ctrl-C) leaves no temporary
     # file: the handler unlinks the live ones and re-raises.
-    m = os.path.join(TMP, "sig.jsonl")
+    m = os.path.join(launch.TMP, "sig.jsonl")
     cmd = MPIRUN + [NP_FLAG, "2", trainer()] + TINY + ["--dp", "2", "--steps", "200", "--step-sleep-ms", "100",
                                                       "--metrics", m]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=launch.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
-        while not temp_leftovers(TMP) and time.time() < deadline and proc.poll() is None:
+        while not temp_leftovers(launch.TMP) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        tmp = temp_leftovers(TMP)
+        tmp = temp_leftovers(launch.TMP)
         assert tmp, "the metrics file's temporary file never appeared"
         pid = int(tmp[0].rsplit(".", 1)[1])  # PATH.tmp.<pid>: rank 0's process
         os.kill(pid, signal.SIGTERM)
@@ -437,7 +277,7 @@ def case_sigterm_removes_temp_files():
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert not temp_leftovers(TMP), f"temporary files left after SIGTERM: {temp_leftovers(TMP)}"
+    assert not temp_leftovers(launch.TMP), f"temporary files left after SIGTERM: {temp_leftovers(launch.TMP)}"
     assert not os.path.exists(m)
 
 
@@ -446,7 +286,7 @@ def case_compare_script_flags():
     for args, pattern in ((["--np"], "--np needs a value"), (["--rounds", "x"], "--rounds must be a whole number"),
                           (["--np", "--steps", "3"], "--np needs a value"), (["--steps", "0"], "--steps must be")):
         p = subprocess.run(["bash", script] + args, capture_output=True, text=True, timeout=60,
-                           env=dict(ENV, BUILD_DIR=os.path.join(TMP, "never-built")))
+                           env=dict(launch.ENV, BUILD_DIR=os.path.join(launch.TMP, "never-built")))
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and pattern in lines[0], f"compare.sh {args}: {p.returncode} {p.stderr}"
         print("ok:", lines[0])
@@ -482,22 +322,13 @@ def fsdp_state_bytes(D):
     return 4 * (4 * shard + held)
 
 
-def same_bits(a, b, what, fields=DETERMINISTIC_FIELDS):
-    for s in a[0]:
-        for k in fields:
-            assert a[0][s][k] == b[0][s][k], f"{what}: step {s} {k}: {b[0][s][k]} vs {a[0][s][k]}"
-    assert a[1] == b[1], f"{what}: validation losses differ"
-    assert a[2]["weights_hash"] == b[2]["weights_hash"], f"{what}: final weights differ"
-    print(f"{what}: bitwise equal")
-
-
 def case_fsdp_matches_dp():
     # Bitwise at D=2, one micro-batch, clipping off: every rank computes each layer's gradient
     # with the same (gathered, identical) weights as plain dp, and the 2-rank reduce-scatter sums
     # a + b as the 2-rank AllReduce does (commutative: order-free); AdamW is per element. Only
     # the squared norm is summed in another order (over shards instead of whole tensors), so with
     # clipping on, the clip factor may differ in its last bits: then RTOL, as for any other
-    # decomposition (above). With 2 micro-batches FSDP sums each micro-batch over ranks before
+    # decomposition (harness/compare.py). With 2 micro-batches FSDP sums each micro-batch over ranks before
     # accumulating (plain dp accumulates first): RTOL too. grad_norm is compared only bitwise-run.
     off = ["--max-grad-norm", "0"]
     ref = train(2, "plain_dp2", ["--dp", "2"] + off)
@@ -530,7 +361,7 @@ def case_replicas_match_dp():
     same_bits(ref, train(2, "r2_hier", ["--replicas", "2"]), "replicas=2 hierarchical vs dp=2")
     same_bits(ref, train(2, "r2_flat", ["--replicas", "2", "--replica-reduce", "flat"]), "replicas=2 flat vs dp=2")
     # R=2 x D=2: four summands, summed in another order (pairs inside the replica, then across;
-    # or one 4-rank AllReduce): RTOL (the tolerance of any other decomposition, above).
+    # or one 4-rank AllReduce): RTOL (the tolerance of any other decomposition, harness/compare.py).
     h = train(4, "r2d2_hier", ["--replicas", "2", "--dp", "2"])
     f = train(4, "r2d2_flat", ["--replicas", "2", "--dp", "2", "--replica-reduce", "flat"])
     assert_close_curves(h, f, RTOL, "replicas=2 x dp=2 hierarchical vs flat")
@@ -542,7 +373,7 @@ def case_replicas_match_dp():
 def killed_at_5(n, ck, mesh):
     """Runs 8 steps with a checkpoint every 4 and SIGKILLs rank 0 in step 5: leaves the step-4 file."""
     p = run(n, TINY + mesh + ["--ckpt", ck, "--ckpt-every", "4", "--kill-step", "5",
-                              "--kill-rank", "0", "--metrics", os.path.join(TMP, "killed.jsonl")], expect_ok=False)
+                              "--kill-rank", "0", "--metrics", os.path.join(launch.TMP, "killed.jsonl")], expect_ok=False)
     assert p.returncode != 0 and os.path.exists(ck), "the killed run left no step-4 checkpoint"
 
 
@@ -555,17 +386,17 @@ def case_resume_across_meshes():
     steps8 = []
     ref1 = train(1, "mesh_ref1", steps8)
     ref4 = train(4, "mesh_ref4", steps8 + fsdp_mesh)
-    ck = os.path.join(TMP, "mesh_a.ckpt")
+    ck = os.path.join(launch.TMP, "mesh_a.ckpt")
     killed_at_5(4, ck, fsdp_mesh)
     got = train(1, "mesh_a", steps8 + ["--ckpt", ck, "--resume"])
     assert min(got[0]) == 4, f"resumed at step {min(got[0])}, not 4"
     assert_close_curves(({s: ref1[0][s] for s in got[0]}, ref1[1], None), got, RTOL, "R2xD2 fsdp -> R1xD1")
-    ck = os.path.join(TMP, "mesh_b.ckpt")
+    ck = os.path.join(launch.TMP, "mesh_b.ckpt")
     killed_at_5(1, ck, [])
     got = train(4, "mesh_b", steps8 + fsdp_mesh + ["--ckpt", ck, "--resume"])
     assert min(got[0]) == 4
     assert_close_curves(({s: ref4[0][s] for s in got[0]}, ref4[1], None), got, RTOL, "R1xD1 -> R2xD2 fsdp")
-    ck = os.path.join(TMP, "mesh_c.ckpt")
+    ck = os.path.join(launch.TMP, "mesh_c.ckpt")
     killed_at_5(4, ck, fsdp_mesh)
     got = train(4, "mesh_c", steps8 + fsdp_mesh + ["--ckpt", ck, "--resume"])
     assert min(got[0]) == 4
@@ -578,21 +409,6 @@ def case_resume_across_meshes():
 
 # ---- issue 38: the supervisor restarts a failed job from its checkpoint ---------------------------
 
-SUPERVISE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "mpi_scripts", "supervise.sh")
-
-
-def supervised(sup_args, n, args, exe="spmd", restart=None):
-    """mpi_scripts/supervise.sh SUP_ARGS -- mpirun -n N TRAINER ARGS [--- mpirun -n N2 TRAINER ARGS2]."""
-    cmd = ["bash", SUPERVISE] + sup_args + ["--"] + MPIRUN + [NP_FLAG, str(n), trainer(exe)] + args
-    if restart:
-        cmd += ["---"] + MPIRUN + [NP_FLAG, str(restart[0]), trainer(exe)] + restart[1]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-
-
-def supervisor_lines(p):
-    return [l for l in p.stderr.splitlines() if l.startswith("supervise.sh:")]
-
-
 def case_supervisor_restarts_from_the_checkpoint():
     # A rank SIGKILLed in step 5 (after the step-4 checkpoint; injected on the first attempt
     # only): the supervisor restarts the same command, which resumes from the checkpoint, and the
@@ -602,7 +418,7 @@ def case_supervisor_restarts_from_the_checkpoint():
     TINY[TINY.index("--steps") + 1] = "8"
     for exe, n, mesh, victim in (("spmd", 2, ["--dp", "2"], "1"), ("pathways", 3, ["--dp", "2"], "2")):
         ref = train(n, f"sup_ref_{exe}", mesh, exe=exe)
-        ck, m = os.path.join(TMP, f"sup_{exe}.ckpt"), os.path.join(TMP, f"sup_{exe}.jsonl")
+        ck, m = os.path.join(launch.TMP, f"sup_{exe}.ckpt"), os.path.join(launch.TMP, f"sup_{exe}.jsonl")
         args = TINY + mesh + ["--ckpt", ck, "--ckpt-every", "2", "--resume", "--metrics", m]
         p = supervised(["--inject", f"--kill-step 5 --kill-rank {victim}"], n, args, exe=exe)
         assert p.returncode == 0, f"{exe}: the supervised job failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
@@ -616,7 +432,7 @@ def case_supervisor_restarts_from_the_checkpoint():
         assert got[2]["weights_hash"] == ref[2]["weights_hash"], f"{exe}: final weights differ from the run without failure"
         print(f"{exe}: {lines[0]}; steps 4..7 and the final weights bitwise equal to the run without failure")
     # No restart left: the job's own exit code, and one line saying so.
-    ck = os.path.join(TMP, "sup_none.ckpt")
+    ck = os.path.join(launch.TMP, "sup_none.ckpt")
     p = supervised(["--max-restarts", "0", "--inject", "--kill-step 5 --kill-rank 1"], 2,
                    TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume"])
     lines = supervisor_lines(p)
@@ -625,7 +441,7 @@ def case_supervisor_restarts_from_the_checkpoint():
     # uninterrupted single-rank run's losses from step 4 on, within RTOL (the first 4 steps ran
     # on dp 2).
     ref1 = train(1, "sup_ref1", [])
-    ck, m = os.path.join(TMP, "sup_small.ckpt"), os.path.join(TMP, "sup_small.jsonl")
+    ck, m = os.path.join(launch.TMP, "sup_small.ckpt"), os.path.join(launch.TMP, "sup_small.jsonl")
     p = supervised(["--inject", "--kill-step 5 --kill-rank 1"], 2,
                    TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume"],
                    restart=(1, TINY + ["--ckpt", ck, "--resume", "--metrics", m]))
@@ -643,7 +459,7 @@ def case_supervisor_restarts_from_the_checkpoint():
     assert p.returncode == 2 and "--max-restarts must be a whole number" in p.stderr, p.stderr
     # --done-file: an attempt that exits 0 without writing the file did not finish (OpenMPI's
     # mpirun --enable-recovery exits 0 whatever its ranks' codes); one that writes it did.
-    never, done = os.path.join(TMP, "never.jsonl"), os.path.join(TMP, "done.jsonl")
+    never, done = os.path.join(launch.TMP, "never.jsonl"), os.path.join(launch.TMP, "done.jsonl")
     p = subprocess.run(["bash", SUPERVISE, "--max-restarts", "1", "--done-file", never, "--", "true", "--ckpt", ck,
                         "--resume"], capture_output=True, text=True, timeout=60)
     lines = supervisor_lines(p)
@@ -661,57 +477,6 @@ def case_supervisor_restarts_from_the_checkpoint():
 
 
 # ---- issue 38: a stopped rank (SIGSTOP: a hung host) in every execution model --------------------
-
-def stopped_processes(root):
-    """The pids of the stopped (state T) descendants of process `root`."""
-    parent, state = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state[int(pid)], parent[int(pid)] = fields[0], int(fields[1])
-    def under(p):
-        while p in parent and p > 1:
-            p = parent[p]
-            if p == root:
-                return True
-        return False
-    return [p for p, s in state.items() if s == "T" and under(p)]
-
-
-def watch_a_stop(cmd, on_line=None, timeout=180):
-    """Runs `cmd`, whose ranks stop one of themselves (--kill-signal stop); returns (return code,
-    output, when the stopped process was first seen, when the job ended, {line: when it was read}).
-    on_line(line, stopped pids) is called for every line as it is read."""
-    import threading
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, seen = [], {}
-    stopped_at, stopped = None, []
-
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            seen.setdefault(line.strip(), time.time())
-            if on_line:
-                on_line(line, stopped)
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    deadline = time.time() + timeout
-    while proc.poll() is None and time.time() < deadline:
-        if stopped_at is None:
-            stopped[:] = stopped_processes(proc.pid)
-            if stopped:
-                stopped_at = time.time()
-        time.sleep(0.05)
-    if proc.poll() is None:
-        proc.kill()
-        raise AssertionError(f"the job with a stopped rank did not end in {timeout} s:\n" + "".join(lines)[-3000:])
-    ended = time.time()
-    reader.join(timeout=10)
-    return proc.returncode, "".join(lines), stopped_at, ended, seen
-
 
 def case_stopped_rank_ends_the_job():
     """A rank stopped (SIGSTOP) in the middle of step 3, as a hung host: every model ends the job
@@ -736,90 +501,6 @@ def case_stopped_rank_ends_the_job():
 
 # ---- issue 42: nothing silent - non-finite training ends the run ---------------------------------
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
-import read_checkpoint  # noqa: E402  (the independent reader of docs/checkpoint-format.md)
-
-
-def metrics_lines(path):
-    with open(path) as f:
-        return [json.loads(l) for l in f]
-
-
-def finite_checkpoint(path):
-    """The checkpoint's step, after checking (independently of the C++ reader) that it is valid
-    and every parameter and moment is finite."""
-    ck = read_checkpoint.read_checkpoint(path)
-    for t in ck["tensors"]:
-        assert all(math.isfinite(v) for v in t["values"]), f"{path}: {t['group']} {t['name']} is not finite"
-    return ck["step"]
-
-
-def poison_checkpoint(src, dst, group, name, index):
-    """Copies checkpoint `src` to `dst` with element `index` of tensor `name` of `group` made NaN
-    and the CRC-32 recomputed (docs/checkpoint-format.md), so that only the finite check can
-    refuse it."""
-    data = bytearray(open(src, "rb").read())
-    _, _, header_bytes, data_offset, _ = read_checkpoint.PREAMBLE.unpack_from(data, 0)
-    header = json.loads(bytes(data[read_checkpoint.PREAMBLE.size:read_checkpoint.PREAMBLE.size + header_bytes]))
-    (e,) = [e for e in header["tensors"] if e["group"] == group and e["name"] == name]
-    struct_pos = data_offset + e["offset"] + 4 * index
-    data[struct_pos:struct_pos + 4] = (0x7FC00000).to_bytes(4, "little")  # a quiet NaN
-    crc = zlib.crc32(bytes(data[:-4])) & 0xFFFFFFFF
-    data[-4:] = crc.to_bytes(4, "little")
-    open(dst, "wb").write(bytes(data))
-    read_checkpoint.read_checkpoint(dst)  # still a valid file
-
-
-def check_nonfinite_stop(n, mesh, exe, label):
-    """--lr 1e6 without clipping diverges within a few steps: the run ends at the first non-finite
-    step with one line naming it, every rank non-zero; the metrics end at the step before with the
-    stopped line; the checkpoint of the step before (--ckpt-every 1) is intact and finite. The old
-    code trained every step at loss nan, exited 0 and wrote a NaN checkpoint."""
-    prefix = f"{'spmd' if exe == 'spmd' else 'pathways'}_train: error:"
-    ck, m = os.path.join(TMP, label + ".ckpt"), os.path.join(TMP, label + ".jsonl")
-    args = [a for a in TINY] + mesh + ["--lr", "1e6", "--max-grad-norm", "0", "--ckpt", ck, "--ckpt-every", "1",
-                                       "--metrics", m]
-    p = run(n, args, expect_ok=False, exe=exe)
-    line = one_error_line(p, "the training loss is nan", prefix)
-    bad = int(line.split("error: step ")[1].split(":")[0])
-    assert 0 < bad < 6, f"{label}: stopped at step {bad}"
-    for what in ("lower --lr (now 1e+06)", "enable --max-grad-norm", "--skip-nonfinite"):
-        assert what in line, f"{label}: the line does not say {what!r}: {line}"
-    lines = metrics_lines(m)
-    steps = [j["step"] for j in lines if "loss" in j]
-    assert steps == list(range(bad)), f"{label}: step lines {steps}, expected 0..{bad - 1}"
-    assert all(math.isfinite(j["loss"]) and math.isfinite(j["grad_norm"]) for j in lines if "loss" in j)
-    last = lines[-1]
-    assert last.get("stopped") and last["step"] == bad and last["error"] in line, f"{label}: last line {last}"
-    assert not any(j.get("final") for j in lines), f"{label}: a stopped run wrote a final line"
-    assert finite_checkpoint(ck) == bad, f"{label}: the checkpoint is not the one after step {bad - 1}"
-    assert not temp_leftovers(TMP), f"{label}: temporary files left: {temp_leftovers(TMP)}"
-    print(f"{label}: stopped at step {bad}; metrics and the step-{bad} checkpoint intact")
-
-
-def nan_step_runs(n, mesh, exe, label):
-    """--nan-step 2: stops the run at step 2 by default; with --skip-nonfinite 1 the step is
-    skipped, counted and the run finishes. Returns the finished run's metrics."""
-    prefix = f"{'spmd' if exe == 'spmd' else 'pathways'}_train: error:"
-    m = os.path.join(TMP, label + "_stop.jsonl")
-    p = run(n, TINY + mesh + ["--nan-step", "2", "--metrics", m], expect_ok=False, exe=exe)
-    line = one_error_line(p, "step 2: the training loss is nan (gradient norm nan)", prefix)
-    assert "--nan-step 2" in line, line
-    assert [j["step"] for j in metrics_lines(m) if "loss" in j] == [0, 1]
-    # One allowed, one happens: the run goes on; the step's line is marked and its loss is null.
-    got = train(n, label + "_skip", mesh + ["--nan-step", "2", "--skip-nonfinite", "1"], exe=exe)
-    steps, _, final = got
-    assert sorted(steps) == list(range(6)), sorted(steps)
-    assert steps[2]["skipped"] and steps[2]["loss"] is None and steps[2]["grad_norm"] is None, steps[2]
-    assert not any(steps[s]["skipped"] for s in steps if s != 2)
-    assert final["skipped_nonfinite"] == 1 and math.isfinite(final["final_loss"]), final
-    # One allowed, two happen: diverged weights stay diverged, so the step after the skipped one
-    # is non-finite too, and the run stops there.
-    p = run(n, TINY + mesh + ["--lr", "1e6", "--max-grad-norm", "0", "--skip-nonfinite", "1"], expect_ok=False, exe=exe)
-    one_error_line(p, "after 1 skipped non-finite step (--skip-nonfinite 1)", prefix)
-    return got
-
-
 def case_nonfinite_stops_the_run():
     check_nonfinite_stop(2, ["--dp", "2"], "spmd", "diverged")
     ref = train(2, "nan_ref", ["--dp", "2"])
@@ -835,12 +516,12 @@ def case_nonfinite_stops_the_run():
     assert fs[2]["skipped_nonfinite"] == 1 and fs[0][2]["skipped"]
     # A checkpoint holding a NaN (in a parameter, then in a moment; the file otherwise valid) is
     # refused on --resume, naming the file and the tensor; the clean one resumes.
-    ck = os.path.join(TMP, "clean.ckpt")
+    ck = os.path.join(launch.TMP, "clean.ckpt")
     killed = run(2, TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "3", "--kill-rank", "1"],
                  expect_ok=False)
     assert killed.returncode != 0 and finite_checkpoint(ck) == 2
     for group, name, kind in (("params", "layers.0.wq", "parameter"), ("adam_v", "embed", "AdamW second moment")):
-        bad = os.path.join(TMP, f"nan_{group}.ckpt")
+        bad = os.path.join(launch.TMP, f"nan_{group}.ckpt")
         poison_checkpoint(ck, bad, group, name, 5)
         line = one_error_line(run(2, TINY + ["--dp", "2", "--ckpt", bad, "--resume"], expect_ok=False),
                               f"checkpoint {bad} holds a non-finite value (nan) in {kind} {name}, element 5")
@@ -848,88 +529,19 @@ def case_nonfinite_stops_the_run():
     resumed = train(2, "clean_resume", ["--dp", "2", "--ckpt", ck, "--resume"])
     assert min(resumed[0]) == 2 and resumed[2]["weights_hash"] == ref[2]["weights_hash"]
     # pwm_eval refuses a NaN parameter too (it printed a NaN loss).
-    bad = os.path.join(TMP, "nan_params.ckpt")
-    p = subprocess.run([os.path.join(BUILD, "train", "tools", "pwm_eval"), "--checkpoint", bad, "--text",
+    bad = os.path.join(launch.TMP, "nan_params.ckpt")
+    p = subprocess.run([os.path.join(launch.BUILD, "train", "tools", "pwm_eval"), "--checkpoint", bad, "--text",
                         "/usr/share/common-licenses/GPL-3", "--max-windows", "2"], capture_output=True, text=True)
     assert p.returncode != 0 and "parameter layers.0.wq" in p.stderr, (p.returncode, p.stderr)
     print("NaN checkpoints refused by --resume and pwm_eval:", p.stderr.strip())
 
 
-def case_main(cases, prefix):
-    """The main() of a case file that runs one case of `cases` (its globals()) in a fresh TMP:
-    `SCRIPT CASE BUILD_DIR`."""
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"{prefix}_{case}_")
-    set_build(build, tmp)
-    try:
-        cases["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 # ---- Issue 39: MFU against a peak that is a peak ----------------------------------------------
-
-
-def assert_peak_is_a_peak(path, what):
-    """No MFU over 1 in the metrics at `path`, and the final line's peak at least every step's
-    achieved model FLOP rate per rank (tokens/s x flops per token / ranks). Returns (final, the
-    steps, their achieved rates)."""
-    with open(path) as f:
-        lines = [json.loads(line) for line in f]
-    head, final = lines[0], lines[-1]
-    steps = [j for j in lines if "step_ms" in j]
-    achieved = [s["tokens_per_s"] * head["flops_per_token"] / head["ranks"] / 1e9 for s in steps]
-    assert steps and final.get("final"), f"{what}: no steps or no final line"
-    assert all(s["mfu"] <= 1.0 for s in steps), f"{what}: a step's MFU over 1: {[s['mfu'] for s in steps]}"
-    assert 0 < final["mfu"] <= 1.0, f"{what}: final MFU {final['mfu']}"
-    peak = final["peak_gflops_per_rank"]
-    assert peak >= max(achieved) * (1 - 1e-12), f"{what}: peak {peak} below an achieved rate {max(achieved)}"
-    assert peak >= head["peak_gflops_per_rank"], f"{what}: the peak fell below the start-up one"
-    print(f"{what}: MFU {final['mfu']:.3f} against {peak:.2f} GFLOP/s per rank ({final['peak_source']}); "
-          f"fastest step {max(achieved):.2f}")
-    return final, steps, achieved
-
-
-def check_mfu_never_over_one(n, mesh, exe, name):
-    """Issue 39 for one trainer: the model-shape probes (start-up, the evaluation pause after step
-    3, after the last step: 3 probes), then a --peak-gflops below every step's rate, which the
-    first step raises to its own rate (and says so)."""
-    i = TINY.index("--peak-gflops")
-    probed = TINY[:i] + TINY[i + 2:]
-    path = os.path.join(TMP, name + "_probed.jsonl")
-    run(n, probed + mesh + ["--eval-every", "3", "--metrics", path], exe=exe)
-    final, _, _ = assert_peak_is_a_peak(path, f"{name}, probed")
-    assert final["peak_probes"] == 3 and final["peak_probe_gflops_per_rank"] > 0, final
-    assert final["peak_source"] in ("model-shape GEMM, highest of 3 probes",) or final["peak_source"].startswith(
-        "achieved step rate, above the model-shape GEMM's highest of 3 probes"), final["peak_source"]
-    path = os.path.join(TMP, name + "_given.jsonl")
-    p = run(n, probed + mesh + ["--peak-gflops", "0.001", "--metrics", path], exe=exe)
-    final, steps, achieved = assert_peak_is_a_peak(path, f"{name}, --peak-gflops 0.001")
-    assert final["peak_source"] == "achieved step rate, above --peak-gflops 0.001", final["peak_source"]
-    assert final["peak_probes"] == 0 and final["peak_probe_gflops_per_rank"] == 0, final
-    assert abs(final["peak_gflops_per_rank"] - max(achieved)) <= 1e-12 * max(achieved), final
-    assert max(s["mfu"] for s in steps) == 1.0, "no step set the peak"
-    assert "is above the GEMM peak of 0.0 GFLOP/s (--peak-gflops)" in p.stdout, p.stdout
 
 
 def case_mfu_never_over_one():
     check_mfu_never_over_one(2, ["--dp", "2"], "spmd", "spmd_dp2")
 
 
-def main():
-    global BUILD, TMP
-    case, BUILD = sys.argv[1], sys.argv[2]
-    set_build(BUILD)
-    TMP = tempfile.mkdtemp(prefix=f"spmd_{case}_")
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        for d in MOUNTS:
-            subprocess.run(["umount", d], capture_output=True)
-        shutil.rmtree(TMP, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    case_main(globals(), "spmd")

@@ -7,17 +7,14 @@ References: spmd_train on the same dense dp x tp workload (the same bits: every 
 kernels spmd_train's rank of the same mesh position runs, in the same order), and
 pathways_train on the same pipeline (the same bits: both models run the one traced program).
 """
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spmd"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pathways_train"))
-import spmd_cases as sc  # noqa: E402
-from pathways_cases import FIELDS, assert_bitwise  # noqa: E402
+from harness import launch
+from harness.compare import DETERMINISTIC_FIELDS, FIELDS, assert_bitwise
+from harness.errors import expect_error
+from harness.launch import case_main, run, supervised, supervisor_lines
+from harness.outputs import metrics
+from harness.workloads import TINY, train
 
 
 def case_dense_bitwise_equal_to_spmd():
@@ -26,9 +23,9 @@ def case_dense_bitwise_equal_to_spmd():
               (["--dp", "3", "--batch", "12"], 3), (["--dp", "2", "--precision", "bf16"], 2),
               (["--dp", "2", "--fsdp"], 2))
     for mesh, n in meshes:
-        ref = sc.train(n, "spmd" + "".join(mesh), mesh)
+        ref = train(n, "spmd" + "".join(mesh), mesh)
         for g in ("fused", "chained"):
-            got = sc.train(n, "static_" + g + "".join(mesh), mesh + ["--granularity", g], exe="static")
+            got = train(n, "static_" + g + "".join(mesh), mesh + ["--granularity", g], exe="static")
             assert_bitwise(ref, got, f"mpmd_train {g} {' '.join(mesh)}")
             assert got[2]["messages_per_step"] == 0, "one slice: every edge stays on its rank, no message"
 
@@ -38,9 +35,9 @@ def case_moe_bitwise_equal_to_spmd():
     # (static shapes) and dropless (the counts exchanged inside the kernel, --moe-routing worker).
     moe = ["--dp", "2", "--expert-parallel", "2", "--experts", "4", "--top-k", "2", "--moe-every", "1"]
     for cap in (["--capacity-factor", "1.25"], ["--capacity-factor", "0"]):
-        ref = sc.train(2, "spmd_moe" + "".join(cap), moe + cap)
+        ref = train(2, "spmd_moe" + "".join(cap), moe + cap)
         for g in ("fused", "chained"):
-            got = sc.train(2, "static_moe_" + g + "".join(cap), moe + cap + ["--granularity", g], exe="static")
+            got = train(2, "static_moe_" + g + "".join(cap), moe + cap + ["--granularity", g], exe="static")
             assert_bitwise(ref, got, f"mpmd_train MoE {g} {' '.join(cap)}")
 
 
@@ -54,8 +51,8 @@ def case_pipeline_bitwise_equal_to_pathways():
             args = extra + ["--schedule", sched]
             label = "".join(args)
             islands = ["--islands", f"{n // 2}x2"] if n == 4 else ["--islands", "2x1"]
-            ref = sc.train(n + 1, "pw" + label, args + islands, exe="pathways")
-            got = sc.train(n, "static" + label, args, exe="static")
+            ref = train(n + 1, "pw" + label, args + islands, exe="pathways")
+            got = train(n, "static" + label, args, exe="static")
             assert_bitwise(ref, got, f"mpmd_train {' '.join(args)}", ref_name="pathways_train")
             assert got[2]["messages_per_step"] > 0, "a pipeline's activations travel between ranks"
 
@@ -66,13 +63,13 @@ def case_replicas_bitwise_equal_to_spmd_and_pathways():
     # same bits as spmd_train's replicas.
     for extra, n in ((["--replicas", "2"], 2), (["--replicas", "2", "--dp", "2"], 4),
                      (["--replicas", "2", "--dp", "2", "--fsdp"], 4)):
-        ref = sc.train(n, "spmd" + "".join(extra), extra)
+        ref = train(n, "spmd" + "".join(extra), extra)
         for g in ("fused", "chained"):
             args = extra + ["--granularity", g]
-            got = sc.train(n, "static" + "".join(args), args, exe="static")
+            got = train(n, "static" + "".join(args), args, exe="static")
             assert_bitwise(ref, got, f"mpmd_train {' '.join(args)}")
             assert got[2]["messages_per_step"] > 0, "the replicas' pieces travel between ranks"
-            assert_bitwise(sc.train(n + 1, "pw" + "".join(args), args, exe="pathways"), got,
+            assert_bitwise(train(n + 1, "pw" + "".join(args), args, exe="pathways"), got,
                            f"mpmd_train {' '.join(args)} against pathways_train", ref_name="pathways_train")
 
 
@@ -84,7 +81,7 @@ def case_pipeline_1f1b_holds_fewer_activations():
     peak = {}
     for sched in ("gpipe", "1f1b"):
         quota = ["--quota", "2"] if sched == "1f1b" else []  # (1F1B's need at S = 2: 2 on stage 0, 1 on stage 1)
-        got = sc.train(2, "static_mem_" + sched, wide + ["--stages", "2", "--microbatches", "8", "--batch", "16",
+        got = train(2, "static_mem_" + sched, wide + ["--stages", "2", "--microbatches", "8", "--batch", "16",
                                                         "--schedule", sched] + quota, exe="static")
         peak[sched] = got[2]["peak_intermediate_bytes"]
         assert got[2]["stage_activations"] == ([8, 8] if sched == "gpipe" else [2, 1]), got[2]["stage_activations"]
@@ -95,42 +92,42 @@ def case_pipeline_1f1b_holds_fewer_activations():
 
 
 def case_checkpoints_cross_trainers():
-    ref = sc.train(2, "ref", ["--dp", "2"])
+    ref = train(2, "ref", ["--dp", "2"])
     # spmd_train stops after its step-4 checkpoint (killed in step 5); mpmd_train resumes from it.
-    ck = os.path.join(sc.TMP, "a.ckpt")
-    p = sc.run(2, sc.TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
-               expect_ok=False)
+    ck = os.path.join(launch.TMP, "a.ckpt")
+    p = run(2, TINY + ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
+            expect_ok=False)
     assert p.returncode != 0
-    got = sc.train(2, "static_resumed", ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume",
-                                         "--granularity", "chained"], exe="static")
+    got = train(2, "static_resumed", ["--dp", "2", "--ckpt", ck, "--ckpt-every", "2", "--resume",
+                                      "--granularity", "chained"], exe="static")
     assert min(got[0]) == 4, f"mpmd_train resumed at {min(got[0])}"
     for s in got[0]:
         for k in FIELDS:
             assert got[0][s][k] == ref[0][s][k], f"step {s} {k} differs after resuming in mpmd_train"
     assert got[2]["weights_hash"] == ref[2]["weights_hash"]
     # mpmd_train is killed after its step-4 checkpoint; spmd_train and pathways_train resume from it.
-    ck2 = os.path.join(sc.TMP, "b.ckpt")
-    p = sc.run(2, sc.TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
-               expect_ok=False, exe="static")
+    ck2 = os.path.join(launch.TMP, "b.ckpt")
+    p = run(2, TINY + ["--dp", "2", "--ckpt", ck2, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "1"],
+            expect_ok=False, exe="static")
     assert p.returncode != 0
-    got = sc.train(2, "spmd_resumed", ["--dp", "2", "--ckpt", ck2, "--resume"])
+    got = train(2, "spmd_resumed", ["--dp", "2", "--ckpt", ck2, "--resume"])
     assert min(got[0]) == 4 and got[2]["weights_hash"] == ref[2]["weights_hash"], "spmd_train from mpmd_train's checkpoint"
-    got = sc.train(3, "pw_resumed", ["--dp", "2", "--ckpt", ck2, "--resume", "--granularity", "fused"], exe="pathways")
+    got = train(3, "pw_resumed", ["--dp", "2", "--ckpt", ck2, "--resume", "--granularity", "fused"], exe="pathways")
     assert got[2]["weights_hash"] == ref[2]["weights_hash"], "pathways_train from mpmd_train's checkpoint"
     # A pipeline's checkpoint is the whole model (its stages merged): spmd_train resumes it.
-    ck3 = os.path.join(sc.TMP, "c.ckpt")
+    ck3 = os.path.join(launch.TMP, "c.ckpt")
     pipe = ["--stages", "2", "--microbatches", "4"]
-    full = sc.train(2, "static_pipe_full", pipe, exe="static")
-    p = sc.run(2, sc.TINY + pipe + ["--ckpt", ck3, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "0"],
-               expect_ok=False, exe="static")
+    full = train(2, "static_pipe_full", pipe, exe="static")
+    p = run(2, TINY + pipe + ["--ckpt", ck3, "--ckpt-every", "2", "--kill-step", "5", "--kill-rank", "0"],
+            expect_ok=False, exe="static")
     assert p.returncode != 0
-    got = sc.train(2, "static_pipe_resumed", pipe + ["--ckpt", ck3, "--resume"], exe="static")
+    got = train(2, "static_pipe_resumed", pipe + ["--ckpt", ck3, "--resume"], exe="static")
     assert min(got[0]) == 4 and got[2]["weights_hash"] == full[2]["weights_hash"], "mpmd_train pipeline resume"
     print("checkpoints resume bitwise across the three trainers")
 
 
 def case_bad_inputs_fail_cleanly():
-    m = os.path.join(sc.TMP, "bad.jsonl")
+    m = os.path.join(launch.TMP, "bad.jsonl")
     bad = (
         (2, ["--dp", "2", "--granularity", "opbyop"], "no --granularity opbyop"),
         (2, ["--dp", "2", "--spare-workers", "1"], "--spare-workers is pathways_train's, not a flag of mpmd_train"),
@@ -150,20 +147,20 @@ def case_bad_inputs_fail_cleanly():
              "controller"], "no controller to route through"),
     )
     for n, args, pattern in bad:
-        sc.expect_error(n, sc.TINY + args + ["--metrics", m], pattern, [m], exe="static")
-    sc.expect_error(3, sc.TINY + ["--stages", "2", "--microbatches", "4", "--quota", "2", "--metrics", m],
-                    "--quota is mpmd_train's", [m], exe="pathways")
+        expect_error(n, TINY + args + ["--metrics", m], pattern, [m], exe="static")
+    expect_error(3, TINY + ["--stages", "2", "--microbatches", "4", "--quota", "2", "--metrics", m],
+                 "--quota is mpmd_train's", [m], exe="pathways")
 
 
 def case_lost_rank_ends_the_job():
     # No controller watches the ranks: a rank killed in a step leaves its peers waiting in a
     # receive or a collective, whose watchdog (--coll-timeout) ends the job with one line naming
     # what it waited for; the checkpoint written before is intact.
-    ck = os.path.join(sc.TMP, "k.ckpt")
+    ck = os.path.join(launch.TMP, "k.ckpt")
     for extra in (["--dp", "2", "--granularity", "chained"], ["--stages", "2", "--microbatches", "4"]):
-        args = sc.TINY[:-2] + ["--coll-timeout", "5", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "3",
+        args = TINY[:-2] + ["--coll-timeout", "5", "--ckpt", ck, "--ckpt-every", "2", "--kill-step", "3",
                                 "--kill-rank", "1"] + extra
-        p = sc.run(2, args, expect_ok=False, timeout=60, exe="static")
+        p = run(2, args, expect_ok=False, timeout=60, exe="static")
         assert p.returncode != 0, "the job went on without a rank"
         assert os.path.exists(ck), "the step-2 checkpoint is gone"
         print("ok:", extra, "ended", p.returncode)
@@ -174,35 +171,24 @@ def case_supervisor_restarts_from_the_checkpoint():
     # step 5 (after the step-4 checkpoint; injected on the first attempt only) ends the job, the
     # supervisor runs the same command again, it resumes from the checkpoint, and the job ends
     # with the weights of the run that did not fail, bitwise (dense chained and a 1F1B pipeline).
-    sc.TINY[sc.TINY.index("--steps") + 1] = "8"
+    TINY[TINY.index("--steps") + 1] = "8"
     for mesh in (["--dp", "2", "--granularity", "chained"], ["--stages", "2", "--microbatches", "4", "--schedule", "1f1b"]):
         label = "".join(mesh)
-        ref = sc.train(2, "sup_ref" + label, mesh, exe="static")
-        ck, m = os.path.join(sc.TMP, f"sup{label}.ckpt"), os.path.join(sc.TMP, f"sup{label}.jsonl")
-        args = sc.TINY + mesh + ["--ckpt", ck, "--ckpt-every", "2", "--resume", "--metrics", m]
-        p = sc.supervised(["--inject", "--kill-step 5 --kill-rank 1"], 2, args, exe="static")
+        ref = train(2, "sup_ref" + label, mesh, exe="static")
+        ck, m = os.path.join(launch.TMP, f"sup{label}.ckpt"), os.path.join(launch.TMP, f"sup{label}.jsonl")
+        args = TINY + mesh + ["--ckpt", ck, "--ckpt-every", "2", "--resume", "--metrics", m]
+        p = supervised(["--inject", "--kill-step 5 --kill-rank 1"], 2, args, exe="static")
         assert p.returncode == 0, f"the supervised job failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
-        lines = sc.supervisor_lines(p)
+        lines = supervisor_lines(p)
         assert len(lines) == 1 and "restart 1 of at most 3, from " + ck in lines[0], lines
-        got = sc.metrics(m)
+        got = metrics(m)
         assert min(got[0]) == 4, f"the restart began at step {min(got[0])}, not at the step-4 checkpoint"
         for st in got[0]:
-            for k in sc.DETERMINISTIC_FIELDS:
+            for k in DETERMINISTIC_FIELDS:
                 assert got[0][st][k] == ref[0][st][k], f"step {st} {k}: {got[0][st][k]} vs {ref[0][st][k]}"
         assert got[2]["weights_hash"] == ref[2]["weights_hash"], "final weights differ from the run without failure"
         print(f"{' '.join(mesh)}: {lines[0]}; steps 4..7 and the final weights bitwise equal to the run without failure")
 
 
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"static_{case}_")
-    sc.set_build(build, tmp)
-    try:
-        globals()["case_" + case]()
-        print(f"PASS {case}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    case_main(globals(), "static")
