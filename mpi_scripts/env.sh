@@ -102,13 +102,15 @@ pwm_build() {
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
 
-# pwm_test_jobs: ctest's -j, in rank slots (every MPI case declares PROCESSORS = its ranks). Twice
-# the cores by default (PWM_TEST_JOBS overrides): most of an MPI case's time is start-up, waiting
-# for a watchdog to fire or a rank to be killed, so two 2-rank cases share 2 cores with little
-# slowdown (OpenMPI's `mpi` label: 298 s at -j1, 204 s at -j4, the same 60 cases passing). The
-# emulated-cluster cases stay RUN_SERIAL. getconf, not nproc (see pwm_gemm_peak).
+# pwm_test_jobs: ctest's -j, in rank slots (every MPI case declares PROCESSORS = its ranks). Four
+# times the cores by default (PWM_TEST_JOBS overrides): most of an MPI case's time is start-up,
+# waiting for a watchdog to fire or a rank to be killed, so the suite leaves the cores idle at
+# twice the cores (OpenMPI's whole suite on 2 vCPU, 2026-12-06: 484-522 s at -j4 with the cores
+# busy 30% of the time, 326 s at -j8, the same 419 cases passing; earlier, the `mpi` label: 298 s
+# at -j1, 204 s at -j4). The emulated-cluster cases stay RUN_SERIAL. getconf, not nproc (see
+# pwm_gemm_peak).
 pwm_test_jobs() {
-  echo "${PWM_TEST_JOBS:-$(( 2 * $(getconf _NPROCESSORS_ONLN) ))}"
+  echo "${PWM_TEST_JOBS:-$(( 4 * $(getconf _NPROCESSORS_ONLN) ))}"
 }
 
 # The PyTorch peer (../shared/peers/torch_palm_bench.py next to this repository, or
