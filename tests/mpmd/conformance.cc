@@ -156,6 +156,18 @@ const std::vector<Case>& cases() {
   return all;
 }
 
+std::vector<Case> static_cases() {
+  std::vector<Case> out;
+  for (const Case& c : cases()) {
+    const auto& p = c.po;
+    if (p.granularity == pwm::train::Granularity::kOpByOp || p.sequential || p.expert_island ||
+        p.moe_routing == pwm::train::MoeRouting::kController)
+      continue;
+    out.push_back(c);
+  }
+  return out;
+}
+
 pwm::train::TrainConfig workload(const Case& c, const std::string& metrics) {
   std::vector<std::string> args = {"pathways_conformance"};
   args.insert(args.end(), kTiny.begin(), kTiny.end());

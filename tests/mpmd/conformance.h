@@ -42,6 +42,9 @@ struct Case {
   int workers = 2;                 // worker devices (ranks: one more, the controller)
 };
 const std::vector<Case>& cases();
+// The cases the static model runs: not those that need a controller (opbyop, a client calling
+// node by node; sequential dispatch; the controller's MoE routing; the expert island).
+std::vector<Case> static_cases();
 // gtest prints a case by its name (not its bytes) in the test list.
 inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 constexpr int kWorkers = 2;  // the MPI suite's (mpirun -n 3): it runs the cases of 2 workers

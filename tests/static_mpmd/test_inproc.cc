@@ -11,20 +11,6 @@
 namespace pwm::mpmd::testing {
 namespace {
 
-// The conformance cases that need a controller are not the static model's: opbyop (a client
-// calling node by node), sequential dispatch, the controller's MoE routing, the expert island.
-std::vector<Case> static_cases() {
-  std::vector<Case> out;
-  for (const Case& c : cases()) {
-    const auto& p = c.po;
-    if (p.granularity == train::Granularity::kOpByOp || p.sequential || p.expert_island ||
-        p.moe_routing == train::MoeRouting::kController)
-      continue;
-    out.push_back(c);
-  }
-  return out;
-}
-
 class StaticInProc : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StaticInProc, MatchesSpmdTrain) {
