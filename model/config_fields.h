@@ -15,7 +15,7 @@
 namespace pwm::model {
 
 struct ConfigField {
-  enum class Group { kModel, kMoe };  // --help's group; MoE fields print only for an MoE model
+  enum class Group { kModel, kMoe };  // --help's group; to_string prints the MoE fields only for an MoE model
   using Member = std::variant<int64_t Config::*, uint64_t Config::*, double Config::*, NormKind Config::*>;
   const char* key;   // the checkpoint's and the canonical config's JSON key, and to_string's
   const char* flag;  // "--d-model"

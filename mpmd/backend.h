@@ -37,6 +37,11 @@ class Backend {
   // waits of the step program `step` (null when the step is not one program). Every process that
   // runs the trainer calls it (collective in the static model).
   virtual void report(train::TrainReport& r, const std::vector<int>& slices, const dataflow::Executable* step) = 0;
+  // Every device's trace fragment, in slice and device order, from the trace kernel's outputs
+  // (one array per slice, `words` int64 per device: the fragment's length, then its bytes), on
+  // every process that runs the trainer: fetched by a controller; gathered by their actual
+  // lengths in the static model (a fetch would move every rank's whole fixed-size output).
+  virtual std::vector<std::string> trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t words) = 0;
 };
 
 }  // namespace pwm::mpmd

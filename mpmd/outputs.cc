@@ -190,14 +190,11 @@ void Trainer::write_trace() {
   std::vector<std::string> fragments;
   if (Trace* own = be_.own_trace()) fragments.push_back(own->fragment());
   const int64_t words = 1 << 20;  // 8 MiB of trace per device at most
-  const std::vector<int> all = all_slices();
-  for (int sl : all) {  // (one slice at a time: a static rank gathers every rank's 8 MiB)
-    const auto v = rt_.get<int64_t>(
-        on_slices(names_("trace"), {sl}, [&](size_t) { return std::vector<int64_t>{cfg_.mesh.tp, words}; }, "trace")[0],
-        "trace");
-    for (size_t d = 0; d + words <= v.size(); d += words)
-      fragments.emplace_back(reinterpret_cast<const char*>(&v[d + 1]), static_cast<size_t>(v[d]));
-  }
+  std::vector<Array> per_slice;
+  for (int sl : all_slices())
+    per_slice.push_back(
+        on_slices(names_("trace"), {sl}, [&](size_t) { return std::vector<int64_t>{cfg_.mesh.tp, words}; }, "trace")[0]);
+  for (std::string& f : be_.trace_fragments(per_slice, words)) fragments.push_back(std::move(f));
   if (be_.writes_outputs()) write_trace_file(cfg_.outputs.trace, fragments, "--trace");
 }
 

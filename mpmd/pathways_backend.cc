@@ -141,6 +141,16 @@ void PathwaysBackend::report(train::TrainReport& r, const std::vector<int>& slic
   r.figures().peak_intermediate_bytes = inter;
 }
 
+std::vector<std::string> PathwaysBackend::trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t words) {
+  std::vector<std::string> fragments;
+  for (const dataflow::Array& a : per_slice) {  // (one slice at a time: 8 MiB a device)
+    const auto v = rt_.get<int64_t>(a, "trace");
+    for (size_t d = 0; d + static_cast<size_t>(words) <= v.size(); d += static_cast<size_t>(words))
+      fragments.emplace_back(reinterpret_cast<const char*>(&v[d + 1]), static_cast<size_t>(v[d]));
+  }
+  return fragments;
+}
+
 std::string run_controller(std::shared_ptr<collectives::Transport> transport, const train::TrainConfig& cfg,
                            bool resume, std::vector<int>* lost, std::function<void(int)> reshape) {
   pathways::RuntimeOptions ro = pathways::RuntimeOptions::from_env();

@@ -30,6 +30,7 @@ class PathwaysBackend final : public Backend {
   int rank() const override { return 0; }
   Trace* own_trace() override { return &trace_; }
   void report(train::TrainReport& r, const std::vector<int>& slices, const dataflow::Executable* step) override;
+  std::vector<std::string> trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t words) override;
 
  private:
   Trace trace_;  // (before rt_, which records in it)

@@ -56,7 +56,7 @@ class Segmenter {
     return out;
   }
   // The counts end the segment (its output the controller fetches); the next segment starts
-  // with the matrix the controller puts back as its parameter, on `on` (null: the step's slice).
+  // with the matrix the controller puts back as its parameter, on `on` (-1: the step's slice).
   // Counts of the segment before the current one, which has no node yet, add a matrix to the
   // same cut (--expert-island: one per experts' device).
   SegValue cut(const SegValue& counts, int on, const ArgSpec& spec) {
@@ -167,6 +167,5 @@ std::vector<Array> SegmentedStep::run(dataflow::Runtime& rt, const std::vector<A
   for (const Source& s : outputs) result.push_back(source(s));
   return result;
 }
-
 
 }  // namespace pwm::mpmd

@@ -7,8 +7,7 @@
 
 namespace pwm::mpmd {
 
-std::optional<int> start(int argc, char** argv, collectives::MpiEnvironment& env, const train::TrainerSpec& spec,
-                         train::Startup& s, bool& resume) {
+void keep_large_blocks_in_heap() {
   // Every node of a step allocates its outputs afresh (object-store buffers and static slots are
   // values) and frees its inputs' buffers when they die: keep large blocks in the heap, where
   // freed memory is reused, instead of mmap/munmap per buffer, which costs page faults and zeroing
@@ -16,6 +15,10 @@ std::optional<int> start(int argc, char** argv, collectives::MpiEnvironment& env
   // 1002 -> 710 ms and 1621 -> 899 ms per step on a busy machine).
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+std::optional<int> start(int argc, char** argv, collectives::MpiEnvironment& env, const train::TrainerSpec& spec,
+                         train::Startup& s, bool& resume) {
   if (const auto code = train::bootstrap(argc, argv, env, spec, s)) return code;
   resume = s.resume_from.has_value();
   s.resume_from.reset();

@@ -10,9 +10,12 @@
 
 namespace pwm::mpmd {
 
-// Every rank, first thing: keeps large blocks in the heap (below), then parses and checks the
-// run (train::bootstrap). Returns the code main should return, or nullopt to go on with `s`
-// filled and `resume` set. The checkpoint read to check it is dropped: every device's "load"
+// Every rank, before MPI starts (MpiEnvironment): keeps large blocks in the heap, where freed
+// memory is reused, instead of mmap/munmap per buffer (startup.cc says what that cost).
+void keep_large_blocks_in_heap();
+
+// Every rank, right after MPI starts: parses and checks the run (train::bootstrap). Returns the
+// code main should return, or nullopt to go on with `s` filled and `resume` set. The checkpoint read to check it is dropped: every device's "load"
 // kernel reads its shard again, so no rank keeps the whole model's copy through the run.
 std::optional<int> start(int argc, char** argv, collectives::MpiEnvironment& env, const train::TrainerSpec& spec,
                          train::Startup& s, bool& resume);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "collectives/strings.h"
 #include "common/check.h"
 #include "common/stats.h"
 #include "mpmd/startup.h"
@@ -102,6 +103,18 @@ void StaticBackend::report(train::TrainReport& r, const std::vector<int>& slices
   r.figures().messages_per_step = msgs;
   r.figures().recv_wait_ms = wait;
   r.figures().peak_intermediate_bytes = inter;
+}
+
+std::vector<std::string> StaticBackend::trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t) {
+  // This rank's own fragment (its slice's array holds its shard), then every rank's, in rank
+  // order: slice by slice, device by device.
+  std::string mine;
+  for (const dataflow::Array& a : per_slice)
+    if (const static_mpmd::BufferPtr b = static_mpmd::StaticRuntime::shard(a)) {
+      const auto* w = static_cast<const int64_t*>(b->data());
+      mine.assign(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
+    }
+  return collectives::allgather_strings(rt_.world(), mine);
 }
 
 }  // namespace pwm::mpmd

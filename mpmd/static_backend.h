@@ -26,6 +26,7 @@ class StaticBackend final : public Backend {
   int rank() const override { return rank_; }
   Trace* own_trace() override { return nullptr; }
   void report(train::TrainReport& r, const std::vector<int>& slices, const dataflow::Executable* step) override;
+  std::vector<std::string> trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t words) override;
 
  private:
   int rank_;

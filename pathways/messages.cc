@@ -13,6 +13,8 @@ void write_spec(Writer& w, const dataflow::TensorSpec& s) {
 // An instruction field by field: its padding bytes are indeterminate, and a message's bytes must
 // be a function of its fields (a decoded message encodes to the same bytes: tests/fuzz/fuzz_wire.cc).
 constexpr size_t kInstrWireBytes = 1 + 4 + 4 + 4 + 8 + 8 + 8 + 4 + 4 + 4;
+// (A new field of Instr must be added to write_instr and read_instr: this fails until then.)
+static_assert(sizeof(dataflow::Instr) == 56, "dataflow::Instr changed: add the field to write_instr and read_instr, then update this");
 
 void write_instr(Writer& w, const dataflow::Instr& i) {
   w.put<uint8_t>(static_cast<uint8_t>(i.op));

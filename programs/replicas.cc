@@ -142,7 +142,7 @@ std::vector<Value> trace_replica_step(const Shapes& sh, const KernelNames& names
     };
     Grads<Value> g = trace_grads(sh, names, tp, st[r], call, r);
     for (int i = 0; i < P; ++i)
-      PWM_CHECK(pieces[r][static_cast<size_t>(i)].id().node >= 0, "replica_program: piece {} never finished", i);
+      PWM_CHECK(pieces[r][static_cast<size_t>(i)].id().node >= 0, "trace_replica_step: piece {} never finished", i);
     loss[r] = slice_call(r, names("island_loss"), g.losses, {tp, static_cast<int64_t>(g.losses.size())})[0];
   }
   // The exchange: on every island, each piece summed over the islands in island order (the same

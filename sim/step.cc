@@ -270,7 +270,7 @@ StepPrediction simulate_pipeline(const Cluster& c, const Profile& p, const train
   std::vector<double> dur_f(S), dur_b(S);
   for (int s = 0; s < S; ++s) {
     const int l0 = L * s / S, l1 = L * (s + 1) / S;
-    // One node (kernel launch) per unit of the stage (pipeline_program traces the units).
+    // One node (kernel launch) per unit of the stage (programs::trace_pipeline_step traces the units).
     for (const Unit& u : x.plan.forward_units(0, l0, l1)) dur_f[s] += x.unit_us(u, seqs) + exec;
     for (const Unit& u : x.plan.backward_units(0, l0, l1)) dur_b[s] += x.unit_us(u, seqs) + exec;
   }

@@ -73,7 +73,18 @@ dataflow::ExecutablePtr StaticRuntime::load(dataflow::ProgramDef def) {
   auto it = lp.workers.find(t_->rank());
   dataflow::WorkerProgram mine;  // (a rank outside every slice of the program runs nothing)
   mine.name = def.name;
-  if (it != lp.workers.end()) mine = std::move(it->second);
+  if (it != lp.workers.end()) {
+    mine = std::move(it->second);
+  } else {
+    const auto in = [&](int slice) {
+      const std::vector<int> d = devices(slice);
+      return std::find(d.begin(), d.end(), t_->rank()) != d.end();
+    };
+    for (const dataflow::ParamDef& p : def.params)
+      PWM_CHECK(!in(p.slice), "program '{}': rank {} is on slice {} but the lowering gave it no part", def.name, t_->rank(), p.slice);
+    for (const dataflow::NodeDef& n : def.nodes)
+      PWM_CHECK(!in(n.slice), "program '{}': rank {} is on slice {} but the lowering gave it no part", def.name, t_->rank(), n.slice);
+  }
   return std::make_shared<StaticExecutable>(std::move(def), Prepared(std::move(mine)));
 }
 
@@ -138,7 +149,10 @@ std::vector<dataflow::HostValue> StaticRuntime::fetch(const std::vector<Array>& 
   for (const Array& a : arrays) off.push_back(off.back() + (a.spec().shard.bytes() + 3) / 4 * 4);
   std::vector<uint8_t> mine(off.back(), 0), all(off.back() * static_cast<size_t>(t_->size()));
   for (size_t i = 0; i < arrays.size(); ++i)
-    if (BufferPtr b = shard(arrays[i])) std::memcpy(&mine[off[i]], b->data(), b->size());
+    if (BufferPtr b = shard(arrays[i])) {
+      PWM_CHECK_EQ(b->size(), arrays[i].spec().shard.bytes());
+      std::memcpy(&mine[off[i]], b->data(), b->size());
+    }
   world_.allgather(mine.data(), all.data(), off.back() / 4, collectives::DataType::kInt32);
   std::vector<dataflow::HostValue> out(arrays.size());
   for (size_t i = 0; i < arrays.size(); ++i) {

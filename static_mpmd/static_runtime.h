@@ -2,8 +2,8 @@
 // one, makes the same calls in the same order, and runs its own part of each program. No
 // controller: a slice is a fixed block of world ranks (slice i of d devices is ranks
 // [first, first + d) in allocation order), an array is this rank's shard (none outside its
-// slice), execute() returns when this rank's part is done, and fetch() and put() are collective
-// over the world (an allgather of every rank's shards).
+// slice), execute() returns when this rank's part is done, fetch() is collective over the world
+// (an allgather of every rank's shards) and put() sends nothing (every rank holds the value).
 //
 // Which ranks call: every world rank, collectively, for every method but the slice queries.
 #pragma once

@@ -58,7 +58,7 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
 // The per-rank GEMM peak for MFU at start-up (train/peak.h) of a trainer whose every rank
 // computes: --peak-gflops, else `probe` (make_gemm_probe: this rank's) over every product of the
 // step (startup_probe), on every rank at once (as they will run, one core each), averaged over them. Collective
-// over `world`. (pathways_train probes its workers through its runtime: Trainer::probe_workers.)
+// over `world`. (the MPMD trainers probe their devices through their runtime: mpmd::Trainer::probe.)
 Peak gemm_peak(collectives::Communicator& world, const TrainConfig& cfg, model::GemmProbe* probe);
 // A probe through the run: `probe` for at most about `budget_s` (GemmProbe::run) on every rank
 // at once; returns the mean of their rates. Collective over `world`.

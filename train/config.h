@@ -84,8 +84,8 @@ struct ExecConfig {
   model::Precision precision = model::Precision::kFp32;
 };
 
-// The MPMD trainers' own settings (pathways_train's flags; registered only by a trainer that
-// asks for them, FlagSet::kPathways and kStatic in train/flags.h).
+// The MPMD trainers' own settings (pathways_train's and mpmd_train's flags; each registered only by
+// the trainer that uses it, FlagSet::kPathways and kStatic in train/flags.h).
 struct MpmdConfig {
   Granularity granularity = Granularity::kFused;
   int stages = 1;                       // > 1: pipeline (each stage a dp x tp slice)

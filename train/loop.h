@@ -3,7 +3,7 @@
 // The loop owns the schedule of a run: the steps from the first (0, or a resumed checkpoint's),
 // an evaluation every --eval-every steps, a checkpoint every --ckpt-every, the testing hooks
 // (--kill-step/--kill-rank, --step-sleep-ms), then the final evaluation, checkpoint, weights
-// hash and report. A trainer (spmd::Trainer, pathways::train::Trainer, the models to come) says
+// hash and report. A trainer (spmd::Trainer, mpmd::Trainer for both MPMD models) says
 // how to take a step, evaluate and save; it never repeats the schedule.
 #pragma once
 
