@@ -100,7 +100,8 @@ class Runtime {
   // ---- Values --------------------------------------------------------------------------------
   // Places a host value on `slice` (split along dimension 0, or replicated).
   virtual Array put(int slice, Sharding sharding, const TensorSpec& logical, const void* data) = 0;
-  // The logical values of `arrays`, in order (one round trip for all of them).
+  // The logical values of `arrays`, in order (a controller: one round trip each; the static
+  // model: one allgather for all).
   virtual std::vector<HostValue> fetch(const std::vector<Array>& arrays, const std::string& what) = 0;
   // Blocks until `a` exists (throws when it failed).
   virtual void wait(const Array& a) = 0;

@@ -78,9 +78,9 @@ std::vector<dataflow::HostValue> ClientRuntime::fetch(const std::vector<dataflow
   const int64_t t0 = now_us();
   std::vector<dataflow::HostValue> out;
   out.reserve(in.size());
-  std::vector<Future<HostTensor>> pending;  // every request sent first: one round trip for all
-  for (const dataflow::Array& a : in) pending.push_back(array(a).fetch());
-  for (const Future<HostTensor>& f : pending) out.push_back({f.get().bytes});
+  // One at a time, as the trainer always fetched: a failed fetch (a lost device) throws before
+  // the next is asked for.
+  for (const dataflow::Array& a : in) out.push_back({array(a).fetch().get().bytes});
   if (trace_) trace_->span("wait " + what, "wait", t0, now_us());
   return out;
 }
