@@ -110,8 +110,8 @@ std::vector<std::string> StaticBackend::trace_fragments(const std::vector<datafl
   // order: slice by slice, device by device.
   std::string mine;
   for (const dataflow::Array& a : per_slice)
-    if (const static_mpmd::BufferPtr b = static_mpmd::StaticRuntime::shard(a)) {
-      const auto* w = static_cast<const int64_t*>(b->data());
+    if (const dataflow::ObjectPtr b = static_mpmd::StaticRuntime::shard(a)) {
+      const auto* w = static_cast<const int64_t*>(b->buf.data());
       mine.assign(reinterpret_cast<const char*>(w + 1), static_cast<size_t>(w[0]));
     }
   return collectives::allgather_strings(rt_.world(), mine);

@@ -5,21 +5,6 @@
 
 namespace pwm::pathways {
 
-Object::Object(dataflow::TensorSpec s, uint32_t writers, bool lazy)
-    : spec(std::move(s)), buf(spec.bytes(), lazy), state(writers ? State::kPending : State::kReady),
-      pending_writes(writers) {}
-
-void Object::write_done() {
-  PWM_CHECK_GT(pending_writes, 0u);
-  if (--pending_writes == 0 && state == State::kPending) state = State::kReady;
-}
-
-void Object::fail(const std::string& e) {
-  if (state == State::kFailed) return;
-  state = State::kFailed;
-  error = e;
-}
-
 void ObjectStore::put(uint64_t id, ObjectPtr obj, uint64_t owner) {
   entries_[id] = Entry{std::move(obj), owner};
 }

@@ -1,9 +1,8 @@
 // The object store of one worker: buffers keyed by object id, reference counted, owned by a
 // client (docs/pathways.md, "Life of a buffer").
 //
-// An Object is one shard of a client-visible array (or an intermediate of a running program):
-// a spec, a 64-byte aligned buffer, and a state (pending until every instruction writing it
-// is done, then ready, or failed with an error). References are shared_ptrs: the store holds
+// An Object (dataflow/object.h) is one shard of a client-visible array (or an intermediate of a
+// running program). References are shared_ptrs: the store holds
 // one per entry (dropped by a client's free, or by the end of its owner), a running program
 // holds one per slot it uses; the buffer is freed when the last goes. A store is used by its
 // worker's one thread only; the buffers come from dataflow/buffer.h's process-wide cache (the
@@ -17,6 +16,7 @@
 #include <string>
 
 #include "dataflow/buffer.h"
+#include "dataflow/object.h"
 #include "dataflow/kernel.h"
 #include "dataflow/lowering.h"
 #include "dataflow/program.h"
@@ -25,21 +25,8 @@ namespace pwm::pathways {
 
 using dataflow::Buffer;
 
-struct Object {
-  enum class State : uint8_t { kPending, kReady, kFailed };
-  explicit Object(dataflow::TensorSpec s, uint32_t writers = 0, bool lazy = false);
-  dataflow::TensorSpec spec;
-  Buffer buf;
-  State state;
-  uint32_t pending_writes;
-  std::string error;
-
-  bool resolved() const { return state != State::kPending; }
-  // One writer is done; the last makes the object ready (or leaves it failed).
-  void write_done();
-  void fail(const std::string& e);
-};
-using ObjectPtr = std::shared_ptr<Object>;
+using dataflow::Object;
+using dataflow::ObjectPtr;
 
 class ObjectStore {
  public:

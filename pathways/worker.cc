@@ -66,7 +66,7 @@ void Worker::loop() {
     for (auto it = runs_.begin(); it != runs_.end();) {
       any |= progress_run(*it);
       const bool stop = long_kernel_ran_;
-      if (it->left == 0) {
+      if (it->finished()) {
         finish_run(*it);
         it = runs_.erase(it);
         any = true;
@@ -114,8 +114,8 @@ void Worker::loop() {
 void Worker::controller_silent(double now) {
   std::string doing = "its next command";
   for (auto& run : runs_)
-    if (run.prog && (run.h.flags & kRunSequential) && run.released < run.prog->p.num_stages) {
-      doing = fmt::format("the release of stage {} of run {}", run.released, run.h.run_id);
+    if (run.walk && (run.h.flags & kRunSequential) && run.walk->released() < run.prog->plan.p.num_stages) {
+      doing = fmt::format("the release of stage {} of run {}", run.walk->released(), run.h.run_id);
       break;
     }
   t_->abort(fmt::format("pathways liveness: worker {} has heard nothing from the controller (world rank 0{}) for "
@@ -138,7 +138,7 @@ WorkerStats Worker::stats() const {
   s.memory_cap = opts_.memory_cap_bytes;
   s.peak_bytes = peak_bytes_;
   s.high_water_bytes = static_cast<uint64_t>(Buffer::peak_live_bytes());
-  s.peak_intermediate_bytes = inter_peak_;
+  s.peak_intermediate_bytes = inter_.peak;
   return s;
 }
 
@@ -156,12 +156,8 @@ void Worker::evicted(const std::string& why) {
 void Worker::handle(Message& m) {
   switch (m.type) {
     case MsgType::kLoadProgram: {
-      auto lp = std::make_shared<LoadedProgram>();
-      lp->p = decode<LoadProgram>(m.body);
-      for (auto& e : lp->p.execs) lp->kernels.push_back(dataflow::KernelRegistry::global().find(e.kernel));
-      lp->last_s.assign(lp->p.execs.size(), 0.0);
-      count_reads(*lp);
-      programs_[lp->p.id] = std::move(lp);
+      auto lp = std::make_shared<LoadedProgram>(decode<LoadProgram>(m.body));
+      programs_[lp->plan.p.id] = std::move(lp);
       break;
     }
     case MsgType::kEvictProgram: programs_.erase(decode<EvictProgram>(m.body).program_id); break;
@@ -181,7 +177,7 @@ void Worker::handle(Message& m) {
       bool found = false;
       for (auto& run : runs_)
         if (run.h.run_id == id) {
-          run.released = std::max(run.released, stage + 1);
+          if (run.walk) run.walk->release(stage + 1);
           found = true;
         }
       if (!found) early_release_[id] = std::max(early_release_[id], stage + 1);  // still queued
@@ -256,25 +252,6 @@ void Worker::handle(Message& m) {
     case MsgType::kEvict: evicted(decode<Evict>(m.body).reason); break;
     case MsgType::kHeartbeat: break;  // (heard: see loop())
     default: PWM_THROW("worker {}: unexpected message {}", rank_, msg_type_name(m.type));
-  }
-}
-
-void Worker::count_reads(LoadedProgram& lp) {
-  const dataflow::WorkerProgram& p = lp.p;
-  lp.readers.assign(p.slots.size(), 0);
-  lp.intermediate.assign(p.slots.size(), 1);
-  for (auto& b : p.params) lp.intermediate[b.slot] = 0;
-  for (auto& b : p.outputs) lp.intermediate[b.slot] = 0;
-  uint32_t execs = 0;
-  for (const dataflow::Instr& in : p.instrs) {
-    lp.execs_before.push_back(execs);
-    if (in.op == dataflow::Op::kExec) {
-      for (int32_t s : p.execs[in.exec].ins) lp.readers[s]++;
-      execs++;
-    } else if (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kCopy) {
-      lp.readers[in.slot]++;
-    }
-    if (in.op == dataflow::Op::kSend || in.op == dataflow::Op::kRecv) lp.transfers.push_back(static_cast<uint32_t>(&in - p.instrs.data()));
   }
 }
 

@@ -2,9 +2,10 @@
 // worker's state and the members its three sources share, one Worker per worker rank, used by
 // that rank's one thread.
 //   worker.cc            the loop, the controller's messages, loading programs
-//   worker_runs.cc       runs: admission under the memory cap, the walk over a run's
-//                        instructions, kernels
-//   worker_transfers.cc  bytes between workers: a run's sends and receives, moves, and fetches
+//   worker_runs.cc       runs: admission under the memory cap, and the worker as the host of
+//                        each run's walk (dataflow/interpreter.h: the instruction-list
+//                        interpreter the static model's executor shares)
+//   worker_transfers.cc  bytes between workers outside runs: moves and fetches
 #pragma once
 
 #include <fmt/format.h>
@@ -36,7 +37,7 @@ class Worker {
   Worker(std::shared_ptr<collectives::Transport> t, WorkerOptions o)
       : t_(std::move(t)), chan_(*t_), rank_(t_->rank()), device_(rank_ - 1),
         backoff_(o.latency.worker_backoff_min_us, o.latency.worker_backoff_max_us, o.latency.worker_spins), opts_(o),
-        long_kernel_s_(1e-6 * o.latency.long_kernel_us), live_(o.timeout_s, {0}, now_s()) {
+        comms_(t_, comm_options(o)), long_kernel_s_(1e-6 * o.latency.long_kernel_us), live_(o.timeout_s, {0}, now_s()) {
     PWM_CHECK(rank_ != 0, "run_worker on the controller rank");
     // A kernel waiting in a collective still beats (liveness.h): the controller must not take
     // a worker waiting for a stopped peer for the stopped one.
@@ -54,6 +55,11 @@ class Worker {
   const std::vector<int>& lost() const { return lost_; }  // what the shutdown said (run_worker)
 
  private:
+  static collectives::CommOptions comm_options(const WorkerOptions& o) {
+    collectives::CommOptions c = collectives::CommOptions::from_env();
+    if (o.collective_timeout_s > 0) c.timeout_s = o.collective_timeout_s;
+    return c;
+  }
   std::string where() const { return fmt::format("device {} (world rank {})", device_, rank_); }
   // where() with this worker's host, for the lines that end the job.
   std::string where_on_host() const { return fmt::format("device {} (world rank {}{})", device_, rank_, on_host(rank_)); }
@@ -80,26 +86,6 @@ class Worker {
   // One message from the controller (worker_runs.cc and worker_transfers.cc do the work).
   void handle(Message& m);
 
-  // Per slot, the instructions reading it (a run drops the slot after the last) and whether it
-  // is an intermediate; per instruction, the kernels before it (kRunInOrder's receive window).
-  static void count_reads(LoadedProgram& lp);
-
-  // The slot's buffer, allocated now if it is not yet (a writer is about to write it); an
-  // intermediate's bytes are counted from here until the run drops it.
-  void* write_ptr(Run& run, int32_t s);
-  void uncount(Run& run, size_t s) {
-    if (!run.counted[s]) return;
-    run.counted[s] = 0;
-    inter_live_ -= run.slots[s]->buf.size();
-  }
-  // One reader of slot `s` is done; after the last the run lets go of the buffer (freed unless
-  // the store or another run holds it): a value lives as long as the schedule needs it.
-  void read_done(Run& run, int32_t s) {
-    if (--run.readers_left[s] > 0) return;
-    uncount(run, static_cast<size_t>(s));
-    run.slots[s].reset();
-  }
-
   // An admitted run: its slots bound (inputs from the store, outputs made; a run's intermediates
   // take memory at first write, or at once under a memory cap); progress_run does the rest.
   void start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog);
@@ -114,50 +100,19 @@ class Worker {
   // them without a cap). A run that could never fit is started to fail at once.
   bool admit();
 
-  // A transfer's post time, for the trace (worker_trace.h: read before the isend/irecv call).
-  void note_posted(Run& run, size_t i) {
-    if (!WorkerTrace::recording(run.h)) return;
-    if (run.posted_at.size() < run.state.size()) run.posted_at.resize(run.state.size(), 0);
-    run.posted_at[i] = now_s();
-  }
-  void record_transfer(Run& run, size_t i, TraceKind kind) {
-    if (WorkerTrace::recording(run.h)) trace_.transfer(run.h, run.prog->p.instrs[i], run.posted_at[i], kind);
-  }
-
-  // A transfer's receive: a message of another size than the lowered program says is fatal at
-  // once (Transport::abort, no unwinding past buffers other posted receives still target).
-  bool test_recv(Run& run, size_t i, size_t* got);
-  // Instruction i of the run is complete: its reads are counted down, the run's order advances.
-  void done(Run& run, size_t i);
-
   void note_error(Run& run, const std::string& e) {
     if (run.error.empty()) run.error = e;
   }
 
-  // One pass over a run's instructions (sends, receives, copies, kernels), never blocking except
-  // inside a kernel; true if anything moved.
+  // One pass over a run's walk (dataflow/interpreter.h; this worker its WalkHost), never
+  // blocking except inside a kernel; true if anything moved.
   bool progress_run(Run& run);
-  // Posts the run's ready sends and (not in order) its released receives, wherever they sit in
-  // its list; true if it posted any.
-  bool post_transfers(Run& run);
-  // Posts send i of the run (its buffer is ready).
-  void post_send(Run& run, size_t i);
-  void post_recv(Run& run, size_t i);  // its buffer written here (allocated when first written)
-  // Runs kernel instruction i if its inputs are ready and, for a gang kernel, its turn in the
-  // island's order has come; true if it ran.
-  bool try_exec(Run& run, size_t i);
-  // try_exec's call of the kernel (its outputs allocated, answers flushed before a long one,
-  // timed, traced): "" or the failure, which names the kernel.
-  std::string run_kernel(Run& run, size_t i, bool gang);
+  class Host;  // the WalkHost of one run (worker_runs.cc)
 
   void node_event(Run& run, uint32_t node, bool started) {
     chan_.send(0, NodeEvent{run.h.run_id, node, started});
     chan_.flush();  // now: the controller must hear of a start while the kernel runs
   }
-
-  // The slice communicator of exec `x`: one per (context, group) on this worker, shared by every
-  // program on that slice so that its collective sequence numbers stay in step.
-  collectives::Communicator& comm(const LoadedProgram& lp, int32_t x);
 
   // CancelRun: the run stops where it is (another device of it was lost). Its posted receives
   // are withdrawn and its other transfers abandoned (kept until MPI is done with them), its
@@ -168,8 +123,7 @@ class Worker {
   bool progress_abandoned();
 
   void finish_run(Run& run) {
-    for (size_t s = 0; s < run.counted.size(); ++s) uncount(run, s);
-    chan_.send(0, RunDone{run.h.run_id, std::move(run.error), run.kernel_s});  // (the run ends here)
+    chan_.send(0, RunDone{run.h.run_id, run.first_error(), run.kernel_s});  // (the run ends here)
     if (run.h.flags & kRunAwaited) awaited_done_ = true;
   }
 
@@ -186,13 +140,14 @@ class Worker {
   double last_active_ = now_s();
   bool shutdown_ = false;
   ObjectStore store_;
+  dataflow::LiveBytes inter_;  // bytes of runs' intermediates (before runs_: their walks count down into it)
   std::map<uint64_t, std::shared_ptr<const LoadedProgram>> programs_;
   std::list<Run> runs_;
   std::list<Move> moves_;
   std::list<Fetch> fetches_;
   std::list<Abandoned> abandoned_;
   std::vector<int> lost_;  // the world ranks the controller lost (its shutdown message)
-  std::map<uint32_t, std::shared_ptr<collectives::Communicator>> comms_;
+  dataflow::SliceComms comms_;
   std::set<uint64_t> pending_execs_;
   std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
   std::set<uint64_t> early_freed_;             // outputs of queued runs already freed
@@ -200,7 +155,6 @@ class Worker {
   std::map<uint64_t, std::string> cancelled_;   // queued runs cancelled (kRunCancelled): why
   WorkerTrace trace_;
   uint64_t peak_bytes_ = 0;
-  uint64_t inter_live_ = 0, inter_peak_ = 0;  // bytes of runs' intermediates (write_ptr)
   // kRunInOrder: a receive is posted when at most this many kernels before it are left.
   static constexpr uint32_t kInOrderRecvAhead = 8;
   bool awaited_done_ = false;  // a run_done of a kAwaited run is posted, not yet flushed

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "dataflow/interpreter.h"
 #include "dataflow/kernel.h"
 #include "dataflow/lowering.h"
 #include "dataflow/program.h"
@@ -16,18 +18,13 @@
 
 namespace pwm::pathways::worker_detail {
 
+// A loaded program: its plan (dataflow/interpreter.h) and, per exec, how long it last ran here
+// (s; 0: not yet), for the flush before a long kernel.
 struct LoadedProgram {
-  dataflow::WorkerProgram p;
-  std::vector<const dataflow::KernelDef*> kernels;  // per exec; nullptr: not registered here
-  mutable std::vector<std::shared_ptr<collectives::Communicator>> comms;  // per exec, on first use
-  mutable std::vector<double> last_s;  // per exec: how long it last ran here (s; 0: not yet)
-  std::vector<uint32_t> readers;       // per slot: instructions reading it (exec inputs, sends, copies)
-  std::vector<uint8_t> intermediate;   // per slot: bound to no parameter and no output
-  std::vector<uint32_t> execs_before;  // per instruction: kExec instructions before it
-  std::vector<uint32_t> transfers;     // the kSend and kRecv instructions, in program order
+  explicit LoadedProgram(dataflow::WorkerProgram p) : plan(std::move(p)), last_s(plan.p.execs.size(), 0.0) {}
+  dataflow::Plan plan;
+  mutable std::vector<double> last_s;
 };
-
-enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
 
 // A worker-local run flag: the run's client was freed while the run waited for memory (its
 // outputs are not entered in the store).
@@ -35,24 +32,18 @@ constexpr uint8_t kRunOwnerGone = 0x80;
 // A worker-local run flag: cancelled (CancelRun) while it waited for memory: it fails at once.
 constexpr uint8_t kRunCancelled = 0x40;
 
+// A run on this worker: its walk over the program's list (none when it failed before starting)
+// and what the worker adds: the island order, the trace's post times, the time in kernels.
 struct Run {
   RunHeader h;
   std::shared_ptr<const LoadedProgram> prog;
-  std::vector<ObjectPtr> slots;
-  std::vector<uint8_t> state;                // per instruction
-  std::vector<collectives::Request> reqs;    // per instruction, while posted
+  std::optional<dataflow::Walk> walk;
   std::vector<uint64_t> order;               // per instruction: exec order number (kExec only)
   std::vector<double> posted_at;             // per instruction, when recording a trace: now_s() before post
-  std::vector<uint32_t> stage_left;          // instructions not done, per stage
-  uint32_t released = 0;                     // stages < released may run
-  size_t first = 0, left = 0;
-  std::string error;                         // first error on this worker
+  std::string error;                         // first error on this worker before its walk
   double kernel_s = 0;                       // summed kernel durations
-  const Object* blocked_on = nullptr;        // see progress_run's fast path
-  std::vector<uint32_t> readers_left;        // per slot: readers not done (the slot is dropped at 0)
-  std::vector<uint8_t> counted;              // per slot: its bytes are in the worker's intermediate count
-  uint32_t execs_done = 0;                   // kExec instructions done
-  size_t next_exec = 0;                      // kRunInOrder: the first kExec instruction not done
+  bool finished() const { return !walk || walk->finished(); }
+  const std::string& first_error() const { return error.empty() && walk ? walk->error() : error; }
 };
 
 // A transfer of a cancelled run that was posted: its buffer stays alive until MPI is done with it,

@@ -2,30 +2,41 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cstring>
-
 #include "common/check.h"
 #include "common/time.h"
-#include "dataflow/kernel.h"
 
 namespace pwm::static_mpmd {
 
-using dataflow::Instr;
-using dataflow::Op;
+// The static model as the host of a walk: its tags, and a failure ends the job (no controller to
+// tell, no future to fail: every rank of the job stops).
+class Executor::Host final : public dataflow::WalkHost {
+ public:
+  Host(Executor& x, const dataflow::WorkerProgram& p, RunStats* stats) : x_(x), p_(p), stats_(stats) {}
+  int tag(uint32_t xfer) override { return x_.tag(xfer); }
+  std::string where() const override { return fmt::format("rank {}{}", x_.t_->rank(), x_.t_->on_host(x_.t_->rank())); }
+  dataflow::SliceComms& comms() override { return x_.comms_; }
+  void after_kernel(size_t, double t0, double t1, const std::exception*) override {
+    if (stats_) stats_->kernel_s += t1 - t0;
+  }
+  bool kernel_done(size_t, const std::string& failed) override {
+    if (!failed.empty()) PWM_THROW("static_mpmd: {}", failed);
+    return false;
+  }
+  [[noreturn]] void bad_receive(size_t i, const std::string& what) override {
+    const dataflow::Instr& in = p_.instrs[i];
+    PWM_THROW("static_mpmd: {} {} from rank {}{} where {} bytes were expected (transfer {} of program '{}')", where(), what,
+              in.peer, x_.t_->on_host(in.peer), in.bytes, in.xfer, p_.name);
+  }
 
-// A send or receive in flight, and what to say if it never completes.
-struct Executor::Pending {
-  collectives::Request req;
-  uint32_t node;
-  int peer;
-  uint64_t bytes;
-  BufferPtr keep;  // the transfer's buffer, alive until it completes
-  bool done = false;
+ private:
+  Executor& x_;
+  const dataflow::WorkerProgram& p_;
+  RunStats* stats_;
 };
 
 Executor::Executor(std::shared_ptr<collectives::Transport> transport, double timeout_s, int channel)
-    : t_(std::move(transport)), timeout_s_(timeout_s), channel_(channel) {
+    : t_(std::move(transport)), timeout_s_(timeout_s), channel_(channel),
+      comms_(t_, collectives::CommOptions::from_env()) {
   PWM_CHECK(channel_ >= collectives::kFirstFreeChannel && channel_ + 1 < collectives::kChannels,
             "the static model's tag channels {} and {} are not free channels", channel_, channel_ + 1);
 }
@@ -41,185 +52,62 @@ int Executor::tag(uint32_t xfer) const {
                                   static_cast<int>(t % collectives::kWireTagLimit));
 }
 
-collectives::Communicator& Executor::comm(const dataflow::ExecInfo& e) {
-  auto& c = comms_[e.context];
-  if (!c || c->group() != e.group)
-    c = std::make_unique<collectives::Communicator>(t_, std::vector<int>(e.group.begin(), e.group.end()), e.context);
-  return *c;
-}
-
-void Executor::wait_all(std::vector<Pending>& reqs, const dataflow::WorkerProgram& p, uint32_t node, RunStats* stats) {
-  const double t0 = now_s();
-  for (;;) {
-    bool all = true;
-    for (Pending& r : reqs) {
-      if (r.done) continue;
-      size_t got = 0;
-      r.done = t_->test(r.req, &got);
-      all = all && r.done;
+// The line of a run that stopped moving: the first receive it waits for (else the first send),
+// and the node where the walk stands.
+std::string Executor::describe_wait(const dataflow::Walk& w, const dataflow::WorkerProgram& p) const {
+  const std::vector<size_t> pending = w.pending_transfers();
+  const uint32_t node = w.standing() < p.instrs.size() ? p.instrs[w.standing()].stage : p.num_stages;
+  if (pending.empty())
+    return fmt::format("static_mpmd: rank {}{} made no progress in {:.0f} s in program '{}' at node {} with no transfer "
+                       "posted (a stuck kernel?)",
+                       t_->rank(), t_->on_host(t_->rank()), timeout_s_, p.name, node);
+  size_t first = pending.front();
+  for (size_t i : pending)
+    if (p.instrs[i].op == dataflow::Op::kRecv) {
+      first = i;
+      break;
     }
-    if (all) break;
-    if (now_s() - t0 > timeout_s_) {
-      for (const Pending& r : reqs)
-        if (!r.done)
-          PWM_THROW("static_mpmd: rank {}{} waited {:.0f} s for {} bytes of program '{}' (node {}) from or to rank {}{} "
-                    "before node {}: that rank is gone or stuck (--coll-timeout sets the wait)",
-                    t_->rank(), t_->on_host(t_->rank()), timeout_s_, r.bytes, p.name, r.node, r.peer, t_->on_host(r.peer), node);
-    }
-    t_->idle();
-  }
-  if (stats) stats->recv_wait_s += now_s() - t0;
-  reqs.erase(std::remove_if(reqs.begin(), reqs.end(), [](const Pending& r) { return r.done; }), reqs.end());
+  const dataflow::Instr& in = p.instrs[first];
+  return fmt::format("static_mpmd: rank {}{} waited {:.0f} s for {} bytes of program '{}' (node {}) from or to rank {}{} "
+                     "before node {}: that rank is gone or stuck (--coll-timeout sets the wait)",
+                     t_->rank(), t_->on_host(t_->rank()), timeout_s_, in.bytes, p.name, in.stage, in.peer,
+                     t_->on_host(in.peer), node);
 }
 
-Prepared::Prepared(dataflow::WorkerProgram p) : p_(std::move(p)) {
-  const size_t n = p_.instrs.size();
-  sends_after_.resize(n);
-  late_.assign(n, 0);
-  writes_.resize(n);
-  frees_.resize(n);
-  intermediate_.assign(p_.slots.size(), 1);
-  std::vector<int64_t> writer(p_.slots.size(), -1), last(p_.slots.size(), -1);
-  for (size_t i = 0; i < n; ++i) {
-    const Instr& in = p_.instrs[i];
-    const auto use = [&](int32_t s) {
-      if (s >= 0) last[static_cast<size_t>(s)] = static_cast<int64_t>(i);
-    };
-    const auto write = [&](int32_t s) {
-      writer[static_cast<size_t>(s)] = static_cast<int64_t>(i);
-      writes_[i].push_back(s);
-    };
-    if (in.op == Op::kExec) {
-      const dataflow::ExecInfo& e = p_.execs.at(static_cast<size_t>(in.exec));
-      for (int32_t s : e.ins) use(s);
-      for (int32_t s : e.outs) use(s), write(s);
-    } else {
-      use(in.slot);
-      use(in.slot2);
-      if (in.op == Op::kRecv) write(in.slot);
-      if (in.op == Op::kCopy) write(in.slot2);
-    }
-    if (in.op != Op::kSend) continue;
-    const int64_t w = writer[in.slot];
-    if (w < 0) sends_first_.push_back(i);
-    else if (p_.instrs[static_cast<size_t>(w)].op == Op::kRecv) late_[i] = 1;  // (after that receive completes)
-    else sends_after_[static_cast<size_t>(w)].push_back(i);
-  }
-  for (const auto& b : p_.params) intermediate_[b.slot] = 0, last[b.slot] = -1;
-  for (const auto& b : p_.outputs) intermediate_[b.slot] = 0, last[b.slot] = -1;
-  for (size_t s = 0; s < last.size(); ++s)
-    if (last[s] >= 0) frees_[static_cast<size_t>(last[s])].push_back(static_cast<int32_t>(s));
-}
-
-// One run's state on this rank.
-struct Executor::Run {
-  const Prepared& plan;
-  const dataflow::WorkerProgram& p;
-  RunStats* stats;
-  std::vector<BufferPtr> slots;
-  std::vector<Pending> recvs, sends;
-  std::vector<char> counted;  // per slot: its bytes are in `live`
-  uint64_t live = 0, peak = 0;
-
-  uint8_t* at(int32_t slot, uint64_t offset) { return static_cast<uint8_t*>(slots[slot]->data()) + offset; }
-  // After instruction i: count the intermediates it wrote first (a slot's memory is taken at its
-  // first write), then drop the slots it used last.
-  void account(size_t i) {
-    for (int32_t s : plan.writes_[i])
-      if (plan.intermediate_[s] && !counted[s]) {
-        live += slots[s]->size();
-        counted[s] = 1;
-      }
-    peak = std::max(peak, live);
-    for (int32_t s : plan.frees_[i]) {
-      if (counted[s]) live -= slots[s]->size();
-      slots[s].reset();  // (a transfer in flight keeps its own reference)
-    }
-  }
-};
-
-void Executor::progress(std::vector<Pending>& reqs) {
-  for (Pending& q : reqs) {
-    size_t got = 0;
-    q.done = q.done || t_->test(q.req, &got);
-  }
-  reqs.erase(std::remove_if(reqs.begin(), reqs.end(), [](const Pending& q) { return q.done; }), reqs.end());
-}
-
-void Executor::post_send(Run& r, size_t i) {
-  const Instr& in = r.p.instrs[i];
-  r.sends.push_back({t_->isend(r.at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer, in.bytes,
-                     r.slots[in.slot]});
-  if (r.stats) {
-    r.stats->messages++;
-    r.stats->bytes_sent += in.bytes;
-  }
-}
-
-void Executor::exec(Run& r, const Instr& in) {
-  const dataflow::ExecInfo& e = r.p.execs.at(static_cast<size_t>(in.exec));
-  const dataflow::KernelDef* def = dataflow::KernelRegistry::global().find(e.kernel);
-  if (!def) PWM_THROW("static_mpmd: kernel '{}' of program '{}' is not registered on rank {}", e.kernel, r.p.name, t_->rank());
-  std::vector<dataflow::KernelContext::Buffer> ins, outs;
-  for (int32_t s : e.ins) ins.push_back({r.slots[s]->data(), &r.p.slots[s]});
-  for (int32_t s : e.outs) outs.push_back({r.slots[s]->data(), &r.p.slots[s]});
-  const double t0 = now_s();
-  try {
-    dataflow::KernelContext ctx(e.shard, e.num_shards, t_->rank(), e.attrs, std::move(ins), std::move(outs),
-                                e.collectives ? &comm(e) : nullptr, &e.kernel);
-    def->fn(ctx);
-  } catch (const std::exception& ex) {
-    PWM_THROW("static_mpmd: kernel '{}' (node {} of program '{}', shard {} of {}) failed on rank {}: {}", e.kernel, e.node,
-              r.p.name, e.shard, e.num_shards, t_->rank(), ex.what());
-  }
-  if (r.stats) r.stats->kernel_s += now_s() - t0;
-}
-
-Shards Executor::run(const Prepared& prepared, const Shards& inputs, RunStats* stats) {
-  const dataflow::WorkerProgram& p = prepared.p_;
-  Run r{prepared, p, stats, std::vector<BufferPtr>(p.slots.size()), {}, {}, std::vector<char>(p.slots.size(), 0)};
+Shards Executor::run(const dataflow::Plan& plan, const Shards& inputs, RunStats* stats) {
+  const dataflow::WorkerProgram& p = plan.p;
+  std::vector<dataflow::ObjectPtr> slots(p.slots.size());
   for (const dataflow::SlotBinding& b : p.params) {
     auto it = inputs.find(b.index);
     PWM_CHECK(it != inputs.end() && it->second, "program '{}': parameter {} has no shard on rank {}", p.name, b.index,
               t_->rank());
-    PWM_CHECK_EQ(it->second->size(), p.slots[b.slot].bytes());
-    r.slots[b.slot] = it->second;
+    PWM_CHECK_EQ(it->second->buf.size(), p.slots[b.slot].bytes());
+    slots[b.slot] = it->second;
   }
-  for (size_t s = 0; s < r.slots.size(); ++s)
-    if (!r.slots[s]) r.slots[s] = std::make_shared<dataflow::Buffer>(p.slots[s].bytes(), /*lazy=*/true);
-  for (size_t i : prepared.sends_first_) post_send(r, i);
-  for (size_t i = 0; i < p.instrs.size(); ++i) {
-    const Instr& in = p.instrs[i];
-    switch (in.op) {
-      case Op::kRecv:
-        r.recvs.push_back({t_->irecv(r.at(in.slot, in.offset), in.bytes, in.peer, tag(in.xfer)), in.stage, in.peer,
-                           in.bytes, r.slots[in.slot]});
-        break;
-      case Op::kSend:  // (posted after its source's writer, unless that was a receive)
-        if (prepared.late_[i]) {
-          wait_all(r.recvs, p, in.stage, stats);
-          post_send(r, i);
-        }
-        break;
-      case Op::kCopy:
-        wait_all(r.recvs, p, in.stage, stats);
-        std::memcpy(r.at(in.slot2, in.offset2), r.at(in.slot, in.offset), in.bytes);
-        break;
-      case Op::kExec:
-        wait_all(r.recvs, p, in.stage, stats);
-        progress(r.sends);  // (MPI moves a message only inside MPI calls: between kernels, as the Pathways worker)
-        exec(r, in);
-        break;
+  dataflow::LiveBytes live;
+  dataflow::Walk walk(plan, std::move(slots), *t_, &live, dataflow::WalkPolicy{true, 0, true}, p.num_stages);
+  Shards out;  // (taken now: the walk lets go of a value after its last reader here)
+  for (const dataflow::SlotBinding& b : p.outputs) out[b.index] = walk.slot(b.slot);
+  Host host(*this, p, stats);
+  double idle_since = now_s(), waited = 0;
+  while (!walk.finished()) {
+    if (walk.progress(host)) {
+      idle_since = now_s();
+      continue;
     }
-    for (size_t k : prepared.sends_after_[i]) post_send(r, k);
-    r.account(i);
+    // (MPI moves a message only inside MPI calls: a pass tests every posted transfer.)
+    const double t0 = now_s();
+    if (t0 - idle_since > timeout_s_) PWM_THROW("{}", describe_wait(walk, p));
+    t_->idle();
+    waited += now_s() - t0;
   }
-  wait_all(r.recvs, p, p.num_stages, stats);
-  wait_all(r.sends, p, p.num_stages, nullptr);
   runs_++;
-  if (stats) stats->peak_intermediate_bytes = r.peak;
-  Shards out;
-  for (const dataflow::SlotBinding& b : p.outputs) out[b.index] = r.slots[b.slot];
+  if (stats) {
+    stats->recv_wait_s += waited;
+    stats->messages += walk.sends();
+    stats->bytes_sent += walk.bytes_sent();
+    stats->peak_intermediate_bytes = live.peak;
+  }
   return out;
 }
 

@@ -23,10 +23,10 @@ constexpr uint32_t kFirstSliceContext = 1;
 constexpr int kChannel = collectives::kFirstFreeChannel;  // the transfers' two tag channels
 
 struct StaticExecutable final : dataflow::Executable {
-  StaticExecutable(dataflow::ProgramDef d, Prepared p) : def_(std::move(d)), prepared(std::move(p)) {}
+  StaticExecutable(dataflow::ProgramDef d, dataflow::WorkerProgram p) : def_(std::move(d)), plan(std::move(p)) {}
   const dataflow::ProgramDef& def() const override { return def_; }
   dataflow::ProgramDef def_;
-  Prepared prepared;
+  dataflow::Plan plan;
   mutable ExecutableStats stats;
 };
 
@@ -36,7 +36,7 @@ const StaticExecutable& cast(const dataflow::Executable& e) {
   return *s;
 }
 
-Array wrap(int slice, dataflow::ArgSpec spec, BufferPtr b) { return Array(slice, std::move(spec), std::move(b)); }
+Array wrap(int slice, dataflow::ArgSpec spec, dataflow::ObjectPtr b) { return Array(slice, std::move(spec), std::move(b)); }
 
 }  // namespace
 
@@ -85,7 +85,7 @@ dataflow::ExecutablePtr StaticRuntime::load(dataflow::ProgramDef def) {
     for (const dataflow::NodeDef& n : def.nodes)
       PWM_CHECK(!in(n.slice), "program '{}': rank {} is on slice {} but the lowering gave it no part", def.name, t_->rank(), n.slice);
   }
-  return std::make_shared<StaticExecutable>(std::move(def), Prepared(std::move(mine)));
+  return std::make_shared<StaticExecutable>(std::move(def), std::move(mine));
 }
 
 std::vector<Array> StaticRuntime::execute(const dataflow::Executable& e, const std::vector<Array>& inputs,
@@ -95,9 +95,9 @@ std::vector<Array> StaticRuntime::execute(const dataflow::Executable& e, const s
   PWM_CHECK_EQ(inputs.size(), def.params.size());
   Shards in;
   for (size_t j = 0; j < inputs.size(); ++j)
-    if (BufferPtr b = shard(inputs[j])) in[static_cast<uint32_t>(j)] = std::move(b);
+    if (dataflow::ObjectPtr b = shard(inputs[j])) in[static_cast<uint32_t>(j)] = std::move(b);
   RunStats rs;
-  Shards out = exec_.run(x.prepared, in, &rs);
+  Shards out = exec_.run(x.plan, in, &rs);
   ExecutableStats& st = x.stats;
   st.runs++;
   st.messages += rs.messages;
@@ -137,9 +137,9 @@ Array StaticRuntime::put(int slice, dataflow::Sharding sharding, const dataflow:
   const int me = t_->rank() - first;
   if (me < 0 || me >= n) return wrap(slice, spec, nullptr);
   const size_t bytes = spec.shard.bytes();
-  auto b = std::make_shared<dataflow::Buffer>(bytes);
+  auto b = std::make_shared<dataflow::Object>(spec.shard);
   const size_t offset = sharding == dataflow::Sharding::kSplit ? bytes * static_cast<size_t>(me) : 0;
-  if (bytes) std::memcpy(b->data(), static_cast<const uint8_t*>(data) + offset, bytes);
+  if (bytes) std::memcpy(b->buf.data(), static_cast<const uint8_t*>(data) + offset, bytes);
   return wrap(slice, spec, std::move(b));
 }
 
@@ -149,9 +149,9 @@ std::vector<dataflow::HostValue> StaticRuntime::fetch(const std::vector<Array>& 
   for (const Array& a : arrays) off.push_back(off.back() + (a.spec().shard.bytes() + 3) / 4 * 4);
   std::vector<uint8_t> mine(off.back(), 0), all(off.back() * static_cast<size_t>(t_->size()));
   for (size_t i = 0; i < arrays.size(); ++i)
-    if (BufferPtr b = shard(arrays[i])) {
-      PWM_CHECK_EQ(b->size(), arrays[i].spec().shard.bytes());
-      std::memcpy(&mine[off[i]], b->data(), b->size());
+    if (dataflow::ObjectPtr b = shard(arrays[i])) {
+      PWM_CHECK_EQ(b->buf.size(), arrays[i].spec().shard.bytes());
+      std::memcpy(&mine[off[i]], b->buf.data(), b->buf.size());
     }
   world_.allgather(mine.data(), all.data(), off.back() / 4, collectives::DataType::kInt32);
   std::vector<dataflow::HostValue> out(arrays.size());
@@ -169,8 +169,8 @@ std::vector<dataflow::HostValue> StaticRuntime::fetch(const std::vector<Array>& 
 
 const ExecutableStats& StaticRuntime::stats(const dataflow::Executable& e) { return cast(e).stats; }
 
-BufferPtr StaticRuntime::shard(const Array& a) {
-  return a.as<dataflow::Buffer>();
+dataflow::ObjectPtr StaticRuntime::shard(const Array& a) {
+  return a.as<dataflow::Object>();
 }
 
 }  // namespace pwm::static_mpmd

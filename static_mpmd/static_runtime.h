@@ -51,7 +51,7 @@ class StaticRuntime final : public dataflow::Runtime {
   // This rank's figures of `e`'s runs so far.
   static const ExecutableStats& stats(const dataflow::Executable& e);
   // This rank's shard of `a` (null outside its slice).
-  static BufferPtr shard(const dataflow::Array& a);
+  static dataflow::ObjectPtr shard(const dataflow::Array& a);
   collectives::Communicator& world() { return world_; }
 
  private:

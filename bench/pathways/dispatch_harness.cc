@@ -64,10 +64,10 @@ double static_chain(const Bench& b, const std::vector<int>& ranks, int chain, in
   cb.output(v);
   const auto lookup = [&](int) { return dataflow::SliceMapping{ranks, tags::kUserContextBase + 1, 0, 0}; };
   const dataflow::LoweredProgram lp = dataflow::lower(cb.build(), 0, lookup);
-  const static_mpmd::Prepared mine(lp.workers.at(b.transport->rank()));
+  const dataflow::Plan mine(lp.workers.at(b.transport->rank()));
   static_mpmd::Executor exec(b.transport, collectives::CommOptions::from_env().timeout_s, tags::kUserChannel + 1);
-  auto x0 = std::make_shared<dataflow::Buffer>(sizeof(float));
-  *static_cast<float*>(x0->data()) = 0;
+  auto x0 = std::make_shared<dataflow::Object>(dataflow::TensorSpec{collectives::DataType::kFloat32, {1}});
+  *static_cast<float*>(x0->buf.data()) = 0;
   collectives::Communicator wc(b.transport, ranks, tags::kUserContextBase + 2);
   double dt = 0;
   for (int rep = 0; rep < 2; ++rep) {  // (the first run allocates the slots and the slice's communicator)
@@ -75,7 +75,7 @@ double static_chain(const Bench& b, const std::vector<int>& ranks, int chain, in
     const double t0 = now_s();
     const static_mpmd::Shards out = exec.run(mine, {{0, x0}});
     dt = now_s() - t0;
-    if (*static_cast<const float*>(out.at(0)->data()) != static_cast<float>(chain)) *wrong += 1;
+    if (*static_cast<const float*>(out.at(0)->buf.data()) != static_cast<float>(chain)) *wrong += 1;
   }
   wc.allreduce(&dt, &dt, 1, collectives::DataType::kFloat64, collectives::ReduceOp::kMax);
   return dt;

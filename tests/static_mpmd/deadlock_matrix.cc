@@ -77,10 +77,10 @@ static_mpmd::Shards run_static(std::shared_ptr<collectives::Transport> t, const 
   dataflow::LoweredProgram lp = dataflow::lower(def, 0, lookup);
   static_mpmd::Executor exec(t, collectives::CommOptions::from_env().timeout_s, collectives::kFirstFreeChannel);
   if (skip_rank1 && t->rank() == 1) return {};
-  return exec.run(static_mpmd::Prepared(lp.workers.at(t->rank())), {});
+  return exec.run(dataflow::Plan(lp.workers.at(t->rank())), {});
 }
 
-float first(const static_mpmd::Shards& out, uint32_t i) { return static_cast<const float*>(out.at(i)->data())[0]; }
+float first(const static_mpmd::Shards& out, uint32_t i) { return static_cast<const float*>(out.at(i)->buf.data())[0]; }
 
 int collective_order_spmd(std::shared_ptr<collectives::Transport> t) {
   collectives::Communicator a(t, {0, 1}, 1), b(t, {0, 1}, 2);
