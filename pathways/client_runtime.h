@@ -40,7 +40,6 @@ class ClientRuntime final : public dataflow::Runtime {
   void wait(const dataflow::Array& a) override;
   uint64_t puts() override;
 
-  Client& client() { return client_; }
   // The client's array behind `a`.
   static const Array& array(const dataflow::Array& a);
 
