@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "common/paths.h"
 #include "model/config_fields.h"
+#include "train/config_fields.h"
 
 namespace pwm::train {
 
@@ -26,35 +27,26 @@ CLI::Option* add_mode(CLI::App& app, const std::string& flag, Set set, const std
   return app.add_option_function<std::string>(flag, set, help)->check(CLI::IsMember(names))->default_str(shown);
 }
 
-void add_mpmd_flags(CLI::App& app, MpmdConfig& p, FlagSet set) {
-  const char* P = "Pathways";
-  add_mode(app, "--granularity", [&p](const std::string& s) { p.granularity = parse_granularity(s); },
-           granularity_names(), "fused | chained | opbyop", name(p.granularity))->group(P);
-  app.add_option("--stages", p.stages, "pipeline stages (> 1: MPMD pipeline, each stage a --dp x --tp slice)")->group(P);
-  add_mode(app, "--schedule", [&p](const std::string& s) { p.schedule = parse_schedule(s); }, schedule_names(),
-           "pipeline schedule: gpipe | 1f1b", name(p.schedule))->group(P);
-  add_mode(app, "--moe-routing", [&p](const std::string& s) { p.moe_routing = parse_moe_routing(s); },
-           moe_routing_names(),
-           "MoE expert calls: static (capacity) | controller (dropless, a round trip per MoE layer) | worker "
-           "(dropless, counts among the workers) | auto",
-           name(p.moe_routing))->group(P);
-  if (set == FlagSet::kStatic) {
-    app.add_option("--quota", p.quota,
-                   "pipeline: activations a stage may hold (its registers; 0: what --schedule needs); a quota below "
-                   "the schedule's need is refused before training")
-        ->group(P);
-    return;
-  }
-  app.add_option("--islands", p.islands, "islands: KxM (K islands of M devices); default: one per host")->group(P);
-  app.add_flag("--sequential", p.sequential, "sequential dispatch (the paper's baseline)")->group(P);
-  app.add_flag("--expert-island", p.expert_island,
-               "MoE: the experts on an island of their own (--expert-parallel more workers), the rows sent there "
-               "and back as transfers")
-      ->group(P);
-  app.add_option("--spare-workers", p.spare_workers,
-                 "workers beyond the slices: a lost worker's slice moves onto one and the run goes on (dense, no "
-                 "--fsdp; OpenMPI's mpirun --enable-recovery)")
-      ->group(P);
+// One row of train/config_fields.h, bound to its member of `part`: a switch (with --no-X when
+// negatable), an enum through its Mode, any other value as a CLI11 option of its type (which
+// picks the strict number check, common/cli.h).
+template <typename Part>
+CLI::Option* add_field(CLI::App& app, Part& part, const Field<Part>& f) {
+  return std::visit(
+      [&](auto m) -> CLI::Option* {
+        using T = std::remove_reference_t<decltype(part.*m)>;
+        T& v = part.*m;
+        if constexpr (std::is_same_v<T, bool>) {
+          const std::string name = f.traits & kNegatable ? fmt::format("{},!--no-{}", f.flag, f.flag + 2) : f.flag;
+          return app.add_flag(name, v, f.help);
+        } else if constexpr (std::is_enum_v<T>) {
+          return add_mode(app, f.flag, [&v](const std::string& s) { v = Mode<T>::parse(s); }, Mode<T>::names(), f.help,
+                          Mode<T>::name(v));
+        } else {
+          return app.add_option(f.flag, v, f.help);
+        }
+      },
+      f.member);
 }
 
 }  // namespace
@@ -75,75 +67,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c, FlagSet set) {
         },
         f.member);
   }
-
-  const char* O = "Optimizer (AdamW, warm-up + cosine)";
-  app.add_option("--lr", c.optim.lr, "peak learning rate")->group(O);
-  app.add_option("--beta1", c.optim.beta1)->group(O);
-  app.add_option("--beta2", c.optim.beta2)->group(O);
-  app.add_option("--eps", c.optim.eps)->group(O);
-  app.add_option("--weight-decay", c.optim.weight_decay, "decoupled decay (matrices, embedding)")->group(O);
-  app.add_option("--max-grad-norm", c.optim.max_grad_norm, "global-norm clipping (<= 0: off)")->group(O);
-  app.add_option("--warmup-steps", c.optim.warmup_steps)->group(O);
-  app.add_option("--min-lr-frac", c.optim.min_lr_frac, "cosine floor as a fraction of --lr")->group(O);
-
-  const char* W = "Workload";
-  app.add_option("--replicas", c.mesh.replicas, "model replicas, one per island (data parallel across islands)")->group(W);
-  app.add_option("--dp", c.mesh.dp, "data-parallel ranks inside a replica")->group(W);
-  app.add_option("--tp", c.mesh.tp, "tensor-parallel ranks (adjacent world ranks)")->group(W);
-  app.add_option("--expert-parallel", c.mesh.ep,
-                 "split each MoE layer's experts over this many consecutive --dp ranks (AllToAll dispatch)")
-      ->group(W);
-  app.add_flag("--fsdp,!--no-fsdp", c.mesh.fsdp, "shard parameters, gradients and AdamW moments over --dp (ZeRO-3)")->group(W);
-  if (set == FlagSet::kSpmd)
-    add_mode(app, "--replica-reduce", [&c](const std::string& s) { c.exec.replica_reduce = parse_replica_reduce(s); },
-             replica_reduce_names(),
-             "spmd_train with --replicas > 1: hierarchical (reduce-scatter, cross-replica allreduce, allgather) or flat",
-             name(c.exec.replica_reduce))
-        ->group(W);
-  app.add_option("--batch", c.workload.global_batch, "global batch in sequences per optimizer step")->group(W);
-  app.add_option("--microbatches", c.workload.microbatches, "gradient-accumulation micro-batches per dp rank")->group(W);
-  app.add_option("--steps", c.workload.steps, "optimizer steps (also the cosine schedule's length)")->group(W);
-  app.add_option("--data-seed", c.workload.data_seed, "seed of the batch sampler")->group(W);
-  app.add_option("--data", c.workload.data, "text file or directory (default: /usr/share/common-licenses)")->group(W);
-  app.add_option("--val-fraction", c.workload.val_fraction, "share of the data held out for validation")->group(W);
-  app.add_option("--eval-every", c.workload.eval_every, "validation loss every N steps (0: at the end only)")->group(W);
-  app.add_option("--eval-batches", c.workload.eval_batches, "validation batches per evaluation")->group(W);
-  app.add_option("--skip-nonfinite", c.workload.skip_nonfinite,
-                 "skip up to N steps whose loss or gradient norm is non-finite (no update); the next ends the run")
-      ->group(W);
-
-  const char* U = "Outputs";
-  app.add_option("--log-every", c.outputs.log_every, "progress line every N steps (rank 0)")->group(U);
-  app.add_option("--metrics", c.outputs.metrics, "JSON-lines metrics file")->group(U);
-  app.add_option("--trace", c.outputs.trace, "Chrome/Perfetto trace file merged from all ranks")->group(U);
-  app.add_option("--ckpt", c.outputs.ckpt, "checkpoint file (written every --ckpt-every steps and at the end)")->group(U);
-  app.add_option("--ckpt-every", c.outputs.ckpt_every, "checkpoint every N steps (0: at the end only)")->group(U);
-  app.add_flag("--resume", c.outputs.resume, "resume from --ckpt when it exists")->group(U);
-
-  const char* E = "Execution";
-  app.add_option("--bucket-bytes", c.exec.bucket_bytes, "gradient AllReduce bucket (fusion buffer) size in bytes (0: sized from the model)")->group(E);
-  app.add_flag("--overlap,!--no-overlap", c.exec.overlap, "overlap bucket AllReduces with backward")->group(E);
-  app.add_option("--coll-timeout", c.exec.coll_timeout, "collectives watchdog and liveness timeout, seconds (default: PWM_COLL_TIMEOUT, else 300)")->group(E);
-  app.add_option("--peak-gflops", c.exec.peak_gflops, "per-rank GEMM peak for MFU (0: measure)")->group(E);
-  add_mode(app, "--precision", [&c](const std::string& s) { c.exec.precision = model::parse_precision(s); },
-           {"fp32", "bf16"}, "matrix products: fp32, or bf16 with fp32 sums (oneDNN)",
-           model::precision_name(c.exec.precision))
-      ->group(E);
-
-  const char* T = "Testing";
-  app.add_option("--kill-step", c.hooks.kill_step, "--kill-signal --kill-rank in the middle of this step")->group(T);
-  app.add_option("--kill-rank", c.hooks.kill_rank)->group(T);
-  add_mode(app, "--kill-signal",
-           [&c](const std::string& s) {
-             c.hooks.kill_signal = s == "stop" ? TestHooks::KillSignal::kStop : TestHooks::KillSignal::kKill;
-           },
-           {"kill", "stop"}, "what --kill-step does to --kill-rank: kill (SIGKILL) or stop (SIGSTOP)", "kill")
-      ->group(T);
-  app.add_option("--step-sleep-ms", c.hooks.step_sleep_ms, "sleep after every step (kill tests)")->group(T);
-  app.add_option("--nan-step", c.hooks.nan_step, "make this step's loss and gradient norm NaN (non-finite tests)")->group(T);
-  app.add_option("--straggler-ms", c.hooks.straggler_ms, "--straggler-rank spends this much more in every step, ms")->group(T);
-  app.add_option("--straggler-rank", c.hooks.straggler_rank, "the world rank --straggler-ms slows")->group(T);
-  if (is_mpmd(set)) add_mpmd_flags(app, c.mpmd, set);
+  // The other parts' fields, from their tables (train/config_fields.h): those of `set`, group by
+  // group in --help's order (CLI11 prints a group's options in the order they were added).
+  for (FieldGroup g : kFieldGroups)
+    for_each_part(c, [&](auto& part, const auto& rows, const char*) {
+      for (const auto& f : rows)
+        if (f.flag != nullptr && f.group == g && registers(f.trainers, set)) add_field(app, part, f)->group(group_name(g));
+    });
 }
 
 bool is_mpmd(FlagSet set) { return set != FlagSet::kSpmd; }

@@ -17,7 +17,8 @@ namespace pwm::train {
 // Which trainer's flags: every trainer registers the common ones (model, optimizer, workload,
 // outputs, execution, testing) and only the flags of its own that it uses; a flag of another
 // trainer is refused in one line that names the trainer it belongs to (docs/errors.md has the
-// table). The MPMD trainers share --granularity, --stages, --schedule and --moe-routing.
+// table; each field's row in train/config_fields.h names the trainers that register it). The MPMD
+// trainers share --granularity, --stages, --schedule and --moe-routing.
 enum class FlagSet {
   kSpmd,      // spmd_train (and the tools that parse a workload): --replica-reduce
   kPathways,  // pathways_train: the MPMD flags, --islands, --sequential, --expert-island, --spare-workers
