@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/hash.h"
 #include "model/config_fields.h"
+#include "train/config_fields.h"
 #include "train/model_json.h"
 
 namespace pwm::train {
@@ -68,6 +69,18 @@ void check_real_flags(const TrainConfig& c) {
   if (c.model.head_dim % 2 != 0) PWM_THROW("--head-dim must be even for rotary embeddings (got {})", c.model.head_dim);
   if (c.model.vocab > 65536) PWM_THROW("--vocab must be at most 65536 (got {})", c.model.vocab);
   if (c.optim.warmup_steps < 0) PWM_THROW("--warmup-steps must be >= 0 (got {})", c.optim.warmup_steps);
+}
+
+// The rows written at `level` (train/config_fields.h), each part's into its object; the texts
+// below canonical_json hold an enum by its name, the MPMD settings are their flags' texts.
+void put_fields(const TrainConfig& c, FieldJson level, nlohmann::json& j) {
+  for_each_part(c, [&](const auto& part, const auto& rows, const char* object) {
+    for (const auto& f : rows) {
+      if (f.json != level || ((f.traits & kOmitDefault) && at_default(part, f))) continue;
+      nlohmann::json& into = object != nullptr ? j[object] : j;
+      into[f.key] = level == FieldJson::kTrainer ? nlohmann::json(field_text(part, f)) : field_json(part, f);
+    }
+  });
 }
 
 }  // namespace
@@ -132,28 +145,8 @@ void TrainConfig::validate_kill_rank(int ranks) const {
 std::string TrainConfig::canonical_json(bool mpmd_settings) const {
   nlohmann::json j = nlohmann::json::parse(to_json());
   j["model"] = model_to_json(model);  // field by field, so that a difference names the field
-  j["global_batch"] = workload.global_batch;
-  j["log_every"] = outputs.log_every;
-  j["metrics"] = outputs.metrics;
-  j["trace"] = outputs.trace;
-  j["ckpt"] = outputs.ckpt;
-  j["ckpt_every"] = outputs.ckpt_every;
-  j["resume"] = outputs.resume;
-  j["coll_timeout"] = exec.coll_timeout;
-  j["peak_gflops"] = exec.peak_gflops;
-  j["kill_step"] = hooks.kill_step;
-  j["kill_rank"] = hooks.kill_rank;
-  j["kill_signal"] = hooks.kill_signal == TestHooks::KillSignal::kStop ? "stop" : "kill";
-  j["step_sleep_ms"] = hooks.step_sleep_ms;
-  j["straggler_ms"] = hooks.straggler_ms;
-  j["straggler_rank"] = hooks.straggler_rank;
-  j["nan_step"] = hooks.nan_step;
-  if (mpmd_settings)  // as texts, as the flags were given
-    j["trainer"] = {{"granularity", name(mpmd.granularity)}, {"stages", std::to_string(mpmd.stages)},
-                    {"schedule", name(mpmd.schedule)}, {"islands", mpmd.islands},
-                    {"sequential", mpmd.sequential ? "true" : "false"}, {"moe_routing", name(mpmd.moe_routing)},
-                    {"expert_island", mpmd.expert_island ? "true" : "false"},
-                    {"spare_workers", std::to_string(mpmd.spare_workers)}, {"quota", std::to_string(mpmd.quota)}};
+  put_fields(*this, FieldJson::kCanonical, j);
+  if (mpmd_settings) put_fields(*this, FieldJson::kTrainer, j);
   return j.dump();  // nlohmann::json objects are sorted by key: one text per configuration
 }
 
@@ -196,33 +189,13 @@ std::string config_differences(const std::string& a, const std::string& b, size_
 std::string TrainConfig::workload_json() const {
   nlohmann::json j;
   j["model"] = model.to_string();
-  j["optim"] = {{"lr", optim.lr}, {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps},
-                {"weight_decay", optim.weight_decay}, {"max_grad_norm", optim.max_grad_norm},
-                {"warmup_steps", optim.warmup_steps}, {"total_steps", optim.total_steps},
-                {"min_lr_frac", optim.min_lr_frac}};
-  j["batch"] = workload.global_batch;
-  j["data_seed"] = workload.data_seed;
-  j["data"] = workload.data;
-  j["val_fraction"] = workload.val_fraction;
+  put_fields(*this, FieldJson::kWorkload, j);
   return j.dump();
 }
 
 std::string TrainConfig::to_json() const {
   nlohmann::json j = nlohmann::json::parse(workload_json());
-  j["replicas"] = mesh.replicas;
-  j["dp"] = mesh.dp;
-  j["tp"] = mesh.tp;
-  if (mesh.ep > 1) j["expert_parallel"] = mesh.ep;
-  j["fsdp"] = mesh.fsdp;
-  j["replica_reduce"] = name(exec.replica_reduce);
-  j["microbatches"] = workload.microbatches;
-  j["steps"] = workload.steps;
-  j["eval_every"] = workload.eval_every;
-  j["eval_batches"] = workload.eval_batches;
-  j["skip_nonfinite"] = workload.skip_nonfinite;
-  j["bucket_bytes"] = exec.bucket_bytes;
-  j["overlap"] = exec.overlap;
-  j["precision"] = precision_name(exec.precision);
+  put_fields(*this, FieldJson::kRun, j);
   return j.dump();
 }
 
