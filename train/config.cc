@@ -39,36 +39,42 @@ void check_range(const Range& r) {
   PWM_THROW("{} must be in {}{}, {}{} (got {})", r.flag, r.open_lo ? "(" : "[", r.lo, r.hi, r.open_hi ? ")" : "]", v);
 }
 
-// The real-valued flags, by their flag names (model::Config and AdamWConfig check the same
-// fields under their own names, for callers without flags).
-void check_real_flags(const TrainConfig& c) {
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  const Range ranges[] = {
-      {"--lr", c.optim.lr, 0, inf},
-      {"--beta1", c.optim.beta1, 0, 1, false, true},
-      {"--beta2", c.optim.beta2, 0, 1, false, true},
-      {"--eps", c.optim.eps, 0, inf, true},
-      {"--weight-decay", c.optim.weight_decay, 0, inf},
-      {"--max-grad-norm", c.optim.max_grad_norm, -inf, inf},
-      {"--min-lr-frac", c.optim.min_lr_frac, 0, 1},
-      {"--val-fraction", c.workload.val_fraction, 0, 1, true, true},
-      {"--coll-timeout", c.exec.coll_timeout, 0, 1e9, true},
-      {"--peak-gflops", c.exec.peak_gflops, 0, inf},
-  };
-  for (const Range& r : ranges) check_range(r);
-  // --max-grad-norm: any finite value (<= 0 turns clipping off), so its check is finiteness only.
-  // The model's bounded fields (model/config_fields.h): sizes at least their bound, reals in range.
+// A count's lower bound: "--steps must be at least 1 (got 0)", "--skip-nonfinite must be >= 0 (got -1)".
+template <typename T>
+void check_at_least(const char* flag, T v, double lo) {
+  if (static_cast<double>(v) >= lo) return;
+  if (lo == 0) PWM_THROW("{} must be >= 0 (got {})", flag, v);
+  PWM_THROW("{} must be at least {} (got {})", flag, lo, v);
+}
+
+// A row's range (train/config_fields.h FieldRange): reals in range, counts at least their bound.
+template <typename Part>
+void check_field(const Part& p, const Field<Part>& f) {
+  if (!f.range.bounded) return;
+  const FieldRange& r = f.range;
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(p.*m)>;
+        if constexpr (std::is_same_v<T, double>) check_range({f.flag, p.*m, r.lo, r.hi, r.open_lo, r.open_hi});
+        else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) check_at_least(f.flag, p.*m, r.lo);
+      },
+      f.member);
+}
+
+// The flags' simple ranges, by their flag names (model::Config and AdamWConfig check the same
+// fields under their own names, for callers without flags): the parts' rows, then the model's.
+void check_flag_ranges(const TrainConfig& c) {
+  for_each_part(c, [](const auto& part, const auto& rows, const char*) {
+    for (const auto& f : rows) check_field(part, f);
+  });
   for (const ConfigField& f : config_fields()) {
     if (!f.bounded) continue;
-    if (const auto* m = std::get_if<int64_t Config::*>(&f.member)) {
-      if (static_cast<double>(c.model.**m) < f.lo) PWM_THROW("{} must be at least {} (got {})", f.flag, f.lo, c.model.**m);
-    } else if (const auto* d = std::get_if<double Config::*>(&f.member)) {
+    if (const auto* m = std::get_if<int64_t Config::*>(&f.member)) check_at_least(f.flag, c.model.**m, f.lo);
+    else if (const auto* d = std::get_if<double Config::*>(&f.member))
       check_range({f.flag, c.model.**d, f.lo, f.hi, f.open_lo, f.open_hi});
-    }
   }
   if (c.model.head_dim % 2 != 0) PWM_THROW("--head-dim must be even for rotary embeddings (got {})", c.model.head_dim);
   if (c.model.vocab > 65536) PWM_THROW("--vocab must be at most 65536 (got {})", c.model.vocab);
-  if (c.optim.warmup_steps < 0) PWM_THROW("--warmup-steps must be >= 0 (got {})", c.optim.warmup_steps);
 }
 
 // The rows written at `level` (train/config_fields.h), each part's into its object; the texts
@@ -91,8 +97,7 @@ void TrainConfig::validate(int world_size) const {
   const OutputConfig& o = outputs;
   // The flags first: optim.total_steps is --steps, and the optimizer's own check would name it
   // by its internal name.
-  if (w.steps < 1) PWM_THROW("--steps must be at least 1 (got {})", w.steps);
-  check_real_flags(*this);
+  check_flag_ranges(*this);
   if (optim.warmup_steps > w.steps)
     PWM_THROW("--warmup-steps {} is more than --steps {}: use fewer warm-up steps", optim.warmup_steps, w.steps);
   model.validate();
@@ -104,7 +109,6 @@ void TrainConfig::validate(int world_size) const {
     PWM_THROW("mesh --replicas {} x --dp {} x --tp {} = {} ranks, but the job has {} compute ranks: start it with {} "
               "compute ranks or change --replicas/--dp/--tp",
               m.replicas, m.dp, m.tp, mesh_ranks(), world_size, mesh_ranks());
-  if (m.ep < 1) PWM_THROW("--expert-parallel must be at least 1 (got {})", m.ep);
   if (m.ep > 1 && m.dp % m.ep != 0)
     PWM_THROW("--expert-parallel {} must divide --dp {} (an expert-parallel group is {} consecutive dp ranks of a "
               "replica)",
@@ -122,9 +126,6 @@ void TrainConfig::validate(int world_size) const {
   if (o.resume && o.ckpt.empty()) PWM_THROW("--resume needs --ckpt PATH");
   if (exec.bucket_bytes != 0 && exec.bucket_bytes < 1024)
     PWM_THROW("--bucket-bytes must be 0 (sized from the model) or at least 1024 (got {})", exec.bucket_bytes);
-  if (hooks.step_sleep_ms < 0) PWM_THROW("--step-sleep-ms must be >= 0 (got {})", hooks.step_sleep_ms);
-  if (hooks.straggler_ms < 0) PWM_THROW("--straggler-ms must be >= 0 (got {})", hooks.straggler_ms);
-  if (w.skip_nonfinite < 0) PWM_THROW("--skip-nonfinite must be >= 0 (got {})", w.skip_nonfinite);
 }
 
 void apply_precision(const TrainConfig& cfg) { set_precision(cfg.exec.precision); }
