@@ -58,9 +58,11 @@
 #                   --steps to 16 and the batch to 8 sequences per rank here (medians from step
 #                   4 on); with --hosts K the experts' AllToAll crosses the hosts; results in
 #                   DIR/moe-skewS
+#   --preset NAME   a model size for every run: 4m (the reference, the default), 30m or 100m
+#                   (GPT-2 small's shape), each with its learning rate and warm-up (docs/model.md)
 #   after --, flags for both trainers, e.g. -- --d-model 512 --layers 8 --batch 64
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); HOSTS=0; DCN_RATE=""; PALM=0; PALM_FSDP=0; MOE=0
+NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); PRESET=""; HOSTS=0; DCN_RATE=""; PALM=0; PALM_FSDP=0; MOE=0
 MOE_SKEW=
 PRECISION=fp32
 # value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
@@ -97,7 +99,11 @@ while [ $# -gt 0 ]; do
       [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
         { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
       shift 2 ;;
-    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
+    --preset) PRESET=$(value "$@") || exit 2
+      [[ "$PRESET" =~ ^[a-z0-9]+$ ]] ||
+        { echo "compare.sh: error: --preset must name a preset such as 30m (got '$PRESET')" >&2; exit 2; }
+      shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "compare.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -160,9 +166,13 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # step's achieved rate if one is faster); each run's final metrics line says which peak it used
 # (peak_gflops_per_rank, peak_source; docs/train.md, "MFU").
 export PWM_COMPARE_PRECISION="$PRECISION"
+PWM_COMPARE_MODEL="reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)"
+[ -n "$PRESET" ] && PWM_COMPARE_MODEL="preset $PRESET (docs/model.md, \"Presets\")"
+export PWM_COMPARE_MODEL
 echo "precision $PRECISION | $("$BUILD_DIR/bench/model/model_bench" --bf16-info)"
 BATCH_PER_RANK=16; [ "$MOE" = 1 ] && BATCH_PER_RANK=8  # (--moe: five rows, two skews, rounds)
 BASE_WORKLOAD=(--steps "$STEPS" --batch $((BATCH_PER_RANK * NP)) --eval-every 10 --log-every 10 --precision "$PRECISION")
+[ -n "$PRESET" ] && BASE_WORKLOAD+=(--preset "$PRESET")
 WORKLOAD=("${BASE_WORKLOAD[@]}" "${EXTRA[@]}")
 run() {  # run NAME NRANKS BINARY FLAGS...
   local name=$1 n=$2 bin=$3; shift 3
@@ -266,7 +276,7 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   python3 - "$PALM_DIR/workload.json" "$n_spmd" "$STEPS" "$desc" "${EXTRA[@]}" <<'PY'
 import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 32 // int(sys.argv[2]), "cluster": sys.argv[4],
-           "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
+           "model": __import__("os").environ["PWM_COMPARE_MODEL"],
            "data": "/usr/share/common-licenses", "extra_flags": sys.argv[5:],
            "precision": __import__("os").environ["PWM_COMPARE_PRECISION"]}, open(sys.argv[1], "w"))
 PY
@@ -346,7 +356,7 @@ python3 - "$OUT/workload.json" "$NP" "$STEPS" "$CLUSTER_DESC" "${EXTRA[@]}" <<'P
 import json, sys
 json.dump({"compute_ranks": int(sys.argv[2]), "steps": int(sys.argv[3]), "batch_per_rank": 16,
            "cluster": sys.argv[4] or "one host",
-           "model": "reference (d_model 256, 4 layers, 4 heads x 64 MQA, SwiGLU 1024, seq 128, vocab 256)",
+           "model": __import__("os").environ["PWM_COMPARE_MODEL"],
            "data": "/usr/share/common-licenses", "extra_flags": sys.argv[5:],
            "precision": __import__("os").environ["PWM_COMPARE_PRECISION"]},
           open(sys.argv[1], "w"))

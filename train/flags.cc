@@ -13,6 +13,7 @@
 #include "common/env.h"
 #include "common/paths.h"
 #include "model/config_fields.h"
+#include "train/presets.h"
 #include "train/config_fields.h"
 
 namespace pwm::train {
@@ -119,7 +120,25 @@ void refuse_foreign_flags(const CLI::App& app, int argc, char** argv, FlagSet se
 }
 
 // Flags a config file cannot set: the file itself and --help.
-bool reserved_key(const std::string& key) { return key == "config" || key == "help" || key == "h"; }
+bool reserved_key(const std::string& key) { return key == "config" || key == "preset" || key == "help" || key == "h"; }
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> v;
+  for (const Preset& p : presets()) v.push_back(p.name);
+  return v;
+}
+
+// The preset `--preset NAME` (or `--preset=NAME`) names, if any (the last one given); throws
+// naming the presets when NAME is none. A bare `--preset` is CLI11's to refuse.
+const Preset* preset_argument(int argc, char** argv) {
+  const Preset* p = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--preset" && i + 1 < argc) p = &find_preset(argv[++i]);
+    else if (a.rfind("--preset=", 0) == 0) p = &find_preset(a.substr(9));
+  }
+  return p;
+}
 
 // JSON config -> "--key=value" arguments, so that the file and the flags share one parser. Every
 // key must be a flag of `app` (the trainer's own set), named without its dashes.
@@ -138,7 +157,9 @@ std::vector<std::string> json_to_args(std::string_view text, const std::string& 
   if (!j.is_object()) PWM_THROW("--config {} must hold one JSON object of flag names to values", path);
   std::vector<std::string> args;
   for (auto& [key, v] : j.items()) {
-    if (reserved_key(key)) PWM_THROW("--config {}: key '{}' cannot be set from a config file", path, key);
+    if (reserved_key(key))
+      PWM_THROW("--config {}: key '{}' cannot be set from a config file{}", path, key,
+                key == "preset" ? " (give --preset on the command line: the file's keys then override it)" : "");
     if (app.get_option_no_throw("--" + key) == nullptr && !owners("--" + key, set).empty())
       PWM_THROW("--config {}: key '{}' is {}, not a flag of {}: leave it out", path, key, owners("--" + key, set), program);
     if (app.get_option_no_throw("--" + key) == nullptr)
@@ -189,7 +210,11 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
   // The environment's settings are the defaults, a config file overrides them, and flags on
   // the command line override both. This is the one place a trainer resolves them.
   cfg.exec.coll_timeout = env_double("PWM_COLL_TIMEOUT", cfg.exec.coll_timeout);
-  // --config first, so that flags on the command line override the file.
+  // --preset first (its values are defaults), then --config, so that a file overrides a preset
+  // and flags on the command line override both.
+  const Preset* preset = preset_argument(argc, argv);
+  if (preset) apply_preset(*preset, cfg);
+  const int64_t preset_warmup = cfg.optim.warmup_steps;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) cfg.config_file = argv[i + 1];
@@ -197,13 +222,20 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
     else continue;
     load_train_config_file(cfg.config_file, cfg, set, program);
   }
+  const bool file_set_warmup = cfg.optim.warmup_steps != preset_warmup;
   CLI::App app{description, program};
-  std::string config_path;
+  std::string config_path, preset_name;
   app.add_option("--config", config_path, "JSON file of flag values (flags override it)");
+  app.add_option("--preset", preset_name,
+                 "model shape, learning rate and warm-up, set before --config and the other flags: " + describe_presets())
+      ->check(CLI::IsMember(preset_names()));
   add_train_flags(app, cfg, set);
   if (more_flags) more_flags(app);
   refuse_foreign_flags(app, argc, argv, set, program);
   if (!parse_command_line(app, argc, argv, program, print_help, exit_code)) return false;
+  // A preset's warm-up fits a short run: at most a quarter of its steps, unless set.
+  if (preset && !file_set_warmup && app.count("--warmup-steps") == 0)
+    cfg.optim.warmup_steps = std::min(preset->warmup_steps, cfg.workload.steps / 4);
   cfg.optim.total_steps = cfg.workload.steps;
   return true;
 }

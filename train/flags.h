@@ -30,8 +30,8 @@ bool is_mpmd(FlagSet set);
 // parse_train_config below.
 void add_train_flags(CLI::App& app, TrainConfig& cfg, FlagSet set = FlagSet::kSpmd);
 
-// Parses argv into a TrainConfig: loads --config FILE first if given (keys: the flags of `set`),
-// then applies the flags of `set`. Numbers are read strictly (common/cli.h).
+// Parses argv into a TrainConfig: applies --preset NAME first if given (train/presets.h), then
+// loads --config FILE if given (keys: the flags of `set`), then applies the flags of `set`. Numbers are read strictly (common/cli.h).
 // Returns false if the program should exit (--help printed): `exit_code` is then set.
 // Throws pwm::Error on a bad flag, a bad file or an invalid value.
 // `more_flags` registers a program's own flags (the simulator's) on the same parser.
