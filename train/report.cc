@@ -1,5 +1,7 @@
 #include "train/report.h"
 
+#include "model/fma_probe.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -49,12 +51,16 @@ bool StepRecord::nonfinite() const { return !std::isfinite(loss) || !std::isfini
 
 TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int ranks, Peak peak, bool is_reporter)
     : cfg_(cfg), trainer_(trainer), ranks_(ranks), peak_(std::move(peak)), reporter_(is_reporter) {
-  if (!reporter_ || cfg_.outputs.metrics.empty()) return;
+  if (!reporter_) return;
+  // The hardware's peak, on the reporting rank (every host of a job is taken to have its CPU).
+  fma_ = model::fma_peak();
+  if (cfg_.outputs.metrics.empty()) return;
   out_ = std::make_unique<AtomicFile>(cfg_.outputs.metrics, "--metrics");
   // The start-up peak; the final line has the one MFU was measured against.
   nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
                          {"ranks", ranks_}, {"peak_gflops_per_rank", peak_.gflops()},
-                         {"peak_source", peak_.source()}, {"flops_per_token", cfg_.model.flops_per_token()}};
+                         {"peak_source", peak_.source()}, {"flops_per_token", cfg_.model.flops_per_token()},
+                         {"fma_peak_gflops_per_core", fma_.gflops}, {"fma_isa", fma_.isa}};
   write(head.dump());
 }
 
@@ -66,6 +72,13 @@ double TrainReport::tokens_per_s(double step_ms) const {
 }
 
 double TrainReport::achieved_gflops(double tps) const { return tps * cfg_.model.flops_per_token() / ranks_ / 1e9; }
+
+// Against the core's fp32 FMA peak: fp32 runs only (bf16 products run other instructions, whose
+// peak this probe does not measure); 0 when not measured.
+double TrainReport::mfu_fma(double tps) const {
+  if (fma_.gflops <= 0 || cfg_.exec.precision != model::Precision::kFp32) return 0.0;
+  return achieved_gflops(tps) / fma_.gflops;
+}
 
 // achieved / peak: the peak is at least the fastest step's achieved_gflops (step), computed the
 // same way, so no step's quotient, nor the median's, exceeds 1, not even by a rounding.
@@ -200,6 +213,7 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"peak_source", peak_.source()},
                       {"peak_probes", peak_.probes()},
                       {"peak_probe_gflops_per_rank", peak_.best_probe()},
+                      {"fma_peak_gflops_per_core", fma_.gflops},
                       {"step_ms_p50", median(step_ms_)},
                       {"step_ms_p90", quantile(step_ms_, 0.9)},
                       {"comm_share", median(comm_share_)},
@@ -207,6 +221,7 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"final_val_loss", last_val_},
                       {"skipped_nonfinite", skipped_},
                       {"weights_hash", weights_hash}};
+  if (const double m = mfu_fma(tps); m > 0) j["mfu_fma"] = m;
   figures_.for_each([&](const char* k, const RunFigures::Number& v) { if (v) j[k] = *v; },
                     [&](const char* k, const RunFigures::List& v) { if (v) j[k] = *v; });
   write(j.dump());
@@ -219,9 +234,12 @@ void TrainReport::finish(const std::string& weights_hash) {
                     [&](const char* k, const RunFigures::List& v) {
                       if (v) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(*v, ", "));
                     });
-  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}% of a GEMM peak of {:.1f} GFLOP/s per rank ({}), step p50 "
+  const std::string fma = mfu_fma(tps) > 0 ? fmt::format(", {:.1f}% of the core's fp32 FMA peak of {:.1f} GFLOP/s ({})",
+                                                         100 * mfu_fma(tps), fma_.gflops, fma_.isa)
+                                             : "";
+  fmt::print("[{}] done: {:.0f} tok/s (median), MFU {:.1f}% of a GEMM peak of {:.1f} GFLOP/s per rank ({}){}, step p50 "
              "{:.1f} ms p90 {:.1f} ms, final loss {:.4f}, val loss {:.4f}, {}weights {}\n",
-             trainer_, tps, 100 * mfu(tps), peak_.gflops(), peak_.source(), median(step_ms_), quantile(step_ms_, 0.9),
+             trainer_, tps, 100 * mfu(tps), peak_.gflops(), peak_.source(), fma, median(step_ms_), quantile(step_ms_, 0.9),
              last_loss_, last_val_,
              skipped_ > 0 ? fmt::format("{} non-finite steps skipped, ", skipped_) : "", weights_hash);
   std::fflush(stdout);

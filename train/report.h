@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "model/fma_probe.h"
 #include "model/moe.h"
 #include "train/config.h"
 #include "train/figures.h"
@@ -101,10 +102,15 @@ class TrainReport {
  private:
   void write(const std::string& line);
 
+  // MFU against the core's fp32 FMA peak (model/fma_probe.h, probed by the reporting rank at
+  // start-up): fp32 runs only, else 0.
+  double mfu_fma(double tps) const;
+
   TrainConfig cfg_;
   std::string trainer_;
   int ranks_;
   Peak peak_;
+  model::FmaPeak fma_;
   bool told_raised_ = false;  // the line saying a step raised the peak was printed
   bool reporter_;
   std::unique_ptr<AtomicFile> out_;
