@@ -233,9 +233,9 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
   if (more_flags) more_flags(app);
   refuse_foreign_flags(app, argc, argv, set, program);
   if (!parse_command_line(app, argc, argv, program, print_help, exit_code)) return false;
-  // A preset's warm-up fits a short run: at most a quarter of its steps, unless set.
+  // A preset's warm-up fits a short run: at most half of its steps, unless set.
   if (preset && !file_set_warmup && app.count("--warmup-steps") == 0)
-    cfg.optim.warmup_steps = std::min(preset->warmup_steps, cfg.workload.steps / 4);
+    cfg.optim.warmup_steps = std::min(preset->warmup_steps, cfg.workload.steps / 2);
   cfg.optim.total_steps = cfg.workload.steps;
   return true;
 }

@@ -17,7 +17,7 @@ struct Preset {
   const char* about;     // one line for --help
   int64_t d_model, n_layers, n_heads, head_dim, d_ff, seq_len;
   double lr;
-  int64_t warmup_steps;  // at most a quarter of --steps unless --warmup-steps is given
+  int64_t warmup_steps;  // at most half of --steps unless --warmup-steps is given
 };
 
 const std::vector<Preset>& presets();

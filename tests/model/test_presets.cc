@@ -57,6 +57,7 @@ TEST(Presets, FlagsAndConfigOverrideThePreset) {
   EXPECT_EQ(a.optim.warmup_steps, 10);
   TrainConfig b;
   ASSERT_EQ(parse({"--preset=100m", "--lr", "1e-4", "--seq-len", "64", "--steps", "100"}, b), "");
+  EXPECT_EQ(b.optim.warmup_steps, 20);
   EXPECT_EQ(b.model.d_model, 768);
   EXPECT_EQ(b.model.seq_len, 64);
   EXPECT_DOUBLE_EQ(b.optim.lr, 1e-4);
@@ -73,7 +74,7 @@ TEST(Presets, FlagsAndConfigOverrideThePreset) {
 TEST(Presets, WarmupFitsShortRuns) {
   TrainConfig a;
   ASSERT_EQ(parse({"--preset", "100m", "--steps", "8"}, a), "");
-  EXPECT_EQ(a.optim.warmup_steps, 2);
+  EXPECT_EQ(a.optim.warmup_steps, 4);
   EXPECT_NO_THROW(a.validate(1));
   TrainConfig b;
   ASSERT_EQ(parse({"--preset", "100m", "--steps", "8", "--warmup-steps", "6"}, b), "");
