@@ -6,8 +6,8 @@
 
 namespace pwm::train {
 
-// The reference model is the defaults (model::Config, model::AdamWConfig). The larger ones train
-// over 50 steps at compare.sh's batches without a spike (docs/results/presets.md): 6e-4 at ~30M
+// The reference model is the defaults (model::Config, model::AdamWConfig). The larger ones' rates
+// were checked over 50 steps at compare.sh's batches (docs/results/presets.md): 6e-4 at ~30M
 // (nanoGPT's rate for its small models); at ~100M GPT-2's 6e-4 is for 0.5M-token batches, and
 // 3e-4 with 12 warm-up steps spiked at 4096 tokens a step (step 11: +0.74), so 2e-4 over 20.
 const std::vector<Preset>& presets() {
