@@ -85,10 +85,17 @@ int main(int argc, char** argv) {
       // knows, and mpirun would wait for it for ever. MPI_Abort is the one call MPI has that
       // ends a process the job cannot reach; the controller makes it once everything is written.
       // (Code 0 after a run that ended well, else 1; supervise.sh --done-file reads the outcome.)
+      // The line ends in "; aborting the job", the project's mark of a job ending itself, which
+      // launch_watch.sh (cluster.sh's launches) watches for: a cut host's daemon cannot be
+      // reached, so mpirun's abort never completes and the watch has to end the launch. OpenMPI's
+      // own "MPI_ABORT was invoked" banner cannot be relied on for that: with --enable-recovery,
+      // mpirun 4.1.4 drops it in 5-30% of runs here ("ORTE_ERROR_LOG: Data unpack would read past
+      // end of buffer in file orte/util/show_help.c", docs/failures.md), and a launch that waited
+      // for the banner alone outlived the job until cluster.sh's timeout.
       if (env.rank() == 0)
         collectives::MpiEnvironment::abort_job(
             fmt::format("pathways_train: the run {}; ending world rank(s) {} that were lost (a stopped or cut-off rank "
-                        "would keep the launcher waiting): aborting the job",
+                        "would keep the launcher waiting); aborting the job",
                         ok ? "is done and written" : "ended with the error above", fmt::join(lost, ", ")),
             ok ? 0 : 1);
       std::_Exit(ok ? 0 : 1);

@@ -379,8 +379,15 @@ def case_spare_worker_survives_a_host_cut():
     assert_bitwise(ref, metrics(m), "pathways --replicas 2 after host 1 was cut off")
     done = [t for line, t in seen.items() if "the run is done and written" in line]
     assert done, f"the job did not end the lost rank:\n{out[-3000:]}"
+    # The launch ends on the job's own line, a grace after it (mpirun's abort waits for the cut
+    # host's daemon): not on OpenMPI's MPI_ABORT banner, which mpirun drops in some runs (the
+    # launch then outlived the job until the timeout; mpmd/pathways_main.cc).
+    ended = [t for line, t in seen.items()
+             if line.startswith("cluster.sh: the job reported its end") and "(pathways_train: the run is done" in line]
+    assert ended, f"the launch was not ended on the job's own line:\n{out[-3000:]}"
+    assert ended[0] - done[0] <= 20, f"the launch ended {ended[0] - done[0]:.1f} s after the run was written"
     print(f"{lost.group(0)[:200]}\nrecovered {recovered[0] - cut:.1f} s after the cut; bitwise equal to the run "
-          f"without the loss; cluster.sh exit {rc}")
+          f"without the loss; the launch ended {ended[0] - done[0]:.1f} s after the run was written; cluster.sh exit {rc}")
 
 
 def case_supervisor_restarts_after_a_host_cut():
