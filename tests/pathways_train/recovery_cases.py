@@ -185,7 +185,12 @@ def case_spare_worker_recovers_a_pipeline():
                     time.sleep(0.02)
                 assert victim, f"{name}: no rank to kill found while the run trained"
                 os.kill(victim, signal.SIGKILL)
-            proc.wait(timeout=180)
+            try:
+                proc.wait(timeout=180)
+            except subprocess.TimeoutExpired:  # (the job's own lines: what it was waiting for)
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"{name}: the job did not end within 180 s of its start:\n{open(log).read()[-6000:]}")
         finally:
             if proc.poll() is None:
                 proc.kill()
