@@ -18,6 +18,7 @@
 
 #include "common/cli.h"
 #include "model/config_fields.h"
+#include "tests/model/parse_flags.h"
 #include "tests/model/temp_dir.h"
 #include "train/config.h"
 #include "train/config_fields.h"
@@ -69,17 +70,7 @@ std::string path_of(const char* object, const char* key) {
 
 // Parses `args` as trainer `set`'s command line; "" or the error line.
 std::string parse(std::vector<std::string> args, FlagSet set, TrainConfig& cfg) {
-  args.insert(args.begin(), "prog");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int exit_code = 0;
-  try {
-    parse_train_config(static_cast<int>(args.size()), argv.data(), "prog", "", cfg, exit_code, false, {}, set);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return testing::parse_flags(std::move(args), cfg, set);
 }
 
 TEST(ConfigFields, RowsAreWellFormedAndKeysUnique) {

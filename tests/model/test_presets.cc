@@ -5,28 +5,18 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
+#include "tests/model/parse_flags.h"
 #include "train/flags.h"
 #include "train/presets.h"
 
 namespace pwm::train {
 namespace {
 
-std::string parse(std::vector<std::string> args, TrainConfig& cfg) {
-  args.insert(args.begin(), "prog");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int exit_code = 0;
-  try {
-    parse_train_config(static_cast<int>(args.size()), argv.data(), "prog", "", cfg, exit_code, false);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string parse(std::vector<std::string> args, TrainConfig& cfg) { return testing::parse_flags(std::move(args), cfg); }
 
 // The parameter count by hand for PaLM's block (docs/model.md): per layer one norm scale before
 // the parallel attention and MLP, Wq and Wo (C x H D), one K and one V head (C x D each, multi-
