@@ -186,7 +186,15 @@ def main():
         tps = tokens_per_step / (p50 * 1e-3)  # over the pooled median step
         # Paired by round: step time of the reference over this run's, per round (same tokens per step).
         ratio = measure.paired_ratio(ref["round_p50"], r["round_p50"], higher_is_better=False)
+        # The core's fp32 FMA peak (model/fma_probe.h), for fp32 runs that measured it: MFU against
+        # the hardware, beside the GEMM probe's.
+        fma = f.get("fma_peak_gflops_per_core", 0.0) if "mfu_fma" in f else 0.0
+        ranks = r["head"].get("ranks", 0)
         row = dict(name=r["name"], tokens_per_s=tps, tokens_per_s_vs_spmd=ratio.median,
+                   round_tokens_per_s=[tokens_per_step / (ms * 1e-3) for ms in r["round_p50"]],
+                   params=r["head"].get("params"),
+                   mfu_fma=tps * r["head"]["flops_per_token"] / (ranks * fma * 1e9) if fma and ranks else None,
+                   fma_peak_gflops_per_core=fma or None,
                    tokens_per_s_vs_spmd_per_round=ratio.per_round, vs_spmd=ratio.as_dict(),
                    verdict=ratio.verdict(r["name"], ref["name"]), breakdown=r["breakdown"],
                    step_ms_p50=p50, step_ms_p90=p90,
@@ -199,6 +207,7 @@ def main():
                    weights_hash=f["weights_hash"],
                    weights_identical=f["weights_hash"] == ref["final"]["weights_hash"])
         for k in ("bubble", "bubble_bound", "dcn_bytes_per_step", "xchg_exposed_ms", "xchg_tail_ms", "peak_rss_bytes", "state_bytes",
+                  "peak_resident_bytes_per_rank", "state_bytes_per_rank",
                   "stages", "stage_dp", "stage_tp", "stage_islands", "peak_intermediate_bytes", "peak_store_bytes"):
             if k in f:
                 row[k] = f[k]

@@ -65,6 +65,23 @@ pwm_mpirun_bind_core() {
 
 pwm_install_deps() { pwm_install_packages "${PWM_PACKAGES[@]}"; }
 
+# Flag parsing for the scripts, before anything is installed or built; each prints one line
+# naming the script and the flag, and exits 2.
+# pwm_value SCRIPT "$@" (the arguments from the flag on): the flag's value, or the error when
+# there is none or it is another flag. Use as V=$(pwm_value "$ME" "$@") || exit 2.
+pwm_value() {
+  if [ $# -lt 3 ] || [[ "$3" == --* ]]; then
+    echo "$1: error: $2 needs a value (see --help)" >&2; exit 2
+  fi
+  printf '%s' "$3"
+}
+# pwm_count SCRIPT FLAG VALUE [MIN]: VALUE must be a whole number >= MIN (default 1).
+pwm_count() {
+  local min=${4:-1}
+  [[ "$3" =~ ^[0-9]{1,9}$ ]] && [ "$3" -ge "$min" ] ||
+    { echo "$1: error: $2 must be a whole number of at least $min (got '$3')" >&2; exit 2; }
+}
+
 # pwm_install_packages PKG...: apt-get installs the ones not installed yet.
 pwm_install_packages() {
   local missing=()

@@ -60,6 +60,7 @@ TrainReport::TrainReport(const TrainConfig& cfg, const std::string& trainer, int
   nlohmann::json head = {{"trainer", trainer_}, {"config", nlohmann::json::parse(cfg_.to_json())},
                          {"ranks", ranks_}, {"peak_gflops_per_rank", peak_.gflops()},
                          {"peak_source", peak_.source()}, {"flops_per_token", cfg_.model.flops_per_token()},
+                         {"params", cfg_.model.num_params()},
                          {"fma_peak_gflops_per_core", fma_.gflops}, {"fma_isa", fma_.isa}};
   write(head.dump());
 }
