@@ -75,8 +75,8 @@ parse_opts() {
 }
 
 up() {
-  [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] && [ "$hosts" -le 16 ] || die "--hosts must be 1..16 (got '$hosts')"
-  [[ "$slots" =~ ^[0-9]+$ ]] && [ "$slots" -ge 1 ] || die "--slots must be a positive integer (got '$slots')"
+  pwm_count cluster.sh --hosts "$hosts" 1 16
+  pwm_count cluster.sh --slots "$slots" 1 64
   if [ -n "$rate" ] && ! [[ "$rate" =~ ^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$ ]]; then
     die "--dcn-rate '$rate' is not a tc rate (e.g. 1gbit, 500mbit)"
   fi
@@ -167,7 +167,7 @@ run_in() {
   local dir="$STATE_ROOT/$name"
   # shellcheck disable=SC1091
   source "$dir/config"
-  [[ "$timeout_s" =~ ^[0-9]+$ ]] || die "--timeout must be whole seconds (got '$timeout_s')"
+  pwm_count cluster.sh --timeout "$timeout_s" 0
   [ ${#CMD[@]} -gt 0 ] || die "run needs a command after --"
   local launcher
   # The launch agent and the yield also go into the launchers' own environment variables, so that

@@ -6,6 +6,7 @@
 # Writes results/collectives_<op>_np<NP>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NP="${1:-2}"; shift || true
+pwm_count collectives_bench.sh NP "$NP" 1 4096
 pwm_install_deps
 pwm_build >/dev/null
 mkdir -p "$PWM_ROOT/results"

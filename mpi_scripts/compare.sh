@@ -65,41 +65,29 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); PRESET=""; HOSTS=0; DCN_RATE=""; PALM=0; PALM_FSDP=0; MOE=0
 MOE_SKEW=
 PRECISION=fp32
-# value FLAG "$@": the flag's value, or one line and exit 2 when it has none (the last argument,
-# or followed by another flag); count FLAG VALUE: VALUE must be a whole number >= 1. Both run
-# before anything is installed or built.
-value() {
-  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
-    echo "compare.sh: error: $1 needs a value (see --help)" >&2; exit 2
-  fi
-  printf '%s' "$2"
-}
-count() {
-  [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] ||
-    { echo "compare.sh: error: $1 must be a whole number of at least 1 (got '$2')" >&2; exit 2; }
-}
+ME=compare.sh  # (flags read by env.sh's pwm_value, pwm_count, pwm_decimal: before anything is installed)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --np) NP=$(value "$@") || exit 2; count --np "$NP"; shift 2 ;;
-    --steps) STEPS=$(value "$@") || exit 2; count --steps "$STEPS"; shift 2 ;;
-    --rounds) ROUNDS=$(value "$@") || exit 2; count --rounds "$ROUNDS"; shift 2 ;;
-    --hostfile) HOSTFILE=$(value "$@") || exit 2; shift 2 ;;
-    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
-    --precision) PRECISION=$(value "$@") || exit 2
+    --np) NP=$(pwm_value "$ME" "$@") || exit 2; pwm_count "$ME" --np "$NP" 1 4096; shift 2 ;;
+    --steps) STEPS=$(pwm_value "$ME" "$@") || exit 2; pwm_count "$ME" --steps "$STEPS"; shift 2 ;;
+    --rounds) ROUNDS=$(pwm_value "$ME" "$@") || exit 2; pwm_count "$ME" --rounds "$ROUNDS"; shift 2 ;;
+    --hostfile) HOSTFILE=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --precision) PRECISION=$(pwm_value "$ME" "$@") || exit 2
       [[ "$PRECISION" =~ ^(fp32|bf16)$ ]] ||
         { echo "compare.sh: error: --precision must be fp32 or bf16 (got '$PRECISION')" >&2; exit 2; }
       shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
-    --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
+    # 0 hosts would read as "no cluster": --hosts takes 2 to 16 (mpi_scripts/cluster.sh's limit).
+    --hosts) HOSTS=$(pwm_value "$ME" "$@") || exit 2; pwm_count "$ME" --hosts "$HOSTS" 2 16; shift 2 ;;
+    --dcn-rate) DCN_RATE=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
     --palm) PALM=1; shift ;;
     --palm-fsdp) PALM=1; PALM_FSDP=1; shift ;;
     --moe) MOE=1; shift ;;
-    --moe-skew) MOE_SKEW=$(value "$@") || exit 2
-      [[ "$MOE_SKEW" =~ ^[0-9]+([.][0-9]+)?$ ]] ||
-        { echo "compare.sh: error: --moe-skew must be a number >= 0 (got '$MOE_SKEW')" >&2; exit 2; }
+    --moe-skew) MOE_SKEW=$(pwm_value "$ME" "$@") || exit 2
+      pwm_decimal "$ME" --moe-skew "$MOE_SKEW" 0
       shift 2 ;;
-    --preset) PRESET=$(value "$@") || exit 2
+    --preset) PRESET=$(pwm_value "$ME" "$@") || exit 2
       [[ "$PRESET" =~ ^[a-z0-9]+$ ]] ||
         { echo "compare.sh: error: --preset must name a preset such as 30m (got '$PRESET')" >&2; exit 2; }
       shift 2 ;;
@@ -133,7 +121,6 @@ CLUSTER_DESC=""
 if [ "$PALM" = 1 ]; then
   : # palm_set makes its clusters
 elif [ "$HOSTS" != 0 ]; then
-  [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "compare.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
   [ -z "$HOSTFILE" ] || { echo "compare.sh: error: --hosts and --hostfile exclude each other" >&2; exit 2; }
   # One slot per host: the launcher places ranks round-robin over the hosts.
   CLUSTER=$(bash "$PWM_ROOT/mpi_scripts/cluster.sh" up --hosts "$HOSTS" --slots 1 ${DCN_RATE:+--dcn-rate "$DCN_RATE"})

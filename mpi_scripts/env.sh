@@ -75,11 +75,35 @@ pwm_value() {
   fi
   printf '%s' "$3"
 }
-# pwm_count SCRIPT FLAG VALUE [MIN]: VALUE must be a whole number >= MIN (default 1).
+# pwm_count SCRIPT FLAG VALUE [MIN [MAX]]: VALUE must be a whole number from MIN (default 1) to
+# MAX (default 999999999: nine digits, so no shell arithmetic on it can overflow).
 pwm_count() {
-  local min=${4:-1}
-  [[ "$3" =~ ^[0-9]{1,9}$ ]] && [ "$3" -ge "$min" ] ||
-    { echo "$1: error: $2 must be a whole number of at least $min (got '$3')" >&2; exit 2; }
+  local min=${4:-1} max=${5:-999999999}
+  if ! [[ "$3" =~ ^[0-9]+$ ]]; then
+    echo "$1: error: $2 must be a whole number from $min to $max (got '$3')" >&2; exit 2
+  fi
+  if [ ${#3} -gt 9 ] || [ "$3" -lt "$min" ] || [ "$3" -gt "$max" ]; then
+    echo "$1: error: $2 $3 is out of range: use a whole number from $min to $max" >&2; exit 2
+  fi
+}
+# pwm_decimal SCRIPT FLAG VALUE MIN: VALUE must be a decimal number (digits, an optional
+# fraction) of at least MIN and at most 999999999.
+pwm_decimal() {
+  [[ "$3" =~ ^[0-9]{1,9}([.][0-9]+)?$ ]] && awk -v v="$3" -v m="$4" 'BEGIN { exit !(v + 0 >= m + 0) }' ||
+    { echo "$1: error: $2 must be a number from $4 to 999999999 (got '$3')" >&2; exit 2; }
+}
+# pwm_words SCRIPT FLAG "VALUE" WORD...: VALUE, a list separated by spaces or commas, must name at
+# least one of the WORDs and nothing else.
+pwm_words() {
+  local me=$1 flag=$2 value=$3 w a ok words
+  shift 3
+  [ -n "${value//[ ,]/}" ] || { echo "$me: error: $flag is empty: give one or more of $*" >&2; exit 2; }
+  read -r -a words <<<"${value//,/ }"  # (no glob expansion of the words)
+  for w in "${words[@]}"; do
+    ok=0
+    for a in "$@"; do [ "$w" = "$a" ] && ok=1; done
+    [ "$ok" = 1 ] || { echo "$me: error: $flag takes $* (got '$w')" >&2; exit 2; }
+  done
 }
 
 # pwm_install_packages PKG...: apt-get installs the ones not installed yet.

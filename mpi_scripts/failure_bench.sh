@@ -41,33 +41,26 @@
 # its injector: DIR/failure_MODEL_faulty.inject.log).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 MTBF=60; STEPS=120; CKPT_EVERY=10; SEED=1; MODELS="spmd pathways"; FAULTS="kill"; OUT="$PWM_ROOT/results"; EXTRA=()
-value() {
-  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
-    echo "failure_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
-  fi
-  printf '%s' "$2"
-}
+ME=failure_bench.sh  # (flags read by env.sh's pwm_value, pwm_count, pwm_decimal, pwm_words)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --mtbf) MTBF=$(value "$@") || exit 2; shift 2 ;;
-    --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
-    --ckpt-every) CKPT_EVERY=$(value "$@") || exit 2; shift 2 ;;
-    --seed) SEED=$(value "$@") || exit 2; shift 2 ;;
-    --models) MODELS=$(value "$@") || exit 2; shift 2 ;;
-    --faults) FAULTS=$(value "$@") || exit 2; shift 2 ;;
-    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --mtbf) MTBF=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --steps) STEPS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --ckpt-every) CKPT_EVERY=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --seed) SEED=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --models) MODELS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --faults) FAULTS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "failure_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-whole() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "failure_bench.sh: error: $1 must be a whole number of at least $3 (got '$2')" >&2; exit 2; }; }
-whole --steps "$STEPS" 2; whole --ckpt-every "$CKPT_EVERY" 1; whole --seed "$SEED" 0
-[[ "$MTBF" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$MTBF" 'BEGIN { exit !(m >= 1) }' ||
-  { echo "failure_bench.sh: error: --mtbf must be a number of seconds, at least 1 (got '$MTBF')" >&2; exit 2; }
-for m in $MODELS; do [[ "$m" == spmd || "$m" == pathways || "$m" == pathways_spare || "$m" == pathways_spare_dp2 || "$m" == static ]] || { echo "failure_bench.sh: error: --models takes spmd, pathways, pathways_spare, pathways_spare_dp2 and/or static (got '$m')" >&2; exit 2; }; done
-for f in $FAULTS; do [[ "$f" == kill || "$f" == stop ]] || { echo "failure_bench.sh: error: --faults takes kill and/or stop (got '$f')" >&2; exit 2; }; done
-[ -n "${FAULTS// /}" ] || { echo "failure_bench.sh: error: --faults needs kill and/or stop" >&2; exit 2; }
+pwm_count "$ME" --steps "$STEPS" 2; pwm_count "$ME" --ckpt-every "$CKPT_EVERY" 1; pwm_count "$ME" --seed "$SEED" 0
+pwm_decimal "$ME" --mtbf "$MTBF" 1
+pwm_words "$ME" --models "$MODELS" spmd pathways pathways_spare pathways_spare_dp2 static
+pwm_words "$ME" --faults "$FAULTS" kill stop
+MODELS=${MODELS//,/ }; FAULTS=${FAULTS//,/ }
 [[ " $MODELS " != *" pathways_spare"* || "$PWM_MPI" == openmpi ]] ||
   { echo "failure_bench.sh: error: pathways_spare and pathways_spare_dp2 need OpenMPI (mpirun --enable-recovery); MPICH ends the job when a rank dies" >&2; exit 2; }
 pwm_install_deps

@@ -18,12 +18,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # on an AVX-512 CPU). Our GEMM ignores it and the PyTorch peer's fp32 runs on OpenBLAS, so it would
 # only slow the reference: unset unless PWM_BENCH_KEEP_CORETYPE=1.
 [ "${PWM_BENCH_KEEP_CORETYPE:-0}" = "1" ] || unset OPENBLAS_CORETYPE
+STEPS="${PWM_BENCH_STEPS:-20}"
+WARMUP="${PWM_BENCH_WARMUP:-5}"
+ROUNDS="${PWM_BENCH_ROUNDS:-3}"
+pwm_count model_bench.sh PWM_BENCH_ROUNDS "$ROUNDS"; pwm_count model_bench.sh PWM_BENCH_STEPS "$STEPS"
+pwm_count model_bench.sh PWM_BENCH_WARMUP "$WARMUP" 0
 pwm_install_deps
 pwm_build >/dev/null
 
 PEER="${PWM_TORCH_PEER:-$PWM_ROOT/../shared/peers/torch_palm_bench.py}"
-STEPS="${PWM_BENCH_STEPS:-20}"
-WARMUP="${PWM_BENCH_WARMUP:-5}"
 OUT="${PWM_BENCH_OUT:-$BUILD_DIR/model_bench.json}"
 
 
@@ -35,7 +38,6 @@ echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset: autodetect>}"
 # The machine may be shared: both sides run in $ROUNDS alternating rounds (ours then the peer,
 # the peer then ours, ...); the ratio is the median of the per-round ratios with an interval
 # (mpi_scripts/measure.py). In a round the fp32 peer is the faster of its two BLAS set-ups.
-ROUNDS="${PWM_BENCH_ROUNDS:-3}"
 PRECISIONS="${PWM_BENCH_PRECISIONS:-fp32 bf16}"
 DDP_PEER="${PWM_TORCH_DDP_PEER:-$(dirname "$PEER")/torch_ddp_bench.py}"
 pwm_install_packages python3-torch libopenblas0-openmp

@@ -19,6 +19,9 @@ ROUNDS="${1:-3}"
 STEPS="${2:-30}"
 WARM="${3:-10}"
 E="${PWM_MOE_EXPERTS:-4}"
+pwm_count moe_bench.sh ROUNDS "$ROUNDS"; pwm_count moe_bench.sh STEPS "$STEPS" 2; pwm_count moe_bench.sh WARM "$WARM" 0
+pwm_count moe_bench.sh PWM_MOE_EXPERTS "$E" 2 4096
+[ "$WARM" -lt "$STEPS" ] || { echo "moe_bench.sh: error: WARM ($WARM) must be below STEPS ($STEPS): no step would be measured" >&2; exit 2; }
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy

@@ -30,37 +30,34 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 STEPS=12; ROUNDS=3; STAGES="2 4"; MICRO="4 8 16"; SCHEDS="gpipe 1f1b"; HOSTS=0; DCN_RATE=""; OUT="$PWM_ROOT/results"; EXTRA=(); SDP=1
 MODELS="pathways static"
-value() {
-  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
-    echo "pipeline_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
-  fi
-  printf '%s' "$2"
-}
+ME=pipeline_bench.sh  # (flags read by env.sh's pwm_value, pwm_count, pwm_words)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
-    --rounds) ROUNDS=$(value "$@") || exit 2; shift 2 ;;
-    --stages) STAGES=$(value "$@") || exit 2; shift 2 ;;
-    --micro) MICRO=$(value "$@") || exit 2; shift 2 ;;
-    --schedules) SCHEDS=$(value "$@") || exit 2; shift 2 ;;
-    --hosts) HOSTS=$(value "$@") || exit 2; shift 2 ;;
-    --stage-dp) SDP=$(value "$@") || exit 2; shift 2 ;;
-    --models) MODELS=$(value "$@") || exit 2; shift 2 ;;
-    --dcn-rate) DCN_RATE=$(value "$@") || exit 2; shift 2 ;;
-    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --steps) STEPS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --rounds) ROUNDS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --stages) STAGES=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --micro) MICRO=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --schedules) SCHEDS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --hosts) HOSTS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --stage-dp) SDP=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --models) MODELS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --dcn-rate) DCN_RATE=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "pipeline_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] || { echo "pipeline_bench.sh: error: --rounds must be a whole number of at least 1 (got '$ROUNDS')" >&2; exit 2; }
-[[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "pipeline_bench.sh: error: --steps must be 4 or more (got '$STEPS')" >&2; exit 2; }
-for s in $STAGES; do [[ "$s" =~ ^[0-9]+$ ]] && [ "$s" -ge 2 ] || { echo "pipeline_bench.sh: error: --stages takes numbers >= 2 (got '$s')" >&2; exit 2; }; done
-for m in $MICRO; do [[ "$m" =~ ^[0-9]+$ ]] && [ "$m" -ge 1 ] && [ $((32 % m)) -eq 0 ] || { echo "pipeline_bench.sh: error: --micro takes divisors of the batch 32 (got '$m')" >&2; exit 2; }; done
-for k in $MODELS; do [[ "$k" == pathways || "$k" == static ]] || { echo "pipeline_bench.sh: error: --models takes pathways and/or static (got '$k')" >&2; exit 2; }; done
-for k in $SCHEDS; do [[ "$k" == gpipe || "$k" == 1f1b ]] || { echo "pipeline_bench.sh: error: --schedules takes gpipe and/or 1f1b (got '$k')" >&2; exit 2; }; done
+pwm_count "$ME" --rounds "$ROUNDS"; pwm_count "$ME" --steps "$STEPS" 4
+pwm_words "$ME" --models "$MODELS" pathways static
+pwm_words "$ME" --schedules "$SCHEDS" gpipe 1f1b
+[ -n "${STAGES//[ ,]/}" ] || { echo "$ME: error: --stages is empty: give stage counts such as \"2 4\"" >&2; exit 2; }
+for s in ${STAGES//,/ }; do pwm_count "$ME" --stages "$s" 2 64; done
+pwm_count "$ME" --stage-dp "$SDP" 1 64
+pwm_words "$ME" --micro "$MICRO" 1 2 4 8 16 32  # (the divisors of the batch, 32)
+STAGES=${STAGES//,/ }; MICRO=${MICRO//,/ }; MODELS=${MODELS//,/ }; SCHEDS=${SCHEDS//,/ }
 if [ "$HOSTS" != 0 ]; then
-  [[ "$HOSTS" =~ ^[0-9]+$ ]] && [ "$HOSTS" -ge 2 ] || { echo "pipeline_bench.sh: error: --hosts must be 2 or more (got '$HOSTS')" >&2; exit 2; }
+  pwm_count "$ME" --hosts "$HOSTS" 2 16
 elif [ -n "$DCN_RATE" ]; then
   echo "pipeline_bench.sh: error: --dcn-rate needs --hosts K" >&2; exit 2
 fi

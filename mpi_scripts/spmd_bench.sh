@@ -15,6 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 [ "${PWM_BENCH_KEEP_CORETYPE:-0}" = "1" ] || unset OPENBLAS_CORETYPE
 STEPS="${1:-20}"
 ROUNDS="${PWM_BENCH_ROUNDS:-3}"
+pwm_count spmd_bench.sh STEPS "$STEPS" 6; pwm_count spmd_bench.sh PWM_BENCH_ROUNDS "$ROUNDS"
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy

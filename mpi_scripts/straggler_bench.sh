@@ -20,26 +20,19 @@
 # Results: DIR/straggler_bench.json (default results/), the metrics of every run.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 DELAY=50; STEPS=10; ROUNDS=3; OUT="$PWM_ROOT/results"; EXTRA=()
-value() {
-  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
-    echo "straggler_bench.sh: error: $1 needs a value (see --help)" >&2; exit 2
-  fi
-  printf '%s' "$2"
-}
+ME=straggler_bench.sh  # (flags read by env.sh's pwm_value, pwm_count, pwm_words)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --delay) DELAY=$(value "$@") || exit 2; shift 2 ;;
-    --steps) STEPS=$(value "$@") || exit 2; shift 2 ;;
-    --rounds) ROUNDS=$(value "$@") || exit 2; shift 2 ;;
-    --out) OUT=$(value "$@") || exit 2; shift 2 ;;
+    --delay) DELAY=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --steps) STEPS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --rounds) ROUNDS=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
+    --out) OUT=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "straggler_bench.sh: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[[ "$DELAY" =~ ^[0-9]+$ ]] && [ "$DELAY" -ge 1 ] || { echo "straggler_bench.sh: error: --delay must be a whole number of ms >= 1 (got '$DELAY')" >&2; exit 2; }
-[[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "straggler_bench.sh: error: --steps must be 4 or more (got '$STEPS')" >&2; exit 2; }
-[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] || { echo "straggler_bench.sh: error: --rounds must be a whole number of at least 1 (got '$ROUNDS')" >&2; exit 2; }
+pwm_count "$ME" --delay "$DELAY" 1; pwm_count "$ME" --steps "$STEPS" 4; pwm_count "$ME" --rounds "$ROUNDS"
 pwm_install_deps
 pwm_build >/dev/null
 pwm_warn_if_busy

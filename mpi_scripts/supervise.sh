@@ -43,7 +43,9 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument '$1' ($usage)" ;;
   esac
 done
-[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a whole number (got '$max_restarts')"
+# (Nine digits at most: a longer number would overflow the shell's arithmetic below. This script
+# stands alone, without env.sh, so it checks by itself as env.sh's pwm_count does.)
+[[ "$max_restarts" =~ ^[0-9]{1,9}$ ]] || die "--max-restarts must be a whole number from 0 to 999999999 (got '$max_restarts')"
 first=() again=() seen_sep=0
 for w in "$@"; do
   if [ "$w" = "---" ]; then seen_sep=1; continue; fi

@@ -48,7 +48,8 @@ class ScaleReport(unittest.TestCase):
             write_size(out, "4m", [150, 75, 110], [300, 300, 300], [100, 50, 100], [200, 200, 300])
             code, text = report(out, "4m")
             self.assertEqual(code, 0)
-            doc = json.load(open(os.path.join(out, "scale.json")))
+            with open(os.path.join(out, "scale.json")) as f:
+                doc = json.load(f)
             fp32, bf16 = doc["sizes"][0]["ddp"]
             self.assertEqual(fp32["name"], "ddp_fp32")
             self.assertEqual(fp32["ratio"]["per_round"], [1.5, 1.5, 1.1])
@@ -59,7 +60,8 @@ class ScaleReport(unittest.TestCase):
             self.assertEqual(bf16["ours"], "spmd_bf16")
             self.assertAlmostEqual(bf16["ratio"]["median"], 1.5)
             self.assertIn("spmd_train >= 1.2x DDP: at every size and precision", text)
-            md = open(os.path.join(out, "scale.md")).read()
+            with open(os.path.join(out, "scale.md")) as f:
+                md = f.read()
             self.assertIn("| 4m | 3.9M | spmd | 110 |", md)
             self.assertIn("| 4m | ddp_fp32 | 100 | spmd | 110 | 1.50x |", md)
 
@@ -69,7 +71,8 @@ class ScaleReport(unittest.TestCase):
             code, text = report(out, "30m")
             self.assertEqual(code, 0)
             self.assertIn("not at 30m ddp_fp32 1.10x", text)
-            self.assertIn("**no**", open(os.path.join(out, "scale.md")).read())
+            with open(os.path.join(out, "scale.md")) as f:
+                self.assertIn("**no**", f.read())
 
     def test_mfu_over_100_percent_is_an_error(self):
         with tempfile.TemporaryDirectory() as out:
@@ -94,8 +97,8 @@ class ScaleBenchFlags(unittest.TestCase):
         return r.returncode, r.stdout, r.stderr
 
     def test_bad_flags_exit_2_with_one_line(self):
-        cases = [(["--rounds", "0"], "scale_bench.sh: error: --rounds must be a whole number of at least 1 (got '0')\n"),
-                 (["--rounds", "x1"], "scale_bench.sh: error: --rounds must be a whole number of at least 1 (got 'x1')\n"),
+        cases = [(["--rounds", "0"], "scale_bench.sh: error: --rounds 0 is out of range: use a whole number from 1 to 999999999\n"),
+                 (["--rounds", "x1"], "scale_bench.sh: error: --rounds must be a whole number from 1 to 999999999 (got 'x1')\n"),
                  (["--rounds"], "scale_bench.sh: error: --rounds needs a value (see --help)\n"),
                  (["--sizes", "--no-ddp"], "scale_bench.sh: error: --sizes needs a value (see --help)\n"),
                  (["--bogus"], "scale_bench.sh: error: unknown argument '--bogus' (see --help)\n")]

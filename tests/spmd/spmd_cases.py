@@ -284,7 +284,7 @@ def case_sigterm_removes_temp_files():
 def case_compare_script_flags():
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "mpi_scripts", "compare.sh")
     for args, pattern in ((["--np"], "--np needs a value"), (["--rounds", "x"], "--rounds must be a whole number"),
-                          (["--np", "--steps", "3"], "--np needs a value"), (["--steps", "0"], "--steps must be")):
+                          (["--np", "--steps", "3"], "--np needs a value"), (["--steps", "0"], "--steps 0 is out of range")):
         p = subprocess.run(["bash", script] + args, capture_output=True, text=True, timeout=60,
                            env=dict(launch.ENV, BUILD_DIR=os.path.join(launch.TMP, "never-built")))
         lines = p.stderr.strip().splitlines()
