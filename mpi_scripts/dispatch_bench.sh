@@ -13,6 +13,10 @@
 #   HOSTS="1 2 4"      host counts of the cluster sweep ("" to skip it); PER_HOST="1 2"
 #   HOST_FLAGS=...     dispatch_bench flags of the cluster sweep (default: Fig. 5 only, 3 reps)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+# The settings' numbers, read as every script's flags (env.sh), before anything is built.
+for v in ${NPS:-3}; do pwm_count dispatch_bench.sh NPS "$v" 2 64; done
+for v in ${HOSTS-1}; do pwm_count dispatch_bench.sh HOSTS "$v" 1 16; done
+for v in ${PER_HOST:-1}; do pwm_count dispatch_bench.sh PER_HOST "$v" 1 16; done
 pwm_install_deps
 pwm_build >/dev/null
 RES="$PWM_ROOT/results"

@@ -42,6 +42,8 @@ CASES = [
     ("moe_bench.sh", ["x"], {}, ["ROUNDS must be a whole number"]),
     ("collectives_bench.sh", [BIG], {}, ["NP", "out of range"]),
     ("model_bench.sh", [], {"PWM_BENCH_ROUNDS": BIG}, ["PWM_BENCH_ROUNDS", "out of range"]),
+    ("dispatch_bench.sh", [], {"NPS": "3 x"}, ["NPS must be a whole number"]),
+    ("dispatch_bench.sh", [], {"HOSTS": BIG}, ["HOSTS", "out of range"]),
 ]
 
 
