@@ -136,6 +136,10 @@ EOF
   fi
   wait "$job"
   wait
+  if grep -q "failure_bench: exit 64$" "$base.log"; then  # (supervise.sh: refused at start-up)
+    echo "failure_bench.sh: error: the $model trainer refused its flags: $(grep -m1 -o '[a-z_]*_train: error: .*' "$base.log")" >&2
+    exit 2
+  fi
   grep -q "failure_bench: exit 0$" "$base.log" ||
     { echo "failure_bench.sh: error: the $kind $model run did not finish (log: $base.log)" >&2; exit 1; }
 }

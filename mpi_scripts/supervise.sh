@@ -13,6 +13,11 @@
 # - Each attempt runs under launch_watch.sh: a job that reports its own end (a lost rank named by
 #   the watchdog or the Pathways liveness) is ended even where the launcher's abort hangs, and
 #   none of its processes is left. So an attempt always ends, and the next one starts clean.
+# - Exit 64 is the trainers' refusal at start-up (a usage, configuration or input error,
+#   train/bootstrap.h kExitRefused): no restart can fix it, so this script stops at once, says so
+#   in one line after the trainer's own and exits 64. (Under OpenMPI's --enable-recovery mpirun
+#   exits 0 whatever its ranks' codes, so there a refusal is seen as an attempt that did not
+#   write --done-file and is restarted: check such a command without the flag first.)
 # - On exit 0 this script exits 0. On any other exit it restarts, up to --max-restarts times
 #   (default 3), with one line on stderr per restart naming the attempt, its exit code, its
 #   time and the checkpoint; with no restart left it exits with the last attempt's code and says
@@ -106,6 +111,10 @@ while :; do
     fi
   fi
   [ "$rc" = 0 ] && exit 0
+  if [ "$rc" = 64 ]; then
+    echo "supervise.sh: attempt $attempt was refused at start-up (exit 64: a usage, configuration or input error, named above); no restart can fix it" >&2
+    exit 64
+  fi
   if [ "$restarts" -ge "$max_restarts" ]; then
     echo "supervise.sh: attempt $attempt ended with $how after $secs s; no restart left (--max-restarts $max_restarts)" >&2
     exit "$rc"

@@ -53,7 +53,7 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   int exit_code = 0;
   bool go = true;
   if (!collectives::agree_on_errors(world, spec.program, [&] { go = parse(argc, argv, env.rank(), spec, out.cfg, exit_code); }))
-    return 1;
+    return kExitRefused;
   if (!go) return exit_code;
   // The start-up's later agreements wait as long as the run's collectives (--coll-timeout): a
   // rank lost now ends the job as it would later. (The flags' own agreement above has only
@@ -68,10 +68,10 @@ std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment&
   if (!collectives::agree_on_errors(world, spec.program, [&] {
         check_same_config(collectives::gather_if_different(world, out.cfg.canonical_json(mpmd)));
       }))
-    return 1;
+    return kExitRefused;
   if (!collectives::agree_on_errors(world, spec.program, [&] { check_inputs(env, spec, out.cfg, out.hosts); }))
-    return 1;
-  if (!collectives::agree_on_errors(world, spec.program, [&] { open_inputs(out); })) return 1;
+    return kExitRefused;
+  if (!collectives::agree_on_errors(world, spec.program, [&] { open_inputs(out); })) return kExitRefused;
   return std::nullopt;
 }
 

@@ -38,6 +38,12 @@ struct TrainerSpec {
   std::function<std::vector<NamedPath>()> more_outputs;
 };
 
+// The exit code of a run that start-up refused: a usage, configuration or input error (a bad or
+// unknown flag, a mesh the launch does not fit, a missing file, too little memory), which no
+// restart can fix. sysexits' EX_USAGE; the launchers pass it on (mpirun exits with it), and
+// mpi_scripts/supervise.sh stops on it instead of restarting (docs/errors.md).
+inline constexpr int kExitRefused = 64;
+
 // What start-up hands the trainer.
 struct Startup {
   TrainConfig cfg;
@@ -50,7 +56,7 @@ struct Startup {
 // and spec.validate), checks every path without opening it (inputs are regular files that fit in
 // memory, outputs are distinct and overwrite no input) and the memory, and only when every rank
 // has passed, opens the data and reads the resume checkpoint (so no rank blocks opening what
-// another refused). Returns the code main should return (0 after --help, 1 after a bad input, which
+// another refused). Returns the code main should return (0 after --help, kExitRefused after a bad input, which
 // rank 0 has reported in one line), or nullopt to go on with `out` filled.
 std::optional<int> bootstrap(int argc, char** argv, collectives::MpiEnvironment& env, const TrainerSpec& spec,
                              Startup& out);

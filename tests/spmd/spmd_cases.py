@@ -409,6 +409,29 @@ def case_resume_across_meshes():
 
 # ---- issue 38: the supervisor restarts a failed job from its checkpoint ---------------------------
 
+def case_supervisor_stops_on_a_refusal():
+    # Issue 59: a flag no trainer takes, or a mesh the launch does not fit, is refused at start-up
+    # with exit 64 (train/bootstrap.h kExitRefused), which the launcher passes on; the supervisor
+    # does not restart it (it restarted such a run 25 times a minute) but stops at once, after the
+    # trainer's one line, with one line of its own, and exits 64.
+    ck = os.path.join(launch.TMP, "refused.ckpt")
+    for exe, n, bad, want in (("spmd", 2, ["--dp", "2", "--bogus-flag"], "--bogus-flag is not a flag"),
+                              ("spmd", 2, ["--dp", "3"], "--dp 3"),
+                              ("pathways", 3, ["--dp", "2", "--bogus-flag"], "--bogus-flag is not a flag")):
+        args = TINY + bad + ["--ckpt", ck, "--resume"]
+        p = run(n, args, expect_ok=False, timeout=120, exe=exe)
+        assert p.returncode == 64, f"{exe} {bad}: exit {p.returncode}, not 64:\n{p.stderr[-2000:]}"
+        t0 = time.time()
+        p = supervised(["--max-restarts", "5"], n, args, exe=exe)
+        assert p.returncode == 64, f"{exe} {bad}: the supervisor exited {p.returncode}:\n{p.stderr[-2000:]}"
+        assert supervisor_lines(p) == ["supervise.sh: attempt 1 was refused at start-up (exit 64: a usage, configuration "
+                                       "or input error, named above); no restart can fix it"], p.stderr
+        errors = [l for l in p.stderr.splitlines() if ": error: " in l and want in l]
+        assert len(errors) == 1, p.stderr
+        assert not os.path.exists(ck)
+        print(f"ok: {exe} {' '.join(bad)}: exit 64, not restarted ({time.time() - t0:.1f} s): {errors[0]}")
+
+
 def case_supervisor_restarts_from_the_checkpoint():
     # A rank SIGKILLed in step 5 (after the step-4 checkpoint; injected on the first attempt
     # only): the supervisor restarts the same command, which resumes from the checkpoint, and the
