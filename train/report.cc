@@ -204,6 +204,9 @@ void TrainReport::validation(int64_t step, double val_loss) {
 void TrainReport::finish(const std::string& weights_hash) {
   if (!reporter_) return;
   if (failed()) throw Error(error_);
+  // A run with no step (resumed from a checkpoint already at --steps) measured no speed and no
+  // training loss: those figures are null, and the done line says why, not 0 tok/s or MFU 0%.
+  const bool trained = !step_ms_.empty();
   const double tps = median(tokens_per_s_);
   nlohmann::json j = {{"final", true},
                       {"trainer", trainer_},
@@ -223,6 +226,8 @@ void TrainReport::finish(const std::string& weights_hash) {
                       {"skipped_nonfinite", skipped_},
                       {"weights_hash", weights_hash}};
   if (const double m = mfu_fma(tps); m > 0) j["mfu_fma"] = m;
+  if (!trained)
+    for (const char* k : {"tokens_per_s", "mfu", "step_ms_p50", "step_ms_p90", "comm_share", "final_loss"}) j[k] = nullptr;
   figures_.for_each([&](const char* k, const RunFigures::Number& v) { if (v) j[k] = *v; },
                     [&](const char* k, const RunFigures::List& v) { if (v) j[k] = *v; });
   write(j.dump());
@@ -235,6 +240,13 @@ void TrainReport::finish(const std::string& weights_hash) {
                     [&](const char* k, const RunFigures::List& v) {
                       if (v) fmt::print("[{}] {} = [{}]\n", trainer_, k, fmt::join(*v, ", "));
                     });
+  if (!trained) {
+    fmt::print("[{}] done: no step ran (the run started at --steps, so there was nothing to train): no speed, MFU or "
+               "training loss to report; val loss {:.4f}, weights {}\n",
+               trainer_, last_val_, weights_hash);
+    std::fflush(stdout);
+    return;
+  }
   const std::string fma = mfu_fma(tps) > 0 ? fmt::format(", {:.1f}% of the core's fp32 FMA peak of {:.1f} GFLOP/s ({})",
                                                          100 * mfu_fma(tps), fma_.gflops, fma_.isa)
                                              : "";

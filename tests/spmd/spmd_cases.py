@@ -432,6 +432,28 @@ def case_supervisor_stops_on_a_refusal():
         print(f"ok: {exe} {' '.join(bad)}: exit 64, not restarted ({time.time() - t0:.1f} s): {errors[0]}")
 
 
+def case_resume_at_steps_reports_no_figures():
+    # Issue 59: resuming a checkpoint already at --steps runs no step. It recorded final_loss 0.0,
+    # 0 tokens/s and MFU 0%; now those figures are null and the done line says why. The
+    # validation loss and the weights (measured at the end) stay, and equal the first run's.
+    steps = TINY[TINY.index("--steps") + 1]
+    for exe, n in (("spmd", 2), ("pathways", 3)):
+        ck = os.path.join(launch.TMP, f"at_steps_{exe}.ckpt")
+        first = train(n, f"at_steps_{exe}_1", ["--dp", "2", "--ckpt", ck], exe=exe)
+        m = os.path.join(launch.TMP, f"at_steps_{exe}_2.jsonl")
+        p = run(n, TINY + ["--dp", "2", "--ckpt", ck, "--resume", "--metrics", m], exe=exe)
+        steps_run, vals, final = metrics(m)
+        assert not steps_run, f"{exe}: steps ran after resuming at --steps {steps}: {sorted(steps_run)}"
+        for k in ("tokens_per_s", "mfu", "step_ms_p50", "step_ms_p90", "comm_share", "final_loss"):
+            assert k in final and final[k] is None, f"{exe}: {k} = {final.get(k)!r}, not null"
+        assert "mfu_fma" not in final
+        assert final["weights_hash"] == first[2]["weights_hash"]
+        assert final["final_val_loss"] == first[2]["final_val_loss"]
+        done = [l for l in p.stdout.splitlines() if "done:" in l]
+        assert len(done) == 1 and "no step ran" in done[0] and "tok/s" not in done[0], p.stdout[-1500:]
+        print(f"ok: {exe}: {done[0]}")
+
+
 def case_supervisor_restarts_from_the_checkpoint():
     # A rank SIGKILLed in step 5 (after the step-4 checkpoint; injected on the first attempt
     # only): the supervisor restarts the same command, which resumes from the checkpoint, and the
