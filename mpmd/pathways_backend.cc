@@ -59,6 +59,26 @@ void validate_island(const train::TrainConfig& cfg, int workers) {
               2 * cfg.mesh.dp, cfg.mesh.dp, cfg.mesh.dp, workers, 2 * cfg.mesh.dp + 1);
 }
 
+// --islands KxM at start-up (in 64 bits: K and M are each up to 2^20): K x M must be the job's
+// workers, and a slice (--dp x --tp devices, of a replica or of a pipeline stage) must fit in one
+// island of M, since a slice cannot span islands. The placement of several slices on an island
+// is the resource manager's (mpmd/trainer.cc place_slices).
+void validate_islands(const train::TrainConfig& cfg, int workers) {
+  const std::string& islands = cfg.mpmd.islands;
+  const auto [k, m] = pathways::ResourceManager::parse_islands(islands);
+  const int64_t devices = static_cast<int64_t>(k) * m;
+  if (devices != workers)
+    PWM_THROW("--islands {}: {} x {} = {} devices, but the job has {} workers: start it with mpirun -n {} or change "
+              "--islands",
+              islands, k, m, devices, workers, devices + 1);
+  if (cfg.mpmd.expert_island) return;  // (its slices are the dense one and one device per expert group)
+  const int64_t slice = static_cast<int64_t>(cfg.mesh.dp) * cfg.mesh.tp;
+  if (slice > m)
+    PWM_THROW("--islands {}: a slice of --dp {} x --tp {} = {} devices does not fit an island of {} device{} (a slice "
+              "cannot span islands): use islands of {} or more devices, or a smaller --dp/--tp",
+              islands, cfg.mesh.dp, cfg.mesh.tp, slice, m, m == 1 ? "" : "s", slice);
+}
+
 // --spare-workers: what in-job recovery supports (docs/failures.md, "Recovery in the job").
 void validate_spares(const train::TrainConfig& cfg, int workers) {
   const train::MpmdConfig& p = cfg.mpmd;
@@ -83,7 +103,7 @@ void validate(const train::TrainConfig& cfg, int world) {
     PWM_THROW("pathways_train runs --fsdp without --stages and without MoE; use spmd_train for those");
   validate_moe(cfg);
   validate_island(cfg, workers);
-  if (!p.islands.empty()) pathways::ResourceManager::parse_islands(p.islands);  // its fit: the resource manager's
+  if (!p.islands.empty()) validate_islands(cfg, world - 1);
   if (p.expert_island) return cfg.validate(workers / 2);
   if (cfg.mesh.replicas > 1 && p.granularity == Granularity::kOpByOp)
     PWM_THROW("--replicas {} runs --granularity fused or chained, not opbyop", cfg.mesh.replicas);

@@ -41,9 +41,11 @@ ResourceManager::ResourceManager(std::vector<std::string> hosts, const std::stri
     n_islands_ = static_cast<int>(by_host.size());
   } else {
     const auto [k, m] = parse_islands(islands);
-    if (k * m != n)
+    // In 64 bits: K and M are each up to 2^20, so K x M can pass 2^31.
+    const int64_t devices = static_cast<int64_t>(k) * m;
+    if (devices != n)
       PWM_THROW("--islands {}: {} x {} = {} devices but there are {} workers; run with {} ranks",
-                islands, k, m, k * m, n, k * m + 1);
+                islands, k, m, devices, n, devices + 1);
     for (auto& d : devs_) d.island = d.id / m;
     n_islands_ = k;
   }
@@ -128,7 +130,9 @@ SliceInfo ResourceManager::allocate(int n, std::vector<int> mesh, int island) {
   }
   if (best_island < 0) {
     if (island >= 0)
-      PWM_THROW("resource manager: asked for {} devices on island {} but it has {} available", n, island, largest);
+      PWM_THROW("resource manager: asked for {} devices on island {} but it has {} available (a slice cannot span "
+                "islands; change --islands or the slice's --dp/--tp)",
+                n, island, largest);
     PWM_THROW("resource manager: asked for {} devices but the largest island has {} available "
               "(a slice cannot span islands; ask for fewer or regroup with --islands)", n, largest);
   }

@@ -223,6 +223,19 @@ def stopped_rank_run(extra, env):
             p.kill()
 
 
+def case_island_shapes_checked_at_start_up():
+    # Issue 59: --islands KxM in 64 bits (65536 x 65536 read as 0 devices) and a slice that no
+    # island can hold, both refused at start-up in one line naming --islands (the second was an
+    # error of the resource manager's after the run had started, without the flag's name).
+    args = list(TINY) + ["--replicas", "2", "--islands", "65536x65536"]
+    line = refused(args, "65536 x 65536 = 4294967296 devices, but the job has 2 workers", n=3, exe="pathways")
+    print("ok:", line)
+    args = list(TINY) + ["--replicas", "2", "--dp", "2", "--islands", "4x1"]
+    line = refused(args, "--islands 4x1: a slice of --dp 2 x --tp 1 = 2 devices does not fit an island of 1 device",
+                   n=5, exe="pathways")
+    print("ok:", line)
+
+
 def case_coll_timeout_setting_and_flag():
     # The documented order: --coll-timeout where given, else PWM_COLL_TIMEOUT, else 300 s. Before,
     # the flag's default (300) overwrote PWM_COLL_TIMEOUT in both trainers.
