@@ -100,7 +100,7 @@ def trainer_rows(w):
         steps = [f['step_ms_p50'] for f in finals]
         rows.append({'config': name, 'measured': med(steps), 'predicted': p['step_ms'], 'unit': 'ms/step', 'spread': spread(steps),
                      'launches': steps, 'measured_tok_s': med([f['tokens_per_s'] for f in finals]), 'predicted_tok_s': p['tokens_per_s'],
-                     'speed': read_json(os.path.join(w, name + '.profile.json')).get('scaled'),
+                     'params': p.get('params'), 'speed': read_json(os.path.join(w, name + '.profile.json')).get('scaled'),
                      **interval_fields(steps, p['step_ms'])})
     return rows
 
@@ -169,6 +169,34 @@ def inside(rows):
     return sum(r.get('inside') is True for r in rows), sum(r.get('inside') is not None for r in rows)
 
 
+# The families of rows the simulator was never fitted to (sim_validate.sh names them so).
+UNFITTED = ('size_', 'moe_', 'island_', 'goodput_')
+
+
+def acceptance(rows, tol=TOLERANCE):
+    """The validation's three summary figures (issue 57's acceptance, each run on its own):
+
+    'median_step_error': the median signed error of the training-step rows (unit ms/step): a
+    calibration bias shows as one sign on all of them, noise as errors of both signs;
+    'good', 'rows': the rows within tol or whose prediction lies inside the measured interval;
+    'largest': the size_* row of the most parameters ({'config', 'error'}), None without one.
+    """
+    steps = [r['error'] for r in rows if r['unit'] == 'ms/step']
+    good = sum(abs(r['error']) <= tol or r.get('inside') is True for r in rows)
+    sizes = [r for r in rows if r['config'].startswith('size_') and r.get('params')]
+    big = max(sizes, key=lambda r: (r['params'], r['config'])) if sizes else None
+    return {'median_step_error': med(steps) if steps else None, 'good': good, 'rows': len(rows),
+            'largest': {'config': big['config'], 'error': big['error']} if big else None}
+
+
+def acceptance_line(a):
+    """The report's line of acceptance(): median step error, rows good, the largest size's error."""
+    med_txt = f"{100 * a['median_step_error']:+.1f}%" if a['median_step_error'] is not None else 'n/a'
+    big = f"{a['largest']['config']} {100 * a['largest']['error']:+.1f}%" if a['largest'] else 'no size_* row'
+    return (f"training-step rows: median signed error {med_txt}; {a['good']}/{a['rows']} rows within 10% or inside "
+            f"their interval; largest size: {big}")
+
+
 def interval_text(r):
     """'10.000-12.000 (75%)' (the coverage the launches give), or 'one launch'."""
     if not r.get('interval'):
@@ -196,6 +224,7 @@ def table(rows, load):
     n_in, n_iv = inside(rows)
     lines.append(f"{within(rows)}/{len(rows)} within 10% ({within(rows, 0.05)} within 5%); {n_in}/{n_iv} predictions inside the "
                  f"measured interval; load {load[0]:.2f} {load[1]:.2f}")
+    lines.append(acceptance_line(acceptance(rows)))
     return lines
 
 
@@ -225,7 +254,8 @@ def report(w, outdir, profile, pwm_sim):
     add_errors(rows)
     load = os.getloadavg()
     print('\n'.join(table(rows, load)))
-    write_json({'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'profile': profile, 'load': load, 'rows': rows},
+    write_json({'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'profile': profile, 'load': load, 'rows': rows,
+                'acceptance': acceptance(rows)},
                os.path.join(outdir, 'validation.json'), indent=1)
     # The plot: gnuplot, as mpi_scripts/dispatch_plot.py draws the dispatch figures.
     plot(rows, w, outdir)
