@@ -10,7 +10,8 @@ speed, and the report of predicted against measured.
         output, each launch's metrics), beside NAME.profile.json (its scaled profile);
         WORK_DIR/dispatch_*.json are dispatch_bench launches (dispatch_0_<r> at T = 0,
         dispatch_T_<r> at T > 0), predicted by PWM_SIM from WORK_DIR/dispatch.profile.json (or
-        PROFILE). Prints the table, writes OUT_DIR/validation.json and OUT_DIR/validation.png;
+        PROFILE); WORK_DIR/goodput/failure_bench.json (optional) a short failure_bench.sh run,
+        its goodput against sim/project_goodput.py's model (goodput_rows). Prints the table, writes OUT_DIR/validation.json and OUT_DIR/validation.png;
         exit code 0 when every row is within TOLERANCE (10%), else 1.
 Beside each measured figure, its order-statistic interval over the launches (measure.py:
 median_interval for a median, quantile_interval for dispatch_bench's lower quartile) and whether
@@ -25,6 +26,8 @@ import sys
 import time
 
 import measure
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'sim'))
+import project_goodput  # noqa: E402  (sim/, added above)
 from dispatch_plot import line_plot, write_data
 from sim_fit import low_quartile, med, read_json, read_lines, write_json
 
@@ -151,6 +154,15 @@ def dispatch_predictor(pwm_sim, profile):
     return predict
 
 
+def goodput_rows(path):
+    """One row per trainer of failure_bench.sh's JSON: its measured goodput against the goodput
+    model's (sim/project_goodput.py's check_bench: Daly's formula at the run's own step, checkpoint
+    interval, MTBF and measured detection and restart). One run each: no interval."""
+    return [{'config': f"goodput_{c['trainer']}", 'measured': c['measured'], 'predicted': c['predicted'], 'unit': 'goodput',
+             'spread': 0.0, 'launches': [c['measured']], 'interval': None, 'coverage': None, 'inside': None}
+            for c in project_goodput.check_bench(path) if c['measured'] > 0]
+
+
 def add_errors(rows):
     """Each row's relative error of the prediction ('error'; 'tok_error' for tokens/s too)."""
     for r in rows:
@@ -251,6 +263,9 @@ def report(w, outdir, profile, pwm_sim):
     if djs:
         dprof = os.path.join(w, 'dispatch.profile.json')
         rows += dispatch_rows(group_dispatch(djs), dispatch_predictor(pwm_sim, dprof if os.path.exists(dprof) else profile))
+    gp = os.path.join(w, 'goodput', 'failure_bench.json')
+    if os.path.exists(gp):
+        rows += goodput_rows(gp)
     add_errors(rows)
     load = os.getloadavg()
     print('\n'.join(table(rows, load)))

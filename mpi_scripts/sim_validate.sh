@@ -127,6 +127,12 @@ if [ $QUICK = 0 ]; then
     LAUNCHES=$SLAUNCHES run "moe_$name" $np - --what step "${MOE[@]}" "${gflag[@]}" $flags -- \
       "$bin" "${MOE[@]}" "${gflag[@]}" $flags --steps 12 "${SZ[@]}"
   done
+  # goodput_*: a short failure_bench.sh (spmd_train dp 2 at batch 8, a SIGKILL every ~6 s on
+  # average, a checkpoint every 5 steps) against the goodput model (sim/project_goodput.py) at that
+  # run's own step, restart and detection times. Its own build check (pwm_build) runs first.
+  echo "== goodput_spmd (failure_bench.sh)" >&2
+  bash "$PWM_ROOT/mpi_scripts/failure_bench.sh" --models spmd --steps 40 --mtbf 6 --ckpt-every 5 --seed 3 --out "$W/goodput" \
+    -- --batch 8 >"$W/goodput.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/goodput.log" >&2; }
 fi
 # dispatch_bench Fig. 5 points (2 workers): computations per second per mode.
 if [ $QUICK = 0 ]; then

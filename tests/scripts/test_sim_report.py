@@ -193,6 +193,22 @@ class Report(unittest.TestCase):
         self.assertEqual(doc['acceptance']['good'], 1)
 
 
+class Goodput(unittest.TestCase):
+    def test_goodput_row_against_daly_at_the_runs_own_times(self):
+        # 10 steps in 10 s fault-free: 1 s a step; a checkpoint every 2 steps (tau 2 s); MTBF 10 s;
+        # detection 0.4 + restart 0.6 = 1 s. Predicted 2 / (10 e^0.1 (e^0.2 - 1)) = 0.81737.
+        doc = {'mtbf_s': 10.0, 'steps': 10, 'ckpt_every': 2,
+               'rows': [{'trainer': 'spmd', 'goodput': 0.75, 'free': {'wall_s': 10.0},
+                         'median_recovery': {'detect_s': 0.4, 'restart_s': 0.6}}]}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, 'failure_bench.json')
+            with open(p, 'w') as f:
+                json.dump(doc, f)
+            (r,) = sim_report.goodput_rows(p)
+        self.assertEqual((r['config'], r['unit'], r['measured'], r['inside']), ('goodput_spmd', 'goodput', 0.75, None))
+        self.assertAlmostEqual(r['predicted'], 0.817366, places=5)
+
+
 class Acceptance(unittest.TestCase):
     def rows(self):
         # Step errors -6%, +2%, +4% (median +2%); a dispatch row +20% inside its interval; a
