@@ -8,7 +8,8 @@
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
 #                               [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)] [--out results/sim]
-# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~3-4 minutes.
+# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~7-9 minutes (the size_*,
+# moe_* and goodput_* rows ~4 of them; PWM_SIM_SIZE_LAUNCHES launches each, default 3).
 # The shaping must be the one the profile was calibrated with (the defaults of both scripts).
 # Exit code: 0 when every configuration is within 10% on its step time (or rate), else 1.
 set -euo pipefail
