@@ -8,7 +8,8 @@
 #
 #   mpi_scripts/sim_validate.sh [--profile results/sim/profile.json] [--quick] [--no-hosts]
 #                               [--dcn-rate 200mbit] [--dcn-delay D (needs sch_netem)] [--out results/sim]
-# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~3-4 minutes.
+# --quick: SPMD dp 1-2, fused, and one shaped-DCN run (~2 minutes). Full: ~7-9 minutes (the size_*,
+# moe_* and goodput_* rows ~4 of them; PWM_SIM_SIZE_LAUNCHES launches each, default 3).
 # The shaping must be the one the profile was calibrated with (the defaults of both scripts).
 # Exit code: 0 when every configuration is within 10% on its step time (or rate), else 1.
 set -euo pipefail
@@ -100,6 +101,39 @@ fi
 if [ $HOSTS = 1 ]; then
   [ $QUICK = 0 ] && run spmd_dp2_hosts2 2 emu2 --what step "${MOD[@]}" --dp 2 -- "$SP" "${MOD[@]}" --dp 2 --steps $STEPS
   run spmd_dp2_hosts2_shaped 2 emu2_shaped --what step "${MOD[@]}" --dp 2 -- "$SP" "${MOD[@]}" --dp 2 --steps $STEPS
+fi
+# Rows the simulator was never fitted to (docs/simulator_calibration.md, "Rows it was not fitted
+# to"), each configuration launched SLAUNCHES times (default 3: a launch of the largest takes ~25 s).
+SLAUNCHES=${PWM_SIM_SIZE_LAUNCHES:-3}
+if [ $QUICK = 0 ]; then
+  # size_*: the presets' shapes (train/presets.cc; up to GPT-2 small's) from the profile of the
+  # 2-layer d-model 128 calibration model alone. One micro-batch of 512 tokens (the calibration's
+  # largest kernel), few steps: the step's median passes the first step's allocation.
+  SZ=(--peak-gflops 10 --eval-batches 1)
+  LAUNCHES=$SLAUNCHES run size_4m_dp1 1 - --what step --preset 4m --batch 4 -- "$SP" --preset 4m --batch 4 --steps 12 "${SZ[@]}"
+  LAUNCHES=$SLAUNCHES run size_30m_dp1 1 - --what step --preset 30m --batch 2 -- "$SP" --preset 30m --batch 2 --steps 7 "${SZ[@]}"
+  LAUNCHES=$SLAUNCHES run size_30m_dp2 2 - --what step --preset 30m --batch 4 --dp 2 -- "$SP" --preset 30m --batch 4 --dp 2 --steps 7 "${SZ[@]}"
+  LAUNCHES=$SLAUNCHES run size_100m_dp1 1 - --what step --preset 100m --batch 1 -- "$SP" --preset 100m --batch 1 --steps 5 "${SZ[@]}"
+  # moe_*: compare.sh --moe's rows at router skew 0 (the reference model, E = 4, top-2, an MoE layer
+  # every 2nd block, expert-parallel over dp 2, 8 sequences per rank): SPMD under a capacity of
+  # 1.25 and dropless; Pathways chained with the static (capacity), controller and worker
+  # (dropless) routings. Balanced routing assumed (--moe-imbalance 1).
+  MOE=(--preset 4m --batch 16 --dp 2 --experts 4 --top-k 2 --moe-every 2 --expert-parallel 2 --router-skew 0)
+  for v in "spmd_capacity spmd --capacity-factor 1.25" "spmd_dropless spmd --capacity-factor 0" \
+           "pw_static chained --capacity-factor 1.25 --moe-routing static" "pw_controller chained --capacity-factor 0 --moe-routing controller" \
+           "pw_worker chained --capacity-factor 0 --moe-routing worker"; do
+    read -r name g flags <<<"$v"
+    if [ "$g" = spmd ]; then bin=$SP np=2 gflag=(); else bin=$PW np=3 gflag=(--granularity chained); fi
+    # shellcheck disable=SC2086  # flags: the variant's words
+    LAUNCHES=$SLAUNCHES run "moe_$name" $np - --what step "${MOE[@]}" "${gflag[@]}" $flags -- \
+      "$bin" "${MOE[@]}" "${gflag[@]}" $flags --steps 12 "${SZ[@]}"
+  done
+  # goodput_*: a short failure_bench.sh (spmd_train dp 2 at batch 8, a SIGKILL every ~6 s on
+  # average, a checkpoint every 5 steps) against the goodput model (sim/project_goodput.py) at that
+  # run's own step, restart and detection times. Its own build check (pwm_build) runs first.
+  echo "== goodput_spmd (failure_bench.sh)" >&2
+  bash "$PWM_ROOT/mpi_scripts/failure_bench.sh" --models spmd --steps 40 --mtbf 6 --ckpt-every 5 --seed 3 --out "$W/goodput" \
+    -- --batch 8 >"$W/goodput.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/goodput.log" >&2; }
 fi
 # dispatch_bench Fig. 5 points (2 workers): computations per second per mode.
 if [ $QUICK = 0 ]; then

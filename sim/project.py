@@ -1,19 +1,40 @@
 #!/usr/bin/env python3
 """Projects the paper's configurations with pwm_sim (docs/simulator.md, "Projection").
 
-    sim/project.py BUILD_DIR PROFILE [OUTDIR=results/sim]
+    sim/project.py BUILD_DIR PROFILE [OUTDIR=results/sim] [--validation FILE=OUTDIR/validation.json]
 
 Writes OUTDIR/projection.json and fig5_sim.png, fig6_sim.png: Fig. 5 (computations/s vs T at 16
 hosts), Fig. 6 (break-even T vs hosts 2..512), PaLM's two-pod weak scaling, Table 2's pipeline (under
 Pathways, and under the static model when the profile has its costs).
 Every figure rests on the cluster descriptions in sim/clusters (their sources in
 docs/simulator.md) and on this machine's measured dispatch costs: see the doc for what is assumed.
+Each figure is printed with a band: the range the validation's signed errors (sim_validate.sh's
+validation.json; mpi_scripts/sim_band.py) put around it, the dispatch rows' for Fig. 5 and 6, the
+training-step rows' for PaLM and Table 2. Without a validation file the projection stops (one line).
 """
 import json, os, subprocess, sys
 
-build, profile = sys.argv[1], sys.argv[2]
-out = sys.argv[3] if len(sys.argv) > 3 else 'results/sim'
+args = sys.argv[1:]
+validation = None
+if '--validation' in args:
+    i = args.index('--validation')
+    if i + 1 >= len(args):
+        sys.exit('project.py: error: --validation needs a file (sim_validate.sh\'s validation.json)')
+    validation = args[i + 1]
+    del args[i:i + 2]
+if len(args) < 2:
+    sys.exit('usage: sim/project.py BUILD_DIR PROFILE [OUTDIR] [--validation FILE]')
+build, profile = args[0], args[1]
+out = args[2] if len(args) > 2 else 'results/sim'
+validation = validation or os.path.join(out, 'validation.json')
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
+import sim_band
+try:
+    band_disp = sim_band.load_band(validation, ['fig5_'])
+    band_step = sim_band.load_band(validation, ['spmd_', 'fused_', 'chained_', 'opbyop_', 'pipeline_', 'static_', 'size_'])
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f'project.py: error: no validation band ({e}): run mpi_scripts/sim_validate.sh first, or give --validation FILE')
 cl = os.path.join(root, 'sim', 'clusters')
 exe = os.path.join(build, 'sim', 'pwm_sim')
 if not os.access(exe, os.X_OK):
@@ -68,18 +89,28 @@ if 'static' in json.load(open(profile)):
              for n, cl_, S, M in (('S=4 M=16', 'table2_ici', 4, 16), ('S=16 M=64', 'table2_ici', 16, 64),
                                   ('S=16 M=64, 4 islands DCN', 'table2_dcn', 16, 64))]
 res['table2'] = [{'config': n, 'tokens_per_s': r['tokens_per_s'], 'relative_to_spmd': r['tokens_per_s'] / spmd['tokens_per_s'],
+                  # (SPMD against itself: no band)
+                  'relative_band': sim_band.ratio_range(r['tokens_per_s'] / spmd['tokens_per_s'], band_step) if r is not spmd else (1.0, 1.0),
                   'bubble': r['bubble'], 'paper_ktok_s': p, 'paper_relative': p / 125.7 if p else None} for n, r, p in rows]
-json.dump(res, open(os.path.join(out, 'projection.json'), 'w'), indent=1)
-print('Fig. 6 (projected break-even, us):')
+res['palm']['weak_scaling_band'] = sim_band.ratio_range(res['palm']['weak_scaling'], band_step)
+# The bands: a break-even T is a time the dispatch rows' errors scale like any other.
 for r in res['fig6']:
-    print(f"  hosts {r['hosts']:4d} ({r['devices']:5d} chips): OpByOp {r['opbyop_break_even_us']:9.0f}  Chained {r['chained_break_even_us']:9.0f}  Fused {r['fused_break_even_us']:9.0f}")
-print(f"PaLM two pods: weak scaling {res['palm']['weak_scaling']:.3f}x (paper 1.95x); step {one['step_ms']/1e3:.2f} s, two pods {two['step_ms']/1e3:.2f} s")
-print('Table 2 (relative to SPMD; paper in brackets):')
+    for m in ('opbyop', 'chained', 'fused'):
+        r[f'{m}_break_even_band_us'] = sim_band.time_range(r[f'{m}_break_even_us'], band_disp)
+res['bands'] = {'dispatch': band_disp, 'step': band_step, 'validation': validation}
+json.dump(res, open(os.path.join(out, 'projection.json'), 'w'), indent=1)
+bt = sim_band.band_text
+print(f'Fig. 6 (projected break-even, us; {sim_band.band_note(band_disp)}):')
+for r in res['fig6']:
+    print(f"  hosts {r['hosts']:4d} ({r['devices']:5d} chips): " + '  '.join(
+        f"{m} {r[f'{m.lower()}_break_even_us']:.0f} ({bt(*r[f'{m.lower()}_break_even_band_us'], '{:.0f}')})" for m in ('OpByOp', 'Chained', 'Fused')))
+print(f"PaLM two pods: weak scaling {res['palm']['weak_scaling']:.3f}x ({bt(*res['palm']['weak_scaling_band'], '{:.3f}')}, the step rows' band; paper 1.95x); "
+      f"step {one['step_ms']/1e3:.2f} s, two pods {two['step_ms']/1e3:.2f} s")
+print(f'Table 2 (relative to SPMD, {sim_band.band_note(band_step)}; paper in brackets):')
 for r in res['table2']:
     paper = f"({r['paper_relative']:.3f})" if r['paper_relative'] else '       '
-    print(f"  {r['config']:36} {r['relative_to_spmd']:.3f} {paper}  bubble {r['bubble']:.3f}")
+    print(f"  {r['config']:36} {r['relative_to_spmd']:.3f} ({bt(*r['relative_band'], '{:.3f}')}) {paper}  bubble {r['bubble']:.3f}")
 # Plots: gnuplot, as mpi_scripts/dispatch_plot.py draws the measured figures.
-sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
 from dispatch_plot import line_plot, write_data
 series = []
 for m in ('opbyop', 'chained', 'fused'):

@@ -3,7 +3,7 @@
 at scale"): checkpoint-restart, what both trainers do today, against in-job recovery onto a spare
 device from a replica's memory, what a single controller could do (not built here).
 
-    sim/project_goodput.py [--bench FAILURE_JSON] [--out FILE]
+    sim/project_goodput.py [--bench FAILURE_JSON] [--validation FILE] [--out FILE]
 
 The model (Daly 2006, "A higher order estimate of the optimum checkpoint interval for restart
 dumps"): failures arrive at exponential gaps of mean M. A segment of `tau` seconds of training
@@ -17,11 +17,18 @@ controller's own loss is a checkpoint-restart at the MTBF of one host.
 With --bench, the first check is this machine: the measured detection and restart times of
 mpi_scripts/failure_bench.sh's JSON predict the goodput it measured. Then the projection to
 Llama 3's scale, every number listed as sourced or assumed, written to --out with the results.
+Each projected goodput comes with a band: the range the model's signed errors against measured
+goodput put around it (mpi_scripts/sim_band.py): those of --bench's check, or of the goodput_*
+rows of --validation (sim_validate.sh's validation.json); with neither, no band, said so.
 """
 import argparse
 import json
 import math
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mpi_scripts"))
+import sim_band  # noqa: E402  (the scripts' folder, added above)
 
 
 def wall_per_segment(tau, delta, restart, mtbf):
@@ -102,6 +109,19 @@ ASSUMPTIONS = {
 }
 
 
+def goodput_range(value, band):
+    """(low, high) a projected goodput takes over the band of the model's errors (a goodput is a
+    figure like a time: measured = predicted / (1 + e)), at most 1."""
+    lo, hi = sim_band.time_range(value, band)
+    return min(lo, 1.0), min(hi, 1.0)
+
+
+def check_band(checks):
+    """The band of the check's rows (predicted against measured goodput), None without rows."""
+    rows = [{"predicted": c["predicted"], "measured": c["measured"]} for c in checks if c["measured"] > 0]
+    return sim_band.error_band(rows) if rows else None
+
+
 def project(mtbf_h_list, step, delta, restart, recover, hosts):
     rows = []
     for h in mtbf_h_list:
@@ -118,24 +138,43 @@ def project(mtbf_h_list, step, delta, restart, recover, hosts):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", help="failure_bench.sh's JSON (DIR/failure_bench.json): check the model first")
+    ap.add_argument("--validation", help="sim_validate.sh's validation.json: the band of its goodput_* rows")
     ap.add_argument("--out", help="write the projection and its assumptions here (JSON)")
     a = ap.parse_args(argv)
     doc = {"sourced": SOURCED, "assumptions": {k: v[1] for k, v in ASSUMPTIONS.items()}}
+    band = None
+    if a.validation:
+        try:
+            band = sim_band.load_band(a.validation, ["goodput_"])
+        except (OSError, ValueError, KeyError) as e:
+            print(f"project_goodput.py: error: {e}", file=sys.stderr)
+            return 1
     if a.bench:
         doc["check"] = check_bench(a.bench)
         print("The model against this machine's measurement (failure_bench.sh):")
         for c in doc["check"]:
             print(f"  {c['trainer']:<24} measured goodput {c['measured']:.3f}, predicted {c['predicted']:.3f} "
                   f"(step {c['step_s']:.2f} s, a checkpoint every {c['tau_s']:.1f} s, detect + restart {c['restart_s']:.1f} s)")
+        band = band or check_band(doc["check"])
     v = {k: val for k, (val, _) in ASSUMPTIONS.items()}
     doc["projection"] = project([0.5, 1.0, 3.09, 10.0], v["step_s"], v["ckpt_write_s"], v["restart_s"],
                                 v["in_job_recover_s"], v["hosts"])
     print("Projection (sourced: " + "; ".join(SOURCED) + ")")
     print("Assumptions: " + "; ".join(d for d in doc["assumptions"].values()))
-    print(f"{'job MTBF h':>10} {'best ckpt interval min':>23} {'(Young)':>8} {'checkpoint-restart':>19} {'in-job recovery':>16}")
+    doc["band"] = band
+    print(f"Band: {sim_band.band_note(band)}" if band else "Band: none (give --bench or --validation: the model's errors "
+          "against a measured goodput)")
+    print(f"{'job MTBF h':>10} {'best ckpt interval min':>23} {'(Young)':>8} {'checkpoint-restart':>26} {'in-job recovery':>24}")
     for r in doc["projection"]:
+        cells = []
+        for k in ("goodput_checkpoint_restart", "goodput_in_job_recovery"):
+            if band:
+                r[k + "_band"] = goodput_range(r[k], band)
+                cells.append(f"{r[k]:.3f} ({sim_band.band_text(*r[k + '_band'], '{:.3f}')})")
+            else:
+                cells.append(f"{r[k]:.3f}")
         print(f"{r['mtbf_h']:>10.2f} {r['best_ckpt_interval_min']:>23.1f} {r['young_interval_min']:>8.1f} "
-              f"{r['goodput_checkpoint_restart']:>19.3f} {r['goodput_in_job_recovery']:>16.3f}")
+              f"{cells[0]:>26} {cells[1]:>24}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

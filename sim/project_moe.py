@@ -2,20 +2,39 @@
 """Projects the MoE step to a GShard-like scale with pwm_sim --what moe (docs/simulator_moe.md,
 "Mixture of Experts").
 
-    sim/project_moe.py BUILD_DIR PROFILE [OUTDIR=results/sim]     (~3 min: 2048 simulated ranks)
+    sim/project_moe.py BUILD_DIR PROFILE [OUTDIR=results/sim] [--validation FILE=OUTDIR/validation.json]
+                                                                   (~3 min: 2048 simulated ranks)
 
 Writes OUTDIR/projection_moe.json and prints each variant's step and the ratios Pathways
 controller / SPMD dropless and Pathways static / SPMD capacity. The controller's and workers'
 costs are the profile's (this runtime's, unscaled), as in sim/project.py. What is taken from the
 GShard paper and what is assumed is listed in ASSUMPTIONS and written with the results.
+Each step and ratio is printed with a band: the range the validation's moe_* rows' signed errors
+(sim_validate.sh's validation.json, mpi_scripts/sim_band.py; the training-step rows' when it has
+no moe_* row) put around it. Without a validation file the projection stops (one line).
 """
 import json, os, subprocess, sys
 
-if len(sys.argv) < 3:
-    sys.exit('usage: sim/project_moe.py BUILD_DIR PROFILE [OUTDIR]')
-build, profile = sys.argv[1], sys.argv[2]
-out = sys.argv[3] if len(sys.argv) > 3 else 'results/sim'
+args = sys.argv[1:]
+validation = None
+if '--validation' in args:
+    i = args.index('--validation')
+    if i + 1 >= len(args):
+        sys.exit('project_moe.py: error: --validation needs a file (sim_validate.sh\'s validation.json)')
+    validation = args[i + 1]
+    del args[i:i + 2]
+if len(args) < 2:
+    sys.exit('usage: sim/project_moe.py BUILD_DIR PROFILE [OUTDIR] [--validation FILE]')
+build, profile = args[0], args[1]
+out = args[2] if len(args) > 2 else 'results/sim'
+validation = validation or os.path.join(out, 'validation.json')
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
+import sim_band
+try:
+    band = sim_band.load_band(validation, ['moe_'], fallback=['spmd_', 'fused_', 'chained_', 'opbyop_', 'pipeline_', 'static_', 'size_'])
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f'project_moe.py: error: no validation band ({e}): run mpi_scripts/sim_validate.sh first, or give --validation FILE')
 exe = os.path.join(build, 'sim', 'pwm_sim')
 if not os.access(exe, os.X_OK):
     sys.exit(f'project_moe.py: error: no {exe}: build it first (ninja -C {build} pwm_sim_cli)')
@@ -53,15 +72,22 @@ if r.returncode != 0:
 rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
 layer = next(x for x in rows if x['what'] == 'moe_layer')
 res = {'sourced': SOURCED, 'assumptions': ASSUMPTIONS, 'flags': cfg, 'profile': profile,
-       'variants': [x for x in rows if x['what'] == 'moe'], 'layer': layer}
+       'variants': [x for x in rows if x['what'] == 'moe'], 'layer': layer, 'band': band | {'validation': validation}}
+for x in res['variants']:
+    x['step_band_ms'] = sim_band.time_range(x['step_ms'], band)
+for k in ('controller_over_spmd_dropless', 'worker_over_spmd_dropless', 'static_over_spmd_capacity'):
+    layer[k + '_band'] = sim_band.ratio_range(layer[k], band)
 os.makedirs(out, exist_ok=True)
 json.dump(res, open(os.path.join(out, 'projection_moe.json'), 'w'), indent=1)
-print('GShard-like MoE step (2048 experts, 2048 TPU v3 cores; assumptions in projection_moe.json):')
+bt = sim_band.band_text
+print(f'GShard-like MoE step (2048 experts, 2048 TPU v3 cores; assumptions in projection_moe.json; {sim_band.band_note(band)}):')
 for x in res['variants']:
-    print(f"  {x['variant']:32} step {x['step_ms']:10.1f} ms  compute {x['compute_ms']:8.1f}  "
+    print(f"  {x['variant']:32} step {x['step_ms']:10.1f} ms ({bt(*x['step_band_ms'], '{:.1f}')})  compute {x['compute_ms']:8.1f}  "
           f"alltoall {x['alltoall_ms']:7.1f}  round trips {x['round_trips']:3d} ({x['round_trip_ms']:.1f} ms)")
 print(f"  per MoE layer: controller round trip {layer['round_trip_us'] / 1e3:.2f} ms against SPMD's AllToAlls "
       f"{(layer['spmd_dropless_alltoall_fwd_us'] + layer['spmd_dropless_alltoall_bwd_us'] + layer['spmd_counts_us']) / 1e3:.2f} ms")
 print(f"  Pathways controller / SPMD dropless: {layer['controller_over_spmd_dropless']:.3f} "
-      f"(worker: {layer['worker_over_spmd_dropless']:.3f})")
-print(f"  Pathways static / SPMD capacity: {layer['static_over_spmd_capacity']:.3f}")
+      f"({bt(*layer['controller_over_spmd_dropless_band'], '{:.3f}')}; worker: {layer['worker_over_spmd_dropless']:.3f} "
+      f"({bt(*layer['worker_over_spmd_dropless_band'], '{:.3f}')}))")
+print(f"  Pathways static / SPMD capacity: {layer['static_over_spmd_capacity']:.3f} "
+      f"({bt(*layer['static_over_spmd_capacity_band'], '{:.3f}')})")

@@ -57,5 +57,26 @@ class ModelTest(unittest.TestCase):
         self.assertLess(g_job, 1.0)
 
 
+
+class BandTest(unittest.TestCase):
+    def test_goodput_band_is_the_errors_carried_and_capped_at_one(self):
+        # Errors -20% and +25%: a goodput predicted 0.8 measures 0.8 / 1.25 = 0.64 to 0.8 / 0.8 = 1.0;
+        # 0.9 would reach 1.125, capped at 1.
+        band = {"lo": -0.2, "hi": 0.25}
+        lo, hi = pg.goodput_range(0.8, band)
+        self.assertAlmostEqual(lo, 0.64)
+        self.assertAlmostEqual(hi, 1.0)
+        self.assertEqual(pg.goodput_range(0.9, band)[1], 1.0)
+
+    def test_check_band_from_measured_and_predicted(self):
+        # Predicted 0.55 against 0.5 (+10%) and 0.45 against 0.5 (-10%); a row measuring 0 is left out.
+        b = pg.check_band([{"predicted": 0.55, "measured": 0.5}, {"predicted": 0.45, "measured": 0.5},
+                           {"predicted": 0.3, "measured": 0.0}])
+        self.assertAlmostEqual(b["lo"], -0.1)
+        self.assertAlmostEqual(b["hi"], 0.1)
+        self.assertEqual(b["rows"], 2)
+        self.assertIsNone(pg.check_band([]))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -143,7 +143,7 @@ class FitTrainers(unittest.TestCase):
     def test_contention_factor(self):
         pred = {'step_ms': 10.0, 'compute_ms': 4.0}
         self.assertEqual(sim_fit.contention_factor(14.0, pred), 2.0)  # (14 - 6) / 4
-        self.assertEqual(sim_fit.contention_factor(6.5, pred), 0.5)   # 0.125, held at 0.5
+        self.assertEqual(sim_fit.contention_factor(9.0, pred), 1.0)   # 0.75, held at 1 (never faster than one rank)
 
     def test_three_ranks_two_points(self):
         # excess = K + f3 compute: K = 2, f3 = 1.5 at compute 8 and 4.

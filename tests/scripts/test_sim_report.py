@@ -177,14 +177,62 @@ class Report(unittest.TestCase):
         self.assertIn(' inside ', lines[1])
         self.assertIsNone(fused['inside'])
         self.assertIn(' one launch ', lines[2])
-        self.assertTrue(lines[-1].startswith('2/2 within 10% (2 within 5%); 1/1 predictions inside the measured interval; load '),
-                        lines[-1])
+        self.assertTrue(lines[-2].startswith('2/2 within 10% (2 within 5%); 1/1 predictions inside the measured interval; load '),
+                        lines[-2])
+        # One training-step row (+4.5%); both rows good; no size_* row.
+        self.assertEqual(lines[-1], 'training-step rows: median signed error +4.5%; 2/2 rows within 10% or inside their '
+                                    'interval; largest size: no size_* row')
+        self.assertEqual(doc['acceptance']['good'], 2)
 
     def test_one_outside_fails(self):
         code, lines, doc = self.run_report(fused_rate=4e5)  # 2.5 us against 2.0: +25%
         self.assertEqual(code, 1)
         self.assertAlmostEqual(doc['rows'][1]['error'], 0.25)
-        self.assertTrue(lines[-1].startswith('1/2 within 10% (1 within 5%); 1/1 predictions inside'), lines[-1])
+        self.assertTrue(lines[-2].startswith('1/2 within 10% (1 within 5%); 1/1 predictions inside'), lines[-2])
+        # The dispatch row misses by 25% and has no interval: not good.
+        self.assertEqual(doc['acceptance']['good'], 1)
+
+
+class Goodput(unittest.TestCase):
+    def test_goodput_row_against_daly_at_the_runs_own_times(self):
+        # 10 steps in 10 s fault-free: 1 s a step; a checkpoint every 2 steps (tau 2 s); MTBF 10 s;
+        # detection 0.4 + restart 0.6 = 1 s. Predicted 2 / (10 e^0.1 (e^0.2 - 1)) = 0.81737.
+        doc = {'mtbf_s': 10.0, 'steps': 10, 'ckpt_every': 2,
+               'rows': [{'trainer': 'spmd', 'goodput': 0.75, 'free': {'wall_s': 10.0},
+                         'median_recovery': {'detect_s': 0.4, 'restart_s': 0.6}}]}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, 'failure_bench.json')
+            with open(p, 'w') as f:
+                json.dump(doc, f)
+            (r,) = sim_report.goodput_rows(p)
+        self.assertEqual((r['config'], r['unit'], r['measured'], r['inside']), ('goodput_spmd', 'goodput', 0.75, None))
+        self.assertAlmostEqual(r['predicted'], 0.817366, places=5)
+
+
+class Acceptance(unittest.TestCase):
+    def rows(self):
+        # Step errors -6%, +2%, +4% (median +2%); a dispatch row +20% inside its interval; a
+        # size row of more parameters +12% outside.
+        return [{'config': 'spmd_dp1', 'unit': 'ms/step', 'error': -0.06, 'inside': False},
+                {'config': 'size_30m_dp1', 'unit': 'ms/step', 'error': 0.02, 'params': 30, 'inside': None},
+                {'config': 'size_100m_dp1', 'unit': 'ms/step', 'error': 0.12, 'params': 100, 'inside': False},
+                {'config': 'size_4m_dp1', 'unit': 'ms/step', 'error': 0.04, 'params': 4, 'inside': True},
+                {'config': 'fig5_spmd_T0', 'unit': 'us/comp', 'error': 0.20, 'inside': True}]
+
+    def test_median_good_and_largest(self):
+        a = sim_report.acceptance(self.rows())
+        self.assertAlmostEqual(a['median_step_error'], 0.03)  # the mean of the middle two of 4
+        self.assertEqual((a['good'], a['rows']), (4, 5))
+        self.assertEqual(a['largest']['config'], 'size_100m_dp1')
+        self.assertAlmostEqual(a['largest']['error'], 0.12)
+        self.assertEqual(sim_report.acceptance_line(a), 'training-step rows: median signed error +3.0%; 4/5 rows within '
+                                                        '10% or inside their interval; largest size: size_100m_dp1 +12.0%')
+
+    def test_no_step_row(self):
+        a = sim_report.acceptance([{'config': 'fig5_spmd_T0', 'unit': 'us/comp', 'error': 0.0}])
+        self.assertIsNone(a['median_step_error'])
+        self.assertIsNone(a['largest'])
+        self.assertIn('median signed error n/a', sim_report.acceptance_line(a))
 
 
 if __name__ == '__main__':
