@@ -76,10 +76,11 @@ pwm_value() {
   printf '%s' "$3"
 }
 # pwm_count SCRIPT FLAG VALUE [MIN [MAX]]: VALUE must be a whole number from MIN (default 1) to
-# MAX (default 999999999: nine digits, so no shell arithmetic on it can overflow).
+# MAX (default 999999999: nine digits, so no shell arithmetic on it can overflow). No leading
+# zero: the shell's $((...)) would read 08 as octal and fail.
 pwm_count() {
   local min=${4:-1} max=${5:-999999999}
-  if ! [[ "$3" =~ ^[0-9]+$ ]]; then
+  if ! [[ "$3" =~ ^(0|[1-9][0-9]*)$ ]]; then
     echo "$1: error: $2 must be a whole number from $min to $max (got '$3')" >&2; exit 2
   fi
   if [ ${#3} -gt 9 ] || [ "$3" -lt "$min" ] || [ "$3" -gt "$max" ]; then
@@ -89,7 +90,7 @@ pwm_count() {
 # pwm_decimal SCRIPT FLAG VALUE MIN: VALUE must be a decimal number (digits, an optional
 # fraction) of at least MIN and at most 999999999.
 pwm_decimal() {
-  [[ "$3" =~ ^[0-9]{1,9}([.][0-9]+)?$ ]] && awk -v v="$3" -v m="$4" 'BEGIN { exit !(v + 0 >= m + 0) }' ||
+  [[ "$3" =~ ^(0|[1-9][0-9]{0,8})([.][0-9]+)?$ ]] && awk -v v="$3" -v m="$4" 'BEGIN { exit !(v + 0 >= m + 0) }' ||
     { echo "$1: error: $2 must be a number from $4 to 999999999 (got '$3')" >&2; exit 2; }
 }
 # pwm_words SCRIPT FLAG "VALUE" WORD...: VALUE, a list separated by spaces or commas, must name at

@@ -14,6 +14,7 @@ BIG = "99999999999999999999"
 CASES = [
     ("compare.sh", ["--np", BIG], {}, ["--np", "out of range", "1 to 4096"]),
     ("compare.sh", ["--steps", "2x"], {}, ["--steps", "whole number"]),
+    ("compare.sh", ["--np", "08"], {}, ["--np must be a whole number", "'08'"]),
     ("compare.sh", ["--rounds", "0"], {}, ["--rounds 0 is out of range"]),
     ("compare.sh", ["--moe", "--hosts", "0"], {}, ["--hosts 0 is out of range", "2 to 16"]),
     ("compare.sh", ["--moe-skew", "-1"], {}, ["--moe-skew must be a number from 0", "'-1'"]),
