@@ -71,10 +71,11 @@ SECONDS=0
 # paths collect in METRICS[NAME] and TRACES[NAME] (comma-separated, in round order).
 trainer() {
   local name=$1 n=$2 bin=$3; shift 3
-  local tag="$name.r$ROUND" eval=()
-  [ "$ROUND" -gt 1 ] && eval=(--eval-batches 1)  # (round 1 gives the losses)
+  local tag="$name.r$ROUND"
+  # One validation batch at the end (4 cost ~8 s a run at 100m): the sweep measures speed; the
+  # presets' curves are loss_curve.py's (docs/results/presets.md).
   local cmd=("${MPIRUN[@]}" -n "$n" "$BUILD_DIR/$bin" --preset "$SIZE" --batch "$BATCH" --steps "$STEPS"
-             --log-every 10 "${eval[@]}" "$@" --metrics "$DIR/$tag.jsonl" --trace "$DIR/$tag.trace.json")
+             --log-every 10 --eval-batches 1 "$@" --metrics "$DIR/$tag.jsonl" --trace "$DIR/$tag.trace.json")
   [ "$ROUND" = 1 ] && echo "\$ ${cmd[*]}"
   "${cmd[@]}" > "$DIR/$tag.log" 2>&1 ||
     { tail -5 "$DIR/$tag.log" >&2; echo "$ME: error: run '$name' ($SIZE, round $ROUND) failed (log: $DIR/$tag.log)" >&2; exit 1; }
