@@ -14,6 +14,7 @@ interval: a projection far outside the validated configurations may miss by more
 Unit-tested in tests/scripts/test_sim_band.py.
 """
 import json
+import os
 import sys
 
 
@@ -64,6 +65,28 @@ def load_band(path, prefixes=None, fallback=None):
     b = error_band(chosen)
     b['from'] = sorted({r['config'] for r in chosen})
     return b
+
+
+# The training-step rows of the validation (sim_validate.sh's names).
+STEP_ROWS = ['spmd_', 'fused_', 'chained_', 'opbyop_', 'pipeline_', 'static_', 'size_']
+
+
+def projection_args(prog, argv):
+    """(build, profile, outdir, validation) of a projection's command line, BUILD_DIR PROFILE
+    [OUTDIR] [--validation FILE] (sim/project.py, sim/project_moe.py); the validation file
+    defaults to OUTDIR/validation.json. Exits with one line on a bad command line."""
+    args = list(argv)
+    validation = None
+    if '--validation' in args:
+        i = args.index('--validation')
+        if i + 1 >= len(args):
+            sys.exit(f"{prog}: error: --validation needs a file (sim_validate.sh's validation.json)")
+        validation = args[i + 1]
+        del args[i:i + 2]
+    if len(args) < 2:
+        sys.exit(f'usage: sim/{prog} BUILD_DIR PROFILE [OUTDIR] [--validation FILE]')
+    out = args[2] if len(args) > 2 else 'results/sim'
+    return args[0], args[1], out, validation or os.path.join(out, 'validation.json')
 
 
 def band_text(lo, hi, fmt='{:.3g}'):

@@ -14,25 +14,13 @@ training-step rows' for PaLM and Table 2. Without a validation file the projecti
 """
 import json, os, subprocess, sys
 
-args = sys.argv[1:]
-validation = None
-if '--validation' in args:
-    i = args.index('--validation')
-    if i + 1 >= len(args):
-        sys.exit('project.py: error: --validation needs a file (sim_validate.sh\'s validation.json)')
-    validation = args[i + 1]
-    del args[i:i + 2]
-if len(args) < 2:
-    sys.exit('usage: sim/project.py BUILD_DIR PROFILE [OUTDIR] [--validation FILE]')
-build, profile = args[0], args[1]
-out = args[2] if len(args) > 2 else 'results/sim'
-validation = validation or os.path.join(out, 'validation.json')
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(root, 'mpi_scripts'))
 import sim_band
+build, profile, out, validation = sim_band.projection_args('project.py', sys.argv[1:])
 try:
     band_disp = sim_band.load_band(validation, ['fig5_'])
-    band_step = sim_band.load_band(validation, ['spmd_', 'fused_', 'chained_', 'opbyop_', 'pipeline_', 'static_', 'size_'])
+    band_step = sim_band.load_band(validation, sim_band.STEP_ROWS)
 except (OSError, ValueError, KeyError) as e:
     sys.exit(f'project.py: error: no validation band ({e}): run mpi_scripts/sim_validate.sh first, or give --validation FILE')
 cl = os.path.join(root, 'sim', 'clusters')
