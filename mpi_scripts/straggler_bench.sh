@@ -46,8 +46,9 @@ declare -A RUNS
 run() {  # run NAME DELAY_MS STRAGGLER_RANK N BIN FLAGS...
   local name=$1 d=$2 rank=$3 n=$4 bin=$5; shift 5
   local base="$OUT/straggler_${name}_d$d.r$ROUND"
-  local cmd=("${LAUNCH[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" --straggler-ms "$d" --straggler-rank "$rank"
-             --metrics "$base.jsonl")
+  # (The baseline, delay 0, names no straggler: --straggler-rank without a delay is refused.)
+  local slow=(--straggler-ms "$d"); [ "$d" -gt 0 ] && slow+=(--straggler-rank "$rank")
+  local cmd=("${LAUNCH[@]}" -n "$n" "$bin" "${WORKLOAD[@]}" "$@" "${slow[@]}" --metrics "$base.jsonl")
   [ "$ROUND" = 1 ] && echo "\$ ${cmd[*]}"
   "${cmd[@]}" > "$base.log" 2>&1 || { echo "straggler_bench.sh: error: run $name (delay $d) failed (log: $base.log)" >&2; exit 1; }
   RUNS[$name/$d]+="${RUNS[$name/$d]:+,}$base.jsonl"

@@ -8,14 +8,19 @@
 #include "common/check.h"
 #include "model/kernels.h"
 #include "train/checks.h"
+#include "train/flag_use.h"
 
 namespace pwm::train {
 
 namespace {
 
-// Flags and --config; false (exit_code set) after --help.
+// Flags and --config; false (exit_code set) after --help. A flag the configuration does not use
+// is refused here, before any check that needs the job (train/flag_use.h).
 bool parse(int argc, char** argv, int rank, const TrainerSpec& spec, TrainConfig& cfg, int& exit_code) {
-  return parse_train_config(argc, argv, spec.program, spec.description, cfg, exit_code, rank == 0, {}, spec.flags);
+  if (!parse_train_config(argc, argv, spec.program, spec.description, cfg, exit_code, rank == 0, {}, spec.flags))
+    return false;
+  refuse_unused_flags(cfg);
+  return true;
 }
 
 // Everything that can be checked before training without opening a file, on every rank: the

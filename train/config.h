@@ -147,6 +147,9 @@ struct TrainConfig {
   // The --config file this configuration was read from ("" if none): an input the outputs may
   // not overwrite. Not part of the configuration the ranks compare.
   std::string config_file;
+  // The flags the user gave, as written ("--top-k", "--no-overlap"; a --config key as its flag),
+  // for train/flag_use.h. Not part of the configuration the ranks compare.
+  std::vector<std::string> given_flags;
 
   // Throws pwm::Error with one line naming the bad setting and how to fix it. world_size is the
   // number of compute ranks (replicas * dp * tp must equal it).

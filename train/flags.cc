@@ -200,6 +200,7 @@ void parse_train_config_text(std::string_view text, const std::string& path, Tra
   CLI::App app{"", program};
   add_train_flags(app, cfg, set);
   auto args = json_to_args(text, path, app, set, program);
+  for (const std::string& a : args) cfg.given_flags.push_back(a.substr(0, a.find('=')));
   std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
   parse_arguments(app, std::move(args), "--config " + path);
 }
@@ -233,6 +234,10 @@ bool parse_train_config(int argc, char** argv, const std::string& program, const
   if (more_flags) more_flags(app);
   refuse_foreign_flags(app, argc, argv, set, program);
   if (!parse_command_line(app, argc, argv, program, print_help, exit_code)) return false;
+  for (int i = 1; i < argc; ++i) {  // (every "--x" is one of app's flags: the parse succeeded)
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) == 0 && a.size() > 2) cfg.given_flags.push_back(a.substr(0, a.find('=')));
+  }
   // A preset's warm-up fits a short run: at most half of its steps, unless set.
   if (preset && !file_set_warmup && app.count("--warmup-steps") == 0)
     cfg.optim.warmup_steps = std::min(preset->warmup_steps, cfg.workload.steps / 2);

@@ -392,7 +392,7 @@ def case_moe_bad_settings_are_one_line():
         (["--dp", "2", "--moe-routing", "worker"], "applies to Mixture-of-Experts models"),
         (MOE + ["--moe-routing", "bogus"], "--moe-routing"),
         (["--experts", "4", "--stages", "2"], "on one slice"),
-        (["--dp", "2", "--expert-island", "--granularity", "chained"], "--expert-island places the experts"),
+        (["--dp", "2", "--expert-island", "--granularity", "chained"], "--expert-island applies to Mixture-of-Experts models"),
         (MOE + CAPACITY + ["--expert-island"], "--expert-island needs --granularity chained or opbyop"),
         (["--experts", "4", "--dp", "2", "--expert-island", "--granularity", "chained"],
          "--expert-island needs --expert-parallel equal to --dp"),

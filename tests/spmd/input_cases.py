@@ -46,7 +46,8 @@ def refused(args, pattern, n=2, exe="spmd", env=None, timeout=60):
     except subprocess.TimeoutExpired:
         raise AssertionError(f"hung (> {timeout} s): {' '.join(cmd)}")
     assert "| loss" not in p.stdout, f"trained before refusing {args}:\n{p.stdout[-1500:]}"
-    return error_line(p, pattern, prefix="spmd_train: error:" if exe == "spmd" else PW)
+    prefix = {"spmd": "spmd_train", "static": "mpmd_train"}.get(exe, "pathways_train") + ": error:"
+    return error_line(p, pattern, prefix=prefix)
 
 
 def base(n=2, timeout_flag=True):
@@ -234,6 +235,24 @@ def case_island_shapes_checked_at_start_up():
     line = refused(args, "--islands 4x1: a slice of --dp 2 x --tp 1 = 2 devices does not fit an island of 1 device",
                    n=5, exe="pathways")
     print("ok:", line)
+
+
+def case_unused_flags_are_refused():
+    # Issue 59: a flag the configuration never reads was accepted and ignored (--top-k on a dense
+    # model, --schedule without a pipeline, --granularity in a pipeline, --straggler-rank without
+    # a delay); now one line naming it, on a command line and in a --config file
+    # (train/flag_use.cc; every row on every trainer: tests/model/test_flag_use.cc).
+    refused(base() + ["--top-k", "1"], "--top-k applies to Mixture-of-Experts models: add --experts E")
+    refused(base() + ["--straggler-rank", "1"], "--straggler-rank applies to a straggler test")
+    refused(list(TINY) + ["--bucket-bytes", "4096"], "--bucket-bytes applies to gradients summed", n=1)
+    refused(base() + ["--schedule", "1f1b"], "--schedule applies to pipelines: add --stages 2", exe="static")
+    refused(list(TINY) + ["--stages", "2", "--islands", "2x1", "--granularity", "opbyop"],
+            "--granularity applies to one slice's step, not a pipeline's stages", n=3, exe="pathways")
+    cfg = write("unused.json", '{"router-skew": 2}')
+    refused(base() + ["--config", cfg], "--router-skew applies to Mixture-of-Experts models")
+    # And mpmd_train --spare-workers -1 (which trained): pathways_train's flag, not mpmd_train's.
+    refused(base() + ["--spare-workers", "-1"], "--spare-workers is pathways_train's, not a flag of mpmd_train",
+            exe="static")
 
 
 def case_coll_timeout_setting_and_flag():

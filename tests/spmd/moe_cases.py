@@ -147,7 +147,7 @@ def case_bad_settings_are_one_line():
     expect_error(1, t + ["--experts", "4", "--moe-every", "0"], "--moe-every must be >= 1", [m])
     expect_error(1, t + ["--experts", "4", "--moe-every", "3"], "--moe-every 3 leaves no MoE layer in 2 layers", [m])
     expect_error(2, t + ["--dp", "2", "--experts", "4", "--expert-parallel", "4"], "--expert-parallel 4 must divide --dp 2", [m])
-    expect_error(2, t + ["--dp", "2", "--expert-parallel", "2"], "needs a Mixture-of-Experts model", [m])
+    expect_error(2, t + ["--dp", "2", "--expert-parallel", "2"], "--expert-parallel applies to Mixture-of-Experts models", [m])
     expect_error(2, t + ["--dp", "2", "--experts", "4", "--expert-parallel", "2", "--fsdp"],
                  "--expert-parallel with --fsdp", [m])
     expect_error(2, t + ["--tp", "2", "--experts", "4"], "--experts with --tp 2", [m])

@@ -142,7 +142,7 @@ def case_bad_inputs_fail_cleanly():
          "--quota 2 is below what --schedule gpipe needs on stage 0: 8 micro-batches' activations"),
         (2, ["--stages", "2", "--microbatches", "8", "--schedule", "1f1b", "--quota", "1"],
          "--quota 1 is below what --schedule 1f1b needs on stage 0: 2 micro-batches' activations"),
-        (2, ["--dp", "2", "--quota", "2"], "--quota 2 applies to pipelines"),
+        (2, ["--dp", "2", "--quota", "2"], "--quota applies to pipelines"),
         (2, ["--dp", "2", "--experts", "4", "--expert-parallel", "2", "--capacity-factor", "0", "--moe-routing",
              "controller"], "no controller to route through"),
     )
