@@ -65,6 +65,24 @@ pwm_mpirun_bind_core() {
 
 pwm_install_deps() { pwm_install_packages "${PWM_PACKAGES[@]}"; }
 
+# pwm_install_slurm: Debian's Slurm and munge, for the `slurm` test label only
+# (mpi_scripts/slurm_cluster.sh). Their packages start the daemons when installed; a policy-rc.d
+# that refuses (exit 101) is in place meanwhile (put there only if the machine has none), so
+# nothing is left running.
+pwm_install_slurm() {
+  local pkgs=(slurmctld slurmd slurm-client munge) p missing=0 policy=/usr/sbin/policy-rc.d made=0 rc=0
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing=1
+  done
+  [ $missing = 0 ] && return 0
+  if [ ! -e $policy ] && [ "$(id -u)" -eq 0 ]; then
+    printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy && made=1
+  fi
+  pwm_install_packages "${pkgs[@]}" || rc=$?
+  [ $made = 1 ] && rm -f $policy
+  return $rc
+}
+
 # Flag parsing for the scripts, before anything is installed or built; each prints one line
 # naming the script and the flag, and exits 2.
 # pwm_value SCRIPT "$@" (the arguments from the flag on): the flag's value, or the error when
