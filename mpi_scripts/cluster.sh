@@ -9,6 +9,7 @@
 #   cluster.sh up --hosts K [--slots S] [--dcn-rate RATE] [--dcn-delay D] [--name NAME]
 #   cluster.sh run [--name NAME] [--timeout SECS] -- COMMAND...
 #   cluster.sh run --hosts K [up options] [--timeout SECS] -- COMMAND...   (up, run, down)
+#   cluster.sh exec [--name NAME] --host I -- COMMAND...   (COMMAND in host I, unwatched: daemons)
 #   cluster.sh status [--name NAME]
 #   cluster.sh down [--name NAME | --all]
 #
@@ -26,6 +27,8 @@
 # or host: "...; aborting the job"), the launcher gets a grace (PWM_LAUNCH_GRACE, default half the
 # --coll-timeout within [5, 30] s) and, if still there, is ended with its daemons on every host,
 # one line saying so (exit 3); no process of a launch outlives `run` (docs/cluster.md).
+# `exec` runs COMMAND in host I's namespaces as it is, with no launcher variables, no watch and no
+# timeout: for daemons (mpi_scripts/slurm_cluster.sh starts Slurm's this way), which `down` kills.
 # Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN); without it, one line says so and the exit code is 77.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -34,7 +37,7 @@ SUBNET=169.254.1   # link-local; .0/24 and .255/24 of 169.254/16 are reserved (R
 
 die() { echo "cluster.sh: error: $*" >&2; exit 2; }
 
-usage() { sed -n '2,29p' "$0"; }
+usage() { sed -n '2,32p' "$0"; }
 
 # The one-line refusal where namespaces cannot be made (exit 77: ctest's skip code here).
 check_permitted() {
@@ -54,7 +57,7 @@ check_permitted() {
 
 # ---- up -------------------------------------------------------------------------------------
 
-hosts=0; slots=2; rate=""; delay=""; name=""; timeout_s=600; all=0
+hosts=0; slots=2; rate=""; delay=""; name=""; timeout_s=600; all=0; host=""
 
 parse_opts() {
   while [ $# -gt 0 ]; do
@@ -64,6 +67,7 @@ parse_opts() {
       --dcn-rate) rate=${2:-}; shift 2 ;;
       --dcn-delay) delay=${2:-}; shift 2 ;;
       --name) name=${2:-}; shift 2 ;;
+      --host) host=${2:-}; shift 2 ;;
       --timeout) timeout_s=${2:-}; shift 2 ;;
       --all) all=1; shift ;;
       --) shift; CMD=("$@"); return 0 ;;
@@ -193,6 +197,19 @@ run_in() {
     timeout --kill-after=10 "$timeout_s" ip netns exec "$name-h0" nsenter --uts="$dir/h0.uts" "${CMD[@]}"
 }
 
+# exec_in: COMMAND in host $host's network and UTS namespaces.
+exec_in() {
+  local dir="$STATE_ROOT/$name"
+  # shellcheck disable=SC1091
+  source "$dir/config"
+  [[ "$host" =~ ^(0|[1-9][0-9]?)$ ]] && [ "$host" -lt "$hosts" ] ||
+    die "--host must be a host of cluster $name, 0 to $((hosts - 1)) (got '$host')"
+  [ ${#CMD[@]} -gt 0 ] || die "exec needs a command after --"
+  # nsenter, not `ip netns exec`: that remounts /sys for the namespace, hiding the machine's cgroup
+  # mounts under /sys/fs/cgroup, which slurmd needs to start.
+  exec nsenter --net="/run/netns/$name-h$host" --uts="$dir/h$host.uts" "${CMD[@]}"
+}
+
 # ---- status / down --------------------------------------------------------------------------
 
 status() {
@@ -282,8 +299,10 @@ case "$verb" in
     fi
     pick_name
     run_in ;;
+  exec) parse_opts "$@"; [ "$hosts" = 0 ] || die "exec runs in a cluster that is up (--name), not --hosts"
+    pick_name; exec_in ;;
   status) parse_opts "$@"; status ;;
   down) parse_opts "$@"; down ;;
   ""|-h|--help) usage ;;
-  *) die "unknown command '$verb' (up, run, status, down; see --help)" ;;
+  *) die "unknown command '$verb' (up, run, exec, status, down; see --help)" ;;
 esac
