@@ -14,8 +14,10 @@
 # namespaces uses. Each slurmd has a spool and a TmpFS of its own (%n): the hosts share one file
 # system, and Slurm's PMIx plugin makes its client directory under TmpFS, named by job and step
 # only. Nodes need no name service: every daemon is reached by its NodeAddr.
-# The exit code is COMMAND's; 124 when --timeout (default 600 s) ended it; 77 where namespaces
-# cannot be made (not root); 1 when the cluster did not come up (its logs are printed).
+# The packages are installed the first time (env.sh's pwm_install_slurm). The exit code is
+# COMMAND's; 124 when --timeout (default 600 s) ended it; 77 where namespaces cannot be made (not
+# root); non-zero when the cluster did not come up, with the daemons' logs (PWM_SLURM_DEBUG=1
+# prints them in any case).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ME=slurm_cluster.sh
 CLUSTER="$PWM_ROOT/mpi_scripts/cluster.sh"
@@ -26,7 +28,7 @@ verb=${1:-}
 [ $# -gt 0 ] && shift
 case "$verb" in
   run) ;;
-  ""|-h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
   *) die "unknown command '$verb' (run; see --help)" ;;
 esac
 hosts=""; timeout_s=600; CMD=()
@@ -47,12 +49,12 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 name=$(bash "$CLUSTER" up --hosts "$hosts" --slots 1) || exit $?  # (77 where namespaces cannot be made)
 dir=/run/pwm-cluster/$name/slurm
-up=0
+started=0 up=0
 # On the way out, whatever the way: the daemons' logs if the cluster did not come up (or with
 # PWM_SLURM_DEBUG=1), then `down` kills every process in the hosts' namespaces and removes them
 # and the state directory, $dir with it.
 finish() {
-  if [ $up = 0 ] || [ -n "${PWM_SLURM_DEBUG:-}" ]; then
+  if { [ $started = 1 ] && [ $up = 0 ]; } || [ -n "${PWM_SLURM_DEBUG:-}" ]; then
     [ $up = 1 ] || echo "$ME: error: the Slurm cluster did not come up; the daemons' logs:" >&2
     tail -n 20 "$dir"/log/*.log >&2 2>/dev/null || true
   fi
@@ -63,6 +65,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 pwm_install_slurm
 mkdir -p "$dir/state" "$dir/log" "$dir/node"
+started=1
 chmod 755 "$dir"
 on() { local h=$1; shift; bash "$CLUSTER" exec --name "$name" --host "$h" -- "$@"; }
 

@@ -43,7 +43,6 @@ def skip_under_mpich():
 def slurm_run(hosts, command, timeout=300):
     """Runs `command` (bash) in host 0 of a Slurm cluster of `hosts` nodes; returns the
     CompletedProcess and the cluster's name, after checking that nothing of it is left."""
-    skip_under_mpich()
     env = dict(launch.ENV, PWM_MPI="openmpi", BUILD_DIR=os.path.abspath(launch.BUILD))
     p = subprocess.run(["bash", SLURM_CLUSTER, "run", "--hosts", str(hosts), "--timeout", str(timeout), "--",
                         "bash", "-c", command], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
@@ -175,6 +174,7 @@ def case_srun_pmix_two_nodes():
 
 def main():
     case, build = sys.argv[1], sys.argv[2]
+    skip_under_mpich()
     with tempfile.TemporaryDirectory(prefix="pwm_slurm_") as tmp:
         set_build(build, tmp)
         globals()["case_" + case]()
