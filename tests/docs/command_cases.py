@@ -30,6 +30,7 @@ new doc command cannot slip by):
               documented (or default) values: a dp, tp, number of stages or micro-batches that does
               not fit the documented numbers fails at the trainer's start-up as it would for the
               reader (docs/cluster.md's `--dp 3` on the default --batch 16);
+            - build/PATH as written, in the build under test (a path that moved fails);
             - relative output paths (--metrics, --trace, --ckpt) landing in a temporary directory;
             - collectives_bench at sizes up to 64 KiB, 2 iterations (values replaced: it takes a
               flag once); pwm_sim on a synthetic profile in place of results/sim/profile.json
@@ -356,6 +357,10 @@ def tmpdir(c):
 
 
 def binary(word):
+    """A bare program's path in the build; a documented build*/PATH as written, in this build
+    (a path that moved fails: run_one reports it)."""
+    if re.match(r"^(\./)?build[-\w]*/", word):
+        return os.path.join(launch.BUILD, word.split("/", 1)[1] if not word.startswith("./") else word[2:].split("/", 1)[1])
     return os.path.join(launch.BUILD, BINARIES[prog_name(word)])
 
 
@@ -405,6 +410,10 @@ def run_one(c, cmd, env, failures, timeout=300):
         print(f"  same as {RAN[key]}: {c.where()}: {c.text}")
         return
     RAN[key] = c.where()
+    missing = [a for a in cmd if a.startswith(launch.BUILD + "/") and not os.path.exists(a)]
+    if missing:
+        failures.add(c, f"{missing[0]} does not exist: the documented path is not the program's", cmd)
+        return
     d = tmpdir(c)
     t0 = time.time()
     try:
