@@ -171,7 +171,9 @@ run() {  # run NAME NRANKS BINARY FLAGS...
              --metrics "$OUT/$tag.jsonl" --trace "$OUT/$tag.trace.json")
   if [ "$ROUND" -le 1 ]; then echo "\$ ${cmd[*]}"; fi
   local o
-  o=$("${cmd[@]}" 2>&1) || { echo "$o" | tail -5 >&2; echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
+  # The trainer's own error line when it wrote one (mpirun's banner follows it), else the tail.
+  o=$("${cmd[@]}" 2>&1) || { grep -m1 ': error: ' <<<"$o" >&2 || tail -5 <<<"$o" >&2
+                             echo "compare.sh: error: run '$name' failed" >&2; exit 1; }
   grep -E "done:|resumed" <<<"$o" | sed "s/^/r$ROUND /"
   METRICS[$name]+="${METRICS[$name]:+,}$OUT/$tag.jsonl"
   TRACES[$name]+="${TRACES[$name]:+,}$OUT/$tag.trace.json"
