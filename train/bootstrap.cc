@@ -39,7 +39,7 @@ void check_inputs(collectives::MpiEnvironment& env, const TrainerSpec& spec, Tra
     const int first = spec.controller ? 1 : 0;  // the controller holds no tensors
     const int here = static_cast<int>(std::count(hosts.begin() + first, hosts.end(), me));
     const int processes = static_cast<int>(std::count(hosts.begin(), hosts.end(), me));  // each holds the data
-    check_memory(cfg, here, data_bytes * processes);
+    check_memory(cfg, here, data_bytes * processes, is_mpmd(spec.flags));
   }
   if (env.rank() == 0) check_output_paths(outputs);
 }

@@ -119,26 +119,6 @@ void check_output_paths(const std::vector<NamedPath>& outputs) {
   for (const auto& [flag, path] : outputs) check_output_path(flag, path);
 }
 
-double estimated_memory_bytes(const TrainConfig& cfg) {
-  // In doubles: a config given by mistake (--seq-len 1e9) must not overflow into a small number.
-  const Config& m = cfg.model;
-  const double C = m.d_model, L = m.n_layers, H = m.n_heads, D = m.head_dim, F = m.d_ff, V = m.vocab,
-               T = m.seq_len, tp = cfg.mesh.tp;
-  const double B = static_cast<double>(cfg.workload.global_batch) / cfg.data_parallel() / std::max<int64_t>(cfg.workload.microbatches, 1);
-  const double N = B * T, Hs = H / tp;
-  const double per_layer = C + C * H * D + 2 * C * D + H * D * C + 3 * C * F;
-  const double params = (V * C + L * per_layer + C) / tp;
-  // Parameters, gradients, AdamW m and v (with --fsdp a 1/dp shard of each; the gathered layers
-  // are left out: this is a lower estimate).
-  const double state = 4 * params / (cfg.mesh.fsdp ? cfg.mesh.dp : 1);
-  // Saved activations per layer (model::Activations::layer_elements: norms, x, the fused input
-  // projection, attention output, the T x T scores per head, the MLP's hidden rows), the head's
-  // probabilities, and the working copies of x.
-  const double layer = 2 * N + N * C + N * (Hs + 2) * D + N * Hs * D + N * D + B * Hs * T * T + N * 2 * F / tp;
-  const double act = L * layer + N * V + 4 * N * C + T * D;
-  return 4.0 * (state + act);  // float32
-}
-
 double available_memory_bytes() {
   if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
@@ -152,16 +132,22 @@ double available_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : -1.0;
 }
 
-void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes) {
-  const double per_rank = estimated_memory_bytes(cfg), need = per_rank * std::max(ranks_on_host, 1) + data_bytes;
+void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes, bool mpmd) {
+  const MemoryEstimate e = estimate_memory(cfg, mpmd);
+  const double per_rank = e.total(), need = per_rank * std::max(ranks_on_host, 1) + data_bytes;
   const double have = available_memory_bytes();
   if (have < 0 || need <= have) return;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-  PWM_THROW("this run needs about {:.1f} GiB of memory ({:.1f} GiB per rank x {} ranks on this host: parameters, "
-            "gradients, AdamW moments and activations; {:.1f} GiB of training data held by the ranks) but this host "
-            "has {:.1f} GiB available: use a smaller --seq-len, --batch, model or --data, more --microbatches, or "
-            "more hosts",
-            need / GiB, per_rank / GiB, ranks_on_host, data_bytes / GiB, have / GiB);
+  PWM_THROW("this run needs about {:.1f} GiB of memory ({:.1f} GiB per rank x {} ranks on this host: {:.1f} model "
+            "state, {:.1f} activations{}{}{}{}; {:.1f} GiB of training data held by the ranks) but this host has {:.1f} "
+            "GiB available: use a smaller --seq-len, --batch, model{} or --data, more --microbatches, or more hosts",
+            need / GiB, per_rank / GiB, ranks_on_host, e.state / GiB, (e.activations + e.in_flight) / GiB,
+            e.moe > 0 ? fmt::format(", {:.1f} MoE rows", e.moe / GiB) : "",
+            e.gathers > 0 ? fmt::format(", {:.1f} FSDP gathers", e.gathers / GiB) : "",
+            e.in_flight > 0 ? fmt::format(" ({:.1f} of them the pipeline's micro-batches in flight)", e.in_flight / GiB)
+                            : "",
+            e.runtime > 0 ? fmt::format(", {:.1f} the runtime's intermediates", e.runtime / GiB) : "",
+            data_bytes / GiB, have / GiB, cfg.model.moe() ? ", fewer --experts, a lower --capacity-factor" : "");
 }
 
 double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, int reps, bool trans_a, bool trans_b) {

@@ -43,16 +43,31 @@ uint64_t check_paths(TrainConfig& cfg, const std::vector<NamedPath>& outputs);
 // removes a probe file, so one rank calls it).
 void check_output_paths(const std::vector<NamedPath>& outputs);
 
-// A lower estimate of one compute rank's memory (bytes): parameters, gradients and AdamW
-// moments of its tp shard, and the activations of one micro-batch. Computed in doubles (no
-// overflow for absurd configs).
-double estimated_memory_bytes(const TrainConfig& cfg);
+// What one compute rank allocates (bytes; the largest rank: a pipeline's first stage), by
+// component, from the configuration alone (train/memory.cc). Computed in doubles (no overflow for
+// absurd configs). Not counted: the process itself (MPI, libraries, the GEMM probe: its floor,
+// ~25 MiB) and the training data (check_memory's `data_bytes`). tests/spmd/memory_cases.py holds
+// it to the measured peak RSS less that floor over a matrix of configurations.
+struct MemoryEstimate {
+  double state = 0;        // parameters, gradients, AdamW m and v (experts: this rank's; --fsdp: a 1/dp shard)
+  double gathers = 0;      // --fsdp: the gathered layers' parameters and gradients in flight
+  double activations = 0;  // a micro-batch's saved activations, the head's, x in every layer, the backward's scratch
+  double in_flight = 0;    // a pipeline's further micro-batches whose activations a stage holds
+  double moe = 0;          // the MoE layers' routing and expert rows (dropless: the worst case), scratch
+  double runtime = 0;      // MPMD: the step's intermediates the runtime holds beside the kernels' buffers
+  double total() const { return state + gathers + activations + in_flight + moe + runtime; }
+};
+// `mpmd`: the estimate for pathways_train's workers and mpmd_train's ranks, whose runtimes hold
+// one step's intermediates (counted as one more step's activations and MoE rows). A pipeline
+// stage's state arrays are the whole layout's (programs/step_io.cc), in every trainer.
+MemoryEstimate estimate_memory(const TrainConfig& cfg, bool mpmd = false);
+double estimated_memory_bytes(const TrainConfig& cfg, bool mpmd = false);  // estimate_memory(...).total()
 // MemAvailable from /proc/meminfo (sysconf's available pages elsewhere); -1 if unknown.
 double available_memory_bytes();
 // Throws pwm::Error with one line giving both numbers if `ranks_on_host` compute ranks of this
 // config, plus `data_bytes` (the training data every process on this host holds), need more than
 // this host has available. Call before allocating anything large.
-void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes = 0);
+void check_memory(const TrainConfig& cfg, int ranks_on_host, double data_bytes = 0, bool mpmd = false);
 
 // Single-thread sgemm throughput (GFLOP/s) through model::gemm on an M x N x K product, best of
 // `reps` (model_bench --peak-only's 1024^3 rate, and its --profile's products timed alone).

@@ -13,6 +13,7 @@ void RunFigures::for_each(const std::function<void(const char*, const Number&)>&
   PWM_NUMBER(bubble_bound);
   PWM_NUMBER(peak_rss_bytes);
   PWM_NUMBER(state_bytes);
+  PWM_NUMBER(memory_estimate_bytes);
   PWM_NUMBER(messages_per_step);
   PWM_NUMBER(recv_wait_ms);
   PWM_NUMBER(stages);

@@ -18,6 +18,7 @@ struct RunFigures {
   // Memory, measured after the last step, before the final evaluation and checkpoint.
   Number peak_rss_bytes;                // the largest peak resident set of a compute rank
   Number state_bytes;                   // the model state a device holds (16 B a parameter, + gathers)
+  Number memory_estimate_bytes;         // train/checks.h estimate_memory: what the pre-run check counted
   List peak_resident_bytes_per_rank;    // spmd_train, index = rank
   List state_bytes_per_rank;            // spmd_train, index = rank
   List peak_store_bytes;                // pathways_train, per slice: the workers' object-store high-water mark
