@@ -16,6 +16,24 @@ Plan::Plan(WorkerProgram program) : p(std::move(program)) {
   intermediate.assign(p.slots.size(), 1);
   for (const SlotBinding& b : p.params) intermediate[b.slot] = 0;
   for (const SlotBinding& b : p.outputs) intermediate[b.slot] = 0;
+  // A slot takes a prefix when it has readers and each is a kernel input declared `prefix` (a
+  // send or copy of it, or a kernel not registered here, needs every byte).
+  prefix.assign(p.slots.size(), 1);
+  std::vector<uint8_t> read(p.slots.size(), 0);
+  for (size_t x = 0; x < p.execs.size(); ++x) {
+    const ExecInfo& e = p.execs[x];
+    Signature sig;
+    try {
+      if (kernels[x]) sig = kernels[x]->signature(e.attrs, e.num_shards);
+    } catch (const std::exception&) {  // (the run reports it; here: no prefix)
+    }
+    out_prefix.emplace_back(e.outs.size(), 0);
+    for (size_t k = 0; k < e.outs.size() && k < sig.outputs.size(); ++k) out_prefix.back()[k] = sig.outputs[k].prefix;
+    for (size_t k = 0; k < e.ins.size(); ++k) {
+      read[e.ins[k]] = 1;
+      if (k >= sig.inputs.size() || !sig.inputs[k].prefix) prefix[e.ins[k]] = 0;
+    }
+  }
   uint32_t execs = 0;
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const Instr& in = p.instrs[i];
@@ -27,7 +45,9 @@ Plan::Plan(WorkerProgram program) : p(std::move(program)) {
       readers[in.slot]++;
     }
     if (in.op == Op::kSend || in.op == Op::kRecv) transfers.push_back(static_cast<uint32_t>(i));
+    if (in.op == Op::kSend || in.op == Op::kCopy) prefix[in.slot] = 0;
   }
+  for (size_t s = 0; s < prefix.size(); ++s) prefix[s] = prefix[s] && read[s];
 }
 
 collectives::Communicator& SliceComms::get(const ExecInfo& e) {
@@ -102,13 +122,22 @@ void Walk::done(WalkHost& host, size_t i) {
   while (first_ < state_.size() && state_[first_] == kDone) first_++;
 }
 
+// A send of one whole piece of an object whose writer declared what its readers use carries that
+// prefix only (Object::used); the receiver's slot takes prefixes (Plan::prefix).
+uint64_t Walk::send_bytes(const Instr& in) const {
+  const Object& o = *slots_[in.slot];
+  if (o.piece_bytes == 0 || in.bytes != o.piece_bytes || in.offset % o.piece_bytes != 0) return in.bytes;
+  return std::min(in.bytes, o.used.at(in.offset / o.piece_bytes));
+}
+
 void Walk::post_send(WalkHost& host, size_t i) {
   const Instr& in = plan_->p.instrs[i];
   host.posted(i);
-  reqs_[i] = t_->isend(static_cast<char*>(slots_[in.slot]->buf.data()) + in.offset, in.bytes, in.peer, host.tag(in.xfer));
+  const uint64_t bytes = send_bytes(in);
+  reqs_[i] = t_->isend(static_cast<char*>(slots_[in.slot]->buf.data()) + in.offset, bytes, in.peer, host.tag(in.xfer));
   state_[i] = kPosted;
   sends_++;
-  bytes_sent_ += in.bytes;
+  bytes_sent_ += bytes;
 }
 
 void Walk::post_recv(WalkHost& host, size_t i) {
@@ -154,13 +183,13 @@ bool Walk::step_recv(WalkHost& host, size_t i) {
   std::string what;
   try {
     if (!t_->test(reqs_[i], &got)) return any;
-    if (got != in.bytes) what = fmt::format("received {} bytes", got);
+    if (got != in.bytes && !(plan_->prefix[in.slot] && got < in.bytes)) what = fmt::format("received {} bytes", got);
   } catch (const std::exception& e) {
     what = fmt::format("got a longer message ({})", e.what());
   }
   if (!what.empty()) host.bad_receive(i, what);
   slots_[in.slot]->write_done();
-  host.transfer_done(i);
+  host.transfer_done(i, got);
   done(host, i);
   return true;
 }
@@ -174,7 +203,7 @@ bool Walk::step_send(WalkHost& host, size_t i) {
     any = true;
   }
   if (!t_->test(reqs_[i], nullptr)) return any;
-  host.transfer_done(i);
+  host.transfer_done(i, send_bytes(in));
   done(host, i);
   return true;
 }
@@ -276,6 +305,12 @@ std::string Walk::run_kernel(WalkHost& host, size_t i, bool gang) {
     KernelContext ctx(e.shard, e.num_shards, t_->rank(), e.attrs, std::move(ins), std::move(outs),
                       gang ? &host.comms().get(e) : nullptr, &e.kernel);
     plan_->kernels[p.instrs[i].exec]->fn(ctx);
+    for (size_t k = 0; k < ctx.used().size(); ++k) {
+      if (ctx.used()[k].piece_bytes == 0 || !plan_->out_prefix[p.instrs[i].exec][k]) continue;
+      Object& o = *slots_[e.outs[k]];
+      o.piece_bytes = ctx.used()[k].piece_bytes;
+      o.used = ctx.used()[k].used;
+    }
   } catch (const std::exception& ex) {
     host.after_kernel(i, t0, now_s(), &ex);
     return fmt::format("kernel '{}' (node {} of program '{}', shard {} of {}) failed on {}: {}", e.kernel, e.node,

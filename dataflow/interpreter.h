@@ -44,6 +44,10 @@ struct Plan {
   std::vector<uint8_t> intermediate;      // per slot: bound to no parameter and no output
   std::vector<uint32_t> execs_before;     // per instruction: kernels before it in the list
   std::vector<uint32_t> transfers;        // the sends and receives, in list order
+  // per slot: every kernel reading it takes a prefix (ArgSpec::prefix), so a receive into it may
+  // be shorter than its static size (its sender's KernelContext::set_used)
+  std::vector<uint8_t> prefix;
+  std::vector<std::vector<uint8_t>> out_prefix;  // per exec, per output: ArgSpec::prefix (set_used applies)
 };
 
 // Bytes of runs' intermediates alive at once (a Walk adds a slot's bytes at its first write and
@@ -99,7 +103,8 @@ class WalkHost {
   // (the static model ends the job on a failure).
   virtual bool kernel_done(size_t i, const std::string& failed) { return (void)i, (void)failed, false; }
   virtual void posted(size_t i) { (void)i; }          // transfer i is about to be posted
-  virtual void transfer_done(size_t i) { (void)i; }   // transfer i completed
+  // transfer i completed, having moved `bytes` (a prefix of a piece: Object::used)
+  virtual void transfer_done(size_t i, uint64_t bytes) { (void)i, (void)bytes; }
   virtual void stage_done(uint32_t stage) { (void)stage; }  // this device's part of a stage is done
   // A receive got a message of another size than the list says (`what`): ends the job.
   [[noreturn]] virtual void bad_receive(size_t i, const std::string& what) = 0;
@@ -140,6 +145,7 @@ class Walk {
   enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
   bool post_transfers(WalkHost& host);
   void post_send(WalkHost& host, size_t i);
+  uint64_t send_bytes(const Instr& in) const;
   void post_recv(WalkHost& host, size_t i);
   bool step_recv(WalkHost& host, size_t i);
   bool step_send(WalkHost& host, size_t i);

@@ -41,6 +41,15 @@ KernelContext::KernelContext(int shard, int num_shards, int world_rank, std::spa
     : shard_(shard), num_shards_(num_shards), world_rank_(world_rank), attrs_(attrs),
       inputs_(std::move(inputs)), outputs_(std::move(outputs)), comm_(comm), name_(kernel_name) {}
 
+void KernelContext::set_used(size_t i, uint64_t piece_bytes, std::vector<uint64_t> used) {
+  const uint64_t size = outputs_.at(i).spec->bytes();
+  PWM_CHECK(piece_bytes > 0 && size % piece_bytes == 0 && used.size() == size / piece_bytes,
+            "kernel '{}': output {} of {} bytes is not {} pieces of {}", *name_, i, size, used.size(), piece_bytes);
+  for (uint64_t u : used) PWM_CHECK(u <= piece_bytes, "kernel '{}': {} bytes used of a piece of {}", *name_, u, piece_bytes);
+  used_.resize(outputs_.size());
+  used_[i] = {piece_bytes, std::move(used)};
+}
+
 int64_t KernelContext::attr(size_t i) const {
   if (i >= attrs_.size())
     PWM_THROW("kernel '{}': attribute {} missing (the node has {})", *name_, i, attrs_.size());

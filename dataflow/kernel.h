@@ -52,6 +52,9 @@ const char* sharding_name(Sharding s);
 struct ArgSpec {
   TensorSpec shard;
   Sharding sharding = Sharding::kReplicated;
+  // Its reader uses only the prefix of each transfer its writer declared (KernelContext::set_used):
+  // a receive into it may be shorter than the transfer's static size.
+  bool prefix = false;
 
   // The logical tensor on `num_shards` devices (dim 0 times num_shards when split).
   TensorSpec logical(int num_shards) const;
@@ -104,6 +107,15 @@ class KernelContext {
   }
   const void* in_raw(size_t i) const { return inputs_.at(i).data; }
   void* out_raw(size_t i) { return outputs_.at(i).data; }
+  // Declares that readers need only the first used[k] bytes of each piece of output `i` (pieces
+  // of `piece_bytes`; one piece: the whole output): sends of whole pieces carry that prefix, to
+  // a reader whose ArgSpec is `prefix`. The bytes beyond must still be written (Buffer).
+  void set_used(size_t i, uint64_t piece_bytes, std::vector<uint64_t> used);
+  struct Used {
+    uint64_t piece_bytes = 0;
+    std::vector<uint64_t> used;
+  };
+  const std::vector<Used>& used() const { return used_; }  // per output: empty when not declared
   // The slice's communicator (its world ranks in shard order, the slice's own context id).
   // Only for kernels registered with collectives = true.
   collectives::Communicator& comm();
@@ -113,6 +125,7 @@ class KernelContext {
   int shard_, num_shards_, world_rank_;
   std::span<const int64_t> attrs_;
   std::vector<Buffer> inputs_, outputs_;
+  std::vector<Used> used_;
   collectives::Communicator* comm_;
   const std::string* name_;
 };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dataflow/buffer.h"
 #include "dataflow/program.h"
@@ -25,6 +26,11 @@ struct Object {
   State state;
   uint32_t pending_writes;
   std::string error;
+  // What its readers need of it, when its writer said (KernelContext::set_used): of each piece of
+  // `piece_bytes` bytes, the first used[k]. A send of one whole piece then carries only that
+  // prefix (a dropless block's rows, not its static size). Empty: every byte.
+  uint64_t piece_bytes = 0;
+  std::vector<uint64_t> used;
 
   bool resolved() const { return state != State::kPending; }
   // One writer is done; the last makes the object ready (or leaves it failed).

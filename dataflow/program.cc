@@ -80,6 +80,9 @@ int ProgramDef::add_call(const KernelRegistry& reg, const std::string& kernel, i
       if (!ok)
         fail(fmt::format("node {} '{}': input {} has the wrong shape: the kernel expects {} but got {}", n,
                          kernel, i, want.str(num_shards), have.str(have_n)));
+      else if (have.prefix && !want.prefix)  // (its sends carry the used prefix only)
+        fail(fmt::format("node {} '{}': input {} needs every byte, but its value's writer sends a prefix "
+                         "(ArgSpec::prefix)", n, kernel, i));
     }
   }
   nodes.push_back(std::move(node));

@@ -47,10 +47,10 @@ class Worker::Host final : public dataflow::WalkHost {
     if (run_.posted_at.size() < p_.instrs.size()) run_.posted_at.resize(p_.instrs.size(), 0);
     run_.posted_at[i] = now_s();
   }
-  void transfer_done(size_t i) override {
+  void transfer_done(size_t i, uint64_t bytes) override {
     const dataflow::Instr& in = p_.instrs[i];
     if (WorkerTrace::recording(run_.h))
-      w_.trace_.transfer(run_.h, in, run_.posted_at[i], in.op == dataflow::Op::kSend ? kTraceSend : kTraceRecv);
+      w_.trace_.transfer(run_.h, in, bytes, run_.posted_at[i], in.op == dataflow::Op::kSend ? kTraceSend : kTraceRecv);
   }
   void stage_done(uint32_t stage) override {
     if (run_.h.flags & kRunSequential) w_.chan_.send(0, StageDone{run_.h.run_id, stage});

@@ -25,12 +25,13 @@ class WorkerTrace {
     t.shard = shard;
     records_.records.push_back(t);
   }
-  // Transfer instruction `in` of run `h`, posted at `posted` (now_s()), completed now.
-  void transfer(const RunHeader& h, const dataflow::Instr& in, double posted, TraceKind kind) {
+  // Transfer instruction `in` of run `h`, posted at `posted` (now_s()), completed now, having
+  // moved `bytes` (a dropless block's used rows: less than in.bytes).
+  void transfer(const RunHeader& h, const dataflow::Instr& in, uint64_t bytes, double posted, TraceKind kind) {
     TraceRecord t = of(h, in.stage, posted, now_s());
     t.peer = in.peer;
     t.xfer = in.xfer;
-    t.bytes = in.bytes;
+    t.bytes = bytes;
     t.kind = kind;
     records_.records.push_back(t);
   }

@@ -62,10 +62,17 @@ struct ExpertUnit {
     for (int64_t k = 0, r0 = 0; k < D; r0 += block(k), ++k)
       std::memcpy(out + r0 * C, blocks + k * rows * C, sizeof(float) * block(k) * C);
   }
-  void spread(const float* in, std::span<float> blocks) const {
+  // ... and output `out`'s blocks declared used up to their rows (each goes back to its dense
+  // device with those rows only).
+  void spread(const float* in, KernelContext& ctx, size_t out) const {
+    std::span<float> blocks = ctx.out<float>(out);
     std::fill(blocks.begin(), blocks.end(), 0.0f);
-    for (int64_t k = 0, r0 = 0; k < D; r0 += block(k), ++k)
+    std::vector<uint64_t> used;
+    for (int64_t k = 0, r0 = 0; k < D; r0 += block(k), ++k) {
       std::memcpy(blocks.data() + k * rows * C, in + r0 * C, sizeof(float) * block(k) * C);
+      used.push_back(sizeof(float) * static_cast<uint64_t>(block(k) * C));
+    }
+    ctx.set_used(out, sizeof(float) * static_cast<uint64_t>(rows * C), std::move(used));
   }
 };
 
@@ -110,6 +117,7 @@ void moe_send(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     auto out = ctx.out<float>(2 + static_cast<size_t>(j));
     std::memcpy(out.data(), u.ws.scratch.moe.sent.data() + first_row(st, j) * C, sizeof(float) * n * C);
     std::fill(out.begin() + n * C, out.end(), 0.0f);
+    ctx.set_used(2 + static_cast<size_t>(j), sizeof(float) * out.size(), {sizeof(float) * static_cast<uint64_t>(n * C)});
     auto counts = ctx.out<int64_t>(2 + static_cast<size_t>(P + j));
     for (int64_t e = 0; e < El; ++e) counts[static_cast<size_t>(e)] = st.expert_rows[static_cast<size_t>(j * El + e)];
   }
@@ -134,7 +142,7 @@ void expert_fwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   std::vector<float>& z = e.ws.scratch.moe.z;
   grow(z, static_cast<size_t>(R * e.C));
   model::moe_experts_forward<float>(e.layout, ctx.in<float>(0).data(), e.layer, static_cast<int>(e.D), st, z.data());
-  e.spread(z.data(), ctx.out<float>(0));
+  e.spread(z.data(), ctx, 0);
   dev.keep_moe(ctx.out<float>(0).data(), st);
 }
 
@@ -169,6 +177,7 @@ void moe_bwd_send(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     const int64_t n = st.send_rows[j];
     std::memcpy(out.data(), dback.data() + first_row(st, static_cast<int>(j)) * C, sizeof(float) * n * C);
     std::fill(out.begin() + n * C, out.end(), 0.0f);
+    ctx.set_used(j, sizeof(float) * out.size(), {sizeof(float) * static_cast<uint64_t>(n * C)});
   }
   dev.keep_moe(saved, st);
 }
@@ -221,7 +230,7 @@ void expert_bwd(TrainingDevice& dev, KernelContext& ctx, Scope&) {
     std::fill(g.begin(), g.end(), 0.0f);
   model::moe_experts_backward<float>(e.layout, ctx.in<float>(0).data(), g.data() - e.layout.layer(e.layer).begin, e.layer,
                                      static_cast<int>(e.D), st, sc);
-  e.spread(sc.dxe.data(), ctx.out<float>(0));
+  e.spread(sc.dxe.data(), ctx, 0);
 }
 
 // inputs: the layer pieces of the MoE layers (expert_bwd's, in layer order); output: the squared

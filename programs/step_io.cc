@@ -70,11 +70,21 @@ int64_t Shapes::island_rows() const {
   const int64_t N = cfg_.micro_batch() * m.seq_len, El = m.experts / cfg_.mesh.ep;
   return m.capacity_factor > 0 ? El * m.expert_capacity(N) : N * std::min<int64_t>(m.top_k, El);
 }
-ArgSpec Shapes::island_block() const { return split_f32(island_rows() * cfg_.model.d_model); }
+// The blocks' readers take the used rows only (the rows first; their counts cross beside them):
+// a dropless block crosses with its rows, not island_rows() (KernelContext::set_used).
+ArgSpec Shapes::island_block() const {
+  ArgSpec a = split_f32(island_rows() * cfg_.model.d_model);
+  a.prefix = true;
+  return a;
+}
 ArgSpec Shapes::island_counts() const {
   return {TensorSpec{DataType::kInt64, {cfg_.model.experts / cfg_.mesh.ep}}, Sharding::kSplit};
 }
-ArgSpec Shapes::island_blocks() const { return rep_f32(cfg_.mesh.dp * island_rows() * cfg_.model.d_model); }
+ArgSpec Shapes::island_blocks() const {
+  ArgSpec a = rep_f32(cfg_.mesh.dp * island_rows() * cfg_.model.d_model);
+  a.prefix = true;
+  return a;
+}
 ArgSpec Shapes::island_blocks_counts() const { return rep_i64(cfg_.mesh.dp * (cfg_.model.experts / cfg_.mesh.ep)); }
 
 void StepStats::write(std::span<double> o) const {
