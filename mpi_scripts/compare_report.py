@@ -111,10 +111,38 @@ def exchange_lines(table):
         if key in t and full:
             t["exchange_hidden_share"] = max(0.0, 1.0 - t[key] / full)
             parts.append(f"hidden {100 * t['exchange_hidden_share']:.0f}% (of fused's {full:.1f} ms)")
-        if "peak_rss_bytes" in t:
+        if "memory" in t:
+            parts.append(memory_text(t["memory"]))
+        elif "peak_rss_bytes" in t:
             parts.append(f"peak RSS {t['peak_rss_bytes'] / 2**20:.0f} MiB/rank, model state {t['state_bytes'] / 2**20:.1f} MiB/device")
         if parts:
             print(f"{'':>12}  {t['name']}: " + ", ".join(parts))
+
+
+MEMORY_PARTS = (("state", "state_bytes", "model state"), ("activations", "memory_activations_bytes", "activations"),
+                ("in_flight", "memory_in_flight_bytes", "micro-batches in flight"), ("moe", "memory_moe_bytes", "MoE rows"),
+                ("gathers", "memory_gathers_bytes", "FSDP gathers"),
+                ("runtime", "memory_runtime_bytes", "runtime intermediates"))
+
+
+def memory_breakdown(f):
+    """The largest rank's peak RSS by part (bytes): the model state as measured (state_bytes), the
+    other parts as the trainer's memory estimate counts them (train/memory.cc), and what neither
+    accounts for: the process (MPI, libraries, data), the allocator's and the buffer cache's freed
+    memory, and the estimate's error. None without the figures."""
+    if "peak_rss_bytes" not in f or "memory_activations_bytes" not in f:
+        return None
+    parts = {k: f.get(key, 0.0) for k, key, _ in MEMORY_PARTS}
+    parts["peak_rss"] = f["peak_rss_bytes"]
+    parts["unattributed"] = f["peak_rss_bytes"] - sum(f.get(key, 0.0) for _, key, _ in MEMORY_PARTS)
+    return parts
+
+
+def memory_text(m):
+    mib = lambda b: f"{b / 2**20:.0f}"
+    shown = [f"{label} {mib(m[k])}" for k, _, label in MEMORY_PARTS if m[k] > 0]
+    return (f"peak RSS {mib(m['peak_rss'])} MiB/rank = " + " + ".join(shown) +
+            f" + unattributed {mib(m['unattributed'])} ({100 * m['unattributed'] / m['peak_rss']:.0f}%)")
 
 
 def verdict_lines(table, ref):
@@ -211,6 +239,8 @@ def main():
                   "stages", "stage_dp", "stage_tp", "stage_islands", "peak_intermediate_bytes", "peak_store_bytes"):
             if k in f:
                 row[k] = f[k]
+        if (m := memory_breakdown(f)) is not None:
+            row["memory"] = m
         table.append(row)
     cols = ["run", "tokens/s", "vs spmd", "interval", "p50 ms", "p90 ms", "MFU", "comm|disp", "train loss", "val loss",
             "max|dloss|", "same weights"]

@@ -20,6 +20,7 @@ import statistics
 import sys
 
 import measure
+from compare_report import memory_breakdown, memory_text
 
 from moe_report import read_steps
 
@@ -42,6 +43,7 @@ def read_run(path, warm, choices):
         "route_wait_ms": med(lambda s: s["moe"]["route_wait_ms"]["median"] if "route_wait_ms" in s["moe"] else 0.0),
         "final_loss": final["final_loss"],
         "weights": final["weights_hash"],
+        "memory": memory_breakdown(final),
     }
 
 
@@ -109,6 +111,8 @@ def main(argv=None):
                  "verdict": said, "weights": same}
         for k in ("step_ms", "alltoall_ms", "dropped_per_step", "dropped_share", "padding_share", "max_mean_tokens", "alltoall_share", "round_trips", "final_loss"):
             entry[k] = statistics.median(x[k] for x in r)
+        if r[0]["memory"] is not None:  # (round 1's: the peak does not depend on the round)
+            entry["memory"] = r[0]["memory"]
         table[row] = entry
         print(f"{row:<14} {statistics.median(tps):>9.0f} ({min(tps):.0f}-{max(tps):.0f}) {said:>44} "
               f"{entry['dropped_per_step']:>6.0f} ({100 * entry['dropped_share']:4.1f}%) {100 * entry['padding_share']:>7.1f}% "
@@ -116,6 +120,9 @@ def main(argv=None):
               f"{entry['final_loss']:>8.4f} {same:>8}")
     print(f"  dropped/step: token-expert choices over capacity per step (of {choices}); padding: share of expert rows")
     print("  that are padding;")
+    for row, entry in table.items():
+        if "memory" in entry:
+            print(f"  {row}: {memory_text(entry['memory'])}")
     print("  a2a: the expert AllToAlls' share of the step (median device); trips: the controller's round trips per")
     print("  step (runtime-counted); weights: final weights against the reference row (SPMD with the same semantics)")
     if any(row.startswith("isl_") for row, _ in pairs):

@@ -158,7 +158,7 @@ void Trainer::report_layout_and_memory() {
     }
   }
   report_->figures().peak_rss_bytes = static_cast<double>(peak_rss);
-  report_->figures().memory_estimate_bytes = train::estimated_memory_bytes(cfg_, /*mpmd=*/true);
+  train::report_memory_estimate(cfg_, /*mpmd=*/true, report_->figures());
   be_.report(*report_, all, step_.get());  // the runtime's own: store, intermediates, messages
   if (pipe_) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each
     report_->figures().stages = S_;

@@ -416,7 +416,7 @@ void Trainer::before_final() {
   report_.figures().state_bytes_per_rank = state;
   report_.figures().peak_rss_bytes = *std::max_element(peak.begin(), peak.end());
   report_.figures().state_bytes = *std::max_element(state.begin(), state.end());
-  report_.figures().memory_estimate_bytes = train::estimated_memory_bytes(cfg_);
+  train::report_memory_estimate(cfg_, /*mpmd=*/false, report_.figures());
 }
 
 std::optional<std::string> Trainer::finish() {

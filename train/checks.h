@@ -15,6 +15,7 @@
 #include "train/data.h"
 
 namespace pwm::train {
+struct RunFigures;
 
 // The checkpoint a run with `cfg` resumes from: nullopt unless cfg.outputs.resume and cfg.outputs.ckpt exists.
 // Throws pwm::Error with one line if the file is corrupt, was written for another model config
@@ -62,6 +63,8 @@ struct MemoryEstimate {
 // stage's state arrays are the whole layout's (programs/step_io.cc), in every trainer.
 MemoryEstimate estimate_memory(const TrainConfig& cfg, bool mpmd = false);
 double estimated_memory_bytes(const TrainConfig& cfg, bool mpmd = false);  // estimate_memory(...).total()
+// Sets the final report's memory_estimate_bytes and its parts (train/figures.h).
+void report_memory_estimate(const TrainConfig& cfg, bool mpmd, RunFigures& figures);
 // MemAvailable from /proc/meminfo (sysconf's available pages elsewhere); -1 if unknown.
 double available_memory_bytes();
 // Throws pwm::Error with one line giving both numbers if `ranks_on_host` compute ranks of this

@@ -14,6 +14,11 @@ void RunFigures::for_each(const std::function<void(const char*, const Number&)>&
   PWM_NUMBER(peak_rss_bytes);
   PWM_NUMBER(state_bytes);
   PWM_NUMBER(memory_estimate_bytes);
+  PWM_NUMBER(memory_activations_bytes);
+  PWM_NUMBER(memory_in_flight_bytes);
+  PWM_NUMBER(memory_moe_bytes);
+  PWM_NUMBER(memory_gathers_bytes);
+  PWM_NUMBER(memory_runtime_bytes);
   PWM_NUMBER(messages_per_step);
   PWM_NUMBER(recv_wait_ms);
   PWM_NUMBER(stages);

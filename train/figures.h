@@ -19,6 +19,11 @@ struct RunFigures {
   Number peak_rss_bytes;                // the largest peak resident set of a compute rank
   Number state_bytes;                   // the model state a device holds (16 B a parameter, + gathers)
   Number memory_estimate_bytes;         // train/checks.h estimate_memory: what the pre-run check counted
+  Number memory_activations_bytes;      // ... its parts beside the state: a micro-batch's activations and scratch
+  Number memory_in_flight_bytes;        //     a pipeline's further micro-batches
+  Number memory_moe_bytes;              //     the MoE rows
+  Number memory_gathers_bytes;          //     --fsdp's gathered layers
+  Number memory_runtime_bytes;          //     the MPMD runtimes' intermediates
   List peak_resident_bytes_per_rank;    // spmd_train, index = rank
   List state_bytes_per_rank;            // spmd_train, index = rank
   List peak_store_bytes;                // pathways_train, per slice: the workers' object-store high-water mark

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "train/checks.h"
+#include "train/figures.h"
 
 namespace pwm::train {
 
@@ -104,5 +105,15 @@ MemoryEstimate estimate_memory(const TrainConfig& c, bool mpmd) {
 }
 
 double estimated_memory_bytes(const TrainConfig& cfg, bool mpmd) { return estimate_memory(cfg, mpmd).total(); }
+
+void report_memory_estimate(const TrainConfig& cfg, bool mpmd, RunFigures& f) {
+  const MemoryEstimate e = estimate_memory(cfg, mpmd);
+  f.memory_estimate_bytes = e.total();
+  f.memory_activations_bytes = e.activations;
+  f.memory_in_flight_bytes = e.in_flight;
+  f.memory_moe_bytes = e.moe;
+  f.memory_gathers_bytes = e.gathers;
+  f.memory_runtime_bytes = e.runtime;
+}
 
 }  // namespace pwm::train

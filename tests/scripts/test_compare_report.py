@@ -64,6 +64,20 @@ class CompareReport(unittest.TestCase):
         with open(os.path.join(d, "compare.json")) as f:
             return out.getvalue(), json.load(f)
 
+    def test_memory_breakdown_adds_up_to_the_peak(self):
+        # Issue 58: the peak RSS by part: the state measured, the estimate's parts, the rest
+        # unattributed (negative when the estimate over-counts).
+        mib = 2 ** 20
+        f = {"peak_rss_bytes": 300 * mib, "state_bytes": 60 * mib, "memory_activations_bytes": 150 * mib,
+             "memory_in_flight_bytes": 0.0, "memory_moe_bytes": 0.0, "memory_gathers_bytes": 0.0,
+             "memory_runtime_bytes": 40 * mib}
+        m = compare_report.memory_breakdown(f)
+        self.assertEqual(m["unattributed"], 50 * mib)
+        self.assertEqual(sum(m[k] for k, _, _ in compare_report.MEMORY_PARTS) + m["unattributed"], m["peak_rss"])
+        self.assertEqual(compare_report.memory_text(m), "peak RSS 300 MiB/rank = model state 60 + activations 150 + "
+                         "runtime intermediates 40 + unattributed 50 (17%)")
+        self.assertIsNone(compare_report.memory_breakdown({"peak_rss_bytes": 1.0, "state_bytes": 1.0}))
+
     def test_paired_interval_and_verdicts(self):
         with tempfile.TemporaryDirectory() as d:
             # fused: 0.98, 1.02 and 1.0 of spmd's speed per round; chained 0.8 in every round.
