@@ -11,7 +11,10 @@ Fails (exit 1, one line per problem) on
   - a script error (Runtime.exceptionThrown, or a console error from a failed load),
   - a link to a file that is not there (every href that is not a #fragment, resolved beside the
     page; http(s) links are refused: the page must work with no network),
-  - a page with no section (no <section> with an <h2>);
+  - a page with no section (no <section> with an <h2>),
+  - with report.json beside the page: an image or a table it lists that the page does not show (the
+    page's <img alt> is the image's path, a table's <caption> its caption), so that an image or a
+    table removed from the page fails even though nothing left on it is broken;
 and saves a screenshot of the whole page. Exit 0 prints what was checked (images, tables, links).
 
 Chromium is driven over its DevTools protocol on a pipe (--remote-debugging-pipe: messages are
@@ -188,6 +191,22 @@ def check(page, screenshot, chromium="/usr/bin/chromium"):
             problems.append(p)
     if not info["sections"]:
         problems.append("the page has no section")
+    doc = None
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(page)), "report.json")) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        pass
+    if doc:
+        shown_imgs = {i["what"] for i in info["imgs"] if i["ok"]}
+        shown_tables = [t["what"] for t in info["tables"] if t["cells"] > 0]
+        for s in doc.get("studies", []):
+            for img in s.get("images", []):
+                if img not in shown_imgs:
+                    problems.append(f"an image of report.json missing from the page: {img}")
+            for t in s.get("tables", []):
+                if t["caption"] not in shown_tables:
+                    problems.append(f"a table of report.json missing from the page: {s['name']}: {t['caption'][:80]}")
     summary = {"images": len(info["imgs"]), "svgs": len(info["svgs"]), "tables": len(info["tables"]),
                "links": len(info["links"]), "sections": info["sections"]}
     return problems, summary
