@@ -94,6 +94,7 @@ def study_compare(d, s):
     if not doc:
         return
     w = doc["workload"]
+    s["metrics"]["where"] = w["cluster"]
     s["notes"].append(f"Model: {w['model']}; {w['compute_ranks']} compute ranks, {w['steps']} steps a run, "
                       f"{w['batch_per_rank']} sequences per rank, precision {w.get('precision', 'fp32')}; "
                       f"where: {w['cluster']}."
@@ -434,6 +435,7 @@ def page(doc, studies, root):
         ["memory", f"{m.get('memory_bytes', 0) / 2**30:.1f} GiB"],
         ["MPI", f"{m.get('mpi', {}).get('version', '?')} ({m.get('mpi', {}).get('launcher', '?')})"],
         ["network between hosts", m.get("network", "?")],
+        *[[f"where {s['name']} ran", s["metrics"]["where"]] for s in studies if s["metrics"].get("where")],
         ["commit", f"{m.get('commit', '?')}{' (with local changes)' if m.get('dirty') else ''}: {m.get('commit_subject', '')}"],
         ["started", m.get("started", "?")], ["command", m.get("command", "?")],
         ["settings", "--full: every study at its script's defaults" if m.get("full") else

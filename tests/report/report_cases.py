@@ -5,7 +5,8 @@
 
 page: mpi_scripts/report.sh --only compare on a tiny model (2 rounds of 3 steps of the five
 trainers), then
-  - report.json matches mpi_scripts/report_schema.json (Debian's python3-jsonschema, /usr/bin/python3);
+  - report.json matches mpi_scripts/report_schema.json (Debian's python3-jsonschema, /usr/bin/python3),
+    and two broken copies of it (no commit; an outcome the page does not use) do not;
   - its figures are compare.json's: every ratio, interval and outcome of the first section is the
     study's own (won above 1, lost below, tied holding 1), every compare row is in the table;
   - headless Chromium (mpi_scripts/report_check.py) finds every image loaded, no empty table, no
@@ -79,6 +80,17 @@ def case_page(build):
                         os.path.join(out, "report.json"), os.path.join(ROOT, "mpi_scripts/report_schema.json")],
                        capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
+    # ... and the schema refuses a report without its commit, or with an outcome the page does not use.
+    with open(os.path.join(out, "report.json")) as f:
+        good = json.load(f)
+    for what, bad in (("no commit", dict(good, meta={k: x for k, x in good["meta"].items() if k != "commit"})),
+                      ("outcome 'better'", dict(good, verdicts=[dict(good["verdicts"][0], outcome="better")]))):
+        path = os.path.join(keep, "bad_report.json")
+        with open(path, "w") as f:
+            json.dump(bad, f)
+        v = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "mpi_scripts/report_page.py"), "--validate", path,
+                            os.path.join(ROOT, "mpi_scripts/report_schema.json")], capture_output=True, text=True)
+        assert v.returncode == 1 and "does not match" in v.stderr, f"{what}: --validate exited {v.returncode}: {v.stderr}"
 
     # The page's figures are the study's.
     with open(os.path.join(out, "report.json")) as f:
