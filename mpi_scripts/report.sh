@@ -15,9 +15,10 @@
 #   sim        sim_calibrate.sh, sim_validate.sh, sim/project.py    (--quick --no-hosts for the first two)
 # The default set takes ~15 minutes on 2 cores; the run prints which study runs and the time left.
 #
-# Usage: mpi_scripts/report.sh [--full] [--only LIST] [--skip LIST] [--out DIR] [--rounds R]
+# Usage: mpi_scripts/report.sh [--full] [--dry-run] [--only LIST] [--skip LIST] [--out DIR] [--rounds R]
 #                              [--steps N] [--np N] [--hosts K | --hostfile FILE] [-- TRAINER FLAGS...]
 #   --full          every study at its script's documented default (an hour or more)
+#   --dry-run       print each study's command and stop (nothing installed, built or run)
 #   --only LIST     these studies only (names above, comma or space separated)
 #   --skip LIST     every study but these
 #   --out DIR       the report's folder (default results/report); each study in DIR/STUDY
@@ -34,10 +35,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ME=report.sh
 INVOKED="mpi_scripts/report.sh $*"
 ALL=(compare moe pipeline failure dispatch sim)
-NP=""; FULL=0; ONLY=""; SKIP=""; OUT="$PWM_ROOT/results/report"; ROUNDS=""; STEPS=""; HOSTS=0; HOSTFILE=""; EXTRA=()
+DRY=0; NP=""; FULL=0; ONLY=""; SKIP=""; OUT="$PWM_ROOT/results/report"; ROUNDS=""; STEPS=""; HOSTS=0; HOSTFILE=""; EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) FULL=1; shift ;;
+    --dry-run) DRY=1; shift ;;
     --only) ONLY=$(pwm_value "$ME" "$@") || exit 2; pwm_words "$ME" --only "$ONLY" "${ALL[@]}"; shift 2 ;;
     --skip) SKIP=$(pwm_value "$ME" "$@") || exit 2; pwm_words "$ME" --skip "$SKIP" "${ALL[@]}"; shift 2 ;;
     --out) OUT=$(pwm_value "$ME" "$@") || exit 2; shift 2 ;;
@@ -65,37 +67,49 @@ if [[ " ${STUDIES[*]} " == *" moe "* ]] && [ -n "$STEPS" ] && [ "$STEPS" -lt 5 ]
   echo "$ME: error: the moe study measures from step 4 on: --steps must be at least 5 (or --skip moe)" >&2; exit 2
 fi
 
-pwm_install_deps
-pwm_install_report_tools
-pwm_build >/dev/null
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-: > "$OUT/commands.txt"
 S="$PWM_ROOT/mpi_scripts"
+OUT=$(realpath -m "$OUT")
 WHERE=(${NP:+--np "$NP"}); [ "$HOSTS" != 0 ] && WHERE+=(--hosts "$HOSTS"); [ -n "$HOSTFILE" ] && WHERE+=(--hostfile "$HOSTFILE")
 TRAIN=(); [ ${#EXTRA[@]} -gt 0 ] && TRAIN=(-- "${EXTRA[@]}")
-R() { local d=$1; shift; [ -n "$ROUNDS" ] && echo "--rounds $ROUNDS" || echo "$d"; }
-N() { local d=$1; shift; [ -n "$STEPS" ] && echo "--steps $STEPS" || echo "$d"; }
+# quick Q [FULL]: Q's words in the quick set, FULL's (default none) with --full; rounds/steps D:
+# --rounds/--steps as given, else D. (Each prints and returns 0: a command substitution's status
+# would be the array assignment's under set -e.)
+quick() { if [ "$FULL" = 0 ]; then echo "$1"; else echo "${2:-}"; fi; }
+rounds() { if [ -n "$ROUNDS" ]; then echo "--rounds $ROUNDS"; else quick "$1"; fi; }
+steps() { if [ -n "$STEPS" ]; then echo "--steps $STEPS"; else quick "$1"; fi; }
+hosts() { if [ "$HOSTS" != 0 ]; then echo "--hosts $HOSTS"; fi; return 0; }
+# shown: the study's command as a shell line (quoted where needed: pasted, it runs the same).
+shown() { local w out=""; for w in "${ENVS[@]}" "${CMD[@]}"; do out+="$(printf '%q' "$w") "; done; echo "${out% }"; }
 # The command of each study (an array CMD; ENVS: variables set for it).
 study_command() {
   ENVS=()
-  local q=$((1 - FULL))
   case $1 in
-    compare) CMD=(bash "$S/compare.sh" --out "$OUT/compare" $( [ $q = 1 ] && R "--rounds 3" || R "") $( [ $q = 1 ] && N "--steps 5" || N "") "${WHERE[@]}" "${TRAIN[@]}") ;;
-    moe) CMD=(bash "$S/compare.sh" --moe --out "$OUT/moe" $( [ $q = 1 ] && echo "--moe-skew 0") $( [ $q = 1 ] && R "--rounds 2" || R "")
-              $( [ $q = 1 ] && N "--steps 6" || N "") "${WHERE[@]}" "${TRAIN[@]}") ;;
-    pipeline) CMD=(bash "$S/pipeline_bench.sh" --out "$OUT/pipeline" $( [ $q = 1 ] && echo "--stages 2 --micro 8") $( [ $q = 1 ] && R "--rounds 2" || R "")
-                   $( [ $q = 1 ] && N "--steps 8" || N "") $( [ "$HOSTS" != 0 ] && echo "--hosts $HOSTS") "${TRAIN[@]}") ;;
-    failure) CMD=(bash "$S/failure_bench.sh" --out "$OUT/failure" $( [ $q = 1 ] && echo "--models spmd --steps 40 --mtbf 20") "${TRAIN[@]}") ;;
-    dispatch) ENVS=(PWM_DISPATCH_OUT="$OUT/dispatch"); [ $q = 1 ] && ENVS+=(NPS="3 5" HOSTS="")
-              CMD=(bash "$S/dispatch_bench.sh"); [ $q = 1 ] && CMD+=(--reps 3 --fig8-reps 2) ;;
+    compare) CMD=(bash "$S/compare.sh" --out "$OUT/compare" $(rounds "--rounds 3") $(steps "--steps 5") "${WHERE[@]}" "${TRAIN[@]}") ;;
+    moe) CMD=(bash "$S/compare.sh" --moe --out "$OUT/moe" $(quick "--moe-skew 0") $(rounds "--rounds 2") $(steps "--steps 6")
+              "${WHERE[@]}" "${TRAIN[@]}") ;;
+    pipeline) CMD=(bash "$S/pipeline_bench.sh" --out "$OUT/pipeline" $(quick "--stages 2 --micro 8") $(rounds "--rounds 2")
+                   $(steps "--steps 8") $(hosts) "${TRAIN[@]}") ;;
+    failure) CMD=(bash "$S/failure_bench.sh" --out "$OUT/failure" $(quick "--models spmd --steps 40 --mtbf 20") "${TRAIN[@]}") ;;
+    dispatch) ENVS=(PWM_DISPATCH_OUT="$OUT/dispatch"); [ "$FULL" = 1 ] || ENVS+=(NPS="3 5" HOSTS="")
+              CMD=(bash "$S/dispatch_bench.sh" $(quick "--reps 3 --fig8-reps 2")) ;;
     sim) local nh=(); [ "$HOSTS" = 0 ] && nh=(--no-hosts)
          CMD=(bash -c 'set -e; mkdir -p "$1"; bash "$2/sim_calibrate.sh" --out "$1/profile.json" $3 ${4:-}
                        bash "$2/sim_validate.sh" --profile "$1/profile.json" --out "$1" $3 ${4:-} || echo "sim_validate.sh: exit $? (a configuration off by more than 10%: in the table)"
                        python3 "$2/../sim/project.py" "$5" "$1/profile.json" "$1"' _
-              "$OUT/sim" "$S" "$( [ $q = 1 ] && echo --quick)" "${nh[*]}" "$BUILD_DIR") ;;
+              "$OUT/sim" "$S" "$(quick --quick)" "${nh[*]}" "$BUILD_DIR") ;;
   esac
+  return 0
 }
+if [ "$DRY" = 1 ]; then
+  for s in "${STUDIES[@]}"; do study_command "$s"; echo "$s: $(shown)"; done
+  exit 0
+fi
+trap 'echo "report.sh: error: line $LINENO exited $?" >&2' ERR
+pwm_install_deps
+pwm_install_report_tools
+pwm_build >/dev/null
+mkdir -p "$OUT"
+: > "$OUT/commands.txt"
 # Time estimates for the progress line (seconds on 2 cores; quick, full): the previous report's
 # measured times win when DIR/report.json has them.
 declare -A EST=([compare]="240 600" [moe]="200 1500" [pipeline]="120 900" [failure]="150 600" [dispatch]="120 900" [sim]="240 900")
@@ -144,14 +158,14 @@ for s in "${STUDIES[@]}"; do
   left=0; for t in "${STUDIES[@]:i-1}"; do left=$((left + $(est "$t"))); done
   echo "report.sh: [$i/${#STUDIES[@]}] $s (estimate $(( ($(est "$s") + 59) / 60 )) min; about $(( (left + 59) / 60 )) min left; ${SECONDS} s so far; log $OUT/$s/log.txt)"
   mkdir -p "$OUT/$s"
-  printf '%s\n' "$s: ${ENVS[*]:+${ENVS[*]} }${CMD[*]}" >> "$OUT/commands.txt"
+  echo "$s: $(shown)" >> "$OUT/commands.txt"
   t0=$SECONDS
   set +e
   env "${ENVS[@]}" "${CMD[@]}" 2>&1 | tee "$OUT/$s/log.txt" | sed -u "s/^/  $s| /"
   RC[$s]=${PIPESTATUS[0]}
   set -e
   TOOK[$s]=$((SECONDS - t0))
-  printf '%s\n' "${ENVS[*]:+${ENVS[*]} }${CMD[*]}" > "$OUT/$s/command.txt"
+  shown > "$OUT/$s/command.txt"
   echo "${RC[$s]} ${TOOK[$s]}" > "$OUT/$s/status.txt"
   [ "${RC[$s]}" = 0 ] || echo "report.sh: study $s exited ${RC[$s]} (its log: $OUT/$s/log.txt); the page says so"
 done
