@@ -12,7 +12,8 @@
 #   pipeline   pipeline_bench.sh, S = 2                             (--stages 2 --micro 8 --rounds 2 --steps 8)
 #   failure    failure_bench.sh, spmd_train under random kills      (--models spmd --steps 40 --mtbf 20)
 #   dispatch   dispatch_bench.sh at 2 and 4 workers, Fig. 5-8       (NPS="3 5" HOSTS="" --reps 3 --fig8-reps 2)
-#   sim        sim_calibrate.sh, sim_validate.sh, sim/project.py    (--quick --no-hosts for the first two)
+#   sim        sim_calibrate.sh, sim_validate.sh, sim/project.py    (calibrate --quick --no-hosts; validate
+#              --no-hosts with PWM_SIM_SIZE_LAUNCHES=1: its dispatch rows give the projection its band)
 # The default set takes ~15 minutes on 2 cores; the run prints which study runs and the time left.
 #
 # Usage: mpi_scripts/report.sh [--full] [--dry-run] [--only LIST] [--skip LIST] [--out DIR] [--rounds R]
@@ -92,9 +93,11 @@ study_command() {
     failure) CMD=(bash "$S/failure_bench.sh" --out "$OUT/failure" $(quick "--models spmd --steps 40 --mtbf 20") "${TRAIN[@]}") ;;
     dispatch) ENVS=(PWM_DISPATCH_OUT="$OUT/dispatch"); [ "$FULL" = 1 ] || ENVS+=(NPS="3 5" HOSTS="")
               CMD=(bash "$S/dispatch_bench.sh" $(quick "--reps 3 --fig8-reps 2")) ;;
-    sim) local nh=(); [ "$HOSTS" = 0 ] && nh=(--no-hosts)
+    # The validation in full (its fig5_* dispatch rows give the projection its band; --quick has
+    # none), one launch of each size_*/moe_* row in the quick set.
+    sim) local nh=(); [ "$HOSTS" = 0 ] && nh=(--no-hosts); [ "$FULL" = 1 ] || ENVS=(PWM_SIM_SIZE_LAUNCHES=1)
          CMD=(bash -c 'set -e; mkdir -p "$1"; bash "$2/sim_calibrate.sh" --out "$1/profile.json" $3 ${4:-}
-                       bash "$2/sim_validate.sh" --profile "$1/profile.json" --out "$1" $3 ${4:-} || echo "sim_validate.sh: exit $? (a configuration off by more than 10%: in the table)"
+                       bash "$2/sim_validate.sh" --profile "$1/profile.json" --out "$1" ${4:-} || echo "sim_validate.sh: exit $? (a configuration off by more than 10%: in the table)"
                        python3 "$2/../sim/project.py" "$5" "$1/profile.json" "$1"' _
               "$OUT/sim" "$S" "$(quick --quick)" "${nh[*]}" "$BUILD_DIR") ;;
   esac
@@ -112,7 +115,7 @@ mkdir -p "$OUT"
 : > "$OUT/commands.txt"
 # Time estimates for the progress line (seconds on 2 cores; quick, full): the previous report's
 # measured times win when DIR/report.json has them.
-declare -A EST=([compare]="240 600" [moe]="200 1500" [pipeline]="120 900" [failure]="150 600" [dispatch]="120 900" [sim]="240 900")
+declare -A EST=([compare]="70 600" [moe]="80 1500" [pipeline]="70 900" [failure]="60 600" [dispatch]="130 900" [sim]="420 900")
 if [ -f "$OUT/timings.json" ]; then
   while read -r s t; do EST[$s]="$t $t"; done < <(python3 -c 'import json,sys; [print(k, int(v["seconds"])) for k, v in json.load(open(sys.argv[1])).items() if v.get("full") == int(sys.argv[2])]' "$OUT/timings.json" "$FULL" 2>/dev/null || true)
 fi
@@ -160,10 +163,10 @@ for s in "${STUDIES[@]}"; do
   mkdir -p "$OUT/$s"
   echo "$s: $(shown)" >> "$OUT/commands.txt"
   t0=$SECONDS
-  set +e
+  set +e; trap - ERR
   env "${ENVS[@]}" "${CMD[@]}" 2>&1 | tee "$OUT/$s/log.txt" | sed -u "s/^/  $s| /"
   RC[$s]=${PIPESTATUS[0]}
-  set -e
+  set -e; trap 'echo "report.sh: error: line $LINENO exited $?" >&2' ERR
   TOOK[$s]=$((SECONDS - t0))
   shown > "$OUT/$s/command.txt"
   echo "${RC[$s]} ${TOOK[$s]}" > "$OUT/$s/status.txt"

@@ -77,9 +77,11 @@ def fmt(v, p=3):
     return str(v)
 
 
-def verdict_entry(study, cand, ref, median, lo, hi, coverage, what):
+def verdict_entry(study, cand, ref, median, lo, hi, coverage, what, group=""):
+    """One ratio of a study; `group` gathers many rows of one kind in the first section (dispatch's
+    rows by mode)."""
     return {"study": study, "candidate": cand, "reference": ref, "median": median, "lo": lo, "hi": hi,
-            "coverage": coverage, "outcome": outcome(median, lo, hi), "what": what}
+            "coverage": coverage, "outcome": outcome(median, lo, hi), "what": what, "group": group}
 
 
 def ratio_text(v):
@@ -217,8 +219,9 @@ def study_dispatch(d, s):
             rows.append([name, fmt(r.get("computations_per_s"), 0), fmt(v["median"]),
                          "-" if v["lo"] is None else f"{v['lo']:.3f}-{v['hi']:.3f}",
                          ratio.verdict(name, "spmd")])
+            group = f"Fig. 8 (multi-tenancy)" if str(r.get("fig")) == "8" else f"Fig. 5/6 {r.get('mode')}"
             s["verdicts"].append(verdict_entry("dispatch", f"{name} [{label}]", "spmd", v["median"], v["lo"], v["hi"],
-                                               v["coverage"], "computations/s, paired by round"))
+                                               v["coverage"], "computations/s, paired by round", group))
         if rows:
             s["tables"].append({"caption": f"{label} ({os.path.basename(p)}): every Pathways row against SPMD at the "
                                            "same T, the median of the rounds' paired ratios",
@@ -354,20 +357,39 @@ def rel(path, root):
     return os.path.relpath(path, root)
 
 
-def headline(doc):
-    """The first section's sentences, from the verdicts and the projection only."""
-    lines = []
+OUTCOMES = ("won", "tied", "lost", "no interval")
+
+
+def groups(verdicts):
+    """(study, group) -> its verdicts, in the order met."""
     by = {}
-    for v in doc["verdicts"]:
-        by.setdefault(v["study"], []).append(v)
-    for study, vs in by.items():
-        counts = {o: [v for v in vs if v["outcome"] == o] for o in ("won", "tied", "lost", "no interval")}
-        parts = [f"{o} {len(c)} ({', '.join(v['candidate'] for v in c)})" for o, c in counts.items() if c]
+    for v in verdicts:
+        by.setdefault((v["study"], v.get("group", "")), []).append(v)
+    return by
+
+
+def headline(doc):
+    """The first section's sentences, from the verdicts and the projection only. A group of more
+    than eight ratios (dispatch's rows of one mode) is given as counts."""
+    lines = []
+    by = groups(doc["verdicts"])
+    for study in dict.fromkeys(k[0] for k in by):
+        parts = []
+        for (st, group), vs in by.items():
+            if st != study:
+                continue
+            counts = {o: [v for v in vs if v["outcome"] == o] for o in OUTCOMES}
+            if len(vs) > 8:
+                said = ", ".join(f"{o} {len(c)}" for o, c in counts.items() if c) + f" of {len(vs)}"
+            else:
+                said = "; ".join(f"{o} {len(c)} ({', '.join(v['candidate'] for v in c)})" for o, c in counts.items() if c)
+            parts.append((f"{group}: " if group else "") + said)
+        vs = [v for (st, _), g in by.items() if st == study for v in g]
+        refs = list(dict.fromkeys(v["reference"] for v in vs))
         covs = sorted({round(100 * v["coverage"]) for v in vs if v.get("coverage")})
-        if covs:
-            parts[-1] += f" (intervals of {'/'.join(map(str, covs))}% coverage)"
-        lines.append(f"{study}: against {vs[0]['reference']}" + (" and the other references" if len({v['reference'] for v in vs}) > 1 else "")
-                     + ": " + "; ".join(parts) + ".")
+        lines.append(f"{study}: against {refs[0]}" + (" and the other references" if len(refs) > 1 else "") + ": "
+                     + "; ".join(parts)
+                     + (f" (intervals of {'/'.join(map(str, covs))}% coverage)" if covs else "") + ".")
     proj = next((s["metrics"].get("projection") for s in doc["studies"] if s["name"] == "sim"), None)
     if proj:
         b = proj["palm_band"]
@@ -420,14 +442,12 @@ def page(doc, studies, root):
              + "".join(f"<li>{esc(line)}</li>" for line in doc["headline"]) + "</ul>")
     if doc["verdicts"]:
         h.append("<p>won: the ratio's interval lies above 1 (faster than the reference); lost: below 1; tied: it "
-                 "holds 1 (same within noise); no interval: one round.</p>")
-        h.append(table_html({"caption": "Every ratio against its reference (> 1: the candidate is faster)",
-                             "columns": ["study", "candidate", "reference", "ratio", "interval", "coverage", "outcome"],
-                             "rows": [[v["study"], v["candidate"], v["reference"], fmt(v["median"]),
-                                       "-" if v["lo"] is None else f"{v['lo']:.3f}-{v['hi']:.3f}",
-                                       "-" if not v.get("coverage") else f"{100 * v['coverage']:.0f}%", v["outcome"]]
-                                      for v in doc["verdicts"]]}))
-        h.append(ratio_svg(doc["verdicts"]))
+                 "holds 1 (same within noise); no interval: one round. Every ratio is in its study's section.</p>")
+        h.append(table_html({"caption": "Ratios against their reference per study, by outcome",
+                             "columns": ["study", "kind", "reference", *OUTCOMES],
+                             "rows": [[st, g or "-", ", ".join(dict.fromkeys(v["reference"] for v in vs)),
+                                       *[str(sum(v["outcome"] == o for v in vs)) for o in OUTCOMES]]
+                                      for (st, g), vs in groups(doc["verdicts"]).items()]}))
     h.append("</section>")
     h.append("<section id=machine><h2>Machine, commit and commands</h2>")
     h.append(table_html({"caption": "Where and what ran", "columns": ["", ""], "rows": [
@@ -457,6 +477,9 @@ def page(doc, studies, root):
                      f"(see its log).</p>")
         for t in s["tables"]:
             h.append(table_html(t) if t["rows"] else f"<p class=fail>{esc(t['caption'])}: no rows</p>")
+        if s["verdicts"] and len(s["verdicts"]) <= 40:
+            h.append(f"<figure>{ratio_svg(s['verdicts'])}<figcaption>Each ratio (dot) with its interval (bar) against "
+                     f"its reference; green won, red lost, grey tied</figcaption></figure>")
         for title, svg in s["svgs"]:
             h.append(f"<figure>{svg}<figcaption>{esc(title)}</figcaption></figure>")
         for p in s["images"]:

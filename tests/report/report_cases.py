@@ -3,7 +3,8 @@
 
     report_cases.py CASE BUILD_DIR
 
-page: mpi_scripts/report.sh --only compare on a tiny model (2 rounds of 3 steps of the five
+page: report.sh's bad flags (one line, exit 2) and --dry-run's commands (--hosts 2 reaching compare,
+moe and pipeline); then mpi_scripts/report.sh --only compare on a tiny model (2 rounds of 3 steps of the five
 trainers), then
   - report.json matches mpi_scripts/report_schema.json (Debian's python3-jsonschema, /usr/bin/python3),
     and two broken copies of it (no commit; an outcome the page does not use) do not;
@@ -60,7 +61,27 @@ def mutate(src, dst, name, edit):
     return page
 
 
+def flags_and_commands():
+    """Bad flags: one line, exit 2, before anything is installed; --dry-run: every study's command."""
+    for args, msg in ((["--only", "bogus"], "--only takes compare moe pipeline failure dispatch sim (got 'bogus')"),
+                      (["--rounds"], "--rounds needs a value"), (["--hosts", "1"], "--hosts 1 is out of range"),
+                      (["--only", "compare", "--skip", "moe"], "--only and --skip exclude each other"),
+                      (["--only", "moe", "--steps", "4"], "--steps must be at least 5")):
+        p = sh(["bash", "mpi_scripts/report.sh", *args])
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and msg in p.stderr, (args, p.returncode, p.stderr)
+    p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--hosts", "2", "--out", "/nonexistent/r"])
+    assert p.returncode == 0, p.stderr
+    cmds = dict(line.split(": ", 1) for line in p.stdout.splitlines() if re.match(r"^(compare|moe|pipeline|failure|dispatch|sim): ", line))
+    assert sorted(cmds) == sorted(["compare", "moe", "pipeline", "failure", "dispatch", "sim"]), p.stdout
+    for s in ("compare", "moe", "pipeline"):
+        assert "--hosts 2" in cmds[s] and f"--out /nonexistent/r/{s}" in cmds[s], cmds[s]
+    assert "--rounds 3 --steps 5" in cmds["compare"] and "--moe-skew 0" in cmds["moe"], cmds
+    assert "--no-hosts" not in cmds["sim"], cmds["sim"]
+    assert not os.path.exists("/nonexistent/r"), "--dry-run made its folder"
+
+
 def case_page(build):
+    flags_and_commands()
     install_tools()
     keep = os.path.join(build, "report-test")
     shutil.rmtree(keep, ignore_errors=True)
