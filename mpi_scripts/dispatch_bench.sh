@@ -19,7 +19,7 @@ for v in ${HOSTS-1}; do pwm_count dispatch_bench.sh HOSTS "$v" 1 16; done
 for v in ${PER_HOST:-1}; do pwm_count dispatch_bench.sh PER_HOST "$v" 1 16; done
 pwm_install_deps
 pwm_build >/dev/null
-RES="$PWM_ROOT/results"
+RES="${PWM_DISPATCH_OUT:-$PWM_ROOT/results}"  # (mpi_scripts/report.sh: its own folder)
 mkdir -p "$RES"
 BENCH="$BUILD_DIR/bench/pathways/dispatch_bench"
 # The numbers are ratios on shared cores: warn when something else is using them.

@@ -83,6 +83,11 @@ pwm_install_slurm() {
   return $rc
 }
 
+# pwm_install_report_tools: what mpi_scripts/report.sh and the `report` test label need beyond
+# the build: Debian's Chromium (the page is opened in it headless: mpi_scripts/report_check.py)
+# and python3-jsonschema (report.json against mpi_scripts/report_schema.json).
+pwm_install_report_tools() { pwm_install_packages chromium python3-jsonschema; }
+
 # Flag parsing for the scripts, before anything is installed or built; each prints one line
 # naming the script and the flag, and exits 2.
 # pwm_value SCRIPT "$@" (the arguments from the flag on): the flag's value, or the error when

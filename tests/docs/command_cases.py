@@ -93,7 +93,7 @@ LAUNCHERS = {"mpirun", "mpiexec", "srun", "sbatch", "salloc"}
 # Measurement scripts: not run (minutes; they write the clone's results/), their flags checked.
 MEASUREMENTS = {"collectives_bench.sh", "model_bench.sh", "spmd_bench.sh", "scale_bench.sh", "moe_bench.sh",
                 "dispatch_bench.sh", "pipeline_bench.sh", "sim_calibrate.sh", "sim_validate.sh", "failure_bench.sh",
-                "survive_probe.sh", "supervise.sh", "straggler_bench.sh", "launch_watch.sh"}
+                "survive_probe.sh", "supervise.sh", "straggler_bench.sh", "launch_watch.sh", "report.sh"}
 # A synthetic profile for pwm_sim (every key it requires; the values need not be realistic).
 PROFILE = """{"machine": "test", "kernels": {"fwd_us_per_gflop": 1000, "bwd_us_per_gflop": 2000,
  "opt_us_per_param": 0.001, "step_overhead_us": 10},
