@@ -16,10 +16,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 from harness import launch
-from harness.launch import SKIP, set_build, trainer
+from harness.compare import same_bits
+from harness.launch import SKIP, case_main, trainer
 from harness.outputs import metrics
 from harness.workloads import TINY, train
 
@@ -166,20 +166,9 @@ def case_srun_pmix_two_nodes():
     print(p.stdout[-2000:])
     assert re.search(rf"not on one host: replica 0 \({name}-h0, {name}-h1\)", p.stdout), \
         f"no note that the ranks span {name}-h0 and {name}-h1:\n{p.stdout}"
-    got = metrics(path)
-    for s in ref[0]:
-        assert got[0][s]["loss"] == ref[0][s]["loss"], f"step {s}: loss {got[0][s]['loss']} != {ref[0][s]['loss']}"
-    assert got[2]["weights_hash"] == ref[2]["weights_hash"], "srun --mpi=pmix over 2 nodes: final weights differ"
-
-
-def main():
-    case, build = sys.argv[1], sys.argv[2]
-    skip_under_mpich()
-    with tempfile.TemporaryDirectory(prefix="pwm_slurm_") as tmp:
-        set_build(build, tmp)
-        globals()["case_" + case]()
-    print(f"{case}: ok")
+    same_bits(ref, metrics(path), "srun --mpi=pmix over 2 nodes against mpirun on one host")
 
 
 if __name__ == "__main__":
-    main()
+    skip_under_mpich()
+    case_main(globals(), "slurm")
