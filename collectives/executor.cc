@@ -50,7 +50,7 @@ std::string CollectiveInfo::describe() const {
 Executor::Executor(Transport& transport, Schedule&& schedule, CollectiveInfo info, int tag,
                    int fingerprint_tag, double timeout_s)
     : t_(transport), sched_(std::move(schedule)), info_(info), tag_(tag), timeout_s_(timeout_s),
-      start_us_(now_us()), last_us_(start_us_) {
+      start_us_(now_us()), last_us_(start_us_), owner_(BufferOwnerScope::current()) {
   state_.assign(sched_.steps().size(), 0);
   req_.resize(sched_.steps().size());
   size_t n = info_.group ? info_.group->size() : 1;
@@ -273,18 +273,27 @@ void Executor::abandon() noexcept {
                          "cannot withdraw it; aborting the job (in-job recovery needs the project's algorithms)",
                          t_.rank(), info_.describe()));
   std::vector<std::pair<Request*, int>> arriving;  // receives whose message matched: (request, peer)
+  std::vector<Request*> sends;                      // posted sends: MPI may still read their buffers
   auto withdraw = [&](const Schedule* s, std::vector<uint8_t>& state, std::vector<Request>& req) {
     if (!s) return;
     for (uint32_t id = 0; id < s->steps().size(); ++id) {
       if (state[id] != 1) continue;
       if (s->steps()[id].kind == StepKind::kSend)
-        t_.release(req[id]);
+        sends.push_back(&req[id]);
       else if (!t_.cancel_recv(req[id]))
         arriving.push_back({&req[id], (*info_.group)[s->steps()[id].peer]});
     }
   };
   withdraw(&sched_, state_, req_);
   withdraw(fp_sched_.get(), fp_state_, fp_req_);
+  if (!sends.empty()) {
+    // The sends read the caller's buffers (kept by the owner it named when it started) and this
+    // collective's own (the schedule's scratch, the fingerprints): the transport keeps both until
+    // MPI is done with the sends (Transport::abandon).
+    auto left = std::make_shared<LeftBuffers>(
+        LeftBuffers{std::move(sched_), std::move(fp_sched_), std::move(fp_send_), std::move(fp_buf_), owner_});
+    for (Request* r : sends) t_.abandon(*r, left);
+  }
   const int64_t deadline = now_us() + static_cast<int64_t>(std::min(timeout_s_, 10.0) * 1e6);
   while (!arriving.empty()) {
     std::erase_if(arriving, [&](auto& a) {

@@ -73,8 +73,9 @@ class Executor {
   [[noreturn]] void fire_watchdog();
   // Withdraws the posted receives of both schedules and waits (a bounded time, running the wait
   // hook for the heartbeat) for those whose message is arriving; one that does not end ends the
-  // job (Transport::abort), since its buffer is about to be freed. Posted sends are released
-  // to MPI (Transport::release). A native collective cannot be withdrawn at all: that ends the
+  // job (Transport::abort), since its buffer is about to be freed. Posted sends go to the
+  // transport (Transport::abandon) with what their buffers belong to: the caller's owner
+  // (BufferOwnerScope, taken when the collective started) and this executor's own buffers. A native collective cannot be withdrawn at all: that ends the
   // job too. (Neither abort is reached in process, whose abort throws: its receives always
   // withdraw and it has no native collectives.)
   void abandon() noexcept;
@@ -104,6 +105,15 @@ class Executor {
   std::vector<uint64_t> fp_buf_;   // group size x kFingerprintWords: received (own slot: this rank's)
   std::vector<uint64_t> fp_send_;  // group size x kFingerprintWords: sent to each member
   std::vector<uint64_t> fp_expect_;  // per member: the count word expected from it
+
+  std::shared_ptr<const void> owner_;  // the caller's buffers' (BufferOwnerScope::current())
+  // What an abandoned collective's sends may still read, kept by the transport (abandon()).
+  struct LeftBuffers {
+    Schedule sched;
+    std::unique_ptr<Schedule> fp_sched;
+    std::vector<uint64_t> fp_send, fp_buf;
+    std::shared_ptr<const void> caller;
+  };
 
   std::unique_ptr<NativeOp> native_;
   std::shared_ptr<SeqWindow> window_;

@@ -166,8 +166,16 @@ class MpiTransport : public Transport {
     }
   }
   ~MpiTransport() override {  // a destructor: failures are reported, the other frees still run
+    reap_abandoned();
+    leak_abandoned();
     for (auto& [group, c] : group_comms_) PWM_MPI_REPORT(MPI_Comm_free(&c));
     for (MPI_Comm& c : channels_) PWM_MPI_REPORT(MPI_Comm_free(&c));
+  }
+
+  void free_request(Request& r) override {
+    MPI_Request m = to_mpi(r);
+    if (m != MPI_REQUEST_NULL) PWM_MPI_REPORT(MPI_Request_free(&m));  // (reported, not thrown: a destructor's)
+    r = from_mpi(MPI_REQUEST_NULL);
   }
 
   int rank() const override { return rank_; }
@@ -244,13 +252,8 @@ class MpiTransport : public Transport {
     return flag != 0;
   }
 
-  void release(Request& r) override {
-    MPI_Request m = to_mpi(r);
-    if (m != MPI_REQUEST_NULL) PWM_MPI_REPORT(MPI_Request_free(&m));  // (reported, not thrown: an abandon's)
-    r = from_mpi(MPI_REQUEST_NULL);
-  }
-
   void idle() override {
+    if (abandoned() > 0) reap_abandoned();
     if (yield_when_idle_) sched_yield();
   }
 

@@ -52,6 +52,25 @@ class NativeOp {
   virtual bool test() = 0;  // true once complete; throws pwm::Error on failure
 };
 
+// What owns the caller's buffers of the collectives this thread starts while the scope lives
+// (scopes nest; the innermost names the owner). An executor takes the owner when it starts; if
+// its collective is left unfinished (Interrupted, Work::abandon), the owner goes with its posted
+// sends to Transport::abandon, so the caller's buffers those sends read live until MPI is done
+// with them. The dataflow interpreter opens one around each kernel (its inputs and outputs).
+// Outside any scope the owner is empty: the caller's send buffers must then live as long as the
+// transport (as a trainer's gradient buffers do).
+class BufferOwnerScope {
+ public:
+  explicit BufferOwnerScope(std::shared_ptr<const void> owner);
+  ~BufferOwnerScope();
+  BufferOwnerScope(const BufferOwnerScope&) = delete;
+  BufferOwnerScope& operator=(const BufferOwnerScope&) = delete;
+  static std::shared_ptr<const void> current();
+
+ private:
+  std::shared_ptr<const void> previous_;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -93,13 +112,20 @@ class Transport {
   // is the caller's again. False while a message that matched it is still arriving (or the
   // cancel failed): test() it until it completes. Call once per request. Never throws.
   virtual bool cancel_recv(Request& r) = 0;
-  // Gives up a posted send of a collective that was left (MPI_Request_free; MPI-4 deprecates
-  // cancelling sends): MPI completes it if its receiver ever takes it, and nothing is left
-  // pending. The handle is invalid afterwards. The send only reads its buffer, and only for a
-  // receive that had matched it (a peer that left the collective too: what it receives it
-  // discards) or that is posted later with its tag (none: the group goes on with a fresh
-  // context). Never throws. The in-process fabric's sends are complete when posted.
-  virtual void release(Request& r) { r = Request{}; }
+  // Gives up a posted request whose collective or transfer was left (a peer was lost): a send,
+  // or a receive whose message had matched (cancel_recv false). MPI may use its buffer until the
+  // request completes, and nothing else says when (MPI-4 deprecates cancelling sends; after
+  // MPI_Request_free a send's buffer can never be freed safely). So the transport keeps the
+  // request and `owner`, what keeps its buffer alive, and drops `owner` once reap_abandoned()
+  // finds the request complete (or failed: then MPI is done with it too). A send whose receiver
+  // never takes it (a lost peer, or one that left too) stays kept: when the transport is
+  // destroyed, such requests are freed and their owners leaked, so the buffers outlive MPI. The
+  // handle is invalid afterwards. Never throws. In process, sends are complete when posted.
+  void abandon(Request& r, std::shared_ptr<const void> owner);
+  // Tests the kept requests (abandon); returns how many are still kept. Called by idle() and by
+  // the users' own progress loops. Never throws.
+  size_t reap_abandoned();
+  size_t abandoned() const { return abandoned_.size(); }
 
   // Called by a waiting collective when a progress pass found nothing to do. MPI must be polled
   // (its progress engine runs inside MPI_Test), so the MPI transport only yields its core, and
@@ -142,6 +168,17 @@ class Transport {
 
  private:
   std::function<void()> wait_hook_;
+  struct Kept {
+    Request req;
+    std::shared_ptr<const void> owner;
+  };
+  std::vector<Kept> abandoned_;
+
+ protected:
+  // The transport's end: the requests still kept are given up and their owners leaked
+  // (abandon). The MPI transport frees the requests here (MPI_Request_free), before MPI ends.
+  virtual void free_request(Request& r) { r = Request{}; }
+  void leak_abandoned();
 };
 
 }  // namespace pwm::collectives

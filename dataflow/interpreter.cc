@@ -299,6 +299,12 @@ std::string Walk::run_kernel(WalkHost& host, size_t i, bool gang) {
   std::vector<KernelContext::Buffer> ins, outs;
   for (int32_t s : e.ins) ins.push_back({slots_[s]->buf.data(), &slots_[s]->spec});
   for (int32_t s : e.outs) outs.push_back({write_ptr(s), &slots_[s]->spec});
+  // The collectives the kernel starts read and write its inputs' and outputs' buffers; one it
+  // leaves (Interrupted: a peer was lost) keeps them alive while MPI may still read them.
+  auto owner = std::make_shared<std::vector<ObjectPtr>>();
+  for (int32_t s : e.ins) owner->push_back(slots_[s]);
+  for (int32_t s : e.outs) owner->push_back(slots_[s]);
+  collectives::BufferOwnerScope scope(std::move(owner));
   host.before_kernel(i);
   const double t0 = now_s();
   try {

@@ -77,7 +77,7 @@ void Worker::loop() {
     }
     any |= progress_moves();
     any |= progress_fetches();
-    if (!abandoned_.empty()) any |= progress_abandoned();
+    if (const size_t kept = t_->abandoned()) any |= t_->reap_abandoned() < kept;
     any |= chan_.flush();
     if (shutdown_ && runs_.empty() && queued_.empty() && moves_.empty() && fetches_.empty()) break;
     if (any) {

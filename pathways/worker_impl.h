@@ -115,12 +115,10 @@ class Worker {
   }
 
   // CancelRun: the run stops where it is (another device of it was lost). Its posted receives
-  // are withdrawn and its other transfers abandoned (kept until MPI is done with them), its
-  // kernels not yet run never run, its unwritten values fail with `reason`; finish_run then
-  // answers run_done.
+  // are withdrawn and its other transfers abandoned (the transport keeps them and their buffers
+  // until MPI is done with them: Transport::abandon), its kernels not yet run never run, its
+  // unwritten values fail with `reason`; finish_run then answers run_done.
   void cancel_run(Run& run, const std::string& reason);
-  // Tests the abandoned transfers, dropping the ones MPI is done with; true if any was.
-  bool progress_abandoned();
 
   void finish_run(Run& run) {
     chan_.send(0, RunDone{run.h.run_id, run.first_error(), run.kernel_s});  // (the run ends here)
@@ -145,7 +143,6 @@ class Worker {
   std::list<Run> runs_;
   std::list<Move> moves_;
   std::list<Fetch> fetches_;
-  std::list<Abandoned> abandoned_;
   std::vector<int> lost_;  // the world ranks the controller lost (its shutdown message)
   dataflow::SliceComms comms_;
   std::set<uint64_t> pending_execs_;

@@ -46,13 +46,6 @@ struct Run {
   const std::string& first_error() const { return error.empty() && walk ? walk->error() : error; }
 };
 
-// A transfer of a cancelled run that was posted: its buffer stays alive until MPI is done with it,
-// which is never when the peer was lost (the worker keeps it until it exits).
-struct Abandoned {
-  collectives::Request req;
-  ObjectPtr buf;
-};
-
 struct Move {
   bool out = false;
   uint64_t object = 0;

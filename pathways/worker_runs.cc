@@ -185,21 +185,7 @@ void Worker::cancel_run(Run& run, const std::string& reason) {
   if (opts_.on_cancel) opts_.on_cancel();
   Host host(*this, run);
   run.walk->cancel(reason, host,
-                   [this](collectives::Request req, ObjectPtr buf) { abandoned_.push_back({std::move(req), std::move(buf)}); });
-}
-
-bool Worker::progress_abandoned() {
-  bool any = false;
-  for (auto it = abandoned_.begin(); it != abandoned_.end();) {
-    size_t got = 0;
-    if (t_->test(it->req, &got)) {
-      it = abandoned_.erase(it);
-      any = true;
-    } else {
-      ++it;
-    }
-  }
-  return any;
+                   [this](collectives::Request req, ObjectPtr buf) { t_->abandon(req, std::move(buf)); });
 }
 
 bool Worker::admit() {

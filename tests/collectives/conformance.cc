@@ -219,6 +219,65 @@ std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& 
   return fails;
 }
 
+std::vector<std::string> check_abandoned_send_keeps_its_buffer(std::shared_ptr<Transport> t, Communicator& world) {
+  std::vector<std::string> fails;
+  const int w = t->rank();
+  const size_t count = size_t{4} << 20;  // 16 MiB: 256 KiB segments, past every library's eager limit
+  struct Buffers {
+    std::vector<float> in, out;  // (not in place: the ring's sends read `in` itself, not a copy)
+  };
+  int64_t leave_at = 0;
+  t->set_wait_hook([&] {
+    if (leave_at > 0 && now_us() > leave_at) throw Interrupted("the test's hook");
+  });
+  auto run = [&](Buffers& b, double leave_after_s) {
+    Communicator pair(t, {0, 1}, 1003);  // (a context no other test uses)
+    leave_at = now_us() + static_cast<int64_t>(leave_after_s * 1e6);
+    try {
+      pair.allreduce(b.in.data(), b.out.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+      fails.push_back(fmt::format("rank {}: the AllReduce completed without its peer", w));
+    } catch (const Interrupted&) {
+    }
+    leave_at = 0;
+  };
+  std::weak_ptr<Buffers> kept;
+  world.barrier();
+  if (w == 0) {
+    auto b = std::make_shared<Buffers>(Buffers{std::vector<float>(count, 1.0f), std::vector<float>(count, 0.0f)});
+    kept = b;
+    {
+      BufferOwnerScope scope(b);
+      run(*b, 0.05);
+    }
+    b.reset();  // (the caller is done with them: only the transport may hold them now)
+    if (kept.expired() || t->abandoned() == 0)
+      fails.push_back("rank 0: the buffers of a send left posted were freed (or the send was not kept)");
+  }
+  world.barrier();
+  Buffers mine;
+  if (w == 1) {
+    mine = {std::vector<float>(count, 2.0f), std::vector<float>(count, 0.0f)};
+    run(mine, 2.0);  // (rank 0's messages arrive within the 2 s; then it waits for what rank 0 never sends)
+  }
+  world.barrier();
+  if (w == 0) {
+    const int64_t deadline = now_us() + 10'000'000;
+    while (!kept.expired() && now_us() < deadline) {
+      t->reap_abandoned();
+      t->idle();
+    }
+    if (!kept.expired()) fails.push_back("rank 0: its buffers are still kept after rank 1 took every message sent");
+  }
+  world.barrier();  // (rank 0 progressed MPI in its loop above while rank 1 waited here)
+  // Ring on 2 ranks, reduce-scatter: rank 0 sends chunk 1 (the second half), which rank 1 adds
+  // to its own into its output.
+  if (w == 1 && std::count(mine.out.begin() + count / 2, mine.out.end(), 3.0f) != static_cast<long>(count / 2))
+    fails.push_back("rank 1: the half rank 0 sent before leaving did not arrive intact (1 + 2 = 3)");
+  t->set_wait_hook({});
+  world.barrier();
+  return fails;
+}
+
 }  // namespace pwm::collectives::testing
 
 namespace pwm::collectives::testing {

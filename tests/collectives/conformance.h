@@ -47,4 +47,13 @@ std::vector<std::string> check_many_in_flight(const std::vector<Communicator*>& 
 // AllReduce of the pair on a fresh context must give the exact sum. Needs 2 ranks or more.
 std::vector<std::string> check_interrupted_collective(std::shared_ptr<Transport> t, Communicator& world);
 
+// MPI's rule for a send's buffer (Transport::abandon): rank 0 leaves a large ring AllReduce of
+// the pair (its sends are rendezvous-sized, so MPI reads their buffer only once a receive takes
+// them) inside a BufferOwnerScope and drops its own reference to the buffer. The transport must
+// keep the buffer while the sends are posted. Rank 1 then takes those messages (the same
+// AllReduce on the same context, left by the hook once they arrived): rank 1 must receive rank
+// 0's values, and rank 0's buffer must be freed once MPI is done (nothing kept for ever). Under
+// AddressSanitizer a buffer freed too early is a heap-use-after-free in MPI. Needs 2 ranks or more.
+std::vector<std::string> check_abandoned_send_keeps_its_buffer(std::shared_ptr<Transport> t, Communicator& world);
+
 }  // namespace pwm::collectives::testing

@@ -195,6 +195,13 @@ TEST(Mpi, AnInterruptedCollectiveIsAbandoned) {
   EXPECT_TRUE(fails.empty()) << first(fails);
 }
 
+TEST(Mpi, AnAbandonedSendKeepsItsBufferUntilMpiIsDone) {
+  if (g_env->size() < 2) GTEST_SKIP() << "needs two ranks";
+  Communicator world = Communicator::world(g_env->transport());
+  auto fails = testing::check_abandoned_send_keeps_its_buffer(g_env->transport(), world);
+  EXPECT_TRUE(fails.empty()) << first(fails);
+}
+
 }  // namespace
 }  // namespace pwm::collectives
 

@@ -1,0 +1,46 @@
+#include "collectives/transport.h"
+
+#include <algorithm>
+#include <exception>
+
+namespace pwm::collectives {
+
+namespace {
+thread_local std::shared_ptr<const void> t_owner;
+}  // namespace
+
+BufferOwnerScope::BufferOwnerScope(std::shared_ptr<const void> owner) : previous_(std::move(t_owner)) {
+  t_owner = std::move(owner);
+}
+BufferOwnerScope::~BufferOwnerScope() { t_owner = std::move(previous_); }
+std::shared_ptr<const void> BufferOwnerScope::current() { return t_owner; }
+
+void Transport::abandon(Request& r, std::shared_ptr<const void> owner) {
+  abandoned_.push_back({r, std::move(owner)});
+  r = Request{};
+}
+
+size_t Transport::reap_abandoned() {
+  std::erase_if(abandoned_, [&](Kept& k) {
+    try {
+      return test(k.req, nullptr);
+    } catch (const std::exception&) {
+      return true;  // (a failed request is over: MPI freed it, and is done with its buffer)
+    }
+  });
+  return abandoned_.size();
+}
+
+void Transport::leak_abandoned() {
+  // Still kept: sends no receiver will take (their peer was lost or left). They are freed so
+  // that nothing is left pending when MPI ends, and their buffers are never freed: MPI may
+  // still read them until it ends (abandon). Bounded by the losses of the run.
+  static auto* leaked = new std::vector<std::shared_ptr<const void>>();
+  for (Kept& k : abandoned_) {
+    free_request(k.req);
+    leaked->push_back(std::move(k.owner));
+  }
+  abandoned_.clear();
+}
+
+}  // namespace pwm::collectives
