@@ -246,6 +246,7 @@ bool Executor::progress() {
     failure = e.what();
   }
   if (!failure.empty()) t_.abort(failure + "; aborting the job");
+  if (done_) owner_.reset();  // (MPI is done with the caller's buffers: their lifetime is the caller's again)
   if (!done_) {
     // More than half the timeout since this rank last looked: it did not run (it was stopped,
     // or computed between two tests of a non-blocking collective). The peers are given that
