@@ -278,4 +278,31 @@ std::vector<size_t> Communicator::alltoall_counts(std::span<const size_t> send_c
   return std::vector<size_t>(out.begin(), out.end());
 }
 
+ContextDrain::ContextDrain(std::shared_ptr<Transport> t, uint32_t context, std::map<int, uint64_t> left)
+    : t_(std::move(t)), context_(context), left_(std::move(left)) {
+  PWM_CHECK(t_ != nullptr);
+  if (context_ >= kMaxContext) PWM_THROW("communicator context {} out of range [0, {})", context_, kMaxContext);
+  std::erase_if(left_, [](const auto& kv) { return kv.second == 0; });
+}
+
+bool ContextDrain::progress() {
+  for (auto it = left_.begin(); it != left_.end();) {
+    auto& [peer, n] = *it;
+    for (uint64_t seq = 0; seq < kSeqWindow && n > 0; ++seq)
+      for (int sub = 0; sub < 2 && n > 0; ++sub)
+        while (n > 0 && t_->take_message(peer, make_tag(context_, seq, sub))) {
+          t_->count_message(context_, peer, false);
+          --n;
+        }
+    it = n == 0 ? left_.erase(it) : std::next(it);
+  }
+  return left_.empty();
+}
+
+uint64_t ContextDrain::left() const {
+  uint64_t n = 0;
+  for (const auto& [peer, k] : left_) n += k;
+  return n;
+}
+
 }  // namespace pwm::collectives

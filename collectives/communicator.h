@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -213,5 +214,27 @@ class Communicator {
 // the lower new rank's operand first). For a program that gathers the summands itself (the
 // expert island's squared norms) and must get the collective's bits.
 double recursive_doubling_sum(std::span<const double> v);
+
+// Takes and discards on this rank the messages of a communicator context that its peers sent and
+// no receive here took. After a loss the context's collectives are abandoned, and before the
+// context is handed out again nothing of it may be left to match a new receive. `left` lists, per
+// world rank, how many messages of the context from that rank are still to be taken: what the
+// peer counts as sent here minus what this rank counts as received (Transport::traffic), so that
+// the drain ends when the last one is in, not after a guess of how long messages travel.
+// progress() takes what has arrived (one probe per tag of the context, 512) and is true once
+// every message is taken; it never blocks. A message taken is counted as received. Uses the
+// transport from its one user thread, like the collectives.
+class ContextDrain {
+ public:
+  ContextDrain(std::shared_ptr<Transport> t, uint32_t context, std::map<int, uint64_t> left);
+  bool progress();
+  uint64_t left() const;
+  uint32_t context() const { return context_; }
+
+ private:
+  std::shared_ptr<Transport> t_;
+  uint32_t context_;
+  std::map<int, uint64_t> left_;
+};
 
 }  // namespace pwm::collectives

@@ -165,6 +165,7 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
                   st.count * elem, e.what());
       }
       if (complete) {
+        if (st.kind == StepKind::kRecv) t_.count_message(info_.context, group[st.peer], false);
         if (st.kind == StepKind::kRecv && got != st.count * elem)
           PWM_THROW("collective mismatch: world rank {}{} in {}: received {} bytes from world rank {}{} where {} "
                     "were expected; the ranks called different collectives (set PWM_COLL_DEBUG=1 to name both "
@@ -199,6 +200,7 @@ bool Executor::progress_schedule(Schedule& s, std::vector<uint8_t>& state,
           }
           const size_t bytes = st.count * elem;
           req[id] = is_send ? t_.isend(st.a, bytes, group[st.peer], tag) : t_.irecv(st.dst, bytes, group[st.peer], tag);
+          if (is_send) t_.count_message(info_.context, group[st.peer], true);
           state[id] = 1;
           active.push_back(id);
           progressed = true;
@@ -279,10 +281,14 @@ void Executor::abandon() noexcept {
     if (!s) return;
     for (uint32_t id = 0; id < s->steps().size(); ++id) {
       if (state[id] != 1) continue;
+      const int peer = (*info_.group)[s->steps()[id].peer];
+      bool taken = false;
       if (s->steps()[id].kind == StepKind::kSend)
         sends.push_back(&req[id]);
-      else if (!t_.cancel_recv(req[id]))
-        arriving.push_back({&req[id], (*info_.group)[s->steps()[id].peer]});
+      else if (!t_.cancel_recv(req[id], &taken))
+        arriving.push_back({&req[id], peer});
+      else if (taken)
+        t_.count_message(info_.context, peer, false);  // (its message had matched: it is not left to drain)
     }
   };
   withdraw(&sched_, state_, req_);
@@ -299,7 +305,9 @@ void Executor::abandon() noexcept {
   while (!arriving.empty()) {
     std::erase_if(arriving, [&](auto& a) {
       try {
-        return t_.test(*a.first, nullptr);
+        if (!t_.test(*a.first, nullptr)) return false;
+        t_.count_message(info_.context, a.second, false);  // (its message was taken)
+        return true;
       } catch (const std::exception&) {
         return true;  // (a failed request is over: MPI freed it)
       }

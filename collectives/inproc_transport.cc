@@ -119,7 +119,8 @@ class InProcTransport : public Transport {
     return true;
   }
 
-  bool cancel_recv(Request& r) override {
+  bool cancel_recv(Request& r, bool* received) override {
+    if (received) *received = false;
     if (r.handle == 0) return true;
     auto it = slots_.find(r.handle);
     if (it == slots_.end()) return true;
@@ -127,10 +128,22 @@ class InProcTransport : public Transport {
     {
       std::lock_guard<std::mutex> lock(box->mu);  // (a send that matches it takes this lock too)
       box->posted.remove(it->second);
+      if (received) *received = it->second->done.load(std::memory_order_acquire);
     }
     slots_.erase(it);  // withdrawn, or complete: either way over
     r.handle = 0;
     return true;
+  }
+
+  bool take_message(int peer, int tag) override {
+    auto* box = boxes_[rank_];
+    std::lock_guard<std::mutex> lock(box->mu);
+    for (auto it = box->unexpected.begin(); it != box->unexpected.end(); ++it)
+      if (it->src == peer && it->tag == tag) {
+        box->unexpected.erase(it);  // (its bytes were copied at the send: nothing to keep)
+        return true;
+      }
+    return false;
   }
 
   void idle() override { std::this_thread::yield(); }

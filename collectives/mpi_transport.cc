@@ -239,17 +239,44 @@ class MpiTransport : public Transport {
     return true;
   }
 
-  bool cancel_recv(Request& r) override {
+  bool cancel_recv(Request& r, bool* received) override {
     MPI_Request m = to_mpi(r);
+    if (received) *received = false;
     if (m == MPI_REQUEST_NULL) return true;
     // MPI_Cancel marks it; the request then completes, withdrawn or (its message had matched)
     // received, and MPI_Test frees it either way. A failed cancel leaves it posted: the caller
     // tests it until it completes. A failed test is an end: MPI freed the request (test()).
     if (MPI_Cancel(&m) != MPI_SUCCESS) return false;
-    int flag = 0;
-    if (MPI_Test(&m, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 1;
+    int flag = 0, cancelled = 1;
+    MPI_Status st;
+    if (MPI_Test(&m, &flag, &st) != MPI_SUCCESS)
+      flag = 1;
+    else if (flag && MPI_Test_cancelled(&st, &cancelled) == MPI_SUCCESS && received)
+      *received = cancelled == 0;
     r = from_mpi(flag ? MPI_REQUEST_NULL : m);
     return flag != 0;
+  }
+
+  bool take_message(int peer, int tag) override {
+    MPI_Message msg;
+    MPI_Status st;
+    int flag = 0;
+    PWM_MPI(MPI_Improbe(peer, wire_tag(tag), channel(tag), &flag, &msg, &st));
+    if (!flag) return false;
+    MPI_Count count = 0;
+    PWM_MPI(MPI_Get_elements_x(&st, MPI_BYTE, &count));
+    const size_t bytes = static_cast<size_t>(count);
+    auto buf = std::make_shared<std::vector<char>>(std::max<size_t>(bytes, 1));
+    MPI_Request r;
+    if (bytes <= g_large_count_threshold) {
+      PWM_MPI(MPI_Imrecv(buf->data(), static_cast<int>(bytes), MPI_BYTE, &msg, &r));
+    } else {
+      LargeBytes t(bytes);
+      PWM_MPI(MPI_Imrecv(buf->data(), 1, t.type, &msg, &r));
+    }
+    Request req = from_mpi(r);
+    abandon(req, std::move(buf));  // (kept until its bytes are in, then dropped)
+    return true;
   }
 
   void idle() override {

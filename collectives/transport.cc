@@ -31,6 +31,17 @@ size_t Transport::reap_abandoned() {
   return abandoned_.size();
 }
 
+Transport::Traffic Transport::traffic(uint32_t context) const {
+  auto it = traffic_.find(context);
+  return it == traffic_.end() ? Traffic{} : it->second;
+}
+
+void Transport::count_message(uint32_t context, int peer, bool sent) {
+  Traffic& t = traffic_[context];
+  if (t.sent.empty()) t.sent.assign(static_cast<size_t>(size()), 0), t.received.assign(static_cast<size_t>(size()), 0);
+  (sent ? t.sent : t.received)[static_cast<size_t>(peer)]++;
+}
+
 void Transport::leak_abandoned() {
   // Still kept: sends no receiver will take (their peer was lost or left). They are freed so
   // that nothing is left pending when MPI ends, and their buffers are never freed: MPI may

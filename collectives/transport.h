@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -111,7 +112,9 @@ class Transport {
   // True once the request is over, withdrawn or complete (its message had arrived): the buffer
   // is the caller's again. False while a message that matched it is still arriving (or the
   // cancel failed): test() it until it completes. Call once per request. Never throws.
-  virtual bool cancel_recv(Request& r) = 0;
+  // `received`, when given, is set with true: whether the request ended with its message taken
+  // (it had matched before the cancel) rather than withdrawn.
+  virtual bool cancel_recv(Request& r, bool* received = nullptr) = 0;
   // Gives up a posted request whose collective or transfer was left (a peer was lost): a send,
   // or a receive whose message had matched (cancel_recv false). MPI may use its buffer until the
   // request completes, and nothing else says when (MPI-4 deprecates cancelling sends; after
@@ -126,6 +129,21 @@ class Transport {
   // the users' own progress loops. Never throws.
   size_t reap_abandoned();
   size_t abandoned() const { return abandoned_.size(); }
+
+  // Messages of communicator context `context` (communicator.h) that this rank's collectives
+  // posted to each world rank, and received from each: counted by the executors (a withdrawn
+  // receive is not counted, one whose message arrived is). After a loss, what a peer counts as
+  // sent here minus what this rank counts as received is what of that context is still on its
+  // way here or waiting unmatched: ContextDrain (communicator.h) takes exactly that.
+  struct Traffic {
+    std::vector<uint64_t> sent, received;  // by world rank (empty: none yet)
+  };
+  Traffic traffic(uint32_t context) const;
+  void count_message(uint32_t context, int peer, bool sent);
+  // Takes one message from world rank `peer` with logical tag `tag` that arrived and matched no
+  // receive, if there is one (MPI_Improbe): it can match no receive afterwards. Its bytes are
+  // received into a buffer the transport keeps until they are in (abandon), then dropped.
+  virtual bool take_message(int peer, int tag) = 0;
 
   // Called by a waiting collective when a progress pass found nothing to do. MPI must be polled
   // (its progress engine runs inside MPI_Test), so the MPI transport only yields its core, and
@@ -173,6 +191,7 @@ class Transport {
     std::shared_ptr<const void> owner;
   };
   std::vector<Kept> abandoned_;
+  std::map<uint32_t, Traffic> traffic_;
 
  protected:
   // The transport's end: the requests still kept are given up and their owners leaked

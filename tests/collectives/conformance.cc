@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "common/time.h"
@@ -451,6 +452,62 @@ std::vector<std::string> check_interrupted_collective(std::shared_ptr<Transport>
     fresh.allreduce(x.data(), x.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
     if (std::count(x.begin(), x.end(), 3.0f) != static_cast<long>(count))
       fails.push_back(fmt::format("rank {}: the AllReduce on a fresh context after the abandoned one is wrong", w));
+  }
+  world.barrier();
+  return fails;
+}
+
+std::vector<std::string> check_context_drain(std::shared_ptr<Transport> t, Communicator& world, uint32_t context,
+                                             size_t count) {
+  std::vector<std::string> fails;
+  const int w = t->rank(), n = t->size();
+  int64_t leave_at = 0;
+  t->set_wait_hook([&] {
+    if (leave_at > 0 && now_us() > leave_at) throw Interrupted("the test's hook");
+  });
+  auto leave_alone = [&](int who) {
+    world.barrier();
+    if (w != who) return;
+    Communicator pair(t, {0, 1}, context);
+    // (owned by the transport once left: a posted send may still read it, Transport::abandon)
+    auto xy = std::make_shared<std::vector<float>>(2 * count, 1.0f);
+    BufferOwnerScope scope(xy);
+    leave_at = now_us() + 50'000;
+    try {
+      pair.allreduce(xy->data(), xy->data() + count, count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+      fails.push_back(fmt::format("rank {}: the AllReduce completed without its peer", w));
+    } catch (const Interrupted&) {
+    }
+    leave_at = 0;
+  };
+  leave_alone(0);
+  leave_alone(1);
+  t->set_wait_hook({});
+  world.barrier();
+  // Every rank's sent counts, row by row: sent[i * n + j] = messages of the context i sent to j.
+  std::vector<int64_t> sent(static_cast<size_t>(n) * n, 0);
+  const Transport::Traffic mine = t->traffic(context);
+  for (int j = 0; j < n && !mine.sent.empty(); ++j) sent[static_cast<size_t>(w) * n + j] = mine.sent[j];
+  world.allreduce(sent.data(), sent.data(), sent.size(), DataType::kInt64, ReduceOp::kSum);
+  std::map<int, uint64_t> left;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t got = mine.received.empty() ? 0 : mine.received[i];
+    const auto to_me = static_cast<uint64_t>(sent[static_cast<size_t>(i) * n + w]);
+    if (to_me < got) fails.push_back(fmt::format("rank {}: received {} messages from rank {}, which sent {}", w, got, i, to_me));
+    if (to_me > got) left[i] = to_me - got;
+  }
+  if (w == 0 && left.empty()) fails.push_back("rank 0: nothing of rank 1 was left to drain (the case tests nothing)");
+  ContextDrain drain(t, context, left);
+  const int64_t deadline = now_us() + 10'000'000;
+  while (!drain.progress() && now_us() < deadline) t->idle();
+  if (drain.left() > 0) fails.push_back(fmt::format("rank {}: {} messages of the context never arrived", w, drain.left()));
+  world.barrier();  // (a drained message can match no receive now, whenever its bytes come in)
+  if (w <= 1) {
+    Communicator fresh(t, {0, 1}, context);  // the same context, handed out again
+    std::vector<float> x(count, static_cast<float>(w + 1));
+    fresh.allreduce(x.data(), x.data(), count, DataType::kFloat32, ReduceOp::kSum, Algorithm::kRing);
+    if (std::count(x.begin(), x.end(), 3.0f) != static_cast<long>(count))
+      fails.push_back(fmt::format("rank {}: the AllReduce on the drained context is wrong", w));
   }
   world.barrier();
   return fails;

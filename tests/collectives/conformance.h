@@ -56,4 +56,13 @@ std::vector<std::string> check_interrupted_collective(std::shared_ptr<Transport>
 // AddressSanitizer a buffer freed too early is a heap-use-after-free in MPI. Needs 2 ranks or more.
 std::vector<std::string> check_abandoned_send_keeps_its_buffer(std::shared_ptr<Transport> t, Communicator& world);
 
+// Reclaiming a context after a loss (ContextDrain): ranks 0 and 1 each enter an AllReduce of the
+// pair on one context alone, one after the other, and leave it by the hook, so each leaves
+// messages the other never took. They exchange their counts (Transport::traffic), drain what is
+// left, and then a fresh Communicator on the same context must give the exact sum (a stale
+// message would be matched by its first receive instead). Both an eager size and a rendezvous
+// one (`count` floats). Needs 2 ranks or more.
+std::vector<std::string> check_context_drain(std::shared_ptr<Transport> t, Communicator& world, uint32_t context,
+                                             size_t count);
+
 }  // namespace pwm::collectives::testing

@@ -101,5 +101,17 @@ TEST(InProcInterrupt, AnInterruptedCollectiveIsAbandoned) {
   EXPECT_TRUE(fails.empty()) << fails.front();
 }
 
+TEST(InProcInterrupt, AContextIsReusableOnceDrained) {
+  std::mutex mu;
+  std::vector<std::string> fails;
+  run_inproc(3, [&](int, std::shared_ptr<Transport> t) {
+    Communicator world = Communicator::world(t, default_options());
+    auto f = testing::check_context_drain(t, world, 1004, 1000);
+    std::lock_guard<std::mutex> lock(mu);
+    fails.insert(fails.end(), f.begin(), f.end());
+  });
+  EXPECT_TRUE(fails.empty()) << fails.front();
+}
+
 }  // namespace
 }  // namespace pwm::collectives

@@ -202,6 +202,15 @@ TEST(Mpi, AnAbandonedSendKeepsItsBufferUntilMpiIsDone) {
   EXPECT_TRUE(fails.empty()) << first(fails);
 }
 
+TEST(Mpi, AContextIsReusableOnceDrained) {
+  if (g_env->size() < 2) GTEST_SKIP() << "needs two ranks";
+  Communicator world = Communicator::world(g_env->transport());
+  for (auto [context, count] : {std::pair<uint32_t, size_t>{1004, 1000}, {1005, size_t{1} << 18}}) {
+    auto fails = testing::check_context_drain(g_env->transport(), world, context, count);
+    EXPECT_TRUE(fails.empty()) << count << " floats: " << first(fails);
+  }
+}
+
 }  // namespace
 }  // namespace pwm::collectives
 
