@@ -75,9 +75,10 @@ class Executor {
   // hook for the heartbeat) for those whose message is arriving; one that does not end ends the
   // job (Transport::abort), since its buffer is about to be freed. Posted sends go to the
   // transport (Transport::abandon) with what their buffers belong to: the caller's owner
-  // (BufferOwnerScope, taken when the collective started) and this executor's own buffers. A native collective cannot be withdrawn at all: that ends the
-  // job too. (Neither abort is reached in process, whose abort throws: its receives always
-  // withdraw and it has no native collectives.)
+  // (BufferOwnerScope, taken when the collective started) and this executor's own buffers. A
+  // native collective cannot be withdrawn at all: that ends the job too. (Neither abort is
+  // reached in process, whose abort throws: its receives always withdraw and it has no native
+  // collectives.)
   void abandon() noexcept;
 
   Transport& t_;
