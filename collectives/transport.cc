@@ -6,14 +6,24 @@
 namespace pwm::collectives {
 
 namespace {
-thread_local std::shared_ptr<const void> t_owner;
+thread_local void* t_scope = nullptr;  // the innermost BufferOwnerScope's State
 }  // namespace
 
-BufferOwnerScope::BufferOwnerScope(std::shared_ptr<const void> owner) : previous_(std::move(t_owner)) {
-  t_owner = std::move(owner);
+BufferOwnerScope::BufferOwnerScope(std::shared_ptr<const void> owner)
+    : state_{std::move(owner), {}}, previous_(static_cast<State*>(t_scope)) {
+  t_scope = &state_;
 }
-BufferOwnerScope::~BufferOwnerScope() { t_owner = std::move(previous_); }
-std::shared_ptr<const void> BufferOwnerScope::current() { return t_owner; }
+BufferOwnerScope::BufferOwnerScope(Make make)
+    : state_{{}, std::move(make)}, previous_(static_cast<State*>(t_scope)) {
+  t_scope = &state_;
+}
+BufferOwnerScope::~BufferOwnerScope() { t_scope = previous_; }
+std::shared_ptr<const void> BufferOwnerScope::current() {
+  auto* s = static_cast<State*>(t_scope);
+  if (!s) return {};
+  if (!s->owner && s->make) s->owner = s->make();
+  return s->owner;
+}
 
 void Transport::abandon(Request& r, std::shared_ptr<const void> owner) {
   abandoned_.push_back({r, std::move(owner)});

@@ -62,14 +62,23 @@ class NativeOp {
 // transport (as a trainer's gradient buffers do).
 class BufferOwnerScope {
  public:
+  using Make = std::function<std::shared_ptr<const void>()>;
   explicit BufferOwnerScope(std::shared_ptr<const void> owner);
+  // The owner made by `make` when a collective first asks for it (once per scope): a scope that
+  // starts no collective costs no allocation (the interpreter opens one per kernel).
+  explicit BufferOwnerScope(Make make);
   ~BufferOwnerScope();
   BufferOwnerScope(const BufferOwnerScope&) = delete;
   BufferOwnerScope& operator=(const BufferOwnerScope&) = delete;
   static std::shared_ptr<const void> current();
 
  private:
-  std::shared_ptr<const void> previous_;
+  struct State {
+    std::shared_ptr<const void> owner;
+    Make make;
+  };
+  State state_;
+  State* previous_;
 };
 
 class Transport {

@@ -300,11 +300,14 @@ std::string Walk::run_kernel(WalkHost& host, size_t i, bool gang) {
   for (int32_t s : e.ins) ins.push_back({slots_[s]->buf.data(), &slots_[s]->spec});
   for (int32_t s : e.outs) outs.push_back({write_ptr(s), &slots_[s]->spec});
   // The collectives the kernel starts read and write its inputs' and outputs' buffers; one it
-  // leaves (Interrupted: a peer was lost) keeps them alive while MPI may still read them.
-  auto owner = std::make_shared<std::vector<ObjectPtr>>();
-  for (int32_t s : e.ins) owner->push_back(slots_[s]);
-  for (int32_t s : e.outs) owner->push_back(slots_[s]);
-  collectives::BufferOwnerScope scope(std::move(owner));
+  // leaves (Interrupted: a peer was lost) keeps them alive while MPI may still read them. (Made
+  // only if the kernel starts a collective.)
+  collectives::BufferOwnerScope scope([this, &e]() -> std::shared_ptr<const void> {
+    auto owner = std::make_shared<std::vector<ObjectPtr>>();
+    for (int32_t s : e.ins) owner->push_back(slots_[s]);
+    for (int32_t s : e.outs) owner->push_back(slots_[s]);
+    return owner;
+  });
   host.before_kernel(i);
   const double t0 = now_s();
   try {
