@@ -1,21 +1,10 @@
 #include "mpmd/startup.h"
 
 #include <fmt/format.h>
-#include <malloc.h>
 
 #include "common/check.h"
 
 namespace pwm::mpmd {
-
-void keep_large_blocks_in_heap() {
-  // Every node of a step allocates its outputs afresh (object-store buffers and static slots are
-  // values) and frees its inputs' buffers when they die: keep large blocks in the heap, where
-  // freed memory is reused, instead of mmap/munmap per buffer, which costs page faults and zeroing
-  // on every step (in interleaved runs of pathways_train's chained step at the reference config:
-  // 1002 -> 710 ms and 1621 -> 899 ms per step on a busy machine).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
 
 std::optional<int> start(int argc, char** argv, collectives::MpiEnvironment& env, const train::TrainerSpec& spec,
                          train::Startup& s, bool& resume) {
