@@ -29,10 +29,7 @@ std::atomic<int64_t> g_live{0}, g_live_bytes{0}, g_peak_bytes{0};
 // of buffers, took fresh pages for most of them every step: 1.6-1.8x slower steps and 1.6x the
 // resident memory on this VM, whose page faults are expensive.) PWM_PW_BUFFER_CACHE_MB sets a
 // fixed bound instead (0: no cache). The cache is not counted in live_bytes(), which a
-// memory cap limits. It is also why the MPMD binaries leave malloc's thresholds alone (they set
-// M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to 1 GiB until issue 58): with the cache, taking those
-// out changed neither peak RSS nor step time beyond noise, while no cache at all made chained
-// steps ~12% slower and their peak RSS larger (docs/results/memory.md).
+// memory cap limits.
 constexpr size_t kPoolMinBytes = size_t{1} << 20;
 constexpr size_t kPoolHeadroomBytes = size_t{1} << 30;  // above the peak of live bytes
 

@@ -1,7 +1,5 @@
 // What both MPMD binaries (pathways_main.cc, static_main.cc) share before their runtime starts:
-// start-up (train/bootstrap.h) and the checks of a pipeline's layout. (The allocator keeps its
-// defaults: a step's buffers of 1 MiB or more come from the runtime's buffer cache,
-// dataflow/buffer.h, which reuses them step after step.)
+// the allocator's settings, start-up (train/bootstrap.h), and the checks of a pipeline's layout.
 #pragma once
 
 #include <optional>
@@ -11,6 +9,10 @@
 #include "train/config.h"
 
 namespace pwm::mpmd {
+
+// Every rank, before MPI starts (MpiEnvironment): keeps large blocks in the heap, where freed
+// memory is reused, instead of mmap/munmap per buffer (startup.cc says what that cost).
+void keep_large_blocks_in_heap();
 
 // Every rank, right after MPI starts: parses and checks the run (train::bootstrap). Returns the
 // code main should return, or nullopt to go on with `s` filled and `resume` set. The checkpoint read to check it is dropped: every device's "load"

@@ -18,6 +18,7 @@
 using namespace pwm;
 
 int main(int argc, char** argv) {
+  mpmd::keep_large_blocks_in_heap();
   collectives::MpiEnvironment env(&argc, &argv);
   train::Startup s;
   bool resume = false;
