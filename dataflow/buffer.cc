@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 
+#include "common/check.h"
 #include "common/env.h"
 
 namespace pwm::dataflow {
@@ -92,6 +93,12 @@ void* Buffer::allocate() {
   for (int64_t peak = g_peak_bytes.load(); now > peak && !g_peak_bytes.compare_exchange_weak(peak, now);) {
   }
   return p_;
+}
+
+void Buffer::take(Buffer& from) {
+  PWM_CHECK(!p_ && from.p_ && from.n_ == n_, "buffer of {} bytes taking one of {}", n_, from.n_);
+  p_ = from.p_;
+  from.p_ = nullptr;
 }
 
 Buffer::~Buffer() {

@@ -22,6 +22,9 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   void* data() { return p_ ? p_ : allocate(); }
   bool allocated() const { return p_ != nullptr; }
+  // Takes `from`'s memory (same size; this one not allocated yet): `from` is left unallocated and
+  // the process's live bytes do not change. A donated input's buffer becoming an output's.
+  void take(Buffer& from);
   size_t size() const { return n_; }
   // Live (allocated) buffers and bytes in this process (in use; not the freed ones kept for
   // reuse), and the most bytes ever live at once (one worker per MPI process: that worker's).

@@ -29,6 +29,15 @@ Plan::Plan(WorkerProgram program) : p(std::move(program)) {
     }
     out_prefix.emplace_back(e.outs.size(), 0);
     for (size_t k = 0; k < e.outs.size() && k < sig.outputs.size(); ++k) out_prefix.back()[k] = sig.outputs[k].prefix;
+    donor.emplace_back(e.outs.size(), -1);
+    for (size_t k = 0; k < e.outs.size() && k < sig.reuse.size(); ++k) {
+      const int32_t j = sig.reuse[k];
+      if (j < 0 || static_cast<size_t>(j) >= e.ins.size()) continue;
+      const int32_t in = e.ins[static_cast<size_t>(j)], out = e.outs[k];
+      if (p.slot_writers[out] == 1 && p.slots[in].bytes() == p.slots[out].bytes() &&
+          std::count(e.ins.begin(), e.ins.end(), in) == 1)
+        donor.back()[k] = in;
+    }
     for (size_t k = 0; k < e.ins.size(); ++k) {
       read[e.ins[k]] = 1;
       if (k >= sig.inputs.size() || !sig.inputs[k].prefix) prefix[e.ins[k]] = 0;
@@ -48,6 +57,25 @@ Plan::Plan(WorkerProgram program) : p(std::move(program)) {
     if (in.op == Op::kSend || in.op == Op::kCopy) prefix[in.slot] = 0;
   }
   for (size_t s = 0; s < prefix.size(); ++s) prefix[s] = prefix[s] && read[s];
+  // A donor read by an instruction after its kernel (a send, a copy, a later kernel) keeps its
+  // buffer; so does one another output of the same kernel already takes.
+  std::vector<size_t> last(p.slots.size(), 0), at_exec(p.execs.size(), 0);
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
+    if (in.op == Op::kExec) {
+      at_exec[in.exec] = i;
+      for (int32_t s : p.execs[in.exec].ins) last[s] = i;
+    } else if (in.op == Op::kSend || in.op == Op::kCopy) {
+      last[in.slot] = i;
+    }
+  }
+  for (size_t x = 0; x < donor.size(); ++x)
+    for (size_t k = 0; k < donor[x].size(); ++k) {
+      const int32_t s = donor[x][k];
+      if (s < 0) continue;
+      if (last[s] != at_exec[x] || std::count(donor[x].begin(), donor[x].begin() + static_cast<long>(k), s) > 0)
+        donor[x][k] = -1;
+    }
 }
 
 collectives::Communicator& SliceComms::get(const ExecInfo& e) {
@@ -89,6 +117,31 @@ void* Walk::write_ptr(int32_t s) {
     live_->peak = std::max(live_->peak, live_->live);
   }
   return o.buf.data();
+}
+
+// An output takes its donor's buffer (Plan::donor) when the donor is good, this kernel is its
+// last reader here and this walk holds the only reference to it: no store, caller or other run
+// can read it again, so the kernel may write over it. (A value another holder may still read,
+// a program parameter the caller keeps for instance, is never written.)
+void Walk::donate(size_t exec) {
+  const ExecInfo& e = plan_->p.execs[exec];
+  for (size_t k = 0; k < e.outs.size(); ++k) {
+    const int32_t s = plan_->donor[exec][k];
+    if (s < 0) continue;
+    ObjectPtr& in = slots_[s];
+    Object& out = *slots_[e.outs[k]];
+    if (readers_left_[s] != 1 || in.use_count() != 1 || in->state != Object::State::kReady || !in->buf.allocated() ||
+        out.buf.allocated())
+      continue;
+    uncount(static_cast<size_t>(s));  // (its bytes are the output's now)
+    out.buf.take(in->buf);
+    donated_bytes_ += out.buf.size();
+    if (plan_->intermediate[e.outs[k]] && !counted_[e.outs[k]]) {
+      counted_[e.outs[k]] = 1;
+      live_->live += out.buf.size();
+      live_->peak = std::max(live_->peak, live_->live);
+    }
+  }
 }
 
 void Walk::uncount(size_t s) {
@@ -298,6 +351,7 @@ std::string Walk::run_kernel(WalkHost& host, size_t i, bool gang) {
   const ExecInfo& e = p.execs[p.instrs[i].exec];
   std::vector<KernelContext::Buffer> ins, outs;
   for (int32_t s : e.ins) ins.push_back({slots_[s]->buf.data(), &slots_[s]->spec});
+  donate(p.instrs[i].exec);
   for (int32_t s : e.outs) outs.push_back({write_ptr(s), &slots_[s]->spec});
   // The collectives the kernel starts read and write its inputs' and outputs' buffers; one it
   // leaves (Interrupted: a peer was lost) keeps them alive while MPI may still read them. (Made

@@ -9,7 +9,9 @@
 // stage) and, unless the run is in order, every receive of a released stage; then it goes down
 // the list from the first instruction not done: a receive completes, a copy copies, a kernel runs
 // once its inputs are resolved (and, in order, once every kernel before it ran). A value is
-// dropped after its last reader on this device: a run holds what its schedule keeps alive.
+// dropped after its last reader on this device: a run holds what its schedule keeps alive. A
+// kernel that can run in place (Signature::reuse) takes the buffer of an input that dies at it
+// and that nothing outside the run holds: a donated input (the caller's last handle passed in).
 // Instructions are in one global order on every device (a node's transfers, then the node), so a
 // device that follows it matches every peer's list: the order fixed when the program was built
 // is the deadlock freedom (OneFlow's argument), for both runtimes.
@@ -48,6 +50,11 @@ struct Plan {
   // be shorter than its static size (its sender's KernelContext::set_used)
   std::vector<uint8_t> prefix;
   std::vector<std::vector<uint8_t>> out_prefix;  // per exec, per output: ArgSpec::prefix (set_used applies)
+  // per exec, per output: the input slot whose buffer it may take (Signature::reuse: the kernel
+  // runs in place), or -1. Only where the output has this kernel as its one writer, the input
+  // is read once by it, both have the same size and no instruction after it reads the input.
+  // The walk donates only when, at run time, nothing else holds the input (Walk::run_kernel).
+  std::vector<std::vector<int32_t>> donor;
 };
 
 // Bytes of runs' intermediates alive at once (a Walk adds a slot's bytes at its first write and
@@ -140,6 +147,8 @@ class Walk {
   size_t standing() const { return first_; }  // the first instruction not done (the list's size: none)
   uint64_t sends() const { return sends_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
+  // Bytes of inputs whose buffer an output took (Plan::donor): written in place, not copied.
+  uint64_t donated_bytes() const { return donated_bytes_; }
 
  private:
   enum : uint8_t { kWaiting = 0, kPosted = 1, kDone = 2 };
@@ -154,6 +163,7 @@ class Walk {
   std::string run_kernel(WalkHost& host, size_t i, bool gang);
   void done(WalkHost& host, size_t i);
   void* write_ptr(int32_t s);
+  void donate(size_t exec);
   void read_done(int32_t s);
   void uncount(size_t s);
 
@@ -173,7 +183,7 @@ class Walk {
   size_t next_exec_ = 0;                      // in order: the first kernel not done
   const Object* blocked_on_ = nullptr;        // see progress()'s fast path
   std::string error_;
-  uint64_t sends_ = 0, bytes_sent_ = 0;
+  uint64_t sends_ = 0, bytes_sent_ = 0, donated_bytes_ = 0;
 };
 
 }  // namespace pwm::dataflow

@@ -64,6 +64,12 @@ struct ArgSpec {
 
 struct Signature {
   std::vector<ArgSpec> inputs, outputs;
+  // Per output (or empty: none): the input whose buffer it may take, or -1. Declared by a kernel
+  // that reads element i of that input before it writes element i of the output and reads no
+  // other element of the input after that (AdamW's update: the state in, the next state out).
+  // The walk then hands the input's buffer to the output when the input dies at this node and
+  // nothing else holds it (a donated value: Walk::donated_bytes), so the kernel runs in place.
+  std::vector<int32_t> reuse = {};
 };
 
 // A slice's collectives context c (its gang communicator, KernelContext::comm) comes with the

@@ -39,6 +39,9 @@ class Array {
   int slice() const { return slice_; }
   const ArgSpec& spec() const { return spec_; }
   bool valid() const { return slice_ >= 0; }
+  // This is the last handle to the array (no copy of it is held anywhere): moved into
+  // Runtime::execute, it is donated.
+  bool last_handle() const { return impl_.use_count() == 1; }
   // The runtime's handle, as the type it made it (null where this process holds none).
   template <typename T>
   std::shared_ptr<T> as() const {
@@ -92,7 +95,10 @@ class Runtime {
   virtual ExecutablePtr load(ProgramDef def) = 0;
   // Runs `e` on `inputs` (one per parameter, in order, each on its parameter's slice with its
   // spec); returns the outputs, in order. `what` names the run in traces and errors.
-  virtual std::vector<Array> execute(const Executable& e, const std::vector<Array>& inputs, const std::string& what) = 0;
+  // Donation (XLA's donate_argnums, by ownership): an input whose last handle the caller moves in
+  // is the run's; a kernel that can write its output over it (dataflow::Signature::reuse) may,
+  // once the input is read for the last time. An input the caller still holds is never written.
+  virtual std::vector<Array> execute(const Executable& e, std::vector<Array> inputs, const std::string& what) = 0;
   // One kernel call as its own program (the runtime caches it per signature): op by op.
   virtual std::vector<Array> call(const std::string& kernel, int slice, const std::vector<Array>& inputs,
                                   std::vector<int64_t> attrs) = 0;

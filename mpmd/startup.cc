@@ -8,11 +8,13 @@
 namespace pwm::mpmd {
 
 void keep_large_blocks_in_heap() {
-  // Every node of a step allocates its outputs afresh (object-store buffers and static slots are
-  // values) and frees its inputs' buffers when they die: keep large blocks in the heap, where
-  // freed memory is reused, instead of mmap/munmap per buffer, which costs page faults and zeroing
-  // on every step (in interleaved runs of pathways_train's chained step at the reference config:
-  // 1002 -> 710 ms and 1621 -> 899 ms per step on a busy machine).
+  // Large blocks stay in the heap, where freed memory is reused, instead of mmap/munmap per
+  // block. Added for speed (every node's outputs were fresh pages: chained steps 1002 -> 710 ms);
+  // a step's buffers of 1 MiB or more now come from the runtime's buffer cache (dataflow/buffer.h)
+  // and the state is updated in place (donated), and without these two calls steps were as fast
+  // (paired ratios 0.97-1.04) with the same peak RSS, except the pipeline's run with its final
+  // evaluation: ~30 MiB more (median of 6 runs each, 2026-12-06, docs/results/memory.md). So they
+  // stay, for memory: they inflate no peak measured here.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }

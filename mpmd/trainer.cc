@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/check.h"
 #include "common/stats.h"
@@ -225,8 +226,21 @@ Array Trainer::island_route(const Array& counts, int j) {
                  {collectives::DataType::kInt64, {static_cast<int64_t>(rows.size())}}, rows.data());
 }
 
+// The step program's inputs: the state, donated (dataflow/runtime.h): the handles are moved out
+// of states_ (launch() puts the step's outputs there), so the step's update may write the next
+// state over this one, as spmd_train's does, and a device holds one copy of the state, not two.
+// With --spare-workers the input state is kept for a recovery (launch's `before`): copies.
+std::vector<Array> Trainer::donated_state() {
+  if (cfg_.mpmd.spare_workers > 0) return state_inputs();
+  std::vector<Array> in;
+  for (auto* group : {&states_, &expert_states_})
+    for (ArrayState& s : *group)
+      for (Array* a : {&s.params, &s.m, &s.v, &s.step}) in.push_back(std::exchange(*a, Array{}));
+  return in;
+}
+
 std::vector<Array> Trainer::run_step() {
-  if (step_) return rt_.execute(*step_, state_inputs(), "step");
+  if (step_) return rt_.execute(*step_, donated_state(), "step");
   programs::RouteFn<Array> route;
   if (controller_routing()) route = [this](const Array& counts) { return this->route(counts); };
   if (cfg_.mpmd.granularity == Granularity::kOpByOp) {  // a call per node, each its own program

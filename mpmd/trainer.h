@@ -93,6 +93,7 @@ class Trainer final : public train::Trainer {
   void place_slices();
   std::vector<int> all_slices() const;  // the step's slices, then the experts' devices
   std::vector<Array> state_inputs() const;  // every slice's state, then the experts' devices'
+  std::vector<Array> donated_state();       // the same, moved out for the step (run_step)
   std::vector<ValueState> state_params(dataflow::Builder& b, std::vector<ValueState>* experts = nullptr) const;
   dataflow::ExecutablePtr cached(const std::string& key, const std::function<dataflow::ProgramDef()>& build);
   // `kernel` on every slice of `slices` (attrs(j) for the j-th), no inputs; its outputs in order.

@@ -220,6 +220,8 @@ std::vector<Array> Client::run(const Program& p, const std::vector<Array>& input
   for (auto& sl : ps->slices)
     check_owner(*s_->ctl, s_->id, sl.s_->owner, fmt::format("slice {} (used by program '{}')", sl.id(), ps->def.name));
   std::vector<std::shared_ptr<ArrayState>> in, out;
+  PWM_CHECK(o.donate.empty() || o.donate.size() == inputs.size(), "run of '{}': {} donate flags for {} inputs",
+            ps->def.name, o.donate.size(), inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Array& a = inputs[i];
     PWM_CHECK(a.valid(), "run of '{}' with an empty Array", ps->def.name);

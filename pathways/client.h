@@ -261,6 +261,12 @@ struct RunOptions {
   // not as their inputs arrive: the order is the schedule (a pipeline's 1F1B); transfers still
   // progress meanwhile. The program order must be a valid execution order (a traced program's is).
   bool in_order = false;
+  // Per input (or empty: none): donated. The caller gives the input up: it holds no other handle
+  // to it and runs nothing more on it (handles it still has must only be dropped). Each worker
+  // then drops the object from its store when the run takes it, so a kernel that can write over
+  // it (dataflow::Signature::reuse) does, once the run has read it for the last time (JAX's
+  // donate_argnums). The trainer's step donates its state (dataflow/runtime.h: ClientRuntime).
+  std::vector<uint8_t> donate = {};
 };
 
 class Client {

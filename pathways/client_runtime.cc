@@ -54,12 +54,17 @@ std::vector<dataflow::Array> ClientRuntime::wrap(const std::vector<Array>& out, 
   return v;
 }
 
-std::vector<dataflow::Array> ClientRuntime::execute(const dataflow::Executable& e, const std::vector<dataflow::Array>& inputs,
+std::vector<dataflow::Array> ClientRuntime::execute(const dataflow::Executable& e, std::vector<dataflow::Array> inputs,
                                                     const std::string& what) {
   const auto* x = dynamic_cast<const ClientExecutable*>(&e);
   PWM_CHECK(x != nullptr, "program '{}' was not loaded by the Pathways client", e.def().name);
   const int64_t t0 = now_us();
-  auto out = client_.run(x->program, arrays(inputs), ro_);
+  // An input whose last handle the caller moved in is donated (dataflow/runtime.h).
+  RunOptions o = ro_;
+  o.donate.assign(inputs.size(), 0);
+  for (size_t i = 0; i < inputs.size(); ++i) o.donate[i] = inputs[i].last_handle() ? 1 : 0;
+  auto out = client_.run(x->program, arrays(inputs), o);
+  inputs.clear();
   if (trace_) trace_->span("dispatch " + what, "dispatch", t0, now_us());
   return wrap(out, -1, &x->def());
 }

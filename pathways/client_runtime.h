@@ -30,7 +30,7 @@ class ClientRuntime final : public dataflow::Runtime {
   bool lost(int slice) const override { return at(slice).lost(); }
 
   dataflow::ExecutablePtr load(dataflow::ProgramDef def) override;
-  std::vector<dataflow::Array> execute(const dataflow::Executable& e, const std::vector<dataflow::Array>& inputs,
+  std::vector<dataflow::Array> execute(const dataflow::Executable& e, std::vector<dataflow::Array> inputs,
                                        const std::string& what) override;
   std::vector<dataflow::Array> call(const std::string& kernel, int slice, const std::vector<dataflow::Array>& inputs,
                                     std::vector<int64_t> attrs) override;

@@ -348,7 +348,10 @@ void Dispatcher::dispatch(RunRec& r) {
   h.flags = (r.opts.sequential ? kRunSequential : 0) | (r.opts.deadline_s > 0 ? kRunTrace : 0) |
             (opts_.island_ordering ? 0 : kRunUnordered) | (trace_.enabled() ? kRunRecord : 0) |
             (r.awaited() ? kRunAwaited : 0) | (r.opts.in_order ? kRunInOrder : 0);
-  for (auto& a : r.in) h.inputs.push_back(a->id);
+  for (size_t i = 0; i < r.in.size(); ++i) {
+    h.inputs.push_back(r.in[i]->id);
+    if (i < r.opts.donate.size() && r.opts.donate[i]) h.donated.push_back(r.in[i]->id);
+  }
   auto body = encode(h);
   for (int rank : r.waiting) {
     if (opts_.island_ordering || r.opts.sequential)  // (stage releases follow the kRun)

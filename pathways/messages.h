@@ -137,7 +137,10 @@ struct RunHeader {
   uint32_t xfer_base = 0;  // the run's first data tag: transfer x uses tags::data_tag(xfer_base, x)
   uint8_t flags = 0;
   std::vector<uint64_t> inputs;  // object id per program parameter
-  static auto fields(auto& m) { return std::tie(m.run_id, m.program_id, m.owner, m.xfer_base, m.flags, m.inputs); }
+  std::vector<uint64_t> donated;  // inputs the store lets go of when the run takes them (RunOptions::donate)
+  static auto fields(auto& m) {
+    return std::tie(m.run_id, m.program_id, m.owner, m.xfer_base, m.flags, m.inputs, m.donated);
+  }
 };
 
 // kReleaseStage (sequential dispatch) and its answer kStageDone.

@@ -1,6 +1,7 @@
 // A worker's runs: admission (in arrival order, under the memory cap), and the worker as the
 // host of each run's walk over its instructions (dataflow/interpreter.h: the tags, the island
 // order, cancels, the trace, the answers flushed before long kernels). The state: worker_impl.h.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -155,6 +156,8 @@ void Worker::start_run(RunHeader h, std::shared_ptr<const LoadedProgram> prog) {
       obj = std::make_shared<Object>(p.slots[b.slot]);
       obj->fail(e);
       if (run.error.empty()) run.error = e;
+    } else if (std::find(run.h.donated.begin(), run.h.donated.end(), id) != run.h.donated.end()) {
+      store_.erase(id);  // donated (RunOptions::donate): the run's now, written over once read
     }
     slots[b.slot] = obj;
   }

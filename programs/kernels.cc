@@ -52,6 +52,16 @@ Signature sig(std::vector<ArgSpec> in, std::vector<ArgSpec> out) {
   return s;
 }
 
+// A state update's signature (inputs and outputs begin with the state, kParams .. kStep): the
+// next parameters and AdamW moments may be written over the ones read (Signature::reuse), as
+// spmd_train updates in place, when the caller donates its state (the trainer's step: element
+// i is read before it is written, and a skipped step's pass-through copies nothing onto itself).
+Signature in_place(Signature s) {
+  s.reuse.assign(s.outputs.size(), -1);
+  for (size_t i : {kParams, kAdamM, kAdamV}) s.reuse[i] = static_cast<int32_t>(i);
+  return s;
+}
+
 using Body = void (*)(TrainingDevice&, KernelContext&, Scope&);
 using Attrs = std::span<const int64_t>;
 
@@ -113,7 +123,7 @@ void add_state_kernels(const AddFn& add, const Shapes* S) {
   add("init", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, init_state);
   add("load", fsdp, [S](Attrs a) { return sig({}, S->state(tp_of(a))); }, load_state);
   add("copy_state", false, [S](Attrs a) { return sig(S->state(tp_of(a)), S->state(tp_of(a))); }, copy_state);
-  add("fused_step", true, [S](Attrs a) { return sig(S->state(tp_of(a)), state_out(S, a)); },
+  add("fused_step", true, [S](Attrs a) { return in_place(sig(S->state(tp_of(a)), state_out(S, a))); },
       fused_step);
   add("eval", true, [S](Attrs a) { return sig({split_f32(S->state_floats(tp_of(a)))}, {split_f64(1)}); }, evaluate);
   add("val_total", false, [](Attrs a) {
@@ -203,7 +213,7 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
   // --expert-island (attrs[1] = 1): then each experts' device's squared norm; one more output, the
   // loss and squared norm its update reads (step_kernels_units.cc).
   add("update", true, [S](Attrs a) {
-    Signature s = update_sig(S, a, update_args(*S, tp_of(a)));
+    Signature s = in_place(update_sig(S, a, update_args(*S, tp_of(a))));
     if (a.size() > 1 && a[1] != 0) {
       int64_t n = 0;  // (expert_sqnorm's: one per expert parameter)
       for (const model::ParamInfo& q : S->layout(1).params()) n += q.expert ? 1 : 0;
@@ -247,7 +257,7 @@ void add_unit_kernels(const AddFn& add, const Shapes* S) {
     std::vector<ArgSpec> in = S->state(tp);
     for (int i = 0; i < L + 2; ++i) in.push_back(split_f32(S->fsdp_chunk(tp, i)));
     for (int64_t m = 0; m < S->cfg().workload.microbatches; ++m) in.push_back(split_f64(1));
-    return sig(in, state_out(S, a));
+    return in_place(sig(in, state_out(S, a)));
   }, sharded_update);
 }
 
@@ -282,7 +292,7 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   }, dp_allgather);
   // replica_update: attrs[1] = 1 (--fsdp, chained): the gradient shard as its chunks.
   add("replica_update", true, [S](Attrs a) {
-    return update_sig(S, a, replica_update_args(*S, tp_of(a), a.size() > 1 && a[1] != 0));
+    return in_place(update_sig(S, a, replica_update_args(*S, tp_of(a), a.size() > 1 && a[1] != 0)));
   }, replica_update);
 }
 
@@ -298,8 +308,8 @@ void add_pipeline_kernels(const AddFn& add, const Shapes* S) {
     const UpdateArgs args = pipe_update_args(*S, stage);
     const ArgSpec total = split_f64(1);
     std::vector<ArgSpec> losses(args.losses, split_f64(1));
-    return sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), &total, stage_pieces(S, tp, stage), losses),
-               state_out(S, a));
+    return in_place(sig(args.pack<ArgSpec>(State<ArgSpec>::from(S->state(tp)), &total, stage_pieces(S, tp, stage), losses),
+                        state_out(S, a)));
   }, pipe_update);
   add("merge", false, [S](Attrs a) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(S->pipe().stages), split_f32(S->total(tp_of(a)))),
@@ -365,7 +375,7 @@ void add_island_kernels(const AddFn& add, const Shapes* S) {
     std::vector<ArgSpec> in = S->state(1);
     in.push_back(rep_f64(2 * S->cfg().mesh.dp));
     for (const ArgSpec& g : moe_pieces()) in.push_back(g);
-    return sig(in, S->state(1));
+    return in_place(sig(in, S->state(1)));
   }, expert_update);
   add("expert_merge", false, [=](Attrs) {
     std::vector<ArgSpec> in{params};

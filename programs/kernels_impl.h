@@ -9,6 +9,8 @@
 // Each function is described where it is defined.
 #pragma once
 
+#include <cstring>
+
 #include "model/params.h"
 #include "programs/kernels.h"
 #include "train/step.h"
@@ -21,6 +23,12 @@ using collectives::ReduceOp;
 using model::ParamLayout;
 
 inline Pos pos(const KernelContext& ctx) { return Pos::of(ctx, static_cast<int>(ctx.attr(0))); }  // attrs[0] = tp
+
+// A state update's pass-through (a skipped step, parameters not this kernel's to update): a copy,
+// or nothing where the output took the input's buffer (Signature::reuse, in_place in kernels.cc).
+inline void pass_through(float* out, const float* in, size_t n) {
+  if (out != in) std::memcpy(out, in, sizeof(float) * n);
+}
 
 // step_kernels.cc
 pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,

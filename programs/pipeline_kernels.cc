@@ -9,11 +9,9 @@
 #include "common/time.h"
 #include "model/optim.h"
 #include "train/step.h"
-#include "programs/kernels.h"
+#include "programs/kernels_impl.h"
 
 namespace pwm::programs::kernels {
-
-using model::ParamLayout;
 
 void update_where(const pwm::train::TrainConfig& tc, KernelContext& ctx, const ParamLayout& layout,
                   const model::GradView& grads, int64_t step, double lr, double clip, bool skip,
@@ -31,9 +29,9 @@ void update_where(const pwm::train::TrainConfig& tc, KernelContext& ctx, const P
       model::adamw_span_into(cfg, step, lr, clip, p.weight_decay, pin, grads.at(p.offset, p.size), min, vin, pout, mout,
                              vout, n);
     } else {
-      std::memcpy(pout, pin, sizeof(float) * n);
-      std::memcpy(mout, min, sizeof(float) * n);
-      std::memcpy(vout, vin, sizeof(float) * n);
+      pass_through(pout, pin, n);
+      pass_through(mout, min, n);
+      pass_through(vout, vin, n);
     }
   }
 }

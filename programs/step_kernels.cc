@@ -41,7 +41,8 @@ double sq_norm(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const Para
 
 }  // namespace
 
-// The global squared norm, the loss mean over dp, AdamW out of place: exactly spmd_train's tail.
+// The global squared norm, the loss mean over dp, AdamW (in place when the state was donated:
+// Signature::reuse; else out of place): exactly spmd_train's tail.
 // --expert-island: `given_sq` is this device's squared norm (sq_norm), and `shared` gets the
 // loss and the squared norm the experts' devices' update needs (before the non-finite hook).
 pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, const Pos& p, const ParamLayout& layout,
@@ -71,7 +72,7 @@ pwm::train::UpdateResult finish_step(TrainingDevice& dev, KernelContext& ctx, co
   if (pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1])) {
     for (size_t i : {kParams, kAdamM, kAdamV}) {
       auto out = ctx.out<float>(i);
-      std::memcpy(out.data(), in(i), sizeof(float) * out.size());
+      pass_through(out.data(), in(i), out.size());
     }
     return pwm::train::UpdateResult{model::lr_at(dev.cfg().optim, step), std::sqrt(red[1])};
   }

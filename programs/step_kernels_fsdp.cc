@@ -52,7 +52,7 @@ pwm::train::UpdateResult shard_update(TrainingDevice& dev, KernelContext& ctx, c
   *loss_out = red[0] / dev.cfg().data_parallel();
   for (size_t i : {kParams, kAdamM, kAdamV}) {
     auto out = ctx.out<float>(i);
-    std::memcpy(out.data(), ctx.in<float>(i).data(), sizeof(float) * out.size());
+    pass_through(out.data(), ctx.in<float>(i).data(), out.size());
   }
   const bool skip = pwm::train::nonfinite_step(dev.cfg().hooks, step, loss_out, &red[1]);
   const pwm::train::UpdateResult u{model::lr_at(dev.cfg().optim, step), std::sqrt(red[1])};

@@ -74,7 +74,7 @@ std::string Executor::describe_wait(const dataflow::Walk& w, const dataflow::Wor
                      t_->on_host(in.peer), node);
 }
 
-Shards Executor::run(const dataflow::Plan& plan, const Shards& inputs, RunStats* stats) {
+Shards Executor::run(const dataflow::Plan& plan, Shards inputs, RunStats* stats) {
   const dataflow::WorkerProgram& p = plan.p;
   std::vector<dataflow::ObjectPtr> slots(p.slots.size());
   for (const dataflow::SlotBinding& b : p.params) {
@@ -84,6 +84,7 @@ Shards Executor::run(const dataflow::Plan& plan, const Shards& inputs, RunStats*
     PWM_CHECK_EQ(it->second->buf.size(), p.slots[b.slot].bytes());
     slots[b.slot] = it->second;
   }
+  inputs.clear();
   dataflow::LiveBytes live;
   dataflow::Walk walk(plan, std::move(slots), *t_, &live, dataflow::WalkPolicy{true, 0, true}, p.num_stages);
   Shards out;  // (taken now: the walk lets go of a value after its last reader here)
@@ -107,6 +108,7 @@ Shards Executor::run(const dataflow::Plan& plan, const Shards& inputs, RunStats*
     stats->messages += walk.sends();
     stats->bytes_sent += walk.bytes_sent();
     stats->peak_intermediate_bytes = live.peak;
+    stats->donated_bytes += walk.donated_bytes();
   }
   return out;
 }

@@ -39,6 +39,7 @@ struct RunStats {
   uint64_t messages = 0;     // point-to-point sends
   uint64_t bytes_sent = 0;
   uint64_t peak_intermediate_bytes = 0;  // the run's slots alive at once, beyond its inputs
+  uint64_t donated_bytes = 0;  // inputs whose buffers outputs took (written in place)
 };
 
 class Executor {
@@ -51,7 +52,8 @@ class Executor {
   // Runs `p` (this rank's list) on `inputs` (one shard per parameter bound here); returns the
   // shards of the program's outputs held here. Every rank of the program calls it for the same
   // program, in the same order of runs (the tags of a run follow from the number of runs before).
-  Shards run(const dataflow::Plan& p, const Shards& inputs, RunStats* stats = nullptr);
+  // A shard of which `inputs` holds the last reference is donated (dataflow::Walk::donate).
+  Shards run(const dataflow::Plan& p, Shards inputs, RunStats* stats = nullptr);
 
  private:
   class Host;

@@ -88,7 +88,7 @@ dataflow::ExecutablePtr StaticRuntime::load(dataflow::ProgramDef def) {
   return std::make_shared<StaticExecutable>(std::move(def), std::move(mine));
 }
 
-std::vector<Array> StaticRuntime::execute(const dataflow::Executable& e, const std::vector<Array>& inputs,
+std::vector<Array> StaticRuntime::execute(const dataflow::Executable& e, std::vector<Array> inputs,
                                           const std::string&) {
   const StaticExecutable& x = cast(e);
   const dataflow::ProgramDef& def = x.def();
@@ -96,8 +96,9 @@ std::vector<Array> StaticRuntime::execute(const dataflow::Executable& e, const s
   Shards in;
   for (size_t j = 0; j < inputs.size(); ++j)
     if (dataflow::ObjectPtr b = shard(inputs[j])) in[static_cast<uint32_t>(j)] = std::move(b);
+  inputs.clear();  // (a donated input's last reference is the run's now)
   RunStats rs;
-  Shards out = exec_.run(x.plan, in, &rs);
+  Shards out = exec_.run(x.plan, std::move(in), &rs);
   ExecutableStats& st = x.stats;
   st.runs++;
   st.messages += rs.messages;

@@ -39,7 +39,7 @@ class StaticRuntime final : public dataflow::Runtime {
   std::vector<int> devices(int slice) const override;
 
   dataflow::ExecutablePtr load(dataflow::ProgramDef def) override;
-  std::vector<dataflow::Array> execute(const dataflow::Executable& e, const std::vector<dataflow::Array>& inputs,
+  std::vector<dataflow::Array> execute(const dataflow::Executable& e, std::vector<dataflow::Array> inputs,
                                        const std::string& what) override;
   std::vector<dataflow::Array> call(const std::string& kernel, int slice, const std::vector<dataflow::Array>& inputs,
                                     std::vector<int64_t> attrs) override;

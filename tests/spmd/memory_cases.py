@@ -10,10 +10,11 @@ expert parallelism; mpmd_train chained and a GPipe pipeline; pathways_train fuse
 run's RSS less the process's floor (a tiny run of the same trainer, measured here: MPI and the
 libraries) must be within SLACK of the estimate. The sizes make the model's buffers 150-800 MiB,
 far above the floor. The slack covers what the estimate leaves out (the allocator's freed
-temporaries, the GEMM's packing) and, for the MPMD runtimes, their intermediates, estimated as
-one more step's activations, which over-counts them a little (the MPMD rows' 0.86-0.96 below).
-Measured on an AMX Xeon, 2026-12-06: 0.98-1.08 for spmd_train, 0.86-1.02 for the MPMD trainers
-under ctest; 0.92-1.22 in runs outside it (its environment moves the floor and the allocator).
+temporaries, the GEMM's packing) and, for the MPMD runtimes, what they hold beyond spmd_train:
+since their step donates its state (issue 58), their MoE rows once more in a traced step, and
+~15 MiB of a chained step's values the estimate leaves out (the static rows' ~1.15 below).
+Measured on an AMX Xeon, 2026-12-06: 0.98-1.08 for spmd_train under ctest, 0.92-1.22 in runs
+outside it (its environment moves the floor and the allocator); the MPMD trainers 1.03-1.15.
 
 A MoE model too large for the host (the issue's --experts 4096, or a capacity factor that asks
 for millions of rows) is refused at start-up with the estimate's line, before anything is
