@@ -14,7 +14,8 @@ void keep_large_blocks_in_heap() {
   // and the state is updated in place (donated), and without these two calls steps were as fast
   // (paired ratios 0.97-1.04) with the same peak RSS, except the pipeline's run with its final
   // evaluation: ~30 MiB more (median of 6 runs each, 2026-12-06, docs/results/memory.md). So they
-  // stay, for memory: they inflate no peak measured here.
+  // stay, for memory: they inflate no peak measured here. (MPI's buffer rules do not rest on
+  // them: a send left posted keeps its buffer, Transport::abandon.)
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
