@@ -164,7 +164,11 @@ for s in "${STUDIES[@]}"; do
   echo "$s: $(shown)" >> "$OUT/commands.txt"
   t0=$SECONDS
   set +e; trap - ERR
-  env "${ENVS[@]}" "${CMD[@]}" 2>&1 | tee "$OUT/$s/log.txt" | sed -u "s/^/  $s| /"
+  # Inside a Slurm allocation only compare and moe run over its nodes (WHERE); the other studies
+  # run on this node, so their launcher must not see the allocation (mpirun would spread their
+  # ranks over every node): no SLURM_* variable in their environment.
+  UNSET=(); if [ "$s" != compare ] && [ "$s" != moe ]; then for v in ${!SLURM_*}; do UNSET+=(-u "$v"); done; fi
+  env "${UNSET[@]}" "${ENVS[@]}" "${CMD[@]}" 2>&1 | tee "$OUT/$s/log.txt" | sed -u "s/^/  $s| /"
   RC[$s]=${PIPESTATUS[0]}
   set -e; trap 'echo "report.sh: error: line $LINENO exited $?" >&2' ERR
   TOOK[$s]=$((SECONDS - t0))
