@@ -14,7 +14,11 @@
 #   dispatch   dispatch_bench.sh at 2 and 4 workers, Fig. 5-8       (NPS="3 5" HOSTS="" --reps 3 --fig8-reps 2)
 #   sim        sim_calibrate.sh, sim_validate.sh, sim/project.py    (calibrate --quick --no-hosts; validate
 #              --no-hosts with PWM_SIM_SIZE_LAUNCHES=1: its dispatch rows give the projection its band)
-# The default set takes ~15 minutes on 2 cores; the run prints which study runs and the time left.
+#   size       scale_bench.sh: the models at each size preset and    (--sizes 4m,30m --rounds 2;
+#              PyTorch DDP (fp32, bf16)                                --full: 4m,30m,100m, 3 rounds)
+# The default set takes ~20 minutes on 2 cores; the run prints which study runs and the time left.
+# Exit status: 0 when every study and the page's checks passed; 1 when a study failed (the page
+# is still written and says which; the line "report.sh: ... failed" names them); 2 on bad flags.
 #
 # Usage: mpi_scripts/report.sh [--full] [--dry-run] [--only LIST] [--skip LIST] [--out DIR] [--rounds R]
 #                              [--steps N] [--np N] [--hosts K | --hostfile FILE] [-- TRAINER FLAGS...]
@@ -23,7 +27,7 @@
 #   --only LIST     these studies only (names above, comma or space separated)
 #   --skip LIST     every study but these
 #   --out DIR       the report's folder (default results/report); each study in DIR/STUDY
-#   --rounds R      rounds of the studies that take rounds (compare, moe, pipeline)
+#   --rounds R      rounds of the studies that take rounds (compare, moe, pipeline, size)
 #   --steps N       steps of compare, moe and pipeline (moe needs 5 or more)
 #   --np N          compute ranks of compare and moe (default 2; their Pathways runs use N + 1)
 #   --hosts K       compare, moe and pipeline on an emulated cluster of K hosts
@@ -35,7 +39,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 ME=report.sh
 INVOKED="mpi_scripts/report.sh $*"
-ALL=(compare moe pipeline failure dispatch sim)
+ALL=(compare moe pipeline failure dispatch sim size)
 DRY=0; NP=""; FULL=0; ONLY=""; SKIP=""; OUT="$PWM_ROOT/results/report"; ROUNDS=""; STEPS=""; HOSTS=0; HOSTFILE=""; EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -100,6 +104,8 @@ study_command() {
                        bash "$2/sim_validate.sh" --profile "$1/profile.json" --out "$1" ${4:-} || echo "sim_validate.sh: exit $? (a configuration off by more than 10%: in the table)"
                        python3 "$2/../sim/project.py" "$5" "$1/profile.json" "$1"' _
               "$OUT/sim" "$S" "$(quick --quick)" "${nh[*]}" "$BUILD_DIR") ;;
+    # Its sizes are presets with workloads of its own: no trainer flags, one host.
+    size) CMD=(bash "$S/scale_bench.sh" --out "$OUT/size" $(quick "--sizes 4m,30m") $(rounds "--rounds 2")) ;;
   esac
   return 0
 }
@@ -115,7 +121,8 @@ mkdir -p "$OUT"
 : > "$OUT/commands.txt"
 # Time estimates for the progress line (seconds on 2 cores; quick, full): the previous report's
 # measured times win when DIR/report.json has them.
-declare -A EST=([compare]="70 600" [moe]="80 1500" [pipeline]="70 900" [failure]="60 600" [dispatch]="130 900" [sim]="420 900")
+declare -A EST=([compare]="70 600" [moe]="80 1500" [pipeline]="70 900" [failure]="60 600" [dispatch]="130 900" [sim]="420 900"
+                [size]="240 1200")
 if [ -f "$OUT/timings.json" ]; then
   while read -r s t; do EST[$s]="$t $t"; done < <(python3 -c 'import json,sys; [print(k, int(v["seconds"])) for k, v in json.load(open(sys.argv[1])).items() if v.get("full") == int(sys.argv[2])]' "$OUT/timings.json" "$FULL" 2>/dev/null || true)
 fi
@@ -189,3 +196,8 @@ python3 "$S/report_page.py" "$OUT"
 /usr/bin/python3 "$S/report_page.py" --validate "$OUT/report.json" "$S/report_schema.json"
 python3 "$S/report_check.py" "$OUT/index.html" "$OUT/screenshot.png"
 echo "report.sh: finished in ${SECONDS} s: $OUT/index.html (screenshot $OUT/screenshot.png)"
+FAILED=(); for s in "${STUDIES[@]}"; do [ "${RC[$s]}" = 0 ] || FAILED+=("$s (exit ${RC[$s]})"); done
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "report.sh: ${#FAILED[@]} of ${#STUDIES[@]} studies failed: ${FAILED[*]}; the page says so, their logs are in $OUT/STUDY/log.txt" >&2
+  exit 1
+fi

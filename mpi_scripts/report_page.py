@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dispatch_plot  # noqa: E402
 import measure  # noqa: E402
+import scale_report  # noqa: E402
 
 TITLES = {
     "compare": "The three execution models on the dense model (compare.sh)",
@@ -36,6 +37,7 @@ TITLES = {
     "failure": "Goodput under failures (failure_bench.sh)",
     "dispatch": "Pathways dispatch, paper Fig. 5-8 (dispatch_bench.sh)",
     "sim": "The simulator: validation and projection (sim_validate.sh, sim/project.py)",
+    "size": "The execution models across model sizes, and PyTorch DDP (scale_bench.sh)",
 }
 # The dated pages of docs/results/ that each section reproduces (each page names its section).
 REPRODUCES = {
@@ -45,6 +47,7 @@ REPRODUCES = {
     "failure": ["docs/results/failures.md"],
     "dispatch": ["docs/results/dispatch.md"],
     "sim": ["docs/results/simulator.md"],
+    "size": ["docs/results/scale.md"],
 }
 
 
@@ -261,8 +264,49 @@ def study_sim(d, s):
                                       "table2": {t["config"]: t["relative_to_spmd"] for t in proj["table2"]}}
 
 
+def study_size(d, s):
+    doc = read_json(os.path.join(d, "scale.json"))
+    if not doc:
+        return
+    # scale_report.py's own tables (the same cells as its scale.md).
+    sizes = [{"size": z["size"], "rows": {r["name"]: r for r in z["runs"]}, "ddp_rows": z["ddp"]} for z in doc["sizes"]]
+    s["notes"].append(f"CPU: {doc['cpu']}. Per size: " + "; ".join(
+        f"{z['size']}: batch {z['workload']['batch']} on {z['workload']['compute_ranks']} ranks, "
+        f"{z['workload']['steps']} steps a run (the first 2 are warm-up), the pipeline at "
+        f"{z['workload']['pipeline_microbatches']} micro-batches" for z in doc["sizes"]) + ".")
+    s["tables"].append({"caption": "Each trainer at each size against spmd at that size (the median of the rounds' "
+                                   "paired ratios, its interval); MFU against the run's GEMM peak and the core's fp32 "
+                                   "FMA peak; ms columns: per step and device, from the traces",
+                        "columns": scale_report.TRAINER_HEAD, "rows": scale_report.trainer_rows(sizes)})
+    for z in doc["sizes"]:
+        for r in z["runs"]:
+            v = r.get("vs_spmd") or {}
+            if r["name"] != "spmd" and v.get("median") is not None:
+                s["verdicts"].append(verdict_entry("size", f"{r['name']} ({z['size']})", "spmd", v["median"], v.get("lo"),
+                                                   v.get("hi"), v.get("coverage"), "tokens/s, paired by round",
+                                                   f"size {z['size']}"))
+    ddp = scale_report.ddp_cells(sizes, strong="no")
+    if ddp:
+        s["tables"].append({"caption": f"spmd_train against PyTorch DDP (gloo, one thread a rank; bf16: autocast "
+                                       f"against --precision bf16), paired by round; the issue's target is "
+                                       f"{scale_report.TARGET}x", "columns": scale_report.DDP_HEAD, "rows": ddp})
+    for z in doc["sizes"]:
+        for r in z["ddp"]:
+            v = r["ratio"]
+            s["verdicts"].append(verdict_entry("size", f"{r['ours']} ({z['size']})", r["name"], v["median"], v.get("lo"),
+                                               v.get("hi"), v.get("coverage"), "tokens/s against DDP, paired by round",
+                                               "against DDP"))
+    s["metrics"]["spmd_over_ddp"] = {f"{z['size']} {r['name']}": r["ratio"]["median"] for z in doc["sizes"] for r in z["ddp"]}
+    misses = [f"{z['size']} {r['name']} {r['ratio']['median']:.2f}x" for z in doc["sizes"] for r in z["ddp"]
+              if not r["meets_target"]]
+    if any(z["ddp"] for z in doc["sizes"]):
+        s["notes"].append(f"spmd_train >= {scale_report.TARGET}x DDP: " +
+                          ("at every size and precision." if not misses else "not at " + ", ".join(misses) + "."))
+    s["traces"] += sorted(glob.glob(os.path.join(d, "*", "*.trace.json")))
+
+
 EXTRACT = {"compare": study_compare, "moe": study_moe, "pipeline": study_pipeline, "failure": study_failure,
-           "dispatch": study_dispatch, "sim": study_sim}
+           "dispatch": study_dispatch, "sim": study_sim, "size": study_size}
 
 
 # --- inline SVG (drawn here from the report's numbers) ---
@@ -414,7 +458,9 @@ def build(root):
             EXTRACT[name](d, s)
         except (KeyError, TypeError, ValueError, IndexError) as e:
             s["notes"].append(f"report_page.py could not read this study's outputs: {type(e).__name__}: {e}")
-        s["images"] = [rel(p, root) for p in sorted(glob.glob(os.path.join(d, "**", "*.png"), recursive=True))]
+        # The study's own plots first (a sweep's over its sub-runs'), then its sub-runs'.
+        s["images"] = [rel(p, root) for p in sorted(glob.glob(os.path.join(d, "**", "*.png"), recursive=True),
+                                                    key=lambda p: (p.count(os.sep), p))]
         s["raw_outputs"] = [rel(p, root) for p in sorted(glob.glob(os.path.join(d, "**", "*"), recursive=True))
                             if os.path.isfile(p) and (p.endswith((".json", ".txt", ".jsonl", ".log", ".md")))
                             and not p.endswith(".trace.json")]

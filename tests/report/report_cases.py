@@ -4,8 +4,9 @@
     report_cases.py CASE BUILD_DIR
 
 page: report.sh's bad flags (one line, exit 2) and --dry-run's commands (--hosts 2 reaching compare,
-moe and pipeline); then mpi_scripts/report.sh --only compare on a tiny model (2 rounds of 3 steps of the five
-trainers), then
+moe and pipeline; --full's size study at scale_bench.sh's default); then mpi_scripts/report.sh --only
+compare on a tiny model (2 rounds of 3 steps of the five trainers), and once with a trainer flag that
+does not exist (the page says the study failed; report.sh exits 1); then
   - report.json matches mpi_scripts/report_schema.json (Debian's python3-jsonschema, /usr/bin/python3),
     and two broken copies of it (no commit; an outcome the page does not use) do not;
   - its figures are compare.json's: every ratio, interval and outcome of the first section is the
@@ -63,7 +64,7 @@ def mutate(src, dst, name, edit):
 
 def flags_and_commands():
     """Bad flags: one line, exit 2, before anything is installed; --dry-run: every study's command."""
-    for args, msg in ((["--only", "bogus"], "--only takes compare moe pipeline failure dispatch sim (got 'bogus')"),
+    for args, msg in ((["--only", "bogus"], "--only takes compare moe pipeline failure dispatch sim size (got 'bogus')"),
                       (["--rounds"], "--rounds needs a value"), (["--hosts", "1"], "--hosts 1 is out of range"),
                       (["--only", "compare", "--skip", "moe"], "--only and --skip exclude each other"),
                       (["--only", "moe", "--steps", "4"], "--steps must be at least 5")):
@@ -71,13 +72,32 @@ def flags_and_commands():
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and msg in p.stderr, (args, p.returncode, p.stderr)
     p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--hosts", "2", "--out", "/nonexistent/r"])
     assert p.returncode == 0, p.stderr
-    cmds = dict(line.split(": ", 1) for line in p.stdout.splitlines() if re.match(r"^(compare|moe|pipeline|failure|dispatch|sim): ", line))
-    assert sorted(cmds) == sorted(["compare", "moe", "pipeline", "failure", "dispatch", "sim"]), p.stdout
+    cmds = dict(line.split(": ", 1) for line in p.stdout.splitlines()
+                if re.match(r"^(compare|moe|pipeline|failure|dispatch|sim|size): ", line))
+    assert sorted(cmds) == sorted(["compare", "moe", "pipeline", "failure", "dispatch", "sim", "size"]), p.stdout
     for s in ("compare", "moe", "pipeline"):
         assert "--hosts 2" in cmds[s] and f"--out /nonexistent/r/{s}" in cmds[s], cmds[s]
     assert "--rounds 3 --steps 5" in cmds["compare"] and "--moe-skew 0" in cmds["moe"], cmds
     assert "--no-hosts" not in cmds["sim"], cmds["sim"]
+    assert "scale_bench.sh --out /nonexistent/r/size --sizes 4m\\,30m --rounds 2" in cmds["size"], cmds["size"]
     assert not os.path.exists("/nonexistent/r"), "--dry-run made its folder"
+    p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--full", "--only", "size"])
+    assert p.returncode == 0 and p.stdout.strip().endswith("scale_bench.sh --out " + os.path.join(ROOT, "results/report/size")), \
+        f"--full's size study is not scale_bench.sh's default: {p.stdout}"
+
+
+def failed_study_fails_the_run(keep, env):
+    """A study that fails (here compare, given a flag no trainer takes): the page is still written and
+    says so, and report.sh exits 1 naming the study."""
+    out = os.path.join(keep, "failed")
+    cmd = ["bash", "mpi_scripts/report.sh", "--only", "compare", "--rounds", "1", "--steps", "3", "--out", out,
+           "--", *MODEL, "--no-such-flag"]
+    p = sh(cmd, env=env, timeout=300)
+    print(f"$ {' '.join(cmd)}\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+    assert p.returncode == 1, f"report.sh exited {p.returncode} with a failed study"
+    assert "report.sh: 1 of 1 studies failed: compare (exit " in p.stderr, p.stderr
+    with open(os.path.join(out, "index.html")) as f:
+        assert "<span class=fail>exited " in f.read(), "the page does not say the study failed"
 
 
 def case_page(build):
@@ -92,6 +112,7 @@ def case_page(build):
     p = sh(cmd, env=env, timeout=500)
     print(f"$ {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}")
     assert p.returncode == 0, f"report.sh failed ({p.returncode})"
+    failed_study_fails_the_run(keep, env)
     assert re.search(r"report\.sh: \[1/1\] compare \(estimate \d+ min; about \d+ min left", p.stdout), \
         "no progress line naming the study and the time left"
     assert "report_check.py: " in p.stdout and " passed: " in p.stdout, "report.sh did not check its page"

@@ -1,11 +1,13 @@
 """mpi_scripts/report_page.py: the outcome of a ratio, the first section's sentences, a study that
-wrote nothing (issue 60). The page in a browser: tests/report (label `report`)."""
+wrote nothing, the size study read from scale_report.py's scale.json (issue 60). The page in a
+browser: tests/report (label `report`)."""
 import json
 import os
 import tempfile
 import unittest
 
 import report_page
+import test_scale_report
 
 
 class Outcome(unittest.TestCase):
@@ -53,6 +55,39 @@ class EmptyStudy(unittest.TestCase):
                 page = f.read()
             self.assertIn("exited 1", page)
             self.assertIn("No table: the study wrote none of the outputs", page)
+
+
+class SizeStudy(unittest.TestCase):
+    def test_tables_and_verdicts_are_scale_reports(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "size")
+            os.makedirs(out)
+            # DDP: paired ratios 1.5, 1.5, 1.1 (fp32, meets 1.2x) and 1.0, 1.0, 1.0 (bf16, misses it).
+            test_scale_report.write_size(out, "4m", [150, 75, 110], [300, 300, 300], [100, 50, 100], [300, 300, 300])
+            with open(os.path.join(out, "4m", "compare.json")) as f:
+                cmp = json.load(f)
+            cmp["workload"].update(batch=32, compute_ranks=2, steps=8, pipeline_microbatches=8)
+            for r in cmp["runs"]:  # compare_report.py's ratio (measure.Ratio.as_dict), interval 0.9-1.1
+                r["vs_spmd"].update(median=1.0, coverage=0.75)
+            with open(os.path.join(out, "4m", "compare.json"), "w") as f:
+                json.dump(cmp, f)
+            code, _ = test_scale_report.report(out, "4m")
+            self.assertEqual(code, 0)
+            with open(os.path.join(d, "meta.json"), "w") as f:
+                json.dump({"studies": ["size"]}, f)
+            doc = report_page.build(d)
+            (s,) = doc["studies"]
+            trainers, ddp = s["tables"]
+            self.assertEqual([r[2] for r in trainers["rows"]], ["spmd", "fused", "spmd_bf16"])
+            self.assertEqual(ddp["rows"][0][:6], ["4m", "ddp_fp32", "100", "spmd", "110", "1.50x"])
+            self.assertEqual(ddp["rows"][1][7], "no")
+            got = {(v["candidate"], v["reference"]): v for v in s["verdicts"]}
+            self.assertEqual(sorted(got), [("fused (4m)", "spmd"), ("spmd (4m)", "ddp_fp32"),
+                                           ("spmd_bf16 (4m)", "ddp_bf16"), ("spmd_bf16 (4m)", "spmd")])
+            self.assertEqual(got[("spmd (4m)", "ddp_fp32")]["median"], 1.5)
+            self.assertEqual(got[("fused (4m)", "spmd")]["outcome"], "tied")  # the row's interval 0.9-1.1
+            self.assertIn("spmd_train >= 1.2x DDP: not at 4m ddp_bf16 1.00x.", s["notes"])
+            self.assertEqual(s["metrics"]["spmd_over_ddp"], {"4m ddp_fp32": 1.5, "4m ddp_bf16": 1.0})
 
 
 if __name__ == "__main__":

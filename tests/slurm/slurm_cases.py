@@ -7,7 +7,9 @@ one command and removes it.
 
 compare.sbatch on one node and on two (--ntasks-per-node, and --ntasks alone): the table has every
 row, and the runs that should end with SPMD's weights do (the table's "same weights" and
-compare.json); srun --mpi=pmix of spmd_train over two nodes, bitwise equal to mpirun on one host.
+compare.json); srun --mpi=pmix of spmd_train over two nodes, bitwise equal to mpirun on one host;
+report.sbatch over two nodes: compare across both, the pipeline study on the first node only, one
+page naming the hosts.
 Every case then checks that no daemon, namespace or file of its Slurm cluster is left.
 Exit 77 (skipped) where namespaces cannot be made, and under MPICH (below).
 """
@@ -167,6 +169,38 @@ def case_srun_pmix_two_nodes():
     assert re.search(rf"not on one host: replica 0 \({name}-h0, {name}-h1\)", p.stdout), \
         f"no note that the ranks span {name}-h0 and {name}-h1:\n{p.stdout}"
     same_bits(ref, metrics(path), "srun --mpi=pmix over 2 nodes against mpirun on one host")
+
+
+def case_report_sbatch_two_nodes():
+    # report.sbatch --only compare,pipeline on a tiny model over 2 nodes of 1 task (--np 2: compare's
+    # runs oversubscribe the hostfile's 2 slots): compare runs over the allocation's hosts (the
+    # fused run's ranks on both), the pipeline study on the first node only. Its launcher must not
+    # see the allocation (report.sh drops every SLURM_* variable for it): with it, its spmd_train
+    # --dp 2 reference is spread over the 1-slot nodes and says so ("not on one host"; shown by
+    # disabling the drop, 2026-12-06), and dispatch_bench's 2-device islands cannot be made.
+    out, log = os.path.join(launch.TMP, "report"), os.path.join(launch.TMP, "job.out")
+    cmd = (f"sbatch --wait --output={log} --nodes=2 --ntasks-per-node=1 mpi_scripts/report.sbatch --only compare,pipeline "
+           f"--np 2 --rounds 1 --steps 4 --out {out} -- {MODEL}")
+    p, name = slurm_run(2, cmd, timeout=600)
+    with open(log) as f:
+        job = f.read()
+    print(f"$ {cmd}\n{job[-3000:]}")
+    with open(os.path.join(out, "report.json")) as f:
+        doc = json.load(f)
+    assert [s["name"] for s in doc["studies"]] == ["compare", "pipeline"], doc["studies"]
+    assert all(s["exit_code"] == 0 for s in doc["studies"]), [(s["name"], s["exit_code"]) for s in doc["studies"]]
+    assert f"2 hosts ({name}-h0, {name}-h1)" in doc["meta"]["network"], doc["meta"]["network"]
+    with open(os.path.join(out, "index.html")) as f:
+        assert f"{name}-h0, {name}-h1" in f.read(), "the page does not name the hosts"
+    hosts = trace_hosts(os.path.join(out, "compare", "fused.trace.json"))
+    assert hosts == {f"{name}-h0", f"{name}-h1"}, f"compare's fused run was on {hosts}, not on both nodes"
+    logs = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(out, "pipeline")) for f in fs if f.endswith(".log")]
+    spmd = [p for p in logs if "spmd" in os.path.basename(p)]
+    assert spmd, f"no spmd_train log in the pipeline study: {logs}"
+    for path in spmd:
+        with open(path) as f:
+            text = f.read()
+        assert "done:" in text and "not on one host" not in text, f"{path}: the pipeline study left the first node:\n{text}"
 
 
 if __name__ == "__main__":
