@@ -15,7 +15,8 @@
 #   sim        sim_calibrate.sh, sim_validate.sh, sim/project.py    (calibrate --quick --no-hosts; validate
 #              --no-hosts with PWM_SIM_SIZE_LAUNCHES=1: its dispatch rows give the projection its band)
 #   size       scale_bench.sh: the models at each size preset and    (--sizes 4m,30m --rounds 2;
-#              PyTorch DDP (fp32, bf16)                                --full: 4m,30m,100m, 3 rounds)
+#              PyTorch DDP (fp32, bf16; --no-ddp when the peer        --full: 4m,30m,100m, 3 rounds)
+#              ../shared/peers/torch_ddp_bench.py is missing)
 # The default set takes ~20 minutes on 2 cores; the run prints which study runs and the time left.
 # Exit status: 0 when every study and the page's checks passed; 1 when a study failed (the page
 # is still written and says which; the line "report.sh: ... failed" names them); 2 on bad flags.
@@ -105,7 +106,11 @@ study_command() {
                        python3 "$2/../sim/project.py" "$5" "$1/profile.json" "$1"' _
               "$OUT/sim" "$S" "$(quick --quick)" "${nh[*]}" "$BUILD_DIR") ;;
     # Its sizes are presets with workloads of its own: no trainer flags, one host.
-    size) CMD=(bash "$S/scale_bench.sh" --out "$OUT/size" $(quick "--sizes 4m,30m") $(rounds "--rounds 2")) ;;
+    # Without the PyTorch peer (../shared/peers beside the clone, or PWM_TORCH_DDP_PEER) the sweep
+    # runs without its DDP rows, and the page says so.
+    size) local peer="${PWM_TORCH_DDP_PEER:-$PWM_ROOT/../shared/peers/torch_ddp_bench.py}" nd=()
+          [ -f "$peer" ] || nd=(--no-ddp)
+          CMD=(bash "$S/scale_bench.sh" --out "$OUT/size" $(quick "--sizes 4m,30m") $(rounds "--rounds 2") "${nd[@]}") ;;
   esac
   return 0
 }

@@ -299,7 +299,10 @@ def study_size(d, s):
     s["metrics"]["spmd_over_ddp"] = {f"{z['size']} {r['name']}": r["ratio"]["median"] for z in doc["sizes"] for r in z["ddp"]}
     misses = [f"{z['size']} {r['name']} {r['ratio']['median']:.2f}x" for z in doc["sizes"] for r in z["ddp"]
               if not r["meets_target"]]
-    if any(z["ddp"] for z in doc["sizes"]):
+    if not any(z["ddp"] for z in doc["sizes"]):
+        s["notes"].append("No DDP rows: the sweep ran without the PyTorch peer (scale_bench.sh --no-ddp; report.sh "
+                          "passes it when ../shared/peers/torch_ddp_bench.py or PWM_TORCH_DDP_PEER is missing).")
+    else:
         s["notes"].append(f"spmd_train >= {scale_report.TARGET}x DDP: " +
                           ("at every size and precision." if not misses else "not at " + ", ".join(misses) + "."))
     s["traces"] += sorted(glob.glob(os.path.join(d, "*", "*.trace.json")))

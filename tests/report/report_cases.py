@@ -81,9 +81,14 @@ def flags_and_commands():
     assert "--no-hosts" not in cmds["sim"], cmds["sim"]
     assert "scale_bench.sh --out /nonexistent/r/size --sizes 4m\\,30m --rounds 2" in cmds["size"], cmds["size"]
     assert not os.path.exists("/nonexistent/r"), "--dry-run made its folder"
-    p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--full", "--only", "size"])
+    peer = os.path.join(ROOT, "mpi_scripts", "report.sh")  # a file that exists, as the peer
+    p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--full", "--only", "size"],
+           env=dict(os.environ, PWM_TORCH_DDP_PEER=peer))
     assert p.returncode == 0 and p.stdout.strip().endswith("scale_bench.sh --out " + os.path.join(ROOT, "results/report/size")), \
         f"--full's size study is not scale_bench.sh's default: {p.stdout}"
+    # Without the PyTorch peer the sweep runs without DDP (the page says so) instead of failing.
+    p = sh(["bash", "mpi_scripts/report.sh", "--dry-run", "--only", "size"], env=dict(os.environ, PWM_TORCH_DDP_PEER="/nonexistent"))
+    assert p.returncode == 0 and p.stdout.strip().endswith("--rounds 2 --no-ddp"), p.stdout
 
 
 def failed_study_fails_the_run(keep, env):
