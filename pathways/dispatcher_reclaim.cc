@@ -24,8 +24,9 @@ void Dispatcher::start_reclaims() {
   for (const auto& b : blocks) {
     // After the shutdown nothing more is sent to the workers: the block stays retired.
     if (shutdown_sent_) continue;
-    Reclaim& r = reclaims_[b.context];
-    PWM_CHECK(r.members.empty() && r.excluded.empty(), "context {} retired twice", b.context);
+    auto [it, fresh] = reclaims_.try_emplace(b.context);
+    PWM_CHECK(fresh, "context {} retired twice", b.context);
+    Reclaim& r = it->second;
     for (int d : b.devices) {
       const int rank = d + 1;
       if (lost_.count(rank))
@@ -33,9 +34,31 @@ void Dispatcher::start_reclaims() {
       else
         r.members.push_back(rank);
     }
-    for (int rank : r.members) chan_.send(rank, CountContext{b.context});
-    reclaim_step(b.context);
+    unasked_++;
   }
+  if (unasked_ == 0 || shutdown_sent_) return;
+  std::vector<uint32_t> asked;
+  for (auto& [block, r] : reclaims_)
+    if (!r.asked && ask_counts(block)) asked.push_back(block);
+  for (uint32_t block : asked) reclaim_step(block);
+}
+
+bool Dispatcher::ask_counts(uint32_t block) {
+  // A run lowered onto the block before it was retired and not sent yet (held by a scheduler; a
+  // plain drain lets it run on the old mapping) would use it after the counts: wait until it is
+  // sent (or abandoned). One sent before is in its workers' queues ahead of count_context.
+  for (auto& [id, rp] : runs_) {
+    if (rp->sent) continue;
+    for (const auto& [rank, wp] : rp->lp->workers)
+      for (const dataflow::ExecInfo& e : wp.execs)
+        if (e.context >= block && e.context < block + dataflow::kSliceContextStride) return false;
+  }
+  post_staged();  // (runs staged in this pass go first)
+  Reclaim& r = reclaims_.at(block);
+  for (int rank : r.members) chan_.send(rank, CountContext{block});
+  r.asked = true;
+  unasked_--;
+  return true;
 }
 
 void Dispatcher::reclaim_answer(const Message& m) {
@@ -64,7 +87,7 @@ void Dispatcher::reclaim_lost(int rank) {
     if (r.drain_sent) {
       r.draining.erase(rank);
       // The members still draining were told to take messages from it that may never come.
-      DrainContext give_up{block, {}};
+      DrainContext give_up{block, {}, true};
       for (uint32_t k = 0; k < dataflow::kSliceContextStride; ++k) give_up.counts.push_back({block + k, rank, 0});
       for (int m : r.draining) chan_.send(m, give_up);
     }
@@ -77,6 +100,7 @@ void Dispatcher::reclaim_step(uint32_t block) {
   auto it = reclaims_.find(block);
   if (it == reclaims_.end()) return;
   Reclaim& r = it->second;
+  if (!r.asked) return;
   if (!r.drain_sent) {
     if (r.counts.size() < r.members.size()) return;
     // sent[(context, from, to)] and received[(context, at, from)], from the members' answers.

@@ -141,13 +141,15 @@ struct DrainCount {
 
 // drain_context: take `counts` (collectives::ContextDrain; counts of 0 are nothing to take),
 // then drop every communicator on the block (a reused context starts its sequence numbers at
-// 0) and answer context_drained. A second drain_context for a block still draining names peers
-// lost since: nothing more is taken from them (their messages may never come).
+// 0) and answer context_drained. With `give_up`, sent after the first for a block, the counts'
+// peers were lost since: nothing more is taken from them (their messages may never come); a
+// worker that has finished the block's drain ignores it.
 struct DrainContext {
   static constexpr MsgType kType = MsgType::kDrainContext;
   uint32_t context = 0;  // the block's first context
   std::vector<DrainCount> counts;
-  static auto fields(auto& m) { return std::tie(m.context, m.counts); }
+  bool give_up = false;
+  static auto fields(auto& m) { return std::tie(m.context, m.counts, m.give_up); }
 };
 
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang

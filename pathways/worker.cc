@@ -298,10 +298,11 @@ void Worker::handle(Message& m) {
     case MsgType::kCountContext: to_count_.insert(decode<CountContext>(m.body).context); break;
     case MsgType::kDrainContext: {
       const DrainContext d = decode<DrainContext>(m.body);
-      if (auto it = draining_.find(d.context); it != draining_.end()) {  // peers lost since
-        for (auto& drain : it->second)
-          for (const DrainCount& c : d.counts)
-            if (c.context == drain.context()) drain.give_up(c.peer);
+      if (d.give_up) {  // peers lost since the first (ignored once the block is drained here)
+        if (auto it = draining_.find(d.context); it != draining_.end())
+          for (auto& drain : it->second)
+            for (const DrainCount& c : d.counts)
+              if (c.context == drain.context()) drain.give_up(c.peer);
         break;
       }
       std::vector<collectives::ContextDrain> drains;

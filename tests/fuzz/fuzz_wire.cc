@@ -94,6 +94,6 @@ std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
           seed("moveout", 8, MoveOut{1, 2, 3}), seed("movein", 9, MoveIn{1, 2, dataflow::TensorSpec{collectives::DataType::kFloat32, {5}}, 3, 4}),
           seed("hello", 11, Hello{"host-a", 1 << 20}), seed("rundone", 12, RunDone{9, "boom", 0.25}),
           seed("fetchreply", 15, reply), seed("trace", 17, tr),
-          seed("countcontext", 18, CountContext{6}), seed("draincontext", 19, DrainContext{6, {{6, 2, 3}, {8, 1, 1}}}),
+          seed("countcontext", 18, CountContext{6}), seed("draincontext", 19, DrainContext{6, {{6, 2, 3}, {8, 1, 1}}, false}),
           seed("contextcount", 20, ContextCount{6, {{6, 2, 4, 1}, {7, 1, 0, 2}}}), seed("contextdrained", 21, ContextDrained{6})};
 }

@@ -50,6 +50,7 @@ TEST(Messages, ControllerToWorkerRoundTrip) {
   expect_round_trip(StatsRequest{77});
   expect_round_trip(CountContext{896});
   expect_round_trip(DrainContext{6, {{6, 2, 3}, {10, 1, 1ull << 40}}});
+  expect_round_trip(DrainContext{6, {{6, 2, 0}}, true});
   expect_round_trip(DrainContext{});
 
   const std::vector<float> v{1.5f, -2.f, 3.25f};
