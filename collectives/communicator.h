@@ -230,6 +230,9 @@ class ContextDrain {
   bool progress();
   uint64_t left() const;
   uint32_t context() const { return context_; }
+  // World rank `peer` was lost: its messages still to come may never arrive, so none is waited
+  // for (those that do arrive stay unmatched: a later group must not include it).
+  void give_up(int peer) { left_.erase(peer); }
 
  private:
   std::shared_ptr<Transport> t_;

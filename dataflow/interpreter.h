@@ -70,6 +70,11 @@ class SliceComms {
  public:
   SliceComms(std::shared_ptr<collectives::Transport> t, collectives::CommOptions o) : t_(std::move(t)), o_(o) {}
   collectives::Communicator& get(const ExecInfo& e);
+  // Drops the communicators of contexts [first, first + n) (a reclaimed context block, which a
+  // later slice reuses from sequence number 0). No collective may be in flight on them.
+  void forget(uint32_t first, uint32_t n) {
+    comms_.erase(comms_.lower_bound(first), comms_.lower_bound(first + n));
+  }
 
  private:
   std::shared_ptr<collectives::Transport> t_;

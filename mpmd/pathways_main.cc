@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
       wo.interruptible = interruptible;
       wo.collective_timeout_s = kernel_timeout;
       if (interruptible) wo.on_cancel = [devices, rank = env.rank()] { devices->at(rank).abandon_step(); };
+      wo.on_context_reclaimed = [devices, rank = env.rank()](uint32_t first, uint32_t n) {
+        devices->at(rank).forget_contexts(first, n);
+      };
       pathways::run_worker(env.transport(), wo, &lost);
     }
     std::optional<collectives::Communicator> survivors;  // (the ranks left, on a context of their own)

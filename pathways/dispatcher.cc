@@ -55,6 +55,7 @@ void Dispatcher::loop() {
       handle(m);
     }
     inbox.clear();
+    start_reclaims();   // (blocks retired by this pass's commands or answers)
     pump_schedulers();  // completions may have opened a window
     check_deadlines(now);
     if (live_.due(now)) check_liveness(now);  // (due() is true every quarter of the timeout)
@@ -444,6 +445,8 @@ void Dispatcher::handle(Message& m) {
       }
       break;
     }
+    case MsgType::kContextCount:
+    case MsgType::kContextDrained: reclaim_answer(m); break;
     case MsgType::kBye: urgent_activity_ = true; break;
     case MsgType::kHeartbeat: break;  // (heard: see loop())
     case MsgType::kTrace: {

@@ -120,6 +120,26 @@ class Dispatcher {
   }
   std::string lost_line(int rank) const;  // "device d (world rank r[ on host]) was lost"
 
+  // Reclaiming retired context blocks (dispatcher_reclaim.cc, docs/pathways_liveness.md,
+  // "Reclaiming a context"): the blocks the resource manager retired are counted by their live
+  // members, drained, and returned to it. Every pass takes the newly retired ones (an atomic
+  // load when there are none) and asks for the counts of those no unsent run uses any more; the
+  // answers advance them; a loss takes the lost rank out of them.
+  void start_reclaims();
+  bool ask_counts(uint32_t block);  // false while a run not sent yet was lowered onto the block
+  void reclaim_answer(const Message& m);
+  void reclaim_lost(int rank);
+  void reclaim_step(uint32_t block);
+  struct Reclaim {
+    std::vector<int> members;                // world ranks that report and drain (live members)
+    std::vector<int> excluded;               // devices of the block lost on the way
+    std::map<int, ContextCount> counts;      // by member: its answer to count_context
+    std::set<int> draining;                  // members yet to answer drain_context
+    bool asked = false, drain_sent = false;
+  };
+  std::map<uint32_t, Reclaim> reclaims_;     // by the block's first context
+  size_t unasked_ = 0;                       // reclaims_ not asked yet (ask_counts)
+
   Controller& c_;
   const RuntimeOptions& opts_;
   collectives::Transport& t_;

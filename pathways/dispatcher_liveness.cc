@@ -156,6 +156,7 @@ void Dispatcher::lose(int rank, const std::string& why) {
   chan_.drop(rank);
   const std::string reason = fmt::format("{} was lost", who);
   cancel_runs_of(rank, reason, plan);
+  reclaim_lost(rank);
   for (auto it = fetch_reqs_.begin(); it != fetch_reqs_.end();) {
     if (it->second.rank != rank) {
       ++it;

@@ -121,6 +121,37 @@ struct Evict {
   static auto fields(auto& m) { return std::tie(m.reason); }
 };
 
+// Reclaiming a retired context block (docs/pathways_liveness.md, "Reclaiming a context").
+// count_context: once no run of this worker uses the block any more (its runs of the slice
+// finished or were cancelled), answer context_count with what its collectives sent and received
+// on each context of the block (Transport::traffic), per world rank.
+struct CountContext {
+  static constexpr MsgType kType = MsgType::kCountContext;
+  uint32_t context = 0;  // the block's first context (dataflow::kSliceContextStride of them)
+  static auto fields(auto& m) { return std::tie(m.context); }
+};
+
+// How many messages of `context` from world rank `peer` are still to be taken.
+struct DrainCount {
+  uint32_t context = 0;
+  int32_t peer = 0;
+  uint64_t count = 0;
+  bool operator==(const DrainCount&) const = default;
+};
+
+// drain_context: take `counts` (collectives::ContextDrain; counts of 0 are nothing to take),
+// then drop every communicator on the block (a reused context starts its sequence numbers at
+// 0) and answer context_drained. With `give_up`, sent after the first for a block, the counts'
+// peers were lost since: nothing more is taken from them (their messages may never come); a
+// worker that has finished the block's drain ignores it.
+struct DrainContext {
+  static constexpr MsgType kType = MsgType::kDrainContext;
+  uint32_t context = 0;  // the block's first context
+  std::vector<DrainCount> counts;
+  bool give_up = false;
+  static auto fields(auto& m) { return std::tie(m.context, m.counts, m.give_up); }
+};
+
 // kRunTrace: report node starts and ends (deadlines); kRunUnordered: no island order (gang
 // nodes start when ready: the deadlock demonstration); kRunRecord: record kernel executions for
 // the Perfetto trace; kRunAwaited: a client was waiting for the run's outputs when it was sent
@@ -257,6 +288,30 @@ struct StatsReply {
   uint64_t request = 0;
   WorkerStats stats;
   static auto fields(auto& m) { return std::tie(m.request, m.stats); }
+};
+
+// One context's messages to and from one world rank, as this worker's collectives counted them.
+struct ContextTraffic {
+  uint32_t context = 0;
+  int32_t peer = 0;
+  uint64_t sent = 0, received = 0;
+  bool operator==(const ContextTraffic&) const = default;
+};
+
+// The answer to count_context: every non-zero count on the block's contexts.
+struct ContextCount {
+  static constexpr MsgType kType = MsgType::kContextCount;
+  uint32_t context = 0;  // the block's first context
+  std::vector<ContextTraffic> traffic;
+  static auto fields(auto& m) { return std::tie(m.context, m.traffic); }
+};
+
+// The answer to drain_context: nothing of the block can reach this worker any more, and it holds
+// no communicator on it.
+struct ContextDrained {
+  static constexpr MsgType kType = MsgType::kContextDrained;
+  uint32_t context = 0;
+  static auto fields(auto& m) { return std::tie(m.context); }
 };
 
 // One kernel execution, or one worker-to-worker transfer, on a worker, for the Perfetto trace.

@@ -78,17 +78,59 @@ std::string ResourceManager::describe() const {
   return s;
 }
 
-uint32_t ResourceManager::new_context() {
+uint32_t ResourceManager::new_context(const std::vector<int>& devices) {
   // Blocks of kSliceContextStride: the slice's context, then its kernels' sub-groups'.
   const uint32_t span = (tags::kLastSliceContext - tags::kFirstSliceContext + 1) / dataflow::kSliceContextStride;
+  size_t barred = 0;
   for (uint32_t i = 0; i < span; ++i) {
     uint32_t c = tags::kFirstSliceContext + (next_context_++ % span) * dataflow::kSliceContextStride;
-    if (!contexts_in_use_.count(c)) return c;
+    if (contexts_in_use_.count(c)) continue;
+    if (auto b = barred_.find(c); b != barred_.end()) {
+      const bool bars = std::any_of(devices.begin(), devices.end(), [&](int d) {
+        return std::find(b->second.begin(), b->second.end(), d) != b->second.end();
+      });
+      barred += bars;
+      if (bars) continue;
+    }
+    return c;
   }
   size_t retired = 0;
   for (const auto& [c, s] : contexts_in_use_) retired += s == kRetiredContext;
-  PWM_THROW("resource manager: no collectives context left: {} live slices and {} contexts retired after losses (of {})",
-            contexts_in_use_.size() - retired, retired, span);
+  PWM_THROW("resource manager: no collectives context left for devices [{}]: {} live slices, {} contexts retired "
+            "after losses and not yet reclaimed, {} barred for these devices (of {})",
+            fmt::join(devices, ","), contexts_in_use_.size() - retired, retired, barred, span);
+}
+
+void ResourceManager::retire(uint32_t context, const std::vector<int>& devices) {
+  contexts_in_use_[context] = kRetiredContext;
+  retired_.push_back({context, devices});
+  has_retired_.store(true, std::memory_order_release);
+}
+
+std::vector<ResourceManager::RetiredBlock> ResourceManager::take_retired() {
+  if (!has_retired_.load(std::memory_order_acquire)) return {};
+  std::lock_guard<std::mutex> g(mu_);
+  has_retired_.store(false, std::memory_order_relaxed);
+  return std::exchange(retired_, {});
+}
+
+void ResourceManager::reclaim(uint32_t context, const std::vector<int>& excluded) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = contexts_in_use_.find(context);
+  PWM_CHECK(it != contexts_in_use_.end() && it->second == kRetiredContext,
+            "resource manager: context {} reclaimed but not retired", context);
+  contexts_in_use_.erase(it);
+  if (excluded.empty()) return;
+  auto& b = barred_[context];
+  for (int d : excluded)
+    if (std::find(b.begin(), b.end(), d) == b.end()) b.push_back(d);
+}
+
+size_t ResourceManager::retired() const {
+  std::lock_guard<std::mutex> g(mu_);
+  size_t n = 0;
+  for (const auto& [c, s] : contexts_in_use_) n += s == kRetiredContext;
+  return n;
 }
 
 SliceInfo ResourceManager::allocate(int n, std::vector<int> mesh, int island) {
@@ -142,7 +184,7 @@ SliceInfo ResourceManager::allocate(int n, std::vector<int> mesh, int island) {
   s.island = best_island;
   s.mesh = mesh;
   s.devices = best;
-  s.context = new_context();
+  s.context = new_context(best);
   contexts_in_use_[s.context] = s.id;
   for (int d : best) devs_[d].load++;
   slices_[s.id] = s;
@@ -160,7 +202,7 @@ void ResourceManager::release(int slice_id) {
   }
   // (An orphaned slice's collectives were abandoned too: its context is retired, as in drain.)
   if (orphan)
-    contexts_in_use_[it->second.context] = kRetiredContext;
+    retire(it->second.context, it->second.devices);
   else
     contexts_in_use_.erase(it->second.context);
   slices_.erase(it);
@@ -178,8 +220,8 @@ void ResourceManager::renew_context(int slice_id) {
   auto it = slices_.find(slice_id);
   if (it == slices_.end()) return;
   SliceInfo& s = it->second;
-  const uint32_t fresh = new_context();  // (first: when none is left, nothing changes)
-  contexts_in_use_[s.context] = kRetiredContext;
+  const uint32_t fresh = new_context(s.devices);  // (first: when none is left, nothing changes)
+  retire(s.context, s.devices);
   s.context = fresh;
   contexts_in_use_[s.context] = s.id;
   s.generation++;
@@ -245,13 +287,14 @@ std::vector<SliceRemap> ResourceManager::drain(int device, bool keep_orphans) {
   for (auto& r : plan) {
     if (r.to_device < 0) continue;  // (kept: the slice is orphaned)
     SliceInfo& s = slices_[r.slice];
+    const std::vector<int> before = s.devices;
     s.devices[r.index] = r.to_device;
     devs_[device].load--;
-    // A new group needs a fresh tag space, and the old one is never handed out again: the
+    // A new group needs a fresh tag space, and the old one is retired until reclaimed: the
     // collectives abandoned on it when the device was lost left messages that a receive with
     // their tags would still match (docs/collectives.md, "Leaving a collective").
-    const uint32_t fresh = new_context();
-    contexts_in_use_[s.context] = kRetiredContext;
+    const uint32_t fresh = new_context(s.devices);
+    retire(s.context, before);
     s.context = fresh;
     contexts_in_use_[s.context] = s.id;
     s.generation++;

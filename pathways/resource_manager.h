@@ -14,6 +14,7 @@
 // dispatcher reads mappings).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -71,8 +72,26 @@ class ResourceManager {
   // A fresh context (and a new generation: its programs are lowered again) for a live slice
   // whose devices may have left collectives midway (runs cancelled after a loss: they are out
   // of step, and the messages left behind would match the old context's tags); the old context
-  // is never handed out again. Unknown ids are ignored (a released slice).
+  // is retired (below). Unknown ids are ignored (a released slice).
   void renew_context(int slice_id);
+
+  // Retired context blocks. A block given up (drain, renew_context, an orphaned slice's
+  // release) is handed out to no slice until it is reclaimed: messages of collectives abandoned
+  // on it may still arrive. The dispatcher takes each retired block once (take_retired: its
+  // first context and the devices of the slice that used it), has its live members drain it
+  // (docs/pathways_liveness.md, "Reclaiming a context") and then calls reclaim(): the block
+  // returns to the pool, barred for good for any slice with one of `excluded` (members that
+  // were lost: their messages may still wait unmatched at the others; a receive names its
+  // sender, so a group without them never matches one). take_retired() costs an atomic load
+  // when nothing was retired (it is called on every dispatcher pass).
+  struct RetiredBlock {
+    uint32_t context = 0;      // the block's first context (kSliceContextStride of them)
+    std::vector<int> devices;  // the devices of the slice that used it, when it was retired
+  };
+  std::vector<RetiredBlock> take_retired();
+  void reclaim(uint32_t context, const std::vector<int>& excluded);
+  // Blocks retired and not reclaimed yet (taken or not), for tests and error lines.
+  size_t retired() const;
 
   // Marks the device drained and remaps every slice on it; returns what moved. Throws (and
   // changes nothing) when some slice has no spare device in its island, unless `keep_orphans`:
@@ -86,7 +105,10 @@ class ResourceManager {
   void undrain(int device);
 
  private:
-  uint32_t new_context();
+  // A free block for a slice on `devices` (none of them barred from it); throws pwm::Error with
+  // one line when there is none.
+  uint32_t new_context(const std::vector<int>& devices);
+  void retire(uint32_t context, const std::vector<int>& devices);
   int pick_spare(int island, const std::vector<int>& exclude, bool idle_only = false) const;
 
   mutable std::mutex mu_;
@@ -96,10 +118,12 @@ class ResourceManager {
   int next_slice_ = 1;
   uint32_t next_context_ = 0;
   std::map<uint32_t, int> contexts_in_use_;  // context -> its slice, or kRetiredContext
-  // A context given up (drain, renew_context, an orphaned slice's release): never handed out
-  // again, since messages of collectives abandoned on it may still be waiting. Bounded by the
-  // losses: new_context says so when none is left.
+  // A context given up (drain, renew_context, an orphaned slice's release): handed out again
+  // only once reclaim() says nothing of it can still arrive.
   static constexpr int kRetiredContext = -1;
+  std::vector<RetiredBlock> retired_;         // not taken yet
+  std::atomic<bool> has_retired_{false};      // retired_ is not empty (take_retired's fast path)
+  std::map<uint32_t, std::vector<int>> barred_;  // block -> devices whose groups it may not serve
 };
 
 }  // namespace pwm::pathways

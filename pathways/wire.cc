@@ -20,6 +20,8 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kShutdown: return "shutdown";
     case MsgType::kCancelRun: return "cancel_run";
     case MsgType::kEvict: return "evict";
+    case MsgType::kCountContext: return "count_context";
+    case MsgType::kDrainContext: return "drain_context";
     case MsgType::kHello: return "hello";
     case MsgType::kRunDone: return "run_done";
     case MsgType::kStageDone: return "stage_done";
@@ -28,6 +30,8 @@ const char* msg_type_name(MsgType t) {
     case MsgType::kStatsReply: return "stats_reply";
     case MsgType::kBye: return "bye";
     case MsgType::kTrace: return "trace";
+    case MsgType::kContextCount: return "context_count";
+    case MsgType::kContextDrained: return "context_drained";
     case MsgType::kHeartbeat: return "heartbeat";
   }
   return "?";

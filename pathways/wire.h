@@ -44,6 +44,8 @@ enum class MsgType : uint32_t {
   kShutdown = 12,     // Shutdown
   kCancelRun = 13,    // CancelRun (a device of the run was lost)
   kEvict = 14,        // Evict (this worker was declared lost: it leaves the job)
+  kCountContext = 15, // CountContext (a retired context block: report its traffic)
+  kDrainContext = 16, // DrainContext (take what is left of it, then forget it)
   // worker -> controller
   kHello = 32,       // Hello
   kRunDone = 33,     // RunDone
@@ -53,6 +55,8 @@ enum class MsgType : uint32_t {
   kStatsReply = 37,  // StatsReply
   kBye = 38,         // -
   kTrace = 39,       // TraceRecords (before bye)
+  kContextCount = 41,    // ContextCount (the answer to count_context)
+  kContextDrained = 42,  // ContextDrained (the answer to drain_context)
   // both directions
   kHeartbeat = 40,   // - (liveness.h: every quarter of the timeout)
 };

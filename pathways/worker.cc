@@ -77,6 +77,7 @@ void Worker::loop() {
     }
     any |= progress_moves();
     any |= progress_fetches();
+    if (!to_count_.empty() || !draining_.empty()) any |= progress_reclaims();
     if (const size_t kept = t_->abandoned()) any |= t_->reap_abandoned() < kept;
     any |= chan_.flush();
     if (shutdown_ && runs_.empty() && queued_.empty() && moves_.empty() && fetches_.empty()) break;
@@ -123,6 +124,55 @@ void Worker::controller_silent(double now) {
                         "the job (timeout: --coll-timeout or PWM_COLL_TIMEOUT)",
                         where_on_host(), on_host(0), live_.silence(0, now), doing, runs_.size(), queued_.size()));
   std::abort();  // not reached (GCC does not see [[noreturn]] through the virtual call)
+}
+
+bool Worker::uses_block(uint32_t first) const {
+  auto on_it = [&](const std::shared_ptr<const LoadedProgram>& p) {
+    if (!p) return false;
+    for (const dataflow::ExecInfo& e : p->plan.p.execs)
+      if (e.context >= first && e.context < first + dataflow::kSliceContextStride) return true;
+    return false;
+  };
+  for (const Run& r : runs_)
+    if (on_it(r.prog)) return true;
+  for (const auto& [h, prog] : queued_)
+    if (on_it(prog)) return true;
+  return false;
+}
+
+bool Worker::progress_reclaims() {
+  bool any = false;
+  for (auto it = to_count_.begin(); it != to_count_.end();) {
+    if (uses_block(*it)) {
+      ++it;
+      continue;
+    }
+    // No run here uses the block, and none will (it is retired): its counts are final.
+    ContextCount c{*it, {}};
+    for (uint32_t k = 0; k < dataflow::kSliceContextStride; ++k) {
+      const collectives::Transport::Traffic tr = t_->traffic(*it + k);
+      for (size_t r = 0; r < tr.sent.size(); ++r)
+        if (tr.sent[r] || tr.received[r])
+          c.traffic.push_back({*it + k, static_cast<int32_t>(r), tr.sent[r], tr.received[r]});
+    }
+    chan_.send(0, c);
+    it = to_count_.erase(it);
+    any = true;
+  }
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    bool done = true;
+    for (auto& d : it->second) done = d.progress() && done;
+    if (!done) {
+      ++it;
+      continue;
+    }
+    comms_.forget(it->first, dataflow::kSliceContextStride);
+    if (opts_.on_context_reclaimed) opts_.on_context_reclaimed(it->first, dataflow::kSliceContextStride);
+    chan_.send(0, ContextDrained{it->first});
+    it = draining_.erase(it);
+    any = true;
+  }
+  return any;
 }
 
 WorkerStats Worker::stats() const {
@@ -244,6 +294,29 @@ void Worker::handle(Message& m) {
           cancelled_[h.run_id] = c.reason;
         }
       break;  // (not found: the run ended here before the cancel came)
+    }
+    case MsgType::kCountContext: to_count_.insert(decode<CountContext>(m.body).context); break;
+    case MsgType::kDrainContext: {
+      const DrainContext d = decode<DrainContext>(m.body);
+      if (d.give_up) {  // peers lost since the first (ignored once the block is drained here)
+        if (auto it = draining_.find(d.context); it != draining_.end())
+          for (auto& drain : it->second)
+            for (const DrainCount& c : d.counts)
+              if (c.context == drain.context()) drain.give_up(c.peer);
+        break;
+      }
+      std::vector<collectives::ContextDrain> drains;
+      for (uint32_t k = 0; k < dataflow::kSliceContextStride; ++k) {
+        std::map<int, uint64_t> left;
+        for (const DrainCount& c : d.counts)
+          if (c.context == d.context + k) {
+            PWM_CHECK(c.peer > 0 && c.peer < t_->size(), "drain_context: world rank {} out of range", c.peer);
+            left[c.peer] += c.count;
+          }
+        drains.emplace_back(t_, d.context + k, std::move(left));
+      }
+      draining_[d.context] = std::move(drains);
+      break;
     }
     case MsgType::kShutdown:
       for (uint64_t r : decode<Shutdown>(m.body).lost) lost_.push_back(static_cast<int>(r));

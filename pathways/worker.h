@@ -72,6 +72,11 @@ struct WorkerOptions {
   // step runs all span every slice, so a loss cancels every one in flight). Must not wait for a
   // collective. Empty: nothing.
   std::function<void()> on_cancel;
+  // Called on the worker's thread, between kernels, when the controller reclaims contexts
+  // [first, first + n) (a block retired after a loss, drained: docs/pathways_liveness.md): the
+  // kernels drop the communicators they keep on them (a slice given the block again starts
+  // their sequence numbers at 0). No run of this worker uses them. Empty: nothing.
+  std::function<void(uint32_t first, uint32_t n)> on_context_reclaimed;
 
   static WorkerOptions from_env();  // latency: LatencyPolicy::from_env()
 };

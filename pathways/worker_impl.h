@@ -129,6 +129,12 @@ class Worker {
   // blocking, true if anything moved.
   bool progress_moves();
   bool progress_fetches();
+  // Reclaiming retired context blocks (count_context, drain_context): answers the counts of a
+  // block once no run here uses it, and progresses the drains (never blocking); a drained block's
+  // communicators are dropped (comms_, WorkerOptions::on_context_reclaimed) before it is
+  // reported drained. True if anything moved.
+  bool progress_reclaims();
+  bool uses_block(uint32_t first) const;  // a run (started or queued) has a kernel on the block
 
   std::shared_ptr<collectives::Transport> t_;
   Channel chan_;
@@ -145,6 +151,8 @@ class Worker {
   std::list<Fetch> fetches_;
   std::vector<int> lost_;  // the world ranks the controller lost (its shutdown message)
   dataflow::SliceComms comms_;
+  std::set<uint32_t> to_count_;  // blocks whose counts the controller asked for, not answered yet
+  std::map<uint32_t, std::vector<collectives::ContextDrain>> draining_;  // block -> its contexts' drains
   std::set<uint64_t> pending_execs_;
   std::deque<std::pair<RunHeader, std::shared_ptr<const LoadedProgram>>> queued_;  // not started, arrival order
   std::set<uint64_t> early_freed_;             // outputs of queued runs already freed

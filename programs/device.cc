@@ -118,6 +118,17 @@ Communicator& TrainingDevice::comm(uint32_t context, std::vector<int> group) {
   return *c;
 }
 
+void TrainingDevice::forget_contexts(uint32_t first, uint32_t n) {
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    if (it->first.first >= first && it->first.first < first + n) {
+      forgotten_comms_.push_back(std::move(it->second));
+      it = comms_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 // Sub-groups of the slice communicator: tp ranks adjacent, as in spmd_train's mesh.
 Communicator* TrainingDevice::tp_comm(KernelContext& ctx, const Pos& p) {
   if (p.tp == 1) return nullptr;

@@ -167,6 +167,11 @@ class TrainingDevice {
   // withdrawn without waiting), its MoE state and its accounting dropped. The kernel wrapper
   // calls it on Interrupted, pathways_train's worker on a cancel (WorkerOptions::on_cancel).
   void abandon_step();
+  // Contexts [first, first + n) were reclaimed (pathways_train's worker, WorkerOptions::
+  // on_context_reclaimed): the sub-group communicators on them are dropped from the cache, so
+  // that a slice given the block again starts their sequence numbers at 0. (The objects stay
+  // alive, unused: a pointer taken before, an FSDP sharding's, never dangles.)
+  void forget_contexts(uint32_t first, uint32_t n);
 
   Trace* trace() { return trace_.get(); }
 
@@ -194,6 +199,7 @@ class TrainingDevice {
   std::vector<float> grads_;
   std::vector<int32_t> tokens_;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
+  std::vector<std::unique_ptr<collectives::Communicator>> forgotten_comms_;  // forget_contexts
   double busy_s_ = 0;  // step kernels' time since the last report
   bool straggler_ = false, straggled_ = false;  // --straggler-ms names this device; it slept this step
   double comm_s_ = 0;  // collectives of this step's earlier kernels

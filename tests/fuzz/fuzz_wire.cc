@@ -47,7 +47,8 @@ constexpr Checker kCheckers[] = {
     check<PutShard>,      check<Fetch>,        check<Free>,      check<FreeOwner>,
     check<MoveOut>,       check<MoveIn>,       check<StatsRequest>, check<Hello>,
     check<RunDone>,       check<StageDone>,    check<NodeEvent>, check<FetchReply>,
-    check<StatsReply>,    check<TraceRecords>,
+    check<StatsReply>,    check<TraceRecords>,   check<CountContext>, check<DrainContext>,
+    check<ContextCount>,  check<ContextDrained>,
 };
 constexpr size_t kNumTypes = sizeof(kCheckers) / sizeof(kCheckers[0]);
 
@@ -92,5 +93,7 @@ std::vector<std::pair<std::string, std::string>> pwm_fuzz_seeds() {
   return {seed("program", 0, wp), seed("put", 4, put),   seed("run", 2, run),
           seed("moveout", 8, MoveOut{1, 2, 3}), seed("movein", 9, MoveIn{1, 2, dataflow::TensorSpec{collectives::DataType::kFloat32, {5}}, 3, 4}),
           seed("hello", 11, Hello{"host-a", 1 << 20}), seed("rundone", 12, RunDone{9, "boom", 0.25}),
-          seed("fetchreply", 15, reply), seed("trace", 17, tr)};
+          seed("fetchreply", 15, reply), seed("trace", 17, tr),
+          seed("countcontext", 18, CountContext{6}), seed("draincontext", 19, DrainContext{6, {{6, 2, 3}, {8, 1, 1}}, false}),
+          seed("contextcount", 20, ContextCount{6, {{6, 2, 4, 1}, {7, 1, 0, 2}}}), seed("contextdrained", 21, ContextDrained{6})};
 }

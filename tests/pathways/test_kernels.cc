@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "collectives/communicator.h"
 #include "dataflow/kernel.h"
 #include "dataflow/lowering.h"
 #include "dataflow/program.h"
@@ -122,6 +123,26 @@ void register_test_kernels() {
             std::this_thread::sleep_for(std::chrono::microseconds(ctx.attr(0)));
             ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
             ctx.comm().allreduce(ctx.out<float>(0), collectives::ReduceOp::kSum);
+          }, /*collectives=*/true);
+
+  // What collectives left midway after a loss leave behind: every shard sends every other one
+  // float (1000) on the tag of its slice communicator's first collective (docs/collectives.md,
+  // "Matching": context c, sequence 0, data), counted as a collective's send; no receive here
+  // takes them. In process only: the fabric's sends are complete when posted.
+  reg.add("stray_message", {{f32({1}, dataflow::Sharding::kReplicated)}, {f32({1}, dataflow::Sharding::kReplicated)}},
+          [](dataflow::KernelContext& ctx) {
+            ctx.out<float>(0)[0] = ctx.in<float>(0)[0];
+            collectives::Communicator& c = ctx.comm();
+            static const float kStray = 1000;
+            const uint32_t k = c.context();
+            const int tag = collectives::logical_tag(static_cast<int>(k / 64), static_cast<int>((k % 64) << 9));
+            collectives::Transport& t = c.transport();
+            for (int j = 0; j < c.size(); ++j) {
+              if (j == c.rank()) continue;
+              collectives::Request r = t.isend(&kStray, sizeof kStray, c.group()[j], tag);
+              PWM_CHECK(t.test(r, nullptr), "stray_message: an in-process send is complete when posted");
+              t.count_message(k, c.group()[j], true);
+            }
           }, /*collectives=*/true);
 
   reg.add("sleep_ms", {{f32({1}, dataflow::Sharding::kReplicated)}, {f32({1}, dataflow::Sharding::kReplicated)}},

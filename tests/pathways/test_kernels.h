@@ -8,6 +8,9 @@
 //                  (collectives)
 //   chain_fused    attrs {steps, c, n}: allreduce_add applied `steps` times in one kernel
 //   boom      attrs {shard (-1: all)}: float32[1] replicated -> same; throws on that shard
+//   stray_message  float32[1] replicated -> same; every shard leaves every other one a message no
+//                  receive takes, on the tag of the slice communicator's first collective (in
+//                  process only; collectives)
 //   sleep_ms  attrs {ms}: float32[1] replicated -> same, after sleeping (for deadlines)
 //   sleep_allreduce attrs {us}: float32[1] replicated -> sum over the slice, after sleeping (a
 //                  gang node that takes device time without taking a core; collectives)

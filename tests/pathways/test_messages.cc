@@ -48,6 +48,10 @@ TEST(Messages, ControllerToWorkerRoundTrip) {
   expect_round_trip(MoveOut{1, 2, -3});
   expect_round_trip(MoveIn{1, 2, dataflow::TensorSpec{collectives::DataType::kInt64, {3, 4}}, 5, 6});
   expect_round_trip(StatsRequest{77});
+  expect_round_trip(CountContext{896});
+  expect_round_trip(DrainContext{6, {{6, 2, 3}, {10, 1, 1ull << 40}}});
+  expect_round_trip(DrainContext{6, {{6, 2, 0}}, true});
+  expect_round_trip(DrainContext{});
 
   const std::vector<float> v{1.5f, -2.f, 3.25f};
   PutShard p{9, 4, spec_f32({3}), {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)}};
@@ -67,6 +71,8 @@ TEST(Messages, ControllerToWorkerRoundTrip) {
 TEST(Messages, WorkerToControllerRoundTrip) {
   expect_round_trip(Hello{"node-1", 65536});
   expect_round_trip(Hello{});
+  expect_round_trip(ContextCount{6, {{6, 2, 4, 1}, {7, 1, 0, 1ull << 40}}});
+  expect_round_trip(ContextDrained{6});
   expect_round_trip(RunDone{3, "kernel 'boom' failed", 0.25});
   expect_round_trip(RunDone{3, "", 0});
   expect_round_trip(StageDone{3, 2});

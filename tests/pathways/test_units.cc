@@ -118,7 +118,7 @@ TEST(ResourceManager, DrainKeepsOrphansRatherThanDoublingUp) {
   EXPECT_EQ(plain.slice(d.id).devices, (std::vector<int>{1}));
 }
 
-TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
+TEST(ResourceManager, ARetiredContextReturnsOnlyOnceReclaimed) {
   // Collectives abandoned on it left messages that its tags would still match (docs/collectives.md).
   ResourceManager rm({"h", "h", "h", "h"}, "1x4");
   SliceInfo a = rm.allocate(3, {3}, 0);
@@ -126,16 +126,33 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
   rm.drain(a.devices[1]);
   const uint32_t moved = rm.slice(a.id).context;
   EXPECT_NE(moved, old);
-  std::set<uint32_t> seen;  // every context, several times over (the manager hands them out in turn)
-  for (int i = 0; i < 3000; ++i) {
-    SliceInfo s = rm.allocate(1, {}, 0);
-    seen.insert(s.context);
-    rm.release(s.id);
-  }
-  EXPECT_FALSE(seen.count(old)) << "context " << old << " of the remapped slice was handed out again";
+  auto hand_out = [](ResourceManager& m, int n, int island) {
+    std::set<uint32_t> seen;  // every free block, several times over (the manager hands them out in turn)
+    for (int i = 0; i < 3000; ++i) {
+      SliceInfo s = m.allocate(n, {}, island);
+      seen.insert(s.context);
+      m.release(s.id);
+    }
+    return seen;
+  };
+  std::set<uint32_t> seen = hand_out(rm, 1, 0);
+  EXPECT_FALSE(seen.count(old)) << "context " << old << " of the remapped slice was handed out before it was reclaimed";
   EXPECT_FALSE(seen.count(moved));  // (in use)
   EXPECT_GT(seen.size(), 170u);     // (the others were: 899 contexts in blocks of 5)
-  // An orphaned slice's context is retired when it is released.
+  // The dispatcher takes it once, with the devices that used it, and reclaims it: it is free again.
+  EXPECT_EQ(rm.retired(), 1u);
+  auto taken = rm.take_retired();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].context, old);
+  EXPECT_EQ(taken[0].devices, a.devices);
+  EXPECT_TRUE(rm.take_retired().empty());
+  rm.reclaim(old, {});
+  EXPECT_EQ(rm.retired(), 0u);
+  EXPECT_TRUE(hand_out(rm, 1, 0).count(old));
+  EXPECT_THROW(rm.reclaim(old, {}), pwm::Error);  // (not retired)
+
+  // An orphaned slice's context is retired when it is released; reclaimed without device 0 (lost),
+  // it serves groups without device 0 only.
   ResourceManager rm2({"h", "h"}, "1x2");
   SliceInfo b = rm2.allocate(2, {2}, 0);
   rm2.drain(b.devices[0], /*keep_orphans=*/true);
@@ -143,15 +160,19 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
   const uint32_t orphan = rm2.slice(b.id).context;
   rm2.release(b.id);
   rm2.undrain(0);
-  seen.clear();
-  for (int i = 0; i < 3000; ++i) {
-    SliceInfo s = rm2.allocate(1, {}, 0);
-    seen.insert(s.context);
-    rm2.release(s.id);
-  }
-  EXPECT_FALSE(seen.count(orphan));
+  EXPECT_FALSE(hand_out(rm2, 1, 0).count(orphan));
+  taken = rm2.take_retired();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].context, orphan);
+  rm2.reclaim(orphan, {0});
+  EXPECT_FALSE(hand_out(rm2, 2, 0).count(orphan)) << "a block barred for device 0 served a slice on it";
+  SliceInfo on0 = rm2.allocate(1, {}, 0);  // (held: the next one-device slices go to device 1)
+  ASSERT_EQ(on0.devices, std::vector<int>{0});
+  EXPECT_TRUE(hand_out(rm2, 1, 0).count(orphan));
+
   // renew_context (a slice of a run cancelled after a loss): a fresh block, the old one retired,
-  // a new generation; when every block is retired, one line says so.
+  // a new generation. Reclaimed after each, any number of renewals go on; without the reclaims,
+  // one line says that none is left.
   ResourceManager rm3({"h", "h"}, "1x2");
   SliceInfo c = rm3.allocate(2, {2}, 0);
   const uint32_t before = c.context;
@@ -159,11 +180,18 @@ TEST(ResourceManager, ARemappedSlicesOldContextIsNeverHandedOutAgain) {
   EXPECT_NE(rm3.slice(c.id).context, before);
   EXPECT_EQ((rm3.slice(c.id).context - 1) % dataflow::kSliceContextStride, 0u);  // (a block's first)
   EXPECT_EQ(rm3.generation(c.id), c.generation + 1);
+  for (int i = 0; i < 1000; ++i) {
+    for (const auto& t : rm3.take_retired()) rm3.reclaim(t.context, {});
+    rm3.renew_context(c.id);
+  }
+  EXPECT_EQ(rm3.generation(c.id), c.generation + 1001);
+  for (const auto& t : rm3.take_retired()) rm3.reclaim(t.context, {});
   try {
     for (int i = 0; i < 200; ++i) rm3.renew_context(c.id);
-    ADD_FAILURE() << "200 renewals of one slice did not run out of the 179 blocks";
+    ADD_FAILURE() << "200 renewals of one slice without a reclaim did not run out of the 179 blocks";
   } catch (const pwm::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no collectives context left: 1 live slices and 178 contexts retired"),
+    EXPECT_NE(std::string(e.what()).find("no collectives context left for devices [0,1]: 1 live slices, 178 contexts "
+                                         "retired after losses and not yet reclaimed"),
               std::string::npos)
         << e.what();
   }
@@ -342,6 +370,44 @@ TEST(InProcRuntime, ChainedProgramOverThreads) {
     for (int i = 0; i < 5; ++i) v = b.call("allreduce_add", s, {v}, {1})[0];
     b.output(v);
     EXPECT_EQ(c.run(b.build(), {x})[0].get<float>(), std::vector<float>{63});  // x <- 2x + 1, 5 times
+    rt.shutdown();
+  });
+}
+
+// Issue 58: a context block retired after a loss (here a drain, which remaps the slice onto the
+// spare device and retires its block as a loss does) returns to the pool once its members have
+// counted and drained it, so the runtime survives any number of retirements: 400 drains, more
+// than the 179 blocks (178 retired ran them out before), each followed by a collective on the
+// remapped slice, on a block handed out again, whose exact sum is checked. Each block is left
+// what collectives abandoned after a loss leave (stray_message: messages on the tag of its first
+// collective that no receive took, between every two devices): the fresh communicator of a later
+// slice on the block, which shares two devices with this one, would take them for its first
+// AllReduce's data unless the reclaim drained them.
+TEST(InProcRuntime, SurvivesHundredsOfRetiredContexts) {
+  testing::register_test_kernels();
+  collectives::run_inproc(5, [](int rank, std::shared_ptr<collectives::Transport> t) {
+    if (rank != 0) return run_worker(t);
+    Runtime rt(t);
+    Client c = rt.client();
+    Slice s = c.allocate(3);  // (of 4 devices: any two of its groups share two devices)
+    Array x0 = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{0});
+    ProgramBuilder b("sum");
+    b.output(b.call("allreduce_add", s, {b.param_like(x0)}, {1})[0]);
+    Program prog = b.build();
+    ProgramBuilder sb("stray");
+    sb.output(sb.call("stray_message", s, {sb.param_like(x0)})[0]);
+    Program stray = sb.build();
+    x0 = Array();
+    for (int i = 0; i < 400; ++i) {
+      const int d = s.devices()[static_cast<size_t>(i % 3)];
+      c.drain(d);
+      const std::vector<int> now_on = s.devices();
+      ASSERT_EQ(std::count(now_on.begin(), now_on.end(), d), 0) << "drain " << i;
+      Array x = c.put(s, dataflow::Sharding::kReplicated, {1}, std::vector<float>{static_cast<float>(i)});
+      ASSERT_EQ(c.run(prog, {x})[0].get<float>(), std::vector<float>{3.0f * i + 1}) << "after drain " << i;
+      c.run(stray, {x})[0].wait();
+      c.undrain(d);
+    }
     rt.shutdown();
   });
 }
