@@ -175,6 +175,27 @@ bool Worker::progress_reclaims() {
   return any;
 }
 
+void Worker::start_drain(const DrainContext& d) {
+  if (d.give_up) {  // peers lost since the first (ignored once the block is drained here)
+    if (auto it = draining_.find(d.context); it != draining_.end())
+      for (auto& drain : it->second)
+        for (const DrainCount& c : d.counts)
+          if (c.context == drain.context()) drain.give_up(c.peer);
+    return;
+  }
+  std::vector<collectives::ContextDrain> drains;
+  for (uint32_t k = 0; k < dataflow::kSliceContextStride; ++k) {
+    std::map<int, uint64_t> left;
+    for (const DrainCount& c : d.counts)
+      if (c.context == d.context + k) {
+        PWM_CHECK(c.peer > 0 && c.peer < t_->size(), "drain_context: world rank {} out of range", c.peer);
+        left[c.peer] += c.count;
+      }
+    drains.emplace_back(t_, d.context + k, std::move(left));
+  }
+  draining_[d.context] = std::move(drains);
+}
+
 WorkerStats Worker::stats() const {
   WorkerStats s;
   s.rank = rank_;
@@ -296,28 +317,7 @@ void Worker::handle(Message& m) {
       break;  // (not found: the run ended here before the cancel came)
     }
     case MsgType::kCountContext: to_count_.insert(decode<CountContext>(m.body).context); break;
-    case MsgType::kDrainContext: {
-      const DrainContext d = decode<DrainContext>(m.body);
-      if (d.give_up) {  // peers lost since the first (ignored once the block is drained here)
-        if (auto it = draining_.find(d.context); it != draining_.end())
-          for (auto& drain : it->second)
-            for (const DrainCount& c : d.counts)
-              if (c.context == drain.context()) drain.give_up(c.peer);
-        break;
-      }
-      std::vector<collectives::ContextDrain> drains;
-      for (uint32_t k = 0; k < dataflow::kSliceContextStride; ++k) {
-        std::map<int, uint64_t> left;
-        for (const DrainCount& c : d.counts)
-          if (c.context == d.context + k) {
-            PWM_CHECK(c.peer > 0 && c.peer < t_->size(), "drain_context: world rank {} out of range", c.peer);
-            left[c.peer] += c.count;
-          }
-        drains.emplace_back(t_, d.context + k, std::move(left));
-      }
-      draining_[d.context] = std::move(drains);
-      break;
-    }
+    case MsgType::kDrainContext: start_drain(decode<DrainContext>(m.body)); break;
     case MsgType::kShutdown:
       for (uint64_t r : decode<Shutdown>(m.body).lost) lost_.push_back(static_cast<int>(r));
       shutdown_ = true;

@@ -135,6 +135,9 @@ class Worker {
   // reported drained. True if anything moved.
   bool progress_reclaims();
   bool uses_block(uint32_t first) const;  // a run (started or queued) has a kernel on the block
+  // drain_context: starts the block's drains (progressed by progress_reclaims), or, flagged
+  // give_up, stops waiting for a lost peer's messages in a drain under way.
+  void start_drain(const DrainContext& d);
 
   std::shared_ptr<collectives::Transport> t_;
   Channel chan_;
