@@ -26,6 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare_report  # noqa: E402
 import dispatch_plot  # noqa: E402
 import measure  # noqa: E402
 import scale_report  # noqa: E402
@@ -41,7 +42,7 @@ TITLES = {
 }
 # The dated pages of docs/results/ that each section reproduces (each page names its section).
 REPRODUCES = {
-    "compare": ["docs/results/compare.md", "docs/results/mpmd.md", "docs/results/static_mpmd.md"],
+    "compare": ["docs/results/compare.md", "docs/results/memory.md", "docs/results/mpmd.md", "docs/results/static_mpmd.md"],
     "moe": ["docs/results/moe.md"],
     "pipeline": ["docs/results/pipeline.md"],
     "failure": ["docs/results/failures.md"],
@@ -49,6 +50,15 @@ REPRODUCES = {
     "sim": ["docs/results/simulator.md"],
     "size": ["docs/results/scale.md"],
 }
+
+
+def read_text(path):
+    """The file's text, or "" when it is not there."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def read_json(path):
@@ -127,7 +137,39 @@ def study_compare(d, s):
                               f"{100 * t['bubble_bound']:.1f}%.")
         if t.get("vs_spmd", {}).get("same_within_noise") is False and t.get("breakdown") and doc["runs"][0].get("breakdown"):
             s["notes"].append(measure.attribution(t["name"], ref, t["breakdown"], doc["runs"][0]["breakdown"]))
+    memory_table(doc["runs"], s)
     s["traces"] += sorted(glob.glob(os.path.join(d, "*.trace.json")))
+
+
+def memory_table(runs, s):
+    """The largest rank's peak RSS of each run against the first's (spmd), and its parts as
+    compare_report.py splits it (its `memory` dict: the measured model state, the trainer's
+    estimate of the rest, and what neither accounts for). Nothing when no run has the figure."""
+    if not any("peak_rss_bytes" in t for t in runs):
+        return
+    parts = compare_report.MEMORY_PARTS
+    shown = [p for p in parts if any(t.get("memory", {}).get(p[0], 0) > 0 for t in runs)]
+    mib = lambda b: f"{b / 2**20:.0f}"
+    ref = runs[0].get("peak_rss_bytes")
+    rows, ratios = [], {}
+    for t in runs:
+        peak, m = t.get("peak_rss_bytes"), t.get("memory")
+        if peak is None:
+            rows.append([t["name"]] + ["-"] * (len(shown) + 3))
+            continue
+        if ref:
+            ratios[t["name"]] = peak / ref
+        row = [t["name"], mib(peak), f"{peak / ref:.2f}x" if ref else "-"]
+        row += [mib(m[k]) if m else "-" for k, _, _ in shown]
+        row.append(f"{mib(m['unattributed'])} ({100 * m['unattributed'] / peak:.0f}%)" if m else "-")
+        rows.append(row)
+    s["tables"].append({"caption": "Peak RSS per rank (the largest rank's, MiB) against spmd's, and its parts: the "
+                                   "model state as measured, the rest as the trainer's memory estimate counts "
+                                   "it (train/memory.cc); unattributed: the process (MPI, libraries), freed "
+                                   "memory the allocator and buffer cache keep, and the estimate's error",
+                        "columns": ["run", "peak RSS", "vs spmd"] + [label for _, _, label in shown] + ["unattributed"],
+                        "rows": rows})
+    s["metrics"]["peak_rss_vs_spmd"] = ratios
 
 
 def study_moe(d, s):
@@ -451,10 +493,9 @@ def build(root):
     studies = []
     for name in meta.get("studies", [n for n in EXTRACT if os.path.isdir(os.path.join(root, n))]):
         d = os.path.join(root, name)
-        st = (open(os.path.join(d, "status.txt")).read().split() if os.path.exists(os.path.join(d, "status.txt"))
-              else ["-1", "0"])
+        st = (read_text(os.path.join(d, "status.txt")) or "-1 0").split()
         s = {"name": name, "title": TITLES[name], "exit_code": int(st[0]), "seconds": float(st[1]),
-             "command": open(os.path.join(d, "command.txt")).read().strip() if os.path.exists(os.path.join(d, "command.txt")) else "",
+             "command": read_text(os.path.join(d, "command.txt")).strip(),
              "tables": [], "verdicts": [], "notes": [], "svgs": [], "traces": [], "metrics": {},
              "reproduces": REPRODUCES[name]}
         try:

@@ -1,11 +1,14 @@
 """mpi_scripts/report_page.py: the outcome of a ratio, the first section's sentences, a study that
-wrote nothing, the size study read from scale_report.py's scale.json (issue 60). The page in a
+wrote nothing, the size study read from scale_report.py's scale.json (issue 60), compare's table of
+peak memory (issue 58), and the docs/results pages that name their section. The page in a
 browser: tests/report (label `report`)."""
+import glob
 import json
 import os
 import tempfile
 import unittest
 
+import compare_report
 import report_page
 import test_scale_report
 
@@ -88,6 +91,68 @@ class SizeStudy(unittest.TestCase):
             self.assertEqual(got[("fused (4m)", "spmd")]["outcome"], "tied")  # the row's interval 0.9-1.1
             self.assertIn("spmd_train >= 1.2x DDP: not at 4m ddp_bf16 1.00x.", s["notes"])
             self.assertEqual(s["metrics"]["spmd_over_ddp"], {"4m ddp_fp32": 1.5, "4m ddp_bf16": 1.0})
+
+
+class CompareMemory(unittest.TestCase):
+    def run_compare(self, runs):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "compare"))
+            workload = {"model": "m", "compute_ranks": 2, "steps": 5, "batch_per_rank": 8, "cluster": "one host"}
+            with open(os.path.join(d, "compare", "compare.json"), "w") as f:
+                json.dump({"workload": workload, "runs": runs}, f)
+            with open(os.path.join(d, "meta.json"), "w") as f:
+                json.dump({"studies": ["compare"]}, f)
+            (s,) = report_page.build(d)["studies"]
+            return s
+
+    @staticmethod
+    def make_run(name, peak, state=None, act=None, runtime=0):
+        t = {"name": name, "tokens_per_s": 1000.0, "tokens_per_s_vs_spmd": 1.0, "step_ms_p50": 10.0, "mfu": 0.5,
+             "final_loss": 5.0, "weights_identical": True, "rounds": 3, "peak_rss_bytes": peak * 2**20}
+        if state is not None:  # compare_report.memory_breakdown of the final metrics
+            t["memory"] = compare_report.memory_breakdown({
+                "peak_rss_bytes": peak * 2**20, "state_bytes": state * 2**20,
+                "memory_activations_bytes": act * 2**20, "memory_runtime_bytes": runtime * 2**20})
+        return t
+
+    def test_peak_rss_against_spmd_and_its_parts(self):
+        s = self.run_compare([self.make_run("spmd", 336, 59, 120), self.make_run("fused", 370, 59, 120, 40),
+                              self.make_run("pipeline", 300)])
+        mem = s["tables"][-1]
+        self.assertEqual(mem["columns"], ["run", "peak RSS", "vs spmd", "model state", "activations",
+                                          "runtime intermediates", "unattributed"])
+        self.assertEqual(mem["rows"][0], ["spmd", "336", "1.00x", "59", "120", "0", "157 (47%)"])
+        self.assertEqual(mem["rows"][1], ["fused", "370", "1.10x", "59", "120", "40", "151 (41%)"])
+        self.assertEqual(mem["rows"][2], ["pipeline", "300", "0.89x", "-", "-", "-", "-"])  # no breakdown
+        self.assertAlmostEqual(s["metrics"]["peak_rss_vs_spmd"]["fused"], 370 / 336)
+
+    def test_no_table_without_the_figure(self):
+        runs = [self.make_run("spmd", 336), self.make_run("fused", 370)]
+        for t in runs:
+            del t["peak_rss_bytes"]
+        s = self.run_compare(runs)
+        self.assertEqual([t["columns"][0] for t in s["tables"]], ["run"])  # the speed table only
+        self.assertNotIn("peak_rss_vs_spmd", s["metrics"])
+
+
+class ResultsPages(unittest.TestCase):
+    def test_every_page_names_its_section_or_says_none_has_it(self):
+        """Each page REPRODUCES names says which section reproduces it; every other page says none does."""
+        root = os.path.join(os.path.dirname(os.path.abspath(report_page.__file__)), "..")
+        named = {p: name for name, pages in report_page.REPRODUCES.items() for p in pages}
+        pages = sorted(glob.glob(os.path.join(root, "docs", "results", "*.md")))
+        self.assertGreater(len(pages), 10)
+        for path in pages:
+            rel = os.path.relpath(path, root)
+            with open(path) as f:
+                head = "".join(f.readlines()[:6])
+            if rel in named:
+                self.assertIn(f'section "{report_page.TITLES[named[rel]].split(" (")[0]}', head, rel)
+                self.assertIn(f"`index.html#{named[rel]}", head, rel)
+            else:
+                self.assertIn("No section of `mpi_scripts/report.sh` reproduces this page", head, rel)
+        for rel in named:
+            self.assertTrue(os.path.exists(os.path.join(root, rel)), rel)
 
 
 if __name__ == "__main__":
