@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <tuple>
+#include <utility>
 
 #include "common/check.h"
 #include "dataflow/builder.h"
@@ -149,16 +150,38 @@ SegmentedStep segmented_step(dataflow::Runtime& rt, const Shapes& sh, const Kern
                                          expert_states.empty() ? nullptr : &island));
 }
 
-std::vector<Array> SegmentedStep::run(dataflow::Runtime& rt, const std::vector<Array>& in_state, const PutFn& put_fn) const {
+namespace {
+// Where each array is read last: (segment, parameter) of its last reader; a step output is read
+// after every segment (kStepOutput), so it is never moved out.
+using Key = std::pair<int, size_t>;
+constexpr size_t kStepOutput = static_cast<size_t>(-1);
+std::map<Key, Key> last_readers(const SegmentedStep& st) {
+  std::map<Key, Key> last;
+  for (size_t k = 0; k < st.inputs.size(); ++k)
+    for (size_t j = 0; j < st.inputs[k].size(); ++j) {
+      const SegmentedStep::Source& s = st.inputs[k][j];
+      if (s.seg != SegmentedStep::kPut) last[{s.seg, s.index}] = {static_cast<int>(k), j};
+    }
+  for (const SegmentedStep::Source& s : st.outputs) last[{s.seg, s.index}] = {-1, kStepOutput};
+  return last;
+}
+}  // namespace
+
+std::vector<Array> SegmentedStep::run(dataflow::Runtime& rt, std::vector<Array> in_state, const PutFn& put_fn) const {
   std::vector<std::vector<Array>> outs(programs.size());
   std::vector<Array> puts;
-  const auto source = [&](const Source& s) -> const Array& {
+  const auto source = [&](const Source& s) -> Array& {
     return s.seg == kPut ? puts.at(s.index) : s.seg < 0 ? in_state.at(s.index) : outs.at(static_cast<size_t>(s.seg)).at(s.index);
   };
+  const std::map<Key, Key> last = last_readers(*this);
   for (size_t k = 0; k < programs.size(); ++k) {
     std::vector<Array> in;
-    for (const Source& s : inputs[k]) in.push_back(source(s));
-    outs[k] = rt.execute(*programs[k], in, "step");
+    for (size_t j = 0; j < inputs[k].size(); ++j) {
+      const Source& s = inputs[k][j];
+      const bool moved = s.seg != kPut && last.at({s.seg, s.index}) == Key{static_cast<int>(k), j};
+      in.push_back(moved ? std::exchange(source(s), Array{}) : source(s));
+    }
+    outs[k] = rt.execute(*programs[k], std::move(in), "step");
     if (k + 1 == programs.size()) break;
     puts.clear();  // the round trips of the cut after segment k
     for (size_t i = 0; i < counts_output[k].size(); ++i) puts.push_back(put_fn(outs[k].at(counts_output[k][i]), i));

@@ -28,7 +28,12 @@ struct SegmentedStep {
   std::vector<Source> outputs;                     // the step's (StepOutputs)
   // put(counts, i): the i-th matrix of a cut from its counts (a round trip).
   using PutFn = std::function<Array(const Array& counts, size_t i)>;
-  std::vector<Array> run(dataflow::Runtime& rt, const std::vector<Array>& inputs, const PutFn& put) const;
+  // Runs the segments. Each array is handed to its last reader's program by move, and dropped by
+  // run() then: with the caller's last handles moved in (Trainer::donated_state), the last
+  // segment's update writes the next state over this one, and a segment's outputs (the saved
+  // activations, the gradient pieces) are freed where a single chained program would free them,
+  // not when the step ends (dataflow/runtime.h: donation).
+  std::vector<Array> run(dataflow::Runtime& rt, std::vector<Array> inputs, const PutFn& put) const;
 };
 
 // `st` on `slice`, then (--expert-island) each experts' device's state, on `expert_slices`: a cut

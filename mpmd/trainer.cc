@@ -263,7 +263,7 @@ std::vector<Array> Trainer::run_step() {
   if (!segmented_)
     segmented_ = std::make_unique<SegmentedStep>(
         segmented_step(rt_, sh_, names_, slices_[0], states_[0], expert_slices_, expert_states_));
-  return segmented_->run(rt_, state_inputs(), [&](const Array& counts, size_t i) {
+  return segmented_->run(rt_, donated_state(), [&](const Array& counts, size_t i) {
     return expert_slices_.empty() ? this->route(counts) : island_route(counts, static_cast<int>(i));
   });
 }
