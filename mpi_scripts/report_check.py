@@ -13,8 +13,9 @@ Fails (exit 1, one line per problem) on
     page; http(s) links are refused: the page must work with no network),
   - a page with no section (no <section> with an <h2>),
   - with report.json beside the page: an image or a table it lists that the page does not show (the
-    page's <img alt> is the image's path, a table's <caption> its caption), so that an image or a
-    table removed from the page fails even though nothing left on it is broken;
+    page's <img alt> is the image's path, a table's <caption> its caption; page_tables lists every
+    table the page was written with, the first section's and the machine table included), so that
+    an image or a table removed from the page fails even though nothing left on it is broken;
 and saves a screenshot of the whole page. Exit 0 prints what was checked (images, tables, links).
 
 Chromium is driven over its DevTools protocol on a pipe (--remote-debugging-pipe: messages are
@@ -207,6 +208,10 @@ def check(page, screenshot, chromium="/usr/bin/chromium"):
             for t in s.get("tables", []):
                 if t["caption"] not in shown_tables:
                     problems.append(f"a table of report.json missing from the page: {s['name']}: {t['caption'][:80]}")
+        listed = {t["caption"] for s in doc.get("studies", []) for t in s.get("tables", [])}
+        for caption in doc.get("page_tables", []):  # (the first section's and the machine table too)
+            if caption not in shown_tables and caption not in listed:
+                problems.append(f"a table of the page (report.json's page_tables) missing from it: {caption[:80]}")
     summary = {"images": len(info["imgs"]), "svgs": len(info["svgs"]), "tables": len(info["tables"]),
                "links": len(info["links"]), "sections": info["sections"]}
     return problems, summary

@@ -14,7 +14,7 @@ does not exist (the page says the study failed; report.sh exits 1); then
   - headless Chromium (mpi_scripts/report_check.py) finds every image loaded, no empty table, no
     script error, no link to a missing file, and writes the screenshot;
   - the checker fails on copies of the page that were broken one way each: an image removed, a table
-    removed, a table's rows removed, an image's data corrupted, a script error, a linked raw file
+    removed (a study's, the first section's, the machine's), a table's rows removed, an image's data corrupted, a script error, a linked raw file
     deleted; each must fail with its own message (a checker that passes everything fails here).
 The screenshot stays in BUILD_DIR/report-test/screenshot.png for CI to keep.
 """
@@ -186,6 +186,11 @@ def case_page(build):
                           "an image of report.json missing from the page"),
         "table_removed": (drop_first(r"<table><caption>Tokens/s against spmd.*?</table>"),
                           "a table of report.json missing from the page"),
+        # A table no study lists (the first section's, the machine's): report.json's page_tables.
+        "first_section_table_removed": (drop_first(r"<table><caption>Ratios against their reference.*?</table>"),
+                                        "a table of the page (report.json's page_tables) missing from it"),
+        "machine_table_removed": (drop_first(r"<table><caption>Where and what ran.*?</table>"),
+                                  "a table of the page (report.json's page_tables) missing from it"),
         "table_rows_removed": (lambda t, d: re.sub(r"(<caption>Tokens/s against spmd[^<]*</caption><thead>.*?</thead>"
                                                    r"<tbody>).*?(</tbody>)", r"\1\2", t, count=1, flags=re.S),
                                "an empty table"),
