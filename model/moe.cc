@@ -24,6 +24,7 @@ void MoeStats::add(const MoeStats& o) {
   expert_rows += o.expert_rows;
   if (expert_tokens.size() < o.expert_tokens.size()) expert_tokens.resize(o.expert_tokens.size(), 0);
   for (size_t i = 0; i < o.expert_tokens.size(); ++i) expert_tokens[i] += o.expert_tokens[i];
+  call_tokens.insert(call_tokens.end(), o.call_tokens.begin(), o.call_tokens.end());
   lb_loss += o.lb_loss;
   z_loss += o.z_loss;
 }
@@ -114,6 +115,7 @@ void moe_route(const Config& c, int64_t N, const S* logits, MoeState<S>& st) {
     }
   }
   s.choices = N * K;
+  s.call_tokens = s.expert_tokens;
   st.expert_rows.assign(static_cast<size_t>(E), 0);
   for (int64_t e = 0; e < E; ++e) st.expert_rows[e] = cap < 0 ? count[e] : cap;
   const std::vector<int64_t> off = offsets(st.expert_rows);

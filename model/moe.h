@@ -66,6 +66,9 @@ struct MoeStats {
   int64_t expert_rows = 0;   // rows the local experts computed, padding included. Over a whole
                              // expert-parallel group, padding = expert_rows - (choices - dropped)
   std::vector<int64_t> expert_tokens;  // [E] choices per expert, before capacity
+  std::vector<int64_t> call_tokens;    // [calls x E] expert_tokens of each routing call (one MoE
+                                       // layer, one micro-batch), in the order added: the
+                                       // per-call loads a device's imbalance is taken from
   double lb_loss = 0;        // E sum_i f_i P_i (unweighted; 1 when perfectly balanced)
   double z_loss = 0;         // mean_n logsumexp^2 (unweighted)
   void add(const MoeStats& o);

@@ -5,6 +5,11 @@ speed, and the report of predicted against measured.
     sim_report.py scale PROFILE PROBES OUT
         OUT = PROFILE with its costs scaled by the speed probes in PROBES (GFLOP/s, first field
         of each line) against the calibration's (scale_profile).
+    sim_report.py imbalance METRICS...
+        The MoE steps' device imbalance the launches measured: the median over every step line of
+        the metrics files of moe.device_max_mean (the busiest expert-parallel device's rows over
+        the mean, train/report.h), 1 when none reports it. pwm_sim's --moe-imbalance for that row:
+        the simulator costs the router's outcome, it does not predict it.
     sim_report.py report WORK_DIR OUT_DIR PROFILE PWM_SIM
         WORK_DIR/list has a line per trainer configuration, `NAME PREDICTION METRICS...` (pwm_sim's
         output, each launch's metrics), beside NAME.profile.json (its scaled profile);
@@ -106,6 +111,17 @@ def trainer_rows(w):
                      'params': p.get('params'), 'speed': read_json(os.path.join(w, name + '.profile.json')).get('scaled'),
                      **interval_fields(steps, p['step_ms'])})
     return rows
+
+
+def measured_imbalance(files):
+    """sim_report.py imbalance: the median moe.device_max_mean of the files' step lines, >= 1."""
+    v = []
+    for m in files:
+        for line in read_lines(m):
+            j = json.loads(line) if line.strip() else {}
+            if 'loss' in j and (j.get('moe') or {}).get('device_max_mean'):
+                v.append(j['moe']['device_max_mean'])
+    return max(1.0, med(v)) if v else 1.0
 
 
 def group_dispatch(files):
@@ -278,11 +294,14 @@ def report(w, outdir, profile, pwm_sim):
 
 
 def main(argv=None):
-    """sim_report.py scale PROFILE PROBES OUT | report WORK_DIR OUT_DIR PROFILE PWM_SIM"""
+    """sim_report.py scale PROFILE PROBES OUT | imbalance METRICS... | report WORK_DIR OUT_DIR PROFILE PWM_SIM"""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['scale'] and len(argv) == 4:
         prof = scale_profile(read_json(argv[1]), read_probes(argv[2]))
         write_json(prof, argv[3], indent=1)
+        return 0
+    if argv[:1] == ['imbalance'] and len(argv) > 1:
+        print(f'{measured_imbalance(argv[1:]):.4f}')
         return 0
     if argv[:1] == ['report'] and len(argv) == 5:
         return report(*argv[1:])

@@ -75,6 +75,9 @@ run() {
     files+=("$m")
   done
   [ "$cluster" = "-" ] || sim+=(--cluster "$CL/$cluster.json")
+  # moe_*: the device imbalance the launches' router produced (dropless rows compute and send the
+  # busiest device's rows; a capacity's are fixed): the simulator costs routing, not predicts it.
+  [[ $name == moe_* ]] && sim+=(--moe-imbalance "$(python3 "$PWM_ROOT/mpi_scripts/sim_report.py" imbalance "${files[@]}")")
   scaled_profile "$W/$name.probes" "$W/$name.profile.json"
   "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
@@ -117,7 +120,7 @@ if [ $QUICK = 0 ]; then
   # moe_*: compare.sh --moe's rows at router skew 0 (the reference model, E = 4, top-2, an MoE layer
   # every 2nd block, expert-parallel over dp 2, 8 sequences per rank): SPMD under a capacity of
   # 1.25 and dropless; Pathways chained with the static (capacity), controller and worker
-  # (dropless) routings. Balanced routing assumed (--moe-imbalance 1).
+  # (dropless) routings. Each predicted at the device imbalance its launches measured (run above).
   MOE=(--preset 4m --batch 16 --dp 2 --experts 4 --top-k 2 --moe-every 2 --expert-parallel 2 --router-skew 0)
   for v in "spmd_capacity spmd --capacity-factor 1.25" "spmd_dropless spmd --capacity-factor 0" \
            "pw_static chained --capacity-factor 1.25 --moe-routing static" "pw_controller chained --capacity-factor 0 --moe-routing controller" \

@@ -300,7 +300,7 @@ void TrainingDevice::report(KernelScope& running, pwm::train::UpdateResult u, do
   if (cfg().model.moe()) {
     for (const auto& [order, st] : moe_ordered_) moe_.add(st);
     moe_ordered_.clear();
-    s.moe = pwm::train::pack_moe_stats(moe_, cfg().model.experts);
+    s.moe = pwm::train::pack_moe_stats(moe_, cfg().model.experts, StepStats::calls(cfg()));
     s.moe.push_back(alltoall_s_ * 1e3);
     s.moe.push_back(route_wait_s_ * 1e3);
     moe_ = {};

@@ -41,7 +41,7 @@ const model::StepPlan& Shapes::plan(int tp) const {
 
 ArgSpec Shapes::route_counts() const { return {TensorSpec{DataType::kInt64, {2 * cfg_.model.experts}}, Sharding::kSplit}; }
 
-int64_t Shapes::stats_words() const { return StepStats::words(cfg_.model.experts); }
+int64_t Shapes::stats_words() const { return StepStats::words(cfg_.model.experts, StepStats::calls(cfg_)); }
 
 int64_t Shapes::saved(int tp) const { return model::Activations<float>::layer_elements(layout(tp), cfg_.micro_batch()); }
 
@@ -181,7 +181,7 @@ pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, const pw
   for (const StepStats& d : devices) {
     PWM_CHECK(d.moe.size() >= 7, "an MoE step's statistics without its MoE words");
     const size_t n = d.moe.size() - 2;  // pack_moe_stats, then the AllToAll and routing-wait times
-    sum.resize(n, 0.0);
+    if (sum.size() < n) sum.resize(n, 0.0);  // (devices of other stages may route fewer calls)
     for (size_t i = 0; i < n; ++i) sum[i] += d.moe[i];
     alltoall_ms.push_back(d.moe[n]);
     wait_ms.push_back(d.moe[n + 1]);

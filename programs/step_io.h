@@ -154,15 +154,18 @@ struct StepOutputs {
 // from waiting for the transfer.
 // moe (MoE models): the device's train::pack_moe_stats for the step, then its time in the
 // expert AllToAlls and its idle time before the block forwards the controller routed (ms):
-// words(E) - kWords words.
+// words(E, calls) - kWords words (calls: the step's routing calls on a device at most, MoE layers x
+// micro-batches; a device that routes fewer leaves the rest zero).
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
   double compute_ms = 0, comm_ms = 0, kernel_ms = 0, busy_ms = 0, end_us = 0, xchg_exposed_ms = 0;
   double bwd_end_us = 0, update_start_us = 0;
   std::vector<double> moe;
   static constexpr int64_t kWords = 11;
-  // A device's words for a model of `experts` experts (0: dense).
-  static int64_t words(int64_t experts) { return kWords + (experts > 0 ? 7 + experts : 0); }
+  // A device's words for a model of `experts` experts (0: dense) routing `calls` calls a step.
+  static int64_t words(int64_t experts, int64_t calls) { return kWords + (experts > 0 ? 7 + experts * (1 + calls) : 0); }
+  // The routing calls a device's step statistics hold room for.
+  static int64_t calls(const pwm::train::TrainConfig& cfg) { return cfg.model.moe_layers() * cfg.workload.microbatches; }
   void write(std::span<double> out) const;
   static StepStats read(std::span<const double> in);
   // One per device of a slice's fetched statistics array (`words` per device).

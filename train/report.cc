@@ -141,7 +141,8 @@ void TrainReport::step(const StepRecord& r) {
                       {"skipped", skipped}};
   if (r.moe)
     j["moe"] = {{"dropped_share", r.moe->dropped_share}, {"padding_share", r.moe->padding_share},
-                {"max_mean_tokens", r.moe->max_mean_tokens}, {"lb_loss", r.moe->lb_loss},
+                {"max_mean_tokens", r.moe->max_mean_tokens}, {"device_max_mean", r.moe->device_max_mean},
+                {"lb_loss", r.moe->lb_loss},
                 {"z_loss", r.moe->z_loss}, {"alltoall_ms", summary_json(r.moe->alltoall_ms)}};
   if (r.moe && r.moe->round_trips >= 0) {
     j["moe"]["round_trips"] = r.moe->round_trips;
@@ -167,11 +168,18 @@ void TrainReport::step(const StepRecord& r) {
   }
 }
 
-std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts) {
+std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts, int64_t calls) {
   std::vector<double> v = {static_cast<double>(s.choices), static_cast<double>(s.dropped),
                            static_cast<double>(s.expert_rows), s.lb_loss, s.z_loss};
   for (int64_t e = 0; e < experts; ++e)
     v.push_back(static_cast<size_t>(e) < s.expert_tokens.size() ? static_cast<double>(s.expert_tokens[e]) : 0.0);
+  for (const int64_t t : s.call_tokens) v.push_back(static_cast<double>(t));
+  if (calls >= 0) {
+    const size_t want = 5 + static_cast<size_t>(experts * (1 + calls));
+    PWM_CHECK(v.size() <= want, "{} routing calls' statistics where a step has room for {}",
+              s.call_tokens.size() / static_cast<size_t>(std::max<int64_t>(experts, 1)), calls);
+    v.resize(want, 0.0);
+  }
   return v;
 }
 
@@ -183,14 +191,33 @@ MoeRecord moe_record(const std::vector<double>& v, const TrainConfig& cfg) {
   r.padding_share = rows > 0 ? std::max(0.0, 1.0 - (choices - dropped) / rows) : 0;
   r.lb_loss = groups > 0 ? v[3] / groups : 0;
   r.z_loss = groups > 0 ? v[4] / groups : 0;
+  const auto E = static_cast<size_t>(cfg.model.experts);
+  PWM_CHECK(v.size() >= 5 + E && (v.size() - 5) % E == 0, "MoE statistics of {} words for {} experts", v.size(), E);
   double mx = 0, sum = 0;
-  for (size_t i = 5; i < v.size(); ++i) {
+  for (size_t i = 5; i < 5 + E; ++i) {
     mx = std::max(mx, v[i]);
     sum += v[i];
   }
-  const double n = static_cast<double>(v.size() - 5);
-  r.max_mean_tokens = sum > 0 ? mx / (sum / n) : 0;
+  r.max_mean_tokens = sum > 0 ? mx / (sum / static_cast<double>(E)) : 0;
+  r.device_max_mean = device_max_mean(v.data() + 5 + E, (v.size() - 5 - E) / E, E, cfg.mesh.ep);
   return r;
+}
+
+double device_max_mean(const double* call_tokens, size_t calls, size_t experts, int ep) {
+  // Sums of whole counts, so the figure is the same whatever order the calls were added in.
+  const size_t P = static_cast<size_t>(std::max(ep, 1)), El = experts / P;
+  double busiest = 0, all = 0;
+  for (size_t c = 0; c < calls; ++c) {
+    double mx = 0;
+    for (size_t p = 0; p < P; ++p) {
+      double load = 0;
+      for (size_t j = 0; j < El; ++j) load += call_tokens[c * experts + p * El + j];
+      mx = std::max(mx, load);
+      all += load;
+    }
+    busiest += mx;
+  }
+  return all > 0 ? busiest / (all / static_cast<double>(P)) : 0;
 }
 
 void TrainReport::validation(int64_t step, double val_loss) {

@@ -24,6 +24,12 @@ struct MoeRecord {
   double dropped_share = 0;    // choices over an expert's capacity / all choices
   double padding_share = 0;    // padding rows / rows the experts computed (the capacity's waste)
   double max_mean_tokens = 0;  // the busiest expert's choices / the mean expert's (1 = balanced)
+  // The busiest expert-parallel device's rows over the mean device's, summed over the step's
+  // routing calls (one MoE layer and micro-batch each; 1 = balanced, 1 without expert
+  // parallelism): what a dropless layer's experts and AllToAll wait for. Exact where every rank
+  // routes the same calls in one group (dp = ep, one stage); with several groups or stages their
+  // calls' loads add, which evens them out.
+  double device_max_mean = 0;
   double lb_loss = 0, z_loss = 0;  // per MoE layer and micro-batch, unweighted (docs/model_moe.md)
   std::vector<double> alltoall_ms;  // per rank: time inside the expert AllToAlls
   double round_trips = -1;  // pathways_train: the controller's routing round trips (-1: none to count)
@@ -31,9 +37,17 @@ struct MoeRecord {
 };
 // A rank's model::MoeStats as numbers to sum over ranks, and the record made of that sum over
 // every data-parallel rank of `cfg` (the losses' means are per routing group: data-parallel
-// ranks x micro-batches x MoE layers).
-std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts);
+// ranks x micro-batches x MoE layers). The pack is [choices, dropped, expert_rows, lb_loss,
+// z_loss, expert_tokens[E], call_tokens[calls x E]]: ranks that sum it must route the same number
+// of calls.
+// `calls` >= 0: exactly that many calls' words, those past the routed calls zero (a fixed-size
+// array; more routed calls than that throw pwm::Error).
+std::vector<double> pack_moe_stats(const model::MoeStats& s, int64_t experts, int64_t calls = -1);
 MoeRecord moe_record(const std::vector<double>& summed, const TrainConfig& cfg);
+// MoeRecord::device_max_mean of `calls` routing calls' expert_tokens ([calls x experts], summed
+// over the ranks of an expert-parallel group of `ep` devices, each holding experts/ep in order).
+// 0 without a call.
+double device_max_mean(const double* call_tokens, size_t calls, size_t experts, int ep);
 
 // One step as seen by every rank (vectors are indexed by rank).
 struct StepRecord {

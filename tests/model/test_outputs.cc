@@ -295,6 +295,34 @@ TEST(CheckpointRead, OverlappingTensorsAreRefused) {
   EXPECT_NE(e.find("overlap"), std::string::npos) << e;
 }
 
+// The busiest expert-parallel device's rows over the mean, worked by hand: E = 4, calls of 8
+// choices each. Call 0 routes [3, 1, 2, 2], call 1 [5, 1, 1, 1]. Over 2 devices (experts 0-1,
+// 2-3) the loads are 4 | 4 and 6 | 2: busiest 4 + 6 = 10 against a mean of 16 / 2 = 8, 1.25 (the
+// experts' own max/mean, of their sums 8, 2, 3, 3, is 2). Over 4 devices: (3 + 5) / 4 = 2; one
+// device: 1. The calls' order, as ranks or devices add them, does not change it.
+TEST(MoeRecordTest, DeviceImbalanceIsTheBusiestDevicesRowsOverTheMean) {
+  MoeStats a, b;
+  a.choices = b.choices = 8;
+  a.expert_tokens = a.call_tokens = {3, 1, 2, 2};
+  b.expert_tokens = b.call_tokens = {5, 1, 1, 1};
+  TrainConfig cfg;
+  cfg.model.experts = 4;
+  MoeStats ab = a, ba = b;
+  ab.add(b);
+  ba.add(a);
+  for (const auto& [ep, want] : std::vector<std::pair<int, double>>{{1, 1.0}, {2, 1.25}, {4, 2.0}}) {
+    cfg.mesh.ep = ep;
+    const MoeRecord r = moe_record(pack_moe_stats(ab, 4), cfg);
+    EXPECT_DOUBLE_EQ(r.device_max_mean, want) << "ep " << ep;
+    EXPECT_DOUBLE_EQ(r.max_mean_tokens, 2.0);
+    EXPECT_EQ(moe_record(pack_moe_stats(ba, 4), cfg).device_max_mean, r.device_max_mean) << "ep " << ep;
+  }
+  // A pack whose call words are not whole calls of E experts is refused.
+  std::vector<double> bad = pack_moe_stats(ab, 4);
+  bad.pop_back();
+  EXPECT_THROW(moe_record(bad, cfg), pwm::Error);
+}
+
 }  // namespace
 }  // namespace pwm::model
 

@@ -65,7 +65,7 @@ void expect_same_routing(const Case& c, const pwm::train::TrainConfig& cfg, int6
                          const nlohmann::json& g) {
   ASSERT_EQ(r.contains("moe"), g.contains("moe")) << c.name << ": step " << s;
   if (!r.contains("moe")) return;
-  for (const char* k : {"dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"})
+  for (const char* k : {"dropped_share", "padding_share", "max_mean_tokens", "device_max_mean", "lb_loss", "z_loss"})
     EXPECT_EQ(g["moe"][k].get<double>(), r["moe"][k].get<double>()) << c.name << ": step " << s << " moe " << k;
   const bool controller = c.po.routing(cfg.model) == pwm::train::MoeRouting::kController;
   // (--expert-island: one round trip per experts' device.)

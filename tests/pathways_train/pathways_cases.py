@@ -315,7 +315,7 @@ def case_moe_routings_equal_spmd():
             want = 2 * 2 if routing == "controller" else 0  # micro-batches x MoE layers
             for st in got[0]:
                 m, r = got[0][st]["moe"], ref[0][st]["moe"]
-                for k in ("dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"):
+                for k in ("dropped_share", "padding_share", "max_mean_tokens", "device_max_mean", "lb_loss", "z_loss"):
                     assert m[k] == r[k], f"{routing} {g}: step {st} moe {k}: {m[k]} vs spmd {r[k]}"
                 assert m["round_trips"] == want, f"{routing} {g}: step {st}: {m['round_trips']} round trips, not {want}"
     # --moe-routing auto is static under a capacity, worker when dropless (no round trip).
@@ -362,7 +362,7 @@ def case_moe_expert_island_equals_spmd():
             assert_bitwise(ref, got, f"pathways {g} --expert-island --moe-routing {routing}")
             for st in got[0]:
                 m, r = got[0][st]["moe"], ref[0][st]["moe"]
-                for k in ("dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss"):
+                for k in ("dropped_share", "padding_share", "max_mean_tokens", "device_max_mean", "lb_loss", "z_loss"):
                     assert m[k] == r[k], f"island {routing} {g}: step {st} moe {k}: {m[k]} vs spmd {r[k]}"
                 # The controller's: one per MoE layer, micro-batch and experts' device, as the runtime counted.
                 want = 2 * 2 * 2 if routing == "controller" else 0

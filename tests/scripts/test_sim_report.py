@@ -57,6 +57,25 @@ class ScaleProfile(unittest.TestCase):
                 self.assertEqual(json.load(f)['scaled']['kernel_factor'], 4.0)
 
 
+class Imbalance(unittest.TestCase):
+    def test_median_of_the_step_lines_device_imbalance_or_one(self):
+        with tempfile.TemporaryDirectory() as d:
+            a, b, dense = (os.path.join(d, n) for n in ('a.jsonl', 'b.jsonl', 'dense.jsonl'))
+            step = lambda s, x: json.dumps({'step': s, 'loss': 5.0, 'moe': {'device_max_mean': x}})
+            with open(a, 'w') as f:  # steps 1.2 and 1.4; a validation line and the final line ignored
+                f.write('\n'.join([step(0, 1.2), json.dumps({'step': 0, 'val_loss': 5.1}), step(1, 1.4), json.dumps({'final': True})]) + '\n')
+            with open(b, 'w') as f:
+                f.write(step(0, 1.3) + '\n')
+            with open(dense, 'w') as f:
+                f.write(json.dumps({'step': 0, 'loss': 5.0}) + '\n')
+            self.assertAlmostEqual(sim_report.measured_imbalance([a, b]), 1.3)
+            self.assertEqual(sim_report.measured_imbalance([dense]), 1.0)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(sim_report.main(['imbalance', a, b]), 0)
+            self.assertEqual(out.getvalue(), '1.3000\n')
+
+
 class Rows(unittest.TestCase):
     def test_spread(self):
         self.assertAlmostEqual(sim_report.spread([9.0, 12.0, 10.0]), 0.3)

@@ -107,12 +107,15 @@ def case_metrics_report_routing():
     c = train(2, "noep", ["--dp", "2"] + skew)
     for s in a[0]:
         m = a[0][s]["moe"]
-        for k in ("dropped_share", "padding_share", "max_mean_tokens", "lb_loss", "z_loss", "alltoall_ms"):
+        for k in ("dropped_share", "padding_share", "max_mean_tokens", "device_max_mean", "lb_loss", "z_loss", "alltoall_ms"):
             assert k in m, f"step {s}: no {k} in {m}"
         assert m["alltoall_ms"]["max"] > 0, m
         assert c[0][s]["moe"]["alltoall_ms"]["max"] == 0, c[0][s]["moe"]
         # Perfect balance is 1 for both; the skew pushes expert 0 far above its share.
         assert m["max_mean_tokens"] > b[0][s]["moe"]["max_mean_tokens"], (m, b[0][s]["moe"])
+        # and the busiest of the 2 experts' devices (experts 0-1) above its share, within [1, 2].
+        assert 2 >= m["device_max_mean"] > b[0][s]["moe"]["device_max_mean"] >= 1, (m, b[0][s]["moe"])
+        assert c[0][s]["moe"]["device_max_mean"] == 1, c[0][s]["moe"]  # one device holds every expert
         assert m["dropped_share"] > b[0][s]["moe"]["dropped_share"], (m, b[0][s]["moe"])
         assert m["lb_loss"] > b[0][s]["moe"]["lb_loss"], (m, b[0][s]["moe"])
         assert 0 < m["dropped_share"] < 1 and 0 <= m["padding_share"] < 1
