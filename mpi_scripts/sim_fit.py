@@ -19,7 +19,13 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
                        DCN (the last two optional)
   m2b_<r>.jsonl, mh_<r>.jsonl
                        spmd_train dp 2 in one host and across two (optional, paired)
-  probes               pwm_step_probe's GFLOP/s, one a line
+  probes               pwm_step_probe's GFLOP/s, one a line: one before each round of launches,
+                       LAUNCHES rounds of each phase (k1/m1/m2, then mf/mfs/mc/mc2, then ms/ms2)
+Every launch of those phases is brought to the profile's reference speed (the median probe) by its
+own round's probe (Measurements.factor): the VM's speed moves by 20-40% between phases, and a
+phase's median at its own speed labelled with the whole calibration's median put every cost fitted
+from it off by that phase's distance from the median (docs/simulator_calibration.md, "Speed
+within the calibration").
 NOTE is the profile's note on the hosts; PWM_SIM the simulator's CLI (run for step predictions);
 CAL_FLAGS the calibration model's flags. Environment: PWM_PROBE (the speed probe's model flags,
 recorded in the profile), PWM_EMU2 (the 2-host cluster file, needed with mh_1.jsonl).
@@ -292,11 +298,39 @@ def final_line(path):
     return [json.loads(l) for l in read_lines(path) if l.strip() and json.loads(l).get('final')][-1]
 
 
+# The phases of rounds, in the order sim_calibrate.sh probes them: a launch's prefix -> its phase.
+PHASES = {'k1': 0, 'm1': 0, 'm2': 0, 'mf': 1, 'mfs': 1, 'mc': 1, 'mc2': 1, 'ms': 2, 'ms2': 2}
+
+
+def round_factors(probes, launches, phases=3):
+    """Per phase, per round: the round's probe over the reference (the median of all), the factor
+    that brings a cost measured in that round to the reference speed (a slower round, a lower probe,
+    measured higher costs: times its factor < 1). All 1 when the probes are not one per round of
+    every phase (a calibration's file from before this)."""
+    if len(probes) != phases * launches or not probes:
+        return [[1.0] * launches for _ in range(phases)]
+    ref = med(probes)
+    return [[probes[ph * launches + r] / ref for r in range(launches)] for ph in range(phases)]
+
+
+def scale_kernels(k, f):
+    """pwm_sim --what kernels' costs of one launch times a speed factor f (its other fields kept)."""
+    return k | {n: k[n] * f for n in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param', 'step_overhead_us') if n in k}
+
+
 class Measurements:
     """The files of one calibration's work directory (see the module's docstring)."""
 
     def __init__(self, w, launches, dlaunches):
         self.w, self.launches, self.dlaunches = w, launches, dlaunches
+        p = self.path('probes')
+        self.probes = [float(l.split()[0]) for l in read_lines(p) if l.strip()] if os.path.exists(p) else []
+        self.factors = round_factors(self.probes, launches)
+
+    def factor(self, prefix, r):
+        """The speed factor of launch r (1-based) of PREFIX's phase (1 for a prefix of no phase)."""
+        ph = PHASES.get(prefix.split('_')[0])
+        return 1.0 if ph is None else self.factors[ph][r - 1]
 
     def path(self, n):
         return os.path.join(self.w, n)
@@ -307,8 +341,10 @@ class Measurements:
         return read_json(p) if os.path.exists(p) else None
 
     def final(self, prefix):
-        """The median launch's step_ms_p50 of PREFIX_<r>.jsonl, r = 1..launches."""
-        return {'step_ms_p50': med([final_line(self.path(f'{prefix}_{r}.jsonl'))['step_ms_p50'] for r in range(1, self.launches + 1)])}
+        """The median launch's step_ms_p50 of PREFIX_<r>.jsonl, r = 1..launches, each at the
+        reference speed (factor)."""
+        return {'step_ms_p50': med([final_line(self.path(f'{prefix}_{r}.jsonl'))['step_ms_p50'] * self.factor(prefix, r)
+                                    for r in range(1, self.launches + 1)])}
 
     def dispatch(self, stem):
         """dispatch_bench's launches STEM_<r>.json, r = 1..dlaunches."""
@@ -333,7 +369,8 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     """The profile (a dict) from the measurements in w; runs pwm_sim for the trainers' fits."""
     m = Measurements(w, launches, dlaunches)
     # Kernels at 1, 2 and 4 micro-batches of the calibration batch: the rates per micro-batch size.
-    kmb = {mb: med_json([read_json(m.path(f'k1_{mb}_{r}.json')) for r in range(1, launches + 1)]) for mb in (1, 2, 4)}
+    kmb = {mb: med_json([scale_kernels(read_json(m.path(f'k1_{mb}_{r}.json')), m.factor('k1', r)) for r in range(1, launches + 1)])
+           for mb in (1, 2, 4)}
     k1 = kmb[1]
     seq_len = int(cal[cal.index('--seq-len') + 1]); batch = int(cal[cal.index('--batch') + 1])
     step_over, mb_over = fit_step_overhead([1, 2, 4], [kmb[mb]['step_overhead_us'] for mb in (1, 2, 4)])
@@ -418,9 +455,9 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
         for l in ('inter', 'inter_shaped'): prof['links'][l]['cpu_ns_per_byte'] = cpu
         prof['measured']['emulated_net'] = {'spmd_dp2_1host_ms': m.final('m2b')['step_ms_p50'], 'spmd_dp2_2hosts_ms': m.final('mh')['step_ms_p50'],
                                             'sim_links_ms': ph['step_ms'] - pl['step_ms'], 'bytes_per_rank': bytes_per_rank}
-    probes = [tuple(map(float, l.split())) for l in read_lines(m.path('probes')) if l.strip()]
     prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': probe_model.split(),
-                                       'gflops_1': med([p[0] for p in probes]), 'probes': [p[0] for p in probes]}
+                                       'gflops_1': med(m.probes), 'probes': m.probes}
+    prof['measured']['round_factors'] = m.factors
     prof['measured']['steps_ms'] = {'spmd_dp1': m.final('m1_1')['step_ms_p50'], 'spmd_dp2': m.final('m2')['step_ms_p50'],
                                     'fused_dp2': m.final('mf')['step_ms_p50'], 'fused_dp2_batch4': m.final('mfs')['step_ms_p50'],
                                     'chained_dp2': m.final('mc')['step_ms_p50'], 'chained_dp2_m2': m.final('mc2')['step_ms_p50']}

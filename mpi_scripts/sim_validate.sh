@@ -25,7 +25,14 @@ read -r -a PROBE < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1
 [ ${#PROBE[@]} -gt 0 ] || { echo "sim_validate.sh: error: $PROFILE has no model-step speed probe (an older calibration): rerun mpi_scripts/sim_calibrate.sh" >&2; exit 1; }
 CL="$PWM_ROOT/sim/clusters"
 # PWM_SIM_KEEP=DIR keeps the raw measurements (traces, metrics, bench JSON) there (pwm_sim_workdir).
+# PWM_SIM_REPLAY=DIR predicts a kept validation's measurements again (another profile, a changed
+# simulator) without launching anything: its probes, metrics and bench JSON are reused.
 pwm_sim_workdir
+REPLAY=${PWM_SIM_REPLAY:-}
+if [ -n "$REPLAY" ]; then
+  [ -f "$REPLAY/list" ] || { echo "sim_validate.sh: error: PWM_SIM_REPLAY=$REPLAY holds no kept validation (no list): keep one with PWM_SIM_KEEP" >&2; exit 1; }
+  cp -r "$REPLAY"/. "$W"/
+fi
 MPI=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS $PWM_MPIRUN_YIELD)
 STEPS=${PWM_SIM_STEPS:-30}  # as the calibration's: past the Pathways launches' first, unsettled steps
 # Each configuration is launched LAUNCHES times and the median launch compared: one launch's
@@ -58,6 +65,7 @@ run() {
   local files=() r
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
+    if [ -n "$REPLAY" ]; then [ -f "$m" ] && files+=("$m"); continue; fi
     pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
     if [ "$cluster" = "-" ]; then
       # One rank: on core 0, the core whose speed the probe measures alone.
@@ -135,11 +143,11 @@ if [ $QUICK = 0 ]; then
   # average, a checkpoint every 5 steps) against the goodput model (sim/project_goodput.py) at that
   # run's own step, restart and detection times. Its own build check (pwm_build) runs first.
   echo "== goodput_spmd (failure_bench.sh)" >&2
-  bash "$PWM_ROOT/mpi_scripts/failure_bench.sh" --models spmd --steps 40 --mtbf 6 --ckpt-every 5 --seed 3 --out "$W/goodput" \
+  [ -n "$REPLAY" ] || bash "$PWM_ROOT/mpi_scripts/failure_bench.sh" --models spmd --steps 40 --mtbf 6 --ckpt-every 5 --seed 3 --out "$W/goodput" \
     -- --batch 8 >"$W/goodput.log" 2>&1 || { echo "   failed (see below)" >&2; tail -3 "$W/goodput.log" >&2; }
 fi
 # dispatch_bench Fig. 5 points (2 workers): computations per second per mode.
-if [ $QUICK = 0 ]; then
+if [ $QUICK = 0 ] && [ -z "$REPLAY" ]; then
   echo "== dispatch_bench fig 5" >&2
   # Pinned as the calibration's (PWM_MPIRUN_PIN_FLAGS); T = 0 the best of 60 repetitions as
   # there (~2 s a launch), T = 100 and 1000 us of 3 (~13 and ~130 ms each; that launch's own
@@ -152,7 +160,7 @@ if [ $QUICK = 0 ]; then
   for r in $(seq 1 "$LAUNCHES"); do
     "${DMPI[@]}" -n 3 "$B/bench/pathways/dispatch_bench" --figs 5 --compute-us 0,100,1000 --reps 3 --json "$W/dispatch_T_$r.json" >/dev/null 2>&1 || echo "   dispatch_bench failed" >&2
   done
-  scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
 fi
+[ $QUICK = 0 ] && [ -f "$W/dispatch.probes" ] && scaled_profile "$W/dispatch.probes" "$W/dispatch.profile.json"
 mkdir -p "$OUT"
 python3 "$PWM_ROOT/mpi_scripts/sim_report.py" report "$W" "$OUT" "$PROFILE" "$B/sim/pwm_sim"

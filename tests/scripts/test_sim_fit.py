@@ -243,6 +243,26 @@ class Files(unittest.TestCase):
             self.assertEqual(m.final('mf'), {'step_ms_p50': 11.0})
             self.assertIsNone(m.load('c_inter.json'))
 
+    def test_each_launch_is_brought_to_the_reference_speed_by_its_rounds_probe(self):
+        # 2 launches a phase, 3 phases: probes 100, 50 | 100, 100 | 200, 100; the reference is their
+        # median, 100. Phase 0's second round ran at half speed: its costs count half.
+        self.assertEqual(sim_fit.round_factors([100, 50, 100, 100, 200, 100], 2), [[1.0, 0.5], [1.0, 1.0], [2.0, 1.0]])
+        self.assertEqual(sim_fit.round_factors([100, 50], 2), [[1.0, 1.0]] * 3)  # not one per round: unscaled
+        with tempfile.TemporaryDirectory() as w:
+            with open(os.path.join(w, 'probes'), 'w') as f:
+                f.write('100 1\n50\n100\n100\n200\n100\n')
+            for pre, ms in (('m2', (10.0, 20.0)), ('mf', (10.0, 20.0)), ('ms', (10.0, 20.0)), ('mh', (10.0, 20.0))):
+                for r, x in enumerate(ms, 1):
+                    with open(os.path.join(w, f'{pre}_{r}.jsonl'), 'w') as f:
+                        f.write(json.dumps({'final': True, 'step_ms_p50': x}) + '\n')
+            m = sim_fit.Measurements(w, 2, 1)
+            # m2: 10 x 1 and 20 x 0.5 (the slow round's 20 ms is 10 at the reference); mf: 10 and
+            # 20; ms: 20 and 20; mh (no phase: the emulated hosts' paired launches) as measured.
+            self.assertEqual([m.final(p)['step_ms_p50'] for p in ('m2', 'mf', 'ms', 'mh')], [10.0, 15.0, 20.0, 15.0])
+            self.assertEqual(m.factor('m1_4', 2), 0.5)
+            k = sim_fit.scale_kernels({'fwd_us_per_gflop': 10.0, 'step_overhead_us': 4.0, 'from': {'x': 1}}, 0.5)
+            self.assertEqual(k, {'fwd_us_per_gflop': 5.0, 'step_overhead_us': 2.0, 'from': {'x': 1}})
+
 
 if __name__ == '__main__':
     unittest.main()
