@@ -172,8 +172,9 @@ def dispatch_predictor(pwm_sim, profile):
 
 def goodput_rows(path):
     """One row per trainer of failure_bench.sh's JSON: its measured goodput against the goodput
-    model's (sim/project_goodput.py's check_bench: Daly's formula at the run's own step, checkpoint
-    interval, MTBF and measured detection and restart). One run each: no interval."""
+    model's (sim/project_goodput.py's check_bench: what each fault costs at the run's own step,
+    checkpoint interval, MTBF and measured detection and restart, times the faults the run drew).
+    One run each: no interval."""
     return [{'config': f"goodput_{c['trainer']}", 'measured': c['measured'], 'predicted': c['predicted'], 'unit': 'goodput',
              'spread': 0.0, 'launches': [c['measured']], 'interval': None, 'coverage': None, 'inside': None}
             for c in project_goodput.check_bench(path) if c['measured'] > 0]

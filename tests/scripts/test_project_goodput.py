@@ -41,6 +41,18 @@ class ModelTest(unittest.TestCase):
             want = pg.wall_per_segment(tau, delta, restart, mtbf)
             self.assertLess(abs(got - want) / want, 0.02, (tau, delta, restart, mtbf, got, want))
 
+    def test_a_faults_cost_matches_a_simulation_and_is_half_a_segment_when_faults_are_rare(self):
+        # Faults while training only (as failure_bench.sh's injector: no rank to kill in a
+        # restart): each costs the restart and the training it cut.
+        for tau, restart, mtbf in ((1.0, 2.0, 6.0), (10.0, 1.0, 5.0)):
+            rng, lost, faults = random.Random(11), 0.0, 0
+            for _ in range(40000):
+                while (gap := rng.expovariate(1.0 / mtbf)) < tau:
+                    lost, faults = lost + gap + restart, faults + 1
+            self.assertLess(abs(lost / faults / pg.lost_per_fault(tau, restart, mtbf) - 1), 0.02, (tau, restart, mtbf))
+        self.assertAlmostEqual(pg.lost_per_fault(2.0, 3.0, 1e9), 3.0 + 1.0, places=4)
+        self.assertEqual(pg.goodput_at_faults(10.0, 0, 2.0, 3.0, 6.0), 1.0)
+
     def test_best_interval_is_youngs_when_checkpoints_are_cheap(self):
         delta, mtbf = 10.0, 36000.0
         self.assertLess(abs(pg.best_interval(delta, 60.0, mtbf) / math.sqrt(2 * delta * mtbf) - 1), 0.05)

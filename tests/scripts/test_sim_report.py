@@ -226,6 +226,15 @@ class Goodput(unittest.TestCase):
             (r,) = sim_report.goodput_rows(p)
         self.assertEqual((r['config'], r['unit'], r['measured'], r['inside']), ('goodput_spmd', 'goodput', 0.75, None))
         self.assertAlmostEqual(r['predicted'], 0.817366, places=5)
+        # With the faulty run's count (2 faults): each costs the restart, 1 s, and the training the
+        # fault cut, 10 - 2 / (e^0.2 - 1) = 0.96669 s: 10 / (10 + 2 x 1.96669) = 0.717702.
+        doc['rows'][0]['faulty'] = {'faults': 2}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, 'failure_bench.json')
+            with open(p, 'w') as f:
+                json.dump(doc, f)
+            (r,) = sim_report.goodput_rows(p)
+        self.assertAlmostEqual(r['predicted'], 0.717702, places=5)
 
 
 class Acceptance(unittest.TestCase):
