@@ -52,33 +52,41 @@ PROBE=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq 64 --ba
 # step_ms_p50 varies by 5-20% from the next on this VM (page placement, the scheduler), more
 # than the steps of one launch do.
 echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*]}; $LAUNCHES launches each)" >&2
-# The machine's speed at each launch (pwm_step_probe, env.sh): the profile keeps its median, so
-# sim_validate.sh can scale the kernels to the speed at its own launches. One-rank launches run on
-# core 0, whose speed the probe measures (this VM's two vCPUs differ, by turns).
+# The machine's speed right before each trainer launch (pwm_step_probe, env.sh), in NAME.probe
+# beside the launch's files and in `probes`: the profile keeps their median as its reference, every
+# launch is brought to it by its own probe (sim_fit.py, Measurements.factor), and sim_validate.sh
+# scales the profile to the speed at its own launches. One-rank launches run on core 0, whose
+# speed the probe measures (this VM's two vCPUs differ, by turns). The speed moves within seconds:
+# a probe per round of launches missed a launch slowed 40% beside its round's probe.
+probe() { pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" | tee -a "$W/probes" >"$W/$1.probe"; }
 for r in $(seq 1 $LAUNCHES); do
-  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
   for mb in 1 2 4; do
+    probe "m1_${mb}_$r"
     taskset -c 0 "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "${CAL[@]}" --microbatches $mb --steps $STEPS --trace "$W/t1_$mb.json" --metrics "$W/m1_${mb}_$r.jsonl" >/dev/null
     "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
   done
+  probe "m2_$r"
   "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2_$r.jsonl" >/dev/null
 done
 
-echo "== kernels: pathways_train dp 2, fused and chained (the trainers' per-step and per-node costs)" >&2
+echo "== kernels: pathways_train dp 2, fused, chained and opbyop (the trainers' per-step, per-node and per-call costs)" >&2
 for r in $(seq 1 $LAUNCHES); do
-  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
-  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity fused --steps $STEPS --metrics "$W/mf_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --batch 4 --dp 2 --granularity fused --steps $STEPS --metrics "$W/mfs_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/mc_$r.jsonl" >/dev/null
-  "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/mc2_$r.jsonl" >/dev/null
+  for v in "mf --granularity fused" "mfs --batch 4 --granularity fused" "mc --granularity chained" \
+           "mc2 --granularity chained --microbatches 2" "mo --granularity opbyop"; do
+    read -r pre flags <<<"$v"
+    probe "${pre}_$r"
+    # shellcheck disable=SC2086  # flags: the variant's words
+    "${MPI[@]}" -n 3 "$B/mpmd/pathways_train" "${CAL[@]}" --dp 2 $flags --steps $STEPS --metrics "$W/${pre}_$r.jsonl" >/dev/null
+  done
 done
 
 echo "== kernels: mpmd_train dp 2 chained at 1 and 2 micro-batches (the static model's per-node and per-step costs)" >&2
 # As the Pathways chained pair above: the units' nodes double, the compute stays; two processes on
 # the two cores (no controller), so the 2-rank contention factor applies.
 for r in $(seq 1 $LAUNCHES); do
-  pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/probes"
+  probe "ms_$r"
   "${MPI[@]}" -n 2 "$B/mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --steps $STEPS --metrics "$W/ms_$r.jsonl" >/dev/null
+  probe "ms2_$r"
   "${MPI[@]}" -n 2 "$B/mpmd/mpmd_train" "${CAL[@]}" --dp 2 --granularity chained --microbatches 2 --steps $STEPS --metrics "$W/ms2_$r.jsonl" >/dev/null
 done
 

@@ -5,9 +5,10 @@
 
 WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES for d*):
   k1_<M>_<r>.json      pwm_sim --what kernels of spmd_train dp 1 at M = 1, 2, 4 micro-batches
-  m1_<M>_<r>.jsonl, m2_<r>.jsonl, mf_<r>, mfs_<r>, mc_<r>, mc2_<r>.jsonl
+  m1_<M>_<r>.jsonl, m2_<r>.jsonl, mf_<r>, mfs_<r>, mc_<r>, mc2_<r>, mo_<r>.jsonl
                        the trainers' metrics (spmd dp 1 and 2; pathways fused at batch 8 and 4,
-                       chained at 1 and 2 micro-batches)
+                       chained at 1 and 2 micro-batches, opbyop (optional: without it no
+                       train_call_us))
   ms_<r>.jsonl, ms2_<r>.jsonl
                        mpmd_train (the static model) dp 2 chained at 1 and 2 micro-batches
                        (optional: without them the profile has no static section)
@@ -19,10 +20,12 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
                        DCN (the last two optional)
   m2b_<r>.jsonl, mh_<r>.jsonl
                        spmd_train dp 2 in one host and across two (optional, paired)
-  probes               pwm_step_probe's GFLOP/s, one a line: one before each round of launches,
-                       LAUNCHES rounds of each phase (k1/m1/m2, then mf/mfs/mc/mc2, then ms/ms2)
+  probes               pwm_step_probe's GFLOP/s, one a line: every probe the calibration took
+  <launch>.probe       the probe taken right before that trainer launch (m1_<M>_<r>, m2_<r>, mf_<r>,
+                       ...; without them, older directories: one probe per round in `probes`,
+                       LAUNCHES rounds of each phase: k1/m1/m2, then mf/mfs/mc/mc2, then ms/ms2)
 Every launch of those phases is brought to the profile's reference speed (the median probe) by its
-own round's probe (Measurements.factor): the VM's speed moves by 20-40% between phases, and a
+own probe (Measurements.factor): the VM's speed moves by 20-40% between phases, and a
 phase's median at its own speed labelled with the whole calibration's median put every cost fitted
 from it off by that phase's distance from the median (docs/simulator_calibration.md, "Speed
 within the calibration").
@@ -252,6 +255,24 @@ def fit_node_costs(ec, nc):
     return node_c, step_c
 
 
+def fit_call_cost(measured_ms, predict_ms, hi=1.0, cap=1e6):
+    """The opbyop step's training-call cost (train_call_us): the c >= 0 at which predict_ms(c), the
+    predicted step (ms; non-decreasing in c), equals measured_ms, by bisection to 0.01 us. 0 when
+    the prediction at c = 0 is already at or above the measurement; `cap` when even that is short.
+    """
+    if predict_ms(0.0) >= measured_ms:
+        return 0.0
+    while predict_ms(hi) < measured_ms:
+        if hi >= cap:
+            return cap
+        hi *= 2
+    lo = 0.0
+    while hi - lo > 0.01:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if predict_ms(mid) < measured_ms else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def fit_static(measured_ms, preds):
     """The static model's costs {'node_us', 'step_us'} from mpmd_train's chained step.
 
@@ -299,7 +320,7 @@ def final_line(path):
 
 
 # The phases of rounds, in the order sim_calibrate.sh probes them: a launch's prefix -> its phase.
-PHASES = {'k1': 0, 'm1': 0, 'm2': 0, 'mf': 1, 'mfs': 1, 'mc': 1, 'mc2': 1, 'ms': 2, 'ms2': 2}
+PHASES = {'k1': 0, 'm1': 0, 'm2': 0, 'mf': 1, 'mfs': 1, 'mc': 1, 'mc2': 1, 'mo': 1, 'ms': 2, 'ms2': 2}
 
 
 def round_factors(probes, launches, phases=3):
@@ -328,7 +349,12 @@ class Measurements:
         self.factors = round_factors(self.probes, launches)
 
     def factor(self, prefix, r):
-        """The speed factor of launch r (1-based) of PREFIX's phase (1 for a prefix of no phase)."""
+        """The speed factor of launch PREFIX_r (r 1-based): its own probe (PREFIX_r.probe) over the
+        reference; without that file, its round's (round_factors); 1 for a prefix of no phase."""
+        p = self.path(f'{prefix}_{r}.probe')
+        if os.path.exists(p) and self.probes:
+            v = [float(l.split()[0]) for l in read_lines(p) if l.strip()]
+            if v: return v[0] / med(self.probes)
         ph = PHASES.get(prefix.split('_')[0])
         return 1.0 if ph is None else self.factors[ph][r - 1]
 
@@ -369,7 +395,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     """The profile (a dict) from the measurements in w; runs pwm_sim for the trainers' fits."""
     m = Measurements(w, launches, dlaunches)
     # Kernels at 1, 2 and 4 micro-batches of the calibration batch: the rates per micro-batch size.
-    kmb = {mb: med_json([scale_kernels(read_json(m.path(f'k1_{mb}_{r}.json')), m.factor('k1', r)) for r in range(1, launches + 1)])
+    kmb = {mb: med_json([scale_kernels(read_json(m.path(f'k1_{mb}_{r}.json')), m.factor(f'm1_{mb}', r)) for r in range(1, launches + 1)])
            for mb in (1, 2, 4)}
     k1 = kmb[1]
     seq_len = int(cal[cal.index('--seq-len') + 1]); batch = int(cal[cal.index('--batch') + 1])
@@ -439,6 +465,14 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     node_c, step_c = fit_node_costs(ec, nc)
     prof['dispatch']['train_node_us'] = node_c
     prof['dispatch']['node_step_us'] = step_c
+    # OpByOp (the chained step's nodes, each its own Client::call): the controller's cost per call
+    # of a training node beyond dispatch_bench's call_us, whose 1-element calls hold no training
+    # arguments; the cost at which the predicted opbyop step is the measured one (fit_call_cost).
+    if os.path.exists(m.path('mo_1.jsonl')):
+        def opbyop_ms(c):
+            prof['dispatch']['train_call_us'] = c
+            return predict(prof, '--granularity', 'opbyop')['step_ms']
+        prof['dispatch']['train_call_us'] = fit_call_cost(m.final('mo')['step_ms_p50'], opbyop_ms)
     # The static model (mpmd_train: two processes on the two cores, no controller): its executor's
     # cost per node and its per-step constant (the statistics' allgather), from its chained step
     # at 1 and 2 micro-batches as the Pathways node costs just above (fit_static).
@@ -457,10 +491,15 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
                                             'sim_links_ms': ph['step_ms'] - pl['step_ms'], 'bytes_per_rank': bytes_per_rank}
     prof['measured']['speed_probe'] = {'kind': 'model_step', 'model': probe_model.split(),
                                        'gflops_1': med(m.probes), 'probes': m.probes}
-    prof['measured']['round_factors'] = m.factors
+    # Each launch's speed factor (or, from an older directory, each round's).
+    launches_probed = sorted(n[:-len('.probe')] for n in os.listdir(w) if n.endswith('.probe'))
+    prof['measured']['speed_factors'] = {n: round(m.factor(n.rsplit('_', 1)[0], int(n.rsplit('_', 1)[1])), 4)
+                                         for n in launches_probed} or m.factors
     prof['measured']['steps_ms'] = {'spmd_dp1': m.final('m1_1')['step_ms_p50'], 'spmd_dp2': m.final('m2')['step_ms_p50'],
                                     'fused_dp2': m.final('mf')['step_ms_p50'], 'fused_dp2_batch4': m.final('mfs')['step_ms_p50'],
                                     'chained_dp2': m.final('mc')['step_ms_p50'], 'chained_dp2_m2': m.final('mc2')['step_ms_p50']}
+    if os.path.exists(m.path('mo_1.jsonl')):
+        prof['measured']['steps_ms']['opbyop_dp2'] = m.final('mo')['step_ms_p50']
     if static_ms:
         prof['measured']['steps_ms'] |= {'static_chained_dp2': static_ms[0], 'static_chained_dp2_m2': static_ms[1]}
     return prof

@@ -58,7 +58,7 @@ def scale_profile(prof, probes):
         for r in k.get('rates', []):
             r['fwd_us_per_gflop'] *= s; r['bwd_us_per_gflop'] *= s
         d = prof['dispatch']
-        for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us'):
+        for f in ('call_us', 'node_us', 'msg_us', 'exec_us', 'spmd_exec_us', 'program_exec_us', 'train_node_us', 'train_call_us'):
             if f in d: d[f] *= s
         # The static executor's CPU per node and per computation, as train_node_us and
         # spmd_exec_us; not its per-step and per-run constants (as node_step_us and the fetch).

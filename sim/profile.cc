@@ -213,7 +213,7 @@ json Profile::to_json() const {
              {{"call_us", call_us}, {"node_us", node_us}, {"msg_us", msg_us}, {"exec_us", exec_us},
               {"spmd_exec_us", spmd_exec_us}, {"program_exec_us", program_exec_us}, {"fetch_rtt_us", fetch_rtt_us}, {"step_kernel_us", step_kernel_us},
               {"node_step_us", node_step_us},
-              {"train_node_us", train_node_us}}}};
+              {"train_node_us", train_node_us}, {"train_call_us", train_call_us}}}};
   if (mpmd_static)
     j["static"] = {{"node_us", mpmd_static->node_us}, {"step_us", mpmd_static->step_us}, {"exec_us", mpmd_static->exec_us},
                    {"run_us", mpmd_static->run_us}};
@@ -262,6 +262,7 @@ Profile Profile::from_json(const json& j) {
   p.step_kernel_us = number_or(d, "dispatch", "step_kernel_us", 0.0);
   p.node_step_us = number_or(d, "dispatch", "node_step_us", 0.0);
   p.train_node_us = number_or(d, "dispatch", "train_node_us", 0.0);
+  p.train_call_us = number_or(d, "dispatch", "train_call_us", 0.0);  // profiles before it: none
   if (j.contains("static")) {  // profiles calibrated before mpmd_train was measured have none
     const json& s = object(j["static"], "static");
     p.mpmd_static = StaticCosts{number(s, "static", "node_us"), number(s, "static", "step_us"), number(s, "static", "exec_us"),

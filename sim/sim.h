@@ -100,6 +100,9 @@ struct Profile {
   double node_step_us = 0;   // chained / opbyop / pipeline steps: the same for a program of nodes
   double train_node_us = 0;  // Pathways trainers: a worker's cost per node of a chained/opbyop/pipeline step
                              // (buffers, inputs, launch: measured from pathways_train, not dispatch_bench)
+  double train_call_us = 0;  // pathways_train --granularity opbyop: the controller's cost of one
+                             // training node's Client::call beyond call_us (its arguments, futures
+                             // and result arrays; measured from pathways_train, not dispatch_bench)
   // The static model (mpmd_train). node_us, step_us: measured from its chained step at 1 and 2
   // micro-batches as train_node_us / node_step_us are from pathways_train's: the executor's cost
   // per node (its receives posted and waited for, the kernel's slots, pending sends tested) and

@@ -136,7 +136,7 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
   std::map<int, double> finished_at;  // finish_order index -> time (last micro-batch)
   const bool per_node = granularity == ExecMode::kChained || granularity == ExecMode::kOpByOp;
   const double node_cost = x.disp(tc.node_us);
-  const double call_cost = granularity == ExecMode::kOpByOp ? x.disp(p.call_us + p.msg_us * dp) : 0.0;
+  const double call_cost = granularity == ExecMode::kOpByOp ? x.disp(p.call_us + p.train_call_us + p.msg_us * dp) : 0.0;
   double controller = 0;  // opbyop: when the controller has issued the next call
   // More processes than cores on the host: the controller's next call is time-shared with the
   // running unit, not overlapped with it (as in simulate_chain, sim/dispatch.cc).
@@ -184,6 +184,10 @@ StepPrediction simulate_step(const Cluster& c, const Profile& p, const train::Tr
     comm_end = simulate_allreduce(c, p, devs, 8, collectives::Algorithm::kRecursiveDoubling,
                                   std::vector<double>(dp, comm_end)).end;
     r.collectives += 1;
+  }
+  if (granularity == ExecMode::kOpByOp) {  // the update node is a call of its own too
+    controller += call_cost;
+    comm_end = std::max(comm_end, controller);
   }
   const double upd = x.update_us(x.layout.total()) + node_cost;
   r.nodes += per_node ? 1 : 0;

@@ -187,6 +187,18 @@ def write_finals(w, prefix, values):
             f.write(json.dumps({'final': True, 'step_ms_p50': ms}) + '\n')
 
 
+class CallCost(unittest.TestCase):
+    def test_the_cost_that_makes_the_opbyop_prediction_the_measurement(self):
+        # 24 calls a step on top of a 10 ms step: measured 13.6 ms -> 150 us a call.
+        pred = lambda c: 10.0 + 24 * c * 1e-3
+        self.assertAlmostEqual(sim_fit.fit_call_cost(13.6, pred), 150.0, delta=0.02)
+        self.assertEqual(sim_fit.fit_call_cost(9.0, pred), 0.0)  # already predicted slower: no cost
+        self.assertEqual(sim_fit.fit_call_cost(1e9, pred, cap=1000.0), 1000.0)
+        # A controller-bound step: nothing until the calls outlast the devices' 10 ms, then per call.
+        bound = lambda c: max(10.0, 24 * (c + 300) * 1e-3)
+        self.assertAlmostEqual(sim_fit.fit_call_cost(12.0, bound), 200.0, delta=0.02)
+
+
 class StaticSection(unittest.TestCase):
     def test_fitted_from_the_median_launches_against_the_static_prediction(self):
         with tempfile.TemporaryDirectory() as w:
@@ -260,6 +272,11 @@ class Files(unittest.TestCase):
             # 20; ms: 20 and 20; mh (no phase: the emulated hosts' paired launches) as measured.
             self.assertEqual([m.final(p)['step_ms_p50'] for p in ('m2', 'mf', 'ms', 'mh')], [10.0, 15.0, 20.0, 15.0])
             self.assertEqual(m.factor('m1_4', 2), 0.5)
+            # A launch's own probe (NAME.probe) comes before its round's: 25 against the reference 100.
+            with open(os.path.join(w, 'mf_2.probe'), 'w') as f:
+                f.write('25\n')
+            self.assertEqual(m.factor('mf', 2), 0.25)
+            self.assertEqual(m.final('mf')['step_ms_p50'], 7.5)  # 10 x 1 and 20 x 0.25
             k = sim_fit.scale_kernels({'fwd_us_per_gflop': 10.0, 'step_overhead_us': 4.0, 'from': {'x': 1}}, 0.5)
             self.assertEqual(k, {'fwd_us_per_gflop': 5.0, 'step_overhead_us': 2.0, 'from': {'x': 1}})
 

@@ -1,6 +1,7 @@
 // The simulator's training step against cases computed by hand (docs/simulator.md, "Tests"):
 // the pipeline's schedules, an SPMD step as the sum of its units, the emulated network's CPU,
-// the gradient buckets' cut, the kernel rate by micro-batch size, a micro-batch's overhead.
+// the gradient buckets' cut, the kernel rate by micro-batch size, a micro-batch's overhead, an
+// OpByOp step's cost per call.
 #include <gtest/gtest.h>
 
 #include "model/params.h"
@@ -189,6 +190,23 @@ TEST(SimStep, MicrobatchOverhead) {
   cfg.workload.microbatches = 3;
   const double three = simulate_step(c, p, cfg, ExecMode::kSpmd).step_us;
   EXPECT_NEAR(three - one, 2 * 13.0, 1e-6 * one);
+}
+
+// OpByOp: the controller calls node by node. With kernels of no cost the step is controller-bound,
+// so a training call's extra cost (train_call_us) adds once per call: once per node (the units
+// and the update) at dp 1.
+// Chained (one program) does not call per node and does not change.
+TEST(SimStep, OpByOpPaysTheTrainingCallPerNode) {
+  const train::TrainConfig cfg = small_config(1, 4, 2);
+  Profile p = zero_profile();
+  p.call_us = 10;
+  const Cluster c = one_host(1, link(0, 1e12, 0));
+  const StepPrediction base = simulate_step(c, p, cfg, ExecMode::kOpByOp), chained = simulate_step(c, p, cfg, ExecMode::kChained);
+  p.train_call_us = 100;
+  const StepPrediction more = simulate_step(c, p, cfg, ExecMode::kOpByOp);
+  ASSERT_GT(base.nodes, 0);
+  EXPECT_NEAR(more.step_us - base.step_us, 100.0 * base.nodes, 1e-6 * more.step_us);
+  EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kChained).step_us, chained.step_us, 1e-9);
 }
 
 }  // namespace
