@@ -228,8 +228,16 @@ pwm_speed_probe() {
 pwm_step_probe() {
   local mb=$1
   shift
-  PWM_MODEL_THREADS=1 OMP_NUM_THREADS=1 taskset -c 0 "$mb" "$@" --peak-reps 0 --steps 20 --warmup 3 |
+  PWM_MODEL_THREADS=1 OMP_NUM_THREADS=1 taskset -c "${PWM_PROBE_CORE:-0}" "$mb" "$@" --peak-reps 0 --steps 20 --warmup 3 |
     awk '/achieved GFLOP\/s=/ {sub(/.*achieved GFLOP\/s=/, ""); print $1}'
+}
+# pwm_core_probes MODEL_BENCH FLAGS...: "core0 core1", the step probe on each core in turn. A
+# launch of two or more ranks runs at its slower core's pace (its ranks meet every step), which
+# the core-0 probe alone does not see: one validation's dp 2 rows ran 20% slower than that probe
+# predicted while its one-rank rows held (docs/simulator_calibration.md, "Speed within the
+# calibration").
+pwm_core_probes() {
+  echo "$(pwm_step_probe "$@") $(PWM_PROBE_CORE=1 pwm_step_probe "$@")"
 }
 pwm_warn_if_busy() {
   if pgrep -x cc1plus >/dev/null; then

@@ -56,9 +56,10 @@ echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*
 # beside the launch's files and in `probes`: the profile keeps their median as its reference, every
 # launch is brought to it by its own probe (sim_fit.py, Measurements.factor), and sim_validate.sh
 # scales the profile to the speed at its own launches. One-rank launches run on core 0, whose
-# speed the probe measures (this VM's two vCPUs differ, by turns). The speed moves within seconds:
-# a probe per round of launches missed a launch slowed 40% beside its round's probe.
-probe() { pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" | tee -a "$W/probes" >"$W/$1.probe"; }
+# speed the first probe measures (this VM's two vCPUs differ, by turns); launches of more ranks
+# go at the slower core's (pwm_core_probes). The speed moves within seconds: a probe per round of
+# launches missed a launch slowed 40% beside its round's probe.
+probe() { pwm_core_probes "$B/bench/model/model_bench" "${PROBE[@]}" | tee -a "$W/probes" >"$W/$1.probe"; }
 for r in $(seq 1 $LAUNCHES); do
   for mb in 1 2 4; do
     probe "m1_${mb}_$r"

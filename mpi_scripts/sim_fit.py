@@ -21,7 +21,8 @@ WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES 
   m2b_<r>.jsonl, mh_<r>.jsonl
                        spmd_train dp 2 in one host and across two (optional, paired)
   probes               pwm_step_probe's GFLOP/s, one a line: every probe the calibration took
-  <launch>.probe       the probe taken right before that trainer launch (m1_<M>_<r>, m2_<r>, mf_<r>,
+  <launch>.probe       the probes taken right before that trainer launch, core 0's then core 1's
+                       (pwm_core_probes; m1_<M>_<r>, m2_<r>, mf_<r>,
                        ...; without them, older directories: one probe per round in `probes`,
                        LAUNCHES rounds of each phase: k1/m1/m2, then mf/mfs/mc/mc2, then ms/ms2)
 Every launch of those phases is brought to the profile's reference speed (the median probe) by its
@@ -349,12 +350,14 @@ class Measurements:
         self.factors = round_factors(self.probes, launches)
 
     def factor(self, prefix, r):
-        """The speed factor of launch PREFIX_r (r 1-based): its own probe (PREFIX_r.probe) over the
-        reference; without that file, its round's (round_factors); 1 for a prefix of no phase."""
+        """The speed factor of launch PREFIX_r (r 1-based): its own probe (PREFIX_r.probe: core 0's,
+        or for a launch of more ranks than one the slower core's) over the reference (the median
+        of core 0's); without that file, its round's (round_factors); 1 for a prefix of no phase."""
         p = self.path(f'{prefix}_{r}.probe')
         if os.path.exists(p) and self.probes:
-            v = [float(l.split()[0]) for l in read_lines(p) if l.strip()]
-            if v: return v[0] / med(self.probes)
+            v = [list(map(float, l.split())) for l in read_lines(p) if l.strip()]
+            # One rank (m1, on core 0): core 0's probe; more: the slower core's (pwm_core_probes).
+            if v: return (v[0][0] if prefix.startswith('m1') else min(v[0])) / med(self.probes)
         ph = PHASES.get(prefix.split('_')[0])
         return 1.0 if ph is None else self.factors[ph][r - 1]
 

@@ -2,9 +2,10 @@
 """The simulator's validation (mpi_scripts/sim_validate.sh): profiles scaled to the machine's
 speed, and the report of predicted against measured.
 
-    sim_report.py scale PROFILE PROBES OUT
-        OUT = PROFILE with its costs scaled by the speed probes in PROBES (GFLOP/s, first field
-        of each line) against the calibration's (scale_profile).
+    sim_report.py scale PROFILE PROBES OUT [RANKS]
+        OUT = PROFILE with its costs scaled by the speed probes in PROBES (GFLOP/s; per line core
+        0's, or with RANKS > 1 the slower core's: read_probes) against the calibration's
+        (scale_profile).
     sim_report.py imbalance METRICS...
         The MoE steps' device imbalance the launches measured: the median over every step line of
         the metrics files of moe.device_max_mean (the busiest expert-parallel device's rows over
@@ -68,9 +69,11 @@ def scale_profile(prof, probes):
     return prof
 
 
-def read_probes(path):
-    """The first field of every non-blank line of a probes file, as floats."""
-    return [float(l.split()[0]) for l in read_lines(path) if l.strip()]
+def read_probes(path, ranks=1):
+    """Per non-blank line of a probes file (pwm_core_probes: core 0's, then core 1's), the speed a
+    launch of `ranks` ranks went at: core 0's for one rank (pinned there), the slower core's for
+    more (its ranks meet every step; a line of one field: that field)."""
+    return [float(f[0]) if ranks <= 1 else min(map(float, f)) for f in (l.split() for l in read_lines(path) if l.strip())]
 
 
 def spread(v):
@@ -295,10 +298,10 @@ def report(w, outdir, profile, pwm_sim):
 
 
 def main(argv=None):
-    """sim_report.py scale PROFILE PROBES OUT | imbalance METRICS... | report WORK_DIR OUT_DIR PROFILE PWM_SIM"""
+    """sim_report.py scale PROFILE PROBES OUT [RANKS] | imbalance METRICS... | report WORK_DIR OUT_DIR PROFILE PWM_SIM"""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ['scale'] and len(argv) == 4:
-        prof = scale_profile(read_json(argv[1]), read_probes(argv[2]))
+    if argv[:1] == ['scale'] and len(argv) in (4, 5):
+        prof = scale_profile(read_json(argv[1]), read_probes(argv[2], int(argv[4]) if len(argv) == 5 else 1))
         write_json(prof, argv[3], indent=1)
         return 0
     if argv[:1] == ['imbalance'] and len(argv) > 1:

@@ -45,15 +45,15 @@ DLAUNCHES=${PWM_SIM_DLAUNCHES:-11}
 # The validation model: not the calibration one (other depth, micro-batches and batch).
 MOD=(--d-model 128 --layers 4 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
 echo -n >"$W/list"
-# scaled_profile PROBES OUT: the profile with its costs scaled to the machine's speed at this
+# scaled_profile PROBES OUT [RANKS]: the profile with its costs scaled to the machine's speed at this
 # configuration's launches. The VM's speed moves by 20-40% over minutes (docs/simulator_calibration.md,
-# "Speed scaling"), so a probe (pwm_step_probe, model_bench's step on core 0) runs before every
-# launch, as in the calibration: kernels, the optimizer and the controller's costs by the rate
-# (calibration / now). The 2-rank contention factors are the calibration's: a probe of both
+# "Speed scaling"), so a probe (pwm_core_probes, model_bench's step on core 0 then core 1) runs
+# before every launch, as in the calibration: kernels, the optimizer and the controller's costs
+# by the rate (calibration / now; a launch of more than one rank at its slower core's). The 2-rank contention factors are the calibration's: a probe of both
 # cores (two model_bench processes, then spmd_train --dp 2 for 10 steps) rescaling them made
 # the predictions worse, not better (docs/simulator_calibration.md, "Speed scaling").
 scaled_profile() {
-  python3 "$PWM_ROOT/mpi_scripts/sim_report.py" scale "$PROFILE" "$1" "$2"
+  python3 "$PWM_ROOT/mpi_scripts/sim_report.py" scale "$PROFILE" "$1" "$2" "${3:-1}"
 }
 # run NAME NP CLUSTER(-|name) SIMFLAGS -- COMMAND...: one measured configuration.
 run() {
@@ -66,7 +66,7 @@ run() {
   for r in $(seq 1 "$LAUNCHES"); do
     local m="$W/${name}_$r.jsonl"
     if [ -n "$REPLAY" ]; then [ -f "$m" ] && files+=("$m"); continue; fi
-    pwm_step_probe "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
+    pwm_core_probes "$B/bench/model/model_bench" "${PROBE[@]}" >>"$W/$name.probes"
     if [ "$cluster" = "-" ]; then
       # One rank: on core 0, the core whose speed the probe measures alone.
       local pin=()
@@ -86,7 +86,7 @@ run() {
   # moe_*: the device imbalance the launches' router produced (dropless rows compute and send the
   # busiest device's rows; a capacity's are fixed): the simulator costs routing, not predicts it.
   [[ $name == moe_* ]] && sim+=(--moe-imbalance "$(python3 "$PWM_ROOT/mpi_scripts/sim_report.py" imbalance "${files[@]}")")
-  scaled_profile "$W/$name.probes" "$W/$name.profile.json"
+  scaled_profile "$W/$name.probes" "$W/$name.profile.json" "$np"
   "$B/sim/pwm_sim" --profile "$W/$name.profile.json" "${sim[@]}" >"$W/$name.pred"
   echo "$name $W/$name.pred ${files[*]}" >>"$W/list"
 }

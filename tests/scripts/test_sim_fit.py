@@ -277,6 +277,12 @@ class Files(unittest.TestCase):
                 f.write('25\n')
             self.assertEqual(m.factor('mf', 2), 0.25)
             self.assertEqual(m.final('mf')['step_ms_p50'], 7.5)  # 10 x 1 and 20 x 0.25
+            # Core 0's then core 1's probe: a launch of 2 ranks goes at the slower core's, one rank
+            # (m1, pinned to core 0) at core 0's.
+            for n in ('mf_1', 'm1_1_1'):
+                with open(os.path.join(w, f'{n}.probe'), 'w') as f:
+                    f.write('100 50\n')
+            self.assertEqual((m.factor('mf', 1), m.factor('m1_1', 1)), (0.5, 1.0))
             k = sim_fit.scale_kernels({'fwd_us_per_gflop': 10.0, 'step_overhead_us': 4.0, 'from': {'x': 1}}, 0.5)
             self.assertEqual(k, {'fwd_us_per_gflop': 5.0, 'step_overhead_us': 2.0, 'from': {'x': 1}})
 

@@ -55,6 +55,14 @@ class ScaleProfile(unittest.TestCase):
             self.assertEqual(sim_report.main(['scale', src, probes, out]), 0)
             with open(out) as f:
                 self.assertEqual(json.load(f)['scaled']['kernel_factor'], 4.0)
+            # Two ranks go at the slower core's pace: core 1's 25 against core 0's 50 on every line.
+            with open(probes, 'w') as f:
+                f.write('50 25\n100 25\n25\n')
+            self.assertEqual(sim_report.read_probes(probes, 2), [25.0, 25.0, 25.0])
+            self.assertEqual(sim_report.read_probes(probes), [50.0, 100.0, 25.0])
+            self.assertEqual(sim_report.main(['scale', src, probes, out, '2']), 0)
+            with open(out) as f:
+                self.assertEqual(json.load(f)['scaled']['kernel_factor'], 8.0)
 
 
 class Imbalance(unittest.TestCase):
