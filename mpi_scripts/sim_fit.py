@@ -308,7 +308,9 @@ def static_section(m, predict, prof, chain):
     and 2 micro-batches); without those files (or without `chain`) leaves prof alone, None."""
     if not os.path.exists(m.path('ms_1.jsonl')) or chain is None:
         return None
-    measured = [m.final('ms')['step_ms_p50'], m.final('ms2')['step_ms_p50']]
+    # The second point as the first's median plus the rounds' paired difference (Measurements.paired).
+    ms = m.final('ms')['step_ms_p50']
+    measured = [ms, ms + m.paired('ms', 'ms2')]
     prof['static'] = {'node_us': 0.0, 'step_us': 0.0} | chain  # the prediction without the trainer's costs
     preds = [predict(prof, '--granularity', 'chained', '--mpmd', 'static', *extra) for extra in ([], ['--microbatches', '2'])]
     prof['static'] = fit_static(measured, preds) | chain
@@ -374,6 +376,14 @@ class Measurements:
         reference speed (factor)."""
         return {'step_ms_p50': med([final_line(self.path(f'{prefix}_{r}.jsonl'))['step_ms_p50'] * self.factor(prefix, r)
                                     for r in range(1, self.launches + 1)])}
+
+    def paired(self, a, b):
+        """The median over rounds r of B_r - A_r (step_ms_p50, each at the reference speed): launches
+        of one round ran moments apart, so their difference leaves out the round's state, which
+        moves each launch by 10-20% on this VM (docs/simulator_calibration.md, "Speed within the
+        calibration")."""
+        return med([final_line(self.path(f'{b}_{r}.jsonl'))['step_ms_p50'] * self.factor(b, r) -
+                    final_line(self.path(f'{a}_{r}.jsonl'))['step_ms_p50'] * self.factor(a, r) for r in range(1, self.launches + 1)])
 
     def dispatch(self, stem):
         """dispatch_bench's launches STEM_<r>.json, r = 1..dlaunches."""
@@ -452,7 +462,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     prof['kernels']['contention'] = [[2, f2], [3, 1.0]]
     pf8, pf4 = predict(prof, '--granularity', 'fused'), predict(prof, '--granularity', 'fused', batch=4)
     e8 = m.final('mf')['step_ms_p50'] - (pf8['step_ms'] - pf8['compute_ms'])
-    e4 = m.final('mfs')['step_ms_p50'] - (pf4['step_ms'] - pf4['compute_ms'])
+    e4 = m.final('mf')['step_ms_p50'] + m.paired('mf', 'mfs') - (pf4['step_ms'] - pf4['compute_ms'])  # (paired: Measurements.paired)
     f3, K = fit_three_ranks(f2, e8, pf8['compute_ms'], e4, pf4['compute_ms'])
     prof['kernels']['contention'] = [[2, f2], [3, f3]]
     prof['dispatch']['step_kernel_us'] = K * 1e3
@@ -463,19 +473,24 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     ec, nc = [], []
     for pre, extra in (('mc', []), ('mc2', ['--microbatches', '2'])):
         p = predict(prof, '--granularity', 'chained', *extra)
-        ec.append((m.final(pre)['step_ms_p50'] - p['step_ms']) * 1e3)
+        got = m.final('mc')['step_ms_p50'] + (m.paired('mc', pre) if pre != 'mc' else 0.0)  # (paired: Measurements.paired)
+        ec.append((got - p['step_ms']) * 1e3)
         nc.append(p['nodes'])
     node_c, step_c = fit_node_costs(ec, nc)
     prof['dispatch']['train_node_us'] = node_c
     prof['dispatch']['node_step_us'] = step_c
     # OpByOp (the chained step's nodes, each its own Client::call): the controller's cost per call
     # of a training node beyond dispatch_bench's call_us, whose 1-element calls hold no training
-    # arguments; the cost at which the predicted opbyop step is the measured one (fit_call_cost).
+    # arguments; the cost at which the predicted opbyop step exceeds the predicted chained one by
+    # what the measured opbyop launches exceeded the chained ones of their rounds (fit_call_cost,
+    # m.paired: medians of separate launches moved the fit from 50 to 359 us between two runs).
     if os.path.exists(m.path('mo_1.jsonl')):
         def opbyop_ms(c):
             prof['dispatch']['train_call_us'] = c
             return predict(prof, '--granularity', 'opbyop')['step_ms']
-        prof['dispatch']['train_call_us'] = fit_call_cost(m.final('mo')['step_ms_p50'], opbyop_ms)
+        prof['dispatch']['train_call_us'] = 0.0
+        chained_ms = predict(prof, '--granularity', 'chained')['step_ms']
+        prof['dispatch']['train_call_us'] = fit_call_cost(chained_ms + m.paired('mc', 'mo'), opbyop_ms)
     # The static model (mpmd_train: two processes on the two cores, no controller): its executor's
     # cost per node and its per-step constant (the statistics' allgather), from its chained step
     # at 1 and 2 micro-batches as the Pathways node costs just above (fit_static).

@@ -286,6 +286,15 @@ class Files(unittest.TestCase):
             k = sim_fit.scale_kernels({'fwd_us_per_gflop': 10.0, 'step_overhead_us': 4.0, 'from': {'x': 1}}, 0.5)
             self.assertEqual(k, {'fwd_us_per_gflop': 5.0, 'step_overhead_us': 2.0, 'from': {'x': 1}})
 
+    def test_paired_is_the_median_of_the_rounds_differences(self):
+        # mc 10, 16, 7 and mo 9, 18, 9: the rounds' differences -1, +2, +2 (median 2), where the
+        # medians' difference is 9 - 10 = -1.
+        with tempfile.TemporaryDirectory() as w:
+            write_finals(w, 'mc', [10.0, 16.0, 7.0])
+            write_finals(w, 'mo', [9.0, 18.0, 9.0])
+            m = sim_fit.Measurements(w, 3, 1)
+            self.assertEqual(m.paired('mc', 'mo'), 2.0)
+            self.assertEqual(m.final('mo')['step_ms_p50'] - m.final('mc')['step_ms_p50'], -1.0)
 
 if __name__ == '__main__':
     unittest.main()
