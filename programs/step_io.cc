@@ -181,7 +181,7 @@ pwm::train::MoeRecord moe_record(const std::vector<StepStats>& devices, const pw
   for (const StepStats& d : devices) {
     PWM_CHECK(d.moe.size() >= 7, "an MoE step's statistics without its MoE words");
     const size_t n = d.moe.size() - 2;  // pack_moe_stats, then the AllToAll and routing-wait times
-    if (sum.size() < n) sum.resize(n, 0.0);  // (devices of other stages may route fewer calls)
+    sum.resize(n, 0.0);
     for (size_t i = 0; i < n; ++i) sum[i] += d.moe[i];
     alltoall_ms.push_back(d.moe[n]);
     wait_ms.push_back(d.moe[n + 1]);
