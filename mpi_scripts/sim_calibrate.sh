@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measures this machine for the simulator (docs/simulator_calibration.md) and writes a profile (JSON):
-#   kernels   spmd_train --trace at dp 1 (the forward/backward/optimizer spans per GFLOP) and at
-#             dp 2 (the slowdown when two ranks share the cores: "contention")
+#   kernels   spmd_train --trace at dp 1 (the forward/backward/optimizer spans per GFLOP; the
+#             reference model's against them: the width factor) and at dp 2 (the slowdown when
+#             two ranks share the cores: "contention")
 #   links     collectives_bench AllReduce of 2 ranks (ring and hd, the faster per size): in one
 #             host (shared memory), across two emulated hosts (mpi_scripts/cluster.sh, TCP)
 #             unshaped and with a shaped DCN; the emulated network's CPU per byte from
@@ -44,6 +45,12 @@ STEPS=${PWM_SIM_STEPS:-30}; ITERS=30; DREPS=60; LAUNCHES=${PWM_SIM_LAUNCHES:-5};
 DCHAIN=64 DCHAIN2=256
 # The calibration model (the validation uses other shapes, sim_validate.sh).
 CAL=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq-len 64 --batch 8 --peak-gflops 10 --eval-batches 1)
+# The reference model (train/presets.cc's 4m, spelled out: the fit reads its width) at the
+# calibration's largest kernel, 512 tokens: its rate against the calibration model's at one
+# micro-batch is the kernels' width factor (Profile::width_scales). d-model 128's rate alone put
+# the one-rank size_* rows (d-model 256-768, 512 tokens) 3-12% slow on a Zen 5 in every run
+# (docs/results/simulator.md, 2026-12-07): wider matrices run nearer the core's peak.
+WIDE=(--d-model 256 --layers 4 --heads 4 --head-dim 64 --d-ff 1024 --seq-len 128 --batch 4 --peak-gflops 10 --eval-batches 1)
 # The speed probe (pwm_step_probe, env.sh): model_bench's step of the calibration model. The
 # profile records these flags, and sim_validate.sh probes with them.
 PROBE=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq 64 --batch 8)
@@ -51,7 +58,7 @@ PROBE=(--d-model 128 --layers 2 --heads 2 --head-dim 64 --d-ff 512 --seq 64 --ba
 # Every trainer configuration is launched LAUNCHES times and its median taken: one launch's
 # step_ms_p50 varies by 5-20% from the next on this VM (page placement, the scheduler), more
 # than the steps of one launch do.
-echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*]}; $LAUNCHES launches each)" >&2
+echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, the reference model, and dp 2 (${CAL[*]}; $LAUNCHES launches each)" >&2
 # The machine's speed right before each trainer launch (pwm_step_probe, env.sh), in NAME.probe
 # beside the launch's files and in `probes`: the profile keeps their median as its reference, every
 # launch is brought to it by its own probe (sim_fit.py, Measurements.factor), and sim_validate.sh
@@ -60,12 +67,18 @@ echo "== kernels: spmd_train dp 1 at 1, 2 and 4 micro-batches, and dp 2 (${CAL[*
 # go at the slower core's (pwm_core_probes). The speed moves within seconds: a probe per round of
 # launches missed a launch slowed 40% beside its round's probe.
 probe() { pwm_core_probes "$B/bench/model/model_bench" "${PROBE[@]}" | tee -a "$W/probes" >"$W/$1.probe"; }
+# kernels NAME_r MODEL_FLAGS...: one rank on core 0, traced; its kernels' costs in k<NAME>_r.json.
+kernels() {
+  local n=$1; shift
+  probe "m$n"
+  taskset -c 0 "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "$@" --steps $STEPS --trace "$W/t$n.json" --metrics "$W/m$n.jsonl" >/dev/null
+  "$B/sim/pwm_sim" --what kernels "$@" --sim-trace "$W/t$n.json" --sim-metrics "$W/m$n.jsonl" >"$W/k$n.json"
+}
 for r in $(seq 1 $LAUNCHES); do
-  for mb in 1 2 4; do
-    probe "m1_${mb}_$r"
-    taskset -c 0 "${MPI[@]}" -n 1 "$B/spmd/spmd_train" "${CAL[@]}" --microbatches $mb --steps $STEPS --trace "$W/t1_$mb.json" --metrics "$W/m1_${mb}_$r.jsonl" >/dev/null
-    "$B/sim/pwm_sim" --what kernels "${CAL[@]}" --microbatches $mb --sim-trace "$W/t1_$mb.json" --sim-metrics "$W/m1_${mb}_$r.jsonl" >"$W/k1_${mb}_$r.json"
-  done
+  kernels "1_1_$r" "${CAL[@]}" --microbatches 1
+  # The reference model at the same tokens a kernel, right after (paired): the rates' width factor.
+  kernels "w_$r" "${WIDE[@]}"
+  for mb in 2 4; do kernels "1_${mb}_$r" "${CAL[@]}" --microbatches $mb; done
   probe "m2_$r"
   "${MPI[@]}" -n 2 "$B/spmd/spmd_train" "${CAL[@]}" --dp 2 --steps $STEPS --metrics "$W/m2_$r.jsonl" >/dev/null
 done
@@ -136,5 +149,5 @@ if [ $HOSTS = 1 ]; then
 fi
 
 mkdir -p "$(dirname "$OUT")"
-PWM_PROBE="${PROBE[*]}" PWM_EMU2="$PWM_ROOT/sim/clusters/emu2.json" python3 "$PWM_ROOT/mpi_scripts/sim_fit.py" "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "$DCHAIN2" "$DLAUNCHES" "${CAL[@]}"
+PWM_PROBE="${PROBE[*]}" PWM_WIDE="${WIDE[*]}" PWM_EMU2="$PWM_ROOT/sim/clusters/emu2.json" python3 "$PWM_ROOT/mpi_scripts/sim_fit.py" "$W" "$OUT" "$CLUSTER_NOTE" "$B/sim/pwm_sim" "$LAUNCHES" "$DCHAIN" "$DCHAIN2" "$DLAUNCHES" "${CAL[@]}"
 echo "wrote $OUT" >&2

@@ -5,6 +5,10 @@
 
 WORK_DIR holds what sim_calibrate.sh measured (r = 1..LAUNCHES, or 1..DLAUNCHES for d*):
   k1_<M>_<r>.json      pwm_sim --what kernels of spmd_train dp 1 at M = 1, 2, 4 micro-batches
+  kw_<r>.json, mw_<r>.jsonl
+                       the same of the reference model (PWM_WIDE's flags) at the calibration's
+                       one-micro-batch tokens, launched right after k1_1_<r> (optional: without
+                       them no width factor)
   m1_<M>_<r>.jsonl, m2_<r>.jsonl, mf_<r>, mfs_<r>, mc_<r>, mc2_<r>, mo_<r>.jsonl
                        the trainers' metrics (spmd dp 1 and 2; pathways fused at batch 8 and 4,
                        chained at 1 and 2 micro-batches, opbyop (optional: without it no
@@ -32,7 +36,7 @@ from it off by that phase's distance from the median (docs/simulator_calibration
 within the calibration").
 NOTE is the profile's note on the hosts; PWM_SIM the simulator's CLI (run for step predictions);
 CAL_FLAGS the calibration model's flags. Environment: PWM_PROBE (the speed probe's model flags,
-recorded in the profile), PWM_EMU2 (the 2-host cluster file, needed with mh_1.jsonl).
+recorded in the profile), PWM_WIDE (the reference model's flags, needed with kw_1.json), PWM_EMU2 (the 2-host cluster file, needed with mh_1.jsonl).
 Writes OUT and prints the profile. The fits are functions of plain numbers, unit-tested in
 tests/scripts/test_sim_fit.py; docs/simulator.md explains the model they fit.
 """
@@ -138,6 +142,20 @@ def kernel_rates(kmb, batch, seq_len):
     """The kernels' rates per micro-batch size, by tokens: kmb maps micro-batches to kernel medians."""
     return sorted(({'tokens': batch // mb * seq_len, 'fwd_us_per_gflop': k['fwd_us_per_gflop'], 'bwd_us_per_gflop': k['bwd_us_per_gflop']}
                    for mb, k in kmb.items()), key=lambda r: r['tokens'])
+
+
+def fit_width_scale(base, wide):
+    """The kernels' width factor: the median over rounds of the wide model's cost per GFLOP over
+    the calibration model's (fwd and bwd each), both at the same tokens a kernel. base and wide:
+    per round, pwm_sim --what kernels' costs at the reference speed. Paired by round, as
+    Measurements.paired: the two launches ran seconds apart, while the VM's speed moves 10-20%
+    between rounds."""
+    return {d: med([w[f'{d}_us_per_gflop'] / b[f'{d}_us_per_gflop'] for b, w in zip(base, wide)]) for d in ('fwd', 'bwd')}
+
+
+def flag(flags, name):
+    """The value after NAME in a list of command-line words."""
+    return flags[flags.index(name) + 1]
 
 
 def rate(rows, mode, t):
@@ -323,7 +341,7 @@ def final_line(path):
 
 
 # The phases of rounds, in the order sim_calibrate.sh probes them: a launch's prefix -> its phase.
-PHASES = {'k1': 0, 'm1': 0, 'm2': 0, 'mf': 1, 'mfs': 1, 'mc': 1, 'mc2': 1, 'mo': 1, 'ms': 2, 'ms2': 2}
+PHASES = {'k1': 0, 'm1': 0, 'mw': 0, 'm2': 0, 'mf': 1, 'mfs': 1, 'mc': 1, 'mc2': 1, 'mo': 1, 'ms': 2, 'ms2': 2}
 
 
 def round_factors(probes, launches, phases=3):
@@ -358,8 +376,8 @@ class Measurements:
         p = self.path(f'{prefix}_{r}.probe')
         if os.path.exists(p) and self.probes:
             v = [list(map(float, l.split())) for l in read_lines(p) if l.strip()]
-            # One rank (m1, on core 0): core 0's probe; more: the slower core's (pwm_core_probes).
-            if v: return (v[0][0] if prefix.startswith('m1') else min(v[0])) / med(self.probes)
+            # One rank (m1, mw: on core 0): core 0's probe; more: the slower core's (pwm_core_probes).
+            if v: return (v[0][0] if prefix.split('_')[0] in ('m1', 'mw') else min(v[0])) / med(self.probes)
         ph = PHASES.get(prefix.split('_')[0])
         return 1.0 if ph is None else self.factors[ph][r - 1]
 
@@ -404,6 +422,23 @@ def predictor(pwm_sim, w, cal):
     return predict
 
 
+def width_scales(m, launches, cal, wide):
+    """Profile kernels.width_scales: 1 at the calibration model's d_model, the paired factor
+    (fit_width_scale) at the reference model's; [] without its launches (kw_1.json) or flags."""
+    if not wide or not os.path.exists(m.path('kw_1.json')):
+        return []
+    tokens = int(flag(cal, '--batch')) * int(flag(cal, '--seq-len'))
+    if int(flag(wide, '--batch')) * int(flag(wide, '--seq-len')) != tokens:
+        raise SystemExit(f"sim_fit.py: PWM_WIDE's model runs {flag(wide, '--batch')} x {flag(wide, '--seq-len')} tokens a kernel, "
+                         f"the calibration model {tokens}: give it the same (the factor is of the width alone)")
+    rounds = range(1, launches + 1)
+    base = [scale_kernels(read_json(m.path(f'k1_1_{r}.json')), m.factor('m1_1', r)) for r in rounds]
+    wide_k = [scale_kernels(read_json(m.path(f'kw_{r}.json')), m.factor('mw', r)) for r in rounds]
+    f = fit_width_scale(base, wide_k)
+    return [{'d_model': float(flag(cal, '--d-model')), 'fwd': 1.0, 'bwd': 1.0},
+            {'d_model': float(flag(wide, '--d-model')), 'fwd': f['fwd'], 'bwd': f['bwd']}]
+
+
 def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe_model, emu2):
     """The profile (a dict) from the measurements in w; runs pwm_sim for the trainers' fits."""
     m = Measurements(w, launches, dlaunches)
@@ -414,6 +449,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     seq_len = int(cal[cal.index('--seq-len') + 1]); batch = int(cal[cal.index('--batch') + 1])
     step_over, mb_over = fit_step_overhead([1, 2, 4], [kmb[mb]['step_overhead_us'] for mb in (1, 2, 4)])
     rates = kernel_rates(kmb, batch, seq_len)
+    widths = width_scales(m, launches, cal, os.environ.get('PWM_WIDE', '').split())
     ci = m.load('c_intra.json')
     intra = fit_link(ci['rows'])
     cx, cs = m.load('c_inter.json'), m.load('c_shaped.json')
@@ -443,7 +479,8 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     prof = {
       'machine': f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; hosts: {note}",
       'kernels': {k: k1[k] for k in ('fwd_us_per_gflop', 'bwd_us_per_gflop', 'opt_us_per_param')} |
-                 {'step_overhead_us': step_over, 'microbatch_overhead_us': mb_over, 'contention': [[2, 1.0]], 'rates': rates},
+                 {'step_overhead_us': step_over, 'microbatch_overhead_us': mb_over, 'contention': [[2, 1.0]], 'rates': rates,
+                  'width_scales': widths},
       'links': {'reduce_ns_per_byte': 0.0, 'intra': intra, 'inter': inter, 'inter_shaped': shaped},
       'dispatch': dispatch,
       'measured': {'kernels_dp1_by_microbatches': kmb, 'launches': launches, 'dispatch_launches': dlaunches, 'dispatch_chains': [c1, c2], 'allreduce_4B_intra_us': ar,

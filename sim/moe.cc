@@ -81,7 +81,7 @@ struct MoeSim {
   }
 
   double kernel_us(const UnitFlops& f, double at_tokens) const {
-    const Profile::KernelRate r = p.rate_at(at_tokens);
+    const Profile::KernelRate r = p.rate_at(at_tokens, static_cast<double>(cfg.model.d_model));
     return slow * (f.fwd * 1e-9 * r.fwd_us_per_gflop + f.bwd * 1e-9 * r.bwd_us_per_gflop);
   }
   bool moe_block(const Unit& u) const {

@@ -183,17 +183,40 @@ double Profile::contention_factor(int ranks) const {
   return f;
 }
 
-Profile::KernelRate Profile::rate_at(double tokens) const {
-  if (rates.empty()) return {tokens, fwd_us_per_gflop, bwd_us_per_gflop};
+namespace {
+
+// Profile::rates at `tokens`: linear in log(tokens) between two measured sizes, the nearest outside.
+Profile::KernelRate rate_in_tokens(const std::vector<Profile::KernelRate>& rates, double tokens) {
   if (tokens <= rates.front().tokens) return {tokens, rates.front().fwd_us_per_gflop, rates.front().bwd_us_per_gflop};
   if (tokens >= rates.back().tokens) return {tokens, rates.back().fwd_us_per_gflop, rates.back().bwd_us_per_gflop};
   size_t i = 1;
   while (rates[i].tokens < tokens) ++i;
-  const KernelRate& a = rates[i - 1];
-  const KernelRate& b = rates[i];
+  const Profile::KernelRate& a = rates[i - 1];
+  const Profile::KernelRate& b = rates[i];
   const double w = std::log(tokens / a.tokens) / std::log(b.tokens / a.tokens);
   return {tokens, a.fwd_us_per_gflop + w * (b.fwd_us_per_gflop - a.fwd_us_per_gflop),
           a.bwd_us_per_gflop + w * (b.bwd_us_per_gflop - a.bwd_us_per_gflop)};
+}
+
+// Profile::width_scales at `d_model`: linear in log(d_model) between two widths, the nearest outside.
+Profile::WidthScale scale_in_width(const std::vector<Profile::WidthScale>& ws, double d_model) {
+  if (ws.empty() || !(d_model > 0)) return {d_model, 1.0, 1.0};
+  if (d_model <= ws.front().d_model) return ws.front();
+  if (d_model >= ws.back().d_model) return ws.back();
+  size_t i = 1;
+  while (ws[i].d_model < d_model) ++i;
+  const Profile::WidthScale& a = ws[i - 1];
+  const Profile::WidthScale& b = ws[i];
+  const double w = std::log(d_model / a.d_model) / std::log(b.d_model / a.d_model);
+  return {d_model, a.fwd + w * (b.fwd - a.fwd), a.bwd + w * (b.bwd - a.bwd)};
+}
+
+}  // namespace
+
+Profile::KernelRate Profile::rate_at(double tokens, double d_model) const {
+  const KernelRate r = rates.empty() ? KernelRate{tokens, fwd_us_per_gflop, bwd_us_per_gflop} : rate_in_tokens(rates, tokens);
+  const WidthScale s = scale_in_width(width_scales, d_model);
+  return {tokens, r.fwd_us_per_gflop * s.fwd, r.bwd_us_per_gflop * s.bwd};
 }
 
 json Profile::to_json() const {
@@ -201,11 +224,13 @@ json Profile::to_json() const {
   for (const auto& [r, x] : contention) c.push_back({r, x});
   json rt = json::array();
   for (const KernelRate& k : rates) rt.push_back({{"tokens", k.tokens}, {"fwd_us_per_gflop", k.fwd_us_per_gflop}, {"bwd_us_per_gflop", k.bwd_us_per_gflop}});
+  json ws = json::array();
+  for (const WidthScale& w : width_scales) ws.push_back({{"d_model", w.d_model}, {"fwd", w.fwd}, {"bwd", w.bwd}});
   json j = {{"machine", machine},
             {"kernels",
              {{"fwd_us_per_gflop", fwd_us_per_gflop}, {"bwd_us_per_gflop", bwd_us_per_gflop}, {"opt_us_per_param", opt_us_per_param},
               {"step_overhead_us", step_overhead_us}, {"microbatch_overhead_us", microbatch_overhead_us},
-              {"contention", c}, {"rates", rt}}},
+              {"contention", c}, {"rates", rt}, {"width_scales", ws}}},
             {"links",
              {{"reduce_ns_per_byte", reduce_ns_per_byte}, {"intra", link_json(intra)}, {"inter", link_json(inter)},
               {"inter_shaped", link_json(inter_shaped)}}},
@@ -244,6 +269,16 @@ Profile Profile::from_json(const json& j) {
     if (!p.rates.empty() && !(r.tokens > p.rates.back().tokens))
       PWM_THROW("kernels.rates: list the sizes once each in increasing tokens");
     p.rates.push_back(r);
+  }
+  const json widths = array_or(k, "kernels", "width_scales");  // profiles before it: none (1 at every width)
+  for (size_t i = 0; i < widths.size(); ++i) {
+    const std::string at = fmt::format("kernels.width_scales[{}]", i);
+    const WidthScale w{number(widths[i], at, "d_model"), number(widths[i], at, "fwd"), number(widths[i], at, "bwd")};
+    if (!(w.d_model > 0) || !(w.fwd > 0) || !(w.bwd > 0))
+      PWM_THROW("kernels.width_scales: d_model and both factors must be > 0 (regenerate the profile with mpi_scripts/sim_calibrate.sh)");
+    if (!p.width_scales.empty() && !(w.d_model > p.width_scales.back().d_model))
+      PWM_THROW("kernels.width_scales: list the widths once each in increasing d_model");
+    p.width_scales.push_back(w);
   }
   const json& l = need(j, "", "links");
   p.reduce_ns_per_byte = number(l, "links", "reduce_ns_per_byte");

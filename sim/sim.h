@@ -81,7 +81,17 @@ struct Profile {
     double tokens, fwd_us_per_gflop, bwd_us_per_gflop;
   };
   std::vector<KernelRate> rates;
-  KernelRate rate_at(double tokens) const;
+  // The rates' width: what a kernel's time per GFLOP is at other model widths (d_model) than the
+  // calibration model's, as a factor on `rates` (measured at the reference model's width against
+  // the calibration's, same tokens; the larger matrices reach a higher share of the core's peak).
+  // Sorted by d_model; the factor is interpolated linearly in log(d_model) and outside the
+  // measured widths is the nearest one's (no extrapolation). Empty: 1 at every width.
+  struct WidthScale {
+    double d_model, fwd, bwd;
+  };
+  std::vector<WidthScale> width_scales;
+  // The rates of a kernel of this many tokens in a model of this width (0: the calibration's).
+  KernelRate rate_at(double tokens, double d_model = 0) const;
   // Contention: compute slowdown when `ranks` processes share this machine's cores (ranks -> factor).
   std::vector<std::pair<int, double>> contention;
   double reduce_ns_per_byte = 0.2;  // local reduction in a collective (gamma)

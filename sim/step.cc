@@ -69,8 +69,9 @@ struct Ctx {
   }
   double unit_us(const Unit& u, int64_t seqs) const {
     const UnitFlops f = unit_flops(cfg.model, plan, u, seqs);
-    // The rate of a kernel of this many tokens (Profile::rates: the cache, not only the FLOPs).
-    const Profile::KernelRate r = p.rate_at(static_cast<double>(seqs * cfg.model.seq_len));
+    // The rate of a kernel of this many tokens in a model this wide (Profile::rates and
+    // width_scales: the cache and the matrices' shapes, not only the FLOPs).
+    const Profile::KernelRate r = p.rate_at(static_cast<double>(seqs * cfg.model.seq_len), static_cast<double>(cfg.model.d_model));
     return slow * (f.fwd * 1e-9 * r.fwd_us_per_gflop + f.bwd * 1e-9 * r.bwd_us_per_gflop);
   }
   double update_us(int64_t params) const { return slow * p.opt_us_per_param * static_cast<double>(params); }

@@ -89,6 +89,34 @@ class Kernels(unittest.TestCase):
         self.assertEqual([r['tokens'] for r in rates], [128, 256, 512])
         self.assertEqual(rates[0], {'tokens': 128, 'fwd_us_per_gflop': 40.0, 'bwd_us_per_gflop': 80.0})
 
+    def test_width_scale_is_the_median_of_the_rounds_ratios(self):
+        # Rounds at different speeds (base 100, 200, 120): the wide model 0.9, 0.8, 0.95 of each
+        # forward (median 0.9) and 0.85 of each backward; the medians' ratio would be 190/120.
+        base = [{'fwd_us_per_gflop': x, 'bwd_us_per_gflop': x} for x in (100.0, 200.0, 120.0)]
+        wide = [{'fwd_us_per_gflop': b['fwd_us_per_gflop'] * f, 'bwd_us_per_gflop': b['bwd_us_per_gflop'] * 0.85}
+                for b, f in zip(base, (0.9, 0.8, 0.95))]
+        f = sim_fit.fit_width_scale(base, wide)
+        self.assertAlmostEqual(f['fwd'], 0.9)
+        self.assertAlmostEqual(f['bwd'], 0.85)
+
+    def test_width_scales_from_the_files(self):
+        cal = ['--d-model', '128', '--seq-len', '64', '--batch', '8']
+        wide = ['--d-model', '256', '--seq-len', '128', '--batch', '4']
+        with tempfile.TemporaryDirectory() as w:
+            m = sim_fit.Measurements(w, 2, 1)
+            self.assertEqual(sim_fit.width_scales(m, 2, cal, wide), [])  # no launches: no factor
+            for r, (b, x) in enumerate(((10.0, 9.0), (20.0, 16.0)), 1):
+                for n, v in ((f'k1_1_{r}.json', b), (f'kw_{r}.json', x)):
+                    with open(os.path.join(w, n), 'w') as f:
+                        json.dump({'fwd_us_per_gflop': v, 'bwd_us_per_gflop': 2 * v}, f)
+            ws = sim_fit.width_scales(m, 2, cal, wide)
+            self.assertEqual([x['d_model'] for x in ws], [128.0, 256.0])
+            self.assertEqual((ws[0]['fwd'], ws[0]['bwd']), (1.0, 1.0))
+            self.assertAlmostEqual(ws[1]['fwd'], 0.85)  # median of 0.9 and 0.8
+            self.assertAlmostEqual(ws[1]['bwd'], 0.85)
+            with self.assertRaises(SystemExit):  # other tokens a kernel: not the width alone
+                sim_fit.width_scales(m, 2, cal, ['--d-model', '256', '--seq-len', '128', '--batch', '8'])
+
 
 def per_comp_times(ar, se, pe, call, node, msg, fetch, k):
     """The simulator's T = 0 formulas (sim/dispatch.cc) for 2 workers at chain k, L = ar."""
@@ -279,10 +307,10 @@ class Files(unittest.TestCase):
             self.assertEqual(m.final('mf')['step_ms_p50'], 7.5)  # 10 x 1 and 20 x 0.25
             # Core 0's then core 1's probe: a launch of 2 ranks goes at the slower core's, one rank
             # (m1, pinned to core 0) at core 0's.
-            for n in ('mf_1', 'm1_1_1'):
+            for n in ('mf_1', 'm1_1_1', 'mw_1'):
                 with open(os.path.join(w, f'{n}.probe'), 'w') as f:
                     f.write('100 50\n')
-            self.assertEqual((m.factor('mf', 1), m.factor('m1_1', 1)), (0.5, 1.0))
+            self.assertEqual((m.factor('mf', 1), m.factor('m1_1', 1), m.factor('mw', 1)), (0.5, 1.0, 1.0))
             k = sim_fit.scale_kernels({'fwd_us_per_gflop': 10.0, 'step_overhead_us': 4.0, 'from': {'x': 1}}, 0.5)
             self.assertEqual(k, {'fwd_us_per_gflop': 5.0, 'step_overhead_us': 2.0, 'from': {'x': 1}})
 

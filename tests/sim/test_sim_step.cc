@@ -159,6 +159,48 @@ TEST(SimProfile, RateInterpolatesInLogTokens) {
   EXPECT_THROW(Profile::from_json(j), Error);
 }
 
+// The width factor: 1 at the calibration's width, the measured factor at the reference model's,
+// linear in log(d_model) between (128 * sqrt(2) is halfway between 128 and 256 in log), the
+// nearest outside; it multiplies the tokens' curve, fwd and bwd each by its own factor.
+TEST(SimProfile, WidthScaleInterpolatesInLogWidth) {
+  Profile p = zero_profile();
+  p.rates = {{128, 2000, 4000}, {512, 4000, 8000}};
+  p.width_scales = {{128, 1.0, 1.0}, {256, 0.8, 0.9}};
+  EXPECT_NEAR(p.rate_at(256, 0).fwd_us_per_gflop, 3000, kTol);  // width unknown: no factor
+  EXPECT_NEAR(p.rate_at(256, 128).fwd_us_per_gflop, 3000, kTol);
+  EXPECT_NEAR(p.rate_at(256, 256).fwd_us_per_gflop, 3000 * 0.8, kTol);
+  EXPECT_NEAR(p.rate_at(256, 256).bwd_us_per_gflop, 6000 * 0.9, kTol);
+  EXPECT_NEAR(p.rate_at(512, 128 * std::sqrt(2.0)).fwd_us_per_gflop, 4000 * 0.9, 1e-6);
+  EXPECT_NEAR(p.rate_at(512, 768).bwd_us_per_gflop, 8000 * 0.9, kTol);  // beyond: the widest's
+  EXPECT_NEAR(p.rate_at(512, 64).bwd_us_per_gflop, 8000, kTol);         // below: the narrowest's
+  const Profile q = Profile::from_json(p.to_json());
+  ASSERT_EQ(q.width_scales.size(), 2u);
+  EXPECT_NEAR(q.rate_at(256, 256).fwd_us_per_gflop, 3000 * 0.8, kTol);
+  nlohmann::json j = p.to_json();
+  j["kernels"]["width_scales"][1]["d_model"] = 64;  // out of order
+  EXPECT_THROW(Profile::from_json(j), Error);
+  j["kernels"].erase("width_scales");  // a profile from before: 1 at every width
+  EXPECT_NEAR(Profile::from_json(j).rate_at(256, 768).fwd_us_per_gflop, 3000, kTol);
+}
+
+// The step's kernels take the width's factor: a dp-1 step of a model of the widest measured
+// width under a factor of 0.5 (fwd) and 0.25 (bwd) is the FLOP sum at those rates.
+TEST(SimStep, KernelsTakeTheWidthFactor) {
+  train::TrainConfig cfg = small_config(2, 4, 2);
+  Profile p = zero_profile();
+  p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000;
+  p.width_scales = {{static_cast<double>(cfg.model.d_model) / 2, 1.0, 1.0}, {static_cast<double>(cfg.model.d_model), 0.5, 0.25}};
+  const Cluster c = one_host(1, link(0, 1e12, 0));
+  const model::ParamLayout layout(cfg.model, 0, 1);
+  const model::StepPlan plan(layout, cfg.workload.microbatches);
+  double want = 0;
+  for (const auto& u : plan.units()) {
+    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
+    want += f.fwd * 500e-9 + f.bwd * 500e-9;
+  }
+  EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kSpmd).step_us, want, 1e-9 * want);
+}
+
 // A step whose micro-batch size lies between two measured ones takes the interpolated rate:
 // 2 sequences of 32 tokens = 64 tokens, halfway in log between 32 and 128, so the rates are
 // (1000 + 3000) / 2 forward and (2000 + 6000) / 2 backward.
