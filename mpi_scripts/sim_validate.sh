@@ -115,14 +115,14 @@ if [ $HOSTS = 1 ]; then
 fi
 # Rows the simulator was never fitted to (docs/simulator_calibration.md, "Rows it was not fitted
 # to"), each configuration launched SLAUNCHES times (a launch of the largest takes ~25 s). Default 5,
-# as the other rows: the range of 3 launches holds their median's with a chance of 75% (1 - 2/2^3),
-# of 5 94%; these rows' launches spread 11-33% on a Zen 5, where with 3 one of them missed both
-# 10% and its range in each of 4 runs of 5 (docs/results/simulator.md, 2026-12-07).
+# as the other rows: the range of 3 launches holds their median with a chance of 75% (1 - 2/2^3),
+# of 5 94%, and these rows' launches spread 11-33% on a Zen 5 (docs/results/simulator.md, 2026-12-07).
 SLAUNCHES=${PWM_SIM_SIZE_LAUNCHES:-5}
 if [ $QUICK = 0 ]; then
   # size_*: the presets' shapes (train/presets.cc; up to GPT-2 small's) from the profile of the
-  # 2-layer d-model 128 calibration model and the reference model's kernels (its width factor). One micro-batch of 512 tokens (the calibration's
-  # largest kernel), few steps: the step's median passes the first step's allocation.
+  # 2-layer d-model 128 calibration model and the reference model's kernels (the width factor).
+  # One micro-batch of 512 tokens (the calibration's largest kernel), few steps: the step's median
+  # passes the first step's allocation.
   SZ=(--peak-gflops 10 --eval-batches 1)
   LAUNCHES=$SLAUNCHES run size_4m_dp1 1 - --what step --preset 4m --batch 4 -- "$SP" --preset 4m --batch 4 --steps 12 "${SZ[@]}"
   LAUNCHES=$SLAUNCHES run size_30m_dp1 1 - --what step --preset 30m --batch 2 -- "$SP" --preset 30m --batch 2 --steps 7 "${SZ[@]}"
