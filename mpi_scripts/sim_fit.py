@@ -446,7 +446,7 @@ def calibrate(w, note, pwm_sim, launches, dchain, dchain2, dlaunches, cal, probe
     kmb = {mb: med_json([scale_kernels(read_json(m.path(f'k1_{mb}_{r}.json')), m.factor(f'm1_{mb}', r)) for r in range(1, launches + 1)])
            for mb in (1, 2, 4)}
     k1 = kmb[1]
-    seq_len = int(cal[cal.index('--seq-len') + 1]); batch = int(cal[cal.index('--batch') + 1])
+    seq_len, batch = int(flag(cal, '--seq-len')), int(flag(cal, '--batch'))
     step_over, mb_over = fit_step_overhead([1, 2, 4], [kmb[mb]['step_overhead_us'] for mb in (1, 2, 4)])
     rates = kernel_rates(kmb, batch, seq_len)
     widths = width_scales(m, launches, cal, os.environ.get('PWM_WIDE', '').split())

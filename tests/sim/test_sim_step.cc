@@ -46,6 +46,19 @@ TEST(SimPipeline, LinkDelayOnCriticalPath) {
   EXPECT_NEAR(t.end[0], (M + S - 1) * (f + b) + 2 * (S - 1) * d, kTol);
 }
 
+// The plan's units of `cfg` back to back on one device, 2 sequences a micro-batch, at these
+// rates (us per GFLOP): the FLOP sum the dp = 1 cases below compare the simulator with.
+double units_us(const train::TrainConfig& cfg, double fwd_us_per_gflop, double bwd_us_per_gflop) {
+  const model::ParamLayout layout(cfg.model, 0, 1);
+  const model::StepPlan plan(layout, cfg.workload.microbatches);
+  double us = 0;
+  for (const auto& u : plan.units()) {
+    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
+    us += (f.fwd * fwd_us_per_gflop + f.bwd * bwd_us_per_gflop) * 1e-9;
+  }
+  return us;
+}
+
 // A dp = 1 SPMD step is the plan's units back to back, the update and the overhead: the sum
 // computed here from the FLOP counts directly.
 TEST(SimStep, SingleRankIsSumOfUnits) {
@@ -54,12 +67,7 @@ TEST(SimStep, SingleRankIsSumOfUnits) {
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000, p.opt_us_per_param = 0.01, p.step_overhead_us = 7;
   const Cluster c = one_host(1, link(0, 1e12, 0));
   const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.workload.microbatches);
-  double want = 7 + 0.01 * static_cast<double>(layout.total());
-  for (const auto& u : plan.units()) {
-    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
-    want += f.fwd * 1e-6 + f.bwd * 2e-6;
-  }
+  const double want = 7 + 0.01 * static_cast<double>(layout.total()) + units_us(cfg, 1000, 2000);
   const StepPrediction r = simulate_step(c, p, cfg, ExecMode::kSpmd);
   EXPECT_NEAR(r.step_us, want, 1e-6 * want);
   EXPECT_EQ(r.collectives, 0);
@@ -191,13 +199,7 @@ TEST(SimStep, KernelsTakeTheWidthFactor) {
   p.fwd_us_per_gflop = 1000, p.bwd_us_per_gflop = 2000;
   p.width_scales = {{static_cast<double>(cfg.model.d_model) / 2, 1.0, 1.0}, {static_cast<double>(cfg.model.d_model), 0.5, 0.25}};
   const Cluster c = one_host(1, link(0, 1e12, 0));
-  const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.workload.microbatches);
-  double want = 0;
-  for (const auto& u : plan.units()) {
-    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
-    want += f.fwd * 500e-9 + f.bwd * 500e-9;
-  }
+  const double want = units_us(cfg, 500, 500);
   EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kSpmd).step_us, want, 1e-9 * want);
 }
 
@@ -209,13 +211,7 @@ TEST(SimStep, MicrobatchSizeSelectsTheRate) {
   Profile p = zero_profile();
   p.rates = {{32, 1000, 2000}, {128, 3000, 6000}};
   const Cluster c = one_host(1, link(0, 1e12, 0));
-  const model::ParamLayout layout(cfg.model, 0, 1);
-  const model::StepPlan plan(layout, cfg.workload.microbatches);
-  double want = 0;
-  for (const auto& u : plan.units()) {
-    const UnitFlops f = unit_flops(cfg.model, plan, u, 2);
-    want += f.fwd * 2000e-9 + f.bwd * 4000e-9;
-  }
+  const double want = units_us(cfg, 2000, 4000);
   EXPECT_NEAR(simulate_step(c, p, cfg, ExecMode::kSpmd).step_us, want, 1e-9 * want);
 }
 
