@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <memory>
 
 #include "collectives/communicator.h"
 #include "common/check.h"
@@ -14,6 +15,7 @@
 #include "train/full_state.h"
 #include "train/peak.h"
 #include "train/step.h"
+#include "dataflow/buffer.h"
 #include "dataflow/kernel.h"
 #include "programs/kernels_impl.h"
 
@@ -36,6 +38,36 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
   }
   return pwm::train::gather_full(dev.layout(p), buf, gather_over(dev.tp_comm(ctx, p)), gather_over(dev.ep_comm(ctx, p)));
 }
+
+// An evaluation's activations when the step is of units (chained, opbyop, a pipeline's stages),
+// which bind the object store's buffers and never touch the workspace's own: buffers of the
+// step's sizes instead (Shapes::act, Shapes::saved), which the freed-buffer cache holds between
+// steps, so the evaluation takes no pages beyond the step's. Every layer's saved state in one
+// buffer (a forward reads only its own layer's) and the residual streams in two, by turns (block
+// l reads x(l) and writes x(l+1)). With the workspace's own instead, the evaluation made its
+// layers' arena resident beside the cached step buffers: compare.sh --moe --full's pw_static row,
+// 442 MiB a rank with an evaluation at step 10 against 386 without (docs/results/memory.md). A
+// fused step writes the workspace's own every step: left to it.
+class EvalActivations {
+ public:
+  EvalActivations(TrainingDevice& dev, const ParamLayout& layout) : bound_(dev) {
+    const pwm::train::MpmdConfig& mc = dev.cfg().mpmd;
+    if (mc.granularity == pwm::train::Granularity::kFused && mc.stages == 1) return;
+    const int64_t B = dev.cfg().micro_batch(), C = layout.config().d_model, T = layout.config().seq_len;
+    const int L = static_cast<int>(layout.config().n_layers);
+    for (int i = 0; i < 3; ++i) {
+      const int64_t n = i < 2 ? B * T * C : model::Activations<float>::layer_elements(layout, B);
+      bufs_.push_back(std::make_unique<dataflow::Buffer>(static_cast<size_t>(n) * sizeof(float)));
+    }
+    for (int l = 0; l <= L; ++l) bound_.act.bind_x(l, data(l % 2));
+    for (int l = 0; l < L; ++l) bound_.act.bind_layer(l, data(2));
+  }
+
+ private:
+  float* data(int i) { return static_cast<float*>(bufs_[static_cast<size_t>(i)]->data()); }
+  std::vector<std::unique_ptr<dataflow::Buffer>> bufs_;  // destroyed after bound_ unbinds
+  BoundActivations bound_;
+};
 
 // A state array from the tp layout's values `fill` writes: in place, or with --fsdp through one
 // full tp buffer, of which the device keeps its dp shard (as spmd_train's constructor).
@@ -89,6 +121,7 @@ void evaluate(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const ParamLayout& layout = dev.layout(p);
   double comm_s = 0;
   model::Workspace<float>& ws = dev.step_memory(layout);  // before dev.tokens() is taken
+  const EvalActivations bound(dev, layout);
   // Replicas (attrs[1] = the island): the island's rows of the flat view, and the island's sum
   // without the division (val_total adds the islands' sums in island order, then divides).
   const bool replica = ctx.attrs().size() > 1;

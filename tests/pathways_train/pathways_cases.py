@@ -21,7 +21,7 @@ from harness.checks import check_mfu_never_over_one, check_nonfinite_stop, check
 from harness.compare import FIELDS, RTOL, assert_bitwise, assert_close_curves
 from harness.errors import expect_error, one_error_line
 from harness.launch import MPIRUN, NP_FLAG, case_main, mpmd, run, small_tmpfs, trainer
-from harness.outputs import temp_leftovers
+from harness.outputs import metrics, temp_leftovers
 from harness.workloads import TINY, train
 from recovery_cases import (case_spare_worker_recovers_a_pipeline, case_spare_worker_recovers_bitwise,  # noqa: F401
                             case_spare_worker_survives_a_stop)
@@ -550,6 +550,29 @@ def case_nonfinite_stops_the_run():
     # The pipeline: every stage skips (the norm is the whole model's; the last stage also has the
     # loss), so the run stops or skips as the others.
     nan_step_runs(3, ["--stages", "2", "--microbatches", "2"], "pathways", "pw_nan_pipe")
+
+
+def case_mid_run_evaluation_holds_no_memory():
+    # Issue 58: a step of units binds the object store's buffers, and an evaluation in the middle
+    # of the run used the workspace's own activations, resident from then on beside the step's
+    # cached buffers (+59 MiB a rank in compare.sh --moe --full's pw_static row). It now runs in
+    # buffers of the step's sizes from the cache: the run's peak with an evaluation at step 2
+    # stays that of the same run evaluating at its end only (whose final evaluation comes after
+    # the peak is read). The model's activations are ~90 MiB a micro-batch here, a peak of ~300.
+    model = ["--d-model", "256", "--layers", "4", "--heads", "4", "--head-dim", "64", "--d-ff", "1024",
+             "--seq-len", "256", "--batch", "8", "--steps", "4", "--eval-batches", "1", "--log-every", "100",
+             "--peak-gflops", "50", "--dp", "2", "--granularity", "chained"]
+    for exe, n in (("pathways", 3), ("static", 2)):
+        peak, val = {}, {}
+        for every in (2, 100):
+            path = os.path.join(launch.TMP, f"eval_mem_{exe}_{every}.jsonl")
+            run(n, model + ["--eval-every", str(every), "--metrics", path], exe=exe, timeout=300)
+            _, vals, final = metrics(path)
+            peak[every], val[every] = final["peak_rss_bytes"], vals[max(vals)]
+        print(f"{exe} chained: peak RSS {peak[2] / 2**20:.1f} MiB evaluating at step 2, {peak[100] / 2**20:.1f} at the end only")
+        assert val[2] == val[100], f"{exe}: the final validation loss moved with a mid-run evaluation: {val}"
+        assert peak[2] <= 1.04 * peak[100], \
+            f"{exe} chained: peak RSS {peak[2] / 2**20:.0f} MiB with an evaluation at step 2, {peak[100] / 2**20:.0f} without"
 
 
 if __name__ == "__main__":
