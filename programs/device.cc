@@ -87,10 +87,20 @@ const TrainingDevice::PieceParts& TrainingDevice::piece_parts(const Pos& p, int 
 }
 
 model::Workspace<float>& TrainingDevice::step_memory(const model::ParamLayout& layout) {
-  grads_.resize(static_cast<size_t>(layout.total()));
+  grads_n_ = layout.total();
   tokens_.resize(static_cast<size_t>(shapes_.tokens()));
   if (!ws_) ws_ = std::make_unique<model::Workspace<float>>(layout, cfg().micro_batch());
   return *ws_;
+}
+
+float* TrainingDevice::grads() {
+  PWM_CHECK(grads_n_ > 0, "the gradient buffer taken before the step memory");
+  if (grads_.empty()) grads_.resize(static_cast<size_t>(grads_n_));
+  return grads_.data();
+}
+
+bool TrainingDevice::steps_of_units() const {
+  return cfg().mpmd.granularity != pwm::train::Granularity::kFused || cfg().mpmd.stages > 1;
 }
 
 pwm::train::Fsdp& TrainingDevice::fsdp(KernelContext& ctx, const Pos& p) {

@@ -72,12 +72,18 @@ class TrainingDevice {
   // MoE layer's experts, as spmd_train's mesh); 0 without.
   int ep_rank(const Pos& p) const { return cfg().mesh.ep > 1 ? p.dp_rank % cfg().mesh.ep : 0; }
 
-  // The device's step memory: workspace, the layout-shaped gradient buffer and token scratch,
-  // made once for the layout (the state kernels make it with the state, as spmd_train's
-  // constructor makes its own: made in the first step, the workspace's page faults took ~1 s of
-  // a chained run's first step).
+  // The device's step memory: workspace and token scratch, made once for the layout (the state
+  // kernels make it with the state, as spmd_train's constructor makes its own: made in the first
+  // step, the workspace's page faults took ~1 s of a chained run's first step).
   model::Workspace<float>& step_memory(const model::ParamLayout& layout);
-  float* grads() { return grads_.data(); }
+  // The layout-shaped gradient buffer of a whole-step kernel (the fused step), zeros when first
+  // taken; after step_memory. Made on first use: a step of units holds its gradients as values
+  // and never takes it (made with the step memory, it kept one more copy of the parameters
+  // resident on every chained device). The state kernels take it with the state for a fused run.
+  float* grads();
+  // Whether this run's steps are of units (chained, opbyop, a pipeline's stages: they bind the
+  // object store's buffers into the workspace for each call) rather than one fused kernel.
+  bool steps_of_units() const;
   int32_t* tokens() { return tokens_.data(); }
   model::Activations<float>& act() { return ws_->act; }
   // This device's GEMM peak probe (train/peak.h make_gemm_probe), made on first use and kept for
@@ -197,6 +203,7 @@ class TrainingDevice {
   std::unique_ptr<model::GemmProbe> probe_;
   bool probe_made_ = false;
   std::vector<float> grads_;
+  int64_t grads_n_ = 0;  // the layout's total (step_memory)
   std::vector<int32_t> tokens_;
   std::map<std::pair<uint32_t, std::vector<int>>, std::unique_ptr<collectives::Communicator>> comms_;
   std::vector<std::unique_ptr<collectives::Communicator>> forgotten_comms_;  // forget_contexts

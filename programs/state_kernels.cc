@@ -51,8 +51,7 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
 class EvalActivations {
  public:
   EvalActivations(TrainingDevice& dev, const ParamLayout& layout) : bound_(dev) {
-    const pwm::train::MpmdConfig& mc = dev.cfg().mpmd;
-    if (mc.granularity == pwm::train::Granularity::kFused && mc.stages == 1) return;
+    if (!dev.steps_of_units()) return;
     const int64_t B = dev.cfg().micro_batch(), C = layout.config().d_model, T = layout.config().seq_len;
     const int L = static_cast<int>(layout.config().n_layers);
     for (int i = 0; i < 3; ++i) {
@@ -95,6 +94,7 @@ void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
+  if (!dev.steps_of_units()) dev.grads();
   state_from(dev, ctx, p, kParams, [&](float* o) { model::init_params(layout, dev.cfg().model.seed, o); });
   for (size_t i : {kAdamM, kAdamV}) std::ranges::fill(ctx.out<float>(i), 0.0f);
   ctx.out<int64_t>(kStep)[0] = 0;
@@ -104,6 +104,7 @@ void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
+  if (!dev.steps_of_units()) dev.grads();
   // attrs[2] = 1: an in-job recovery (Trainer::recover) reads the checkpoint this run wrote,
   // without --resume.
   pwm::train::TrainConfig cfg = dev.cfg();
