@@ -200,6 +200,15 @@ void Walk::post_recv(WalkHost& host, size_t i) {
   state_[i] = kPosted;
 }
 
+// A receive's buffer is taken when it is posted. A run that arrives while the previous one still
+// runs on the device (the controller dispatches a step ahead) would take all of its receives'
+// buffers beside the previous run's values: in pathways_train --replicas 2 fused, the other
+// island's gradient pieces of the next step beside this step's pieces and sums (docs/results/
+// memory.md, 2026-12-07 13:10). So a run posts its receives once it starts its first kernel (by
+// then the previous run's values it depended on are freed), except those ahead of its first
+// kernel in the list, which that kernel may be waiting for.
+bool Walk::may_post_recv(size_t i) const { return started_ || plan_->execs_before[i] == 0; }
+
 // A transfer sits in the list where its consumer is, which can be far behind kernels that are
 // ready one after another (a 1F1B stage's next backward before the activation it just made; a
 // replica's gradient piece, consumed by the exchange after the whole backward): the walk would
@@ -217,7 +226,7 @@ bool Walk::post_transfers(WalkHost& host) {
     if (in.op == Op::kSend && slots_[in.slot]->resolved()) {
       post_send(host, i);
       any = true;
-    } else if (in.op == Op::kRecv && !policy_.in_order) {
+    } else if (in.op == Op::kRecv && !policy_.in_order && may_post_recv(i)) {
       post_recv(host, i);
       any = true;
     }
@@ -229,6 +238,7 @@ bool Walk::step_recv(WalkHost& host, size_t i) {
   const Instr& in = plan_->p.instrs[i];
   bool any = false;
   if (state_[i] == kWaiting) {
+    if (!may_post_recv(i)) return false;
     post_recv(host, i);
     any = true;
   }
@@ -332,6 +342,10 @@ bool Walk::try_exec(WalkHost& host, size_t i, bool* stop) {
   // all (its peers are gone).
   const std::string stopped = host.stopped();
   if (!stopped.empty() && failed.empty()) failed = stopped;
+  if (!started_) {  // this run's receives may be posted now (may_post_recv), ahead of the kernel
+    started_ = true;
+    if (!policy_.in_order) post_transfers(host);
+  }
   if (def && stopped.empty() && (gang || failed.empty())) {
     std::string error = run_kernel(host, i, gang);
     if (failed.empty()) failed = std::move(error);

@@ -85,7 +85,8 @@ class SliceComms {
 struct WalkPolicy {
   // In order: kernels strictly in list order, a receive posted once at most `recv_ahead`
   // kernels before it are left (the schedule bounds the buffers). Otherwise kernels run as their
-  // inputs resolve and every receive of a released stage is posted at once.
+  // inputs resolve and every receive of a released stage is posted once the run has started a
+  // kernel (before that, only the receives ahead of its first kernel in the list).
   bool in_order = false;
   uint32_t recv_ahead = 0;
   // Intermediates take their memory at first write; else at once (a memory cap's admission
@@ -161,6 +162,7 @@ class Walk {
   void post_send(WalkHost& host, size_t i);
   uint64_t send_bytes(const Instr& in) const;
   void post_recv(WalkHost& host, size_t i);
+  bool may_post_recv(size_t i) const;
   bool step_recv(WalkHost& host, size_t i);
   bool step_send(WalkHost& host, size_t i);
   bool step_copy(size_t i);
@@ -185,6 +187,7 @@ class Walk {
   uint32_t released_ = 0;
   size_t first_ = 0, left_ = 0;
   uint32_t execs_done_ = 0;
+  bool started_ = false;                      // a kernel of this run has started (may_post_recv)
   size_t next_exec_ = 0;                      // in order: the first kernel not done
   const Object* blocked_on_ = nullptr;        // see progress()'s fast path
   std::string error_;
