@@ -27,7 +27,8 @@ from recovery_cases import (case_spare_worker_recovers_a_pipeline, case_spare_wo
                             case_spare_worker_survives_a_stop)
 from replicas_cases import (case_fsdp_equals_spmd, case_replicas_bad_inputs_fail_cleanly,  # noqa: F401
                             case_replicas_dp2_match_spmd_dp4, case_replicas_equal_spmd_dp,
-                            case_replicas_exchange_overlaps_backward, case_replicas_resume_across_meshes)
+                            case_replicas_exchange_overlaps_backward, case_replicas_hold_one_step_of_pieces,
+                            case_replicas_resume_across_meshes)
 
 
 def case_bitwise_equal_to_spmd():

@@ -15,6 +15,7 @@ from harness import launch
 from harness.compare import RTOL, assert_bitwise, assert_close_curves
 from harness.errors import expect_error
 from harness.launch import case_main, run
+from harness.outputs import metrics
 from harness.workloads import TINY, train
 
 
@@ -111,6 +112,26 @@ def case_replicas_exchange_overlaps_backward():
         print(f"{what}: (worker, run) -> first send before the last backward ends: {got}")
         assert len(got) >= (n - 1) * 3, f"{what}: {len(got)} worker-steps with sends and backward units, want {(n - 1) * 3}"
         assert all(got.values()), f"{what}: a worker posted its first send only after its backward: {got}"
+
+
+def case_replicas_hold_one_step_of_pieces():
+    # Issue 58: a step dispatched ahead posts its receives when it starts its first kernel, not
+    # when it arrives (dataflow/interpreter.cc, Walk::may_post_recv), so a device holds one
+    # step's pieces at most: its own copies, the other island's (received) and their sums, 3 x
+    # the bytes it sends. Posted on arrival, the next step's receives came on top while the
+    # islands' first steps ran apart: 62.6 MiB on island 1 at this workload (4.2 x 14.75 MiB).
+    path = os.path.join(launch.TMP, "r2_fused_pieces.jsonl")
+    model = ["--d-model", "256", "--layers", "4", "--heads", "4", "--head-dim", "64", "--d-ff", "1024",
+             "--seq-len", "128", "--batch", "32", "--steps", "6", "--eval-batches", "1", "--eval-every", "100",
+             "--log-every", "100", "--peak-gflops", "50"]
+    run(3, model + R2 + ["--granularity", "fused", "--metrics", path], exe="pathways", timeout=300)
+    f = metrics(path)[2]
+    f = f.get("figures", f)
+    sent = f["dcn_bytes_per_step"] / 2  # each island's pieces
+    peak = max(f["peak_intermediate_bytes"])
+    print(f"peak intermediates {[round(b / 2**20, 1) for b in f['peak_intermediate_bytes']]} MiB; "
+          f"each island sends {sent / 2**20:.2f} MiB a step")
+    assert peak <= 3 * sent * 1.02, f"a device held {peak / sent:.2f} x its pieces' bytes (one step holds 3)"
 
 
 def case_replicas_resume_across_meshes():
