@@ -204,7 +204,7 @@ void Walk::post_recv(WalkHost& host, size_t i) {
 // runs on the device (the controller dispatches a step ahead) would take all of its receives'
 // buffers beside the previous run's values: in pathways_train --replicas 2 fused, the other
 // island's gradient pieces of the next step beside this step's pieces and sums (docs/results/
-// memory.md, 2026-12-07 13:10). So a run posts its receives once it starts its first kernel (by
+// memory.md, 2026-12-07 12:20). So a run posts its receives once it starts its first kernel (by
 // then the previous run's values it depended on are freed), except those ahead of its first
 // kernel in the list, which that kernel may be waiting for.
 bool Walk::may_post_recv(size_t i) const { return started_ || plan_->execs_before[i] == 0; }
