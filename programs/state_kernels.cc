@@ -41,7 +41,7 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
 
 // An evaluation's activations when the step is of units (chained, opbyop, a pipeline's stages),
 // which bind the object store's buffers and never touch the workspace's own: buffers of the
-// step's sizes instead (Shapes::act, Shapes::saved), which the freed-buffer cache holds between
+// step's sizes instead (Shapes::act; one layer's saved state, as Shapes::saved), which the freed-buffer cache holds between
 // steps, so the evaluation takes no pages beyond the step's. Every layer's saved state in one
 // buffer (a forward reads only its own layer's) and the residual streams in two, by turns (block
 // l reads x(l) and writes x(l+1)). With the workspace's own instead, the evaluation made its
@@ -52,10 +52,9 @@ class EvalActivations {
  public:
   EvalActivations(TrainingDevice& dev, const ParamLayout& layout) : bound_(dev) {
     if (!dev.steps_of_units()) return;
-    const int64_t B = dev.cfg().micro_batch(), C = layout.config().d_model, T = layout.config().seq_len;
     const int L = static_cast<int>(layout.config().n_layers);
     for (int i = 0; i < 3; ++i) {
-      const int64_t n = i < 2 ? B * T * C : model::Activations<float>::layer_elements(layout, B);
+      const int64_t n = i < 2 ? dev.shapes().act() : model::Activations<float>::layer_elements(layout, dev.cfg().micro_batch());
       bufs_.push_back(std::make_unique<dataflow::Buffer>(static_cast<size_t>(n) * sizeof(float)));
     }
     for (int l = 0; l <= L; ++l) bound_.act.bind_x(l, data(l % 2));
