@@ -96,15 +96,17 @@ MemoryEstimate estimate_memory(const TrainConfig& c, bool mpmd) {
     const double layer = N * s.E + N + 5 * N * s.K + recv * (s.C + 3 * s.F) + 2 * sent * s.C;
     const double scratch = 2 * N * s.E + 2 * sent * s.C + recv * (s.C + 3 * s.F);
     e.moe = 4 * (s.Lm * layer + scratch);
+    // The MPMD runtimes' own (issue 58). The step donates its state, updated in place as
+    // spmd_train's (docs/dataflow.md, "Donation"), so a fused step holds what spmd_train holds,
+    // and a traced step's values between its kernels are the activations a workspace holds in
+    // spmd_train (counted once above). Beyond them, the blocks' rows cross between a traced MoE
+    // layer's kernels as values beside the device's MoE state: the dispatched and the received
+    // rows [sent + recv, C] forward and their gradients backward. (Measured, compare.sh --moe at
+    // skew 0, 2026-12-07: pw_static 37 MiB above spmd_train under the capacity, this 40 MiB;
+    // pw_controller 38 above dropless, this 48 MiB at its worst case of received rows. Counting
+    // the MoE rows once more, as before, put the breakdown's unattributed part at -20 to -109 MiB.)
+    if (mpmd && c.mpmd.granularity != Granularity::kFused) e.runtime = 4 * s.Lm * 2 * (sent + recv) * s.C;
   }
-  // The MPMD runtimes' own (issue 58). The step donates its state, updated in place as
-  // spmd_train's (docs/dataflow.md, "Donation"), so a fused step holds what spmd_train holds. A
-  // traced step's values between its kernels are the activations a workspace holds in
-  // spmd_train (counted once above), and its MoE rows once more: the blocks' rows cross between
-  // kernels as values beside the device's MoE scratch. (Measured at the reference model, 4 MiB
-  // of activations a layer: chained and the static model ~5% above spmd_train's peak RSS, not
-  // attributed; tests/spmd/memory_cases.py.)
-  if (mpmd && c.mpmd.granularity != Granularity::kFused) e.runtime = e.moe;
   return e;
 }
 

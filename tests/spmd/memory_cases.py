@@ -11,8 +11,8 @@ run's RSS less the process's floor (a tiny run of the same trainer, measured her
 libraries) must be within SLACK of the estimate. The sizes make the model's buffers 150-800 MiB,
 far above the floor. The slack covers what the estimate leaves out (the allocator's freed
 temporaries, the GEMM's packing) and, for the MPMD runtimes, what they hold beyond spmd_train:
-since their step donates its state (issue 58), their MoE rows once more in a traced step, and
-~15 MiB of a chained step's values the estimate leaves out (the static rows' ~1.15 below).
+since their step donates its state (issue 58), a traced MoE layer's rows crossing between its
+kernels as values, and ~15 MiB of a chained step's values the estimate leaves out.
 Measured on an AMX Xeon, 2026-12-06: 0.98-1.08 for spmd_train under ctest, 0.92-1.22 in runs
 outside it (its environment moves the floor and the allocator); the MPMD trainers 1.03-1.15.
 
