@@ -135,14 +135,25 @@ def memory_breakdown(f):
     parts = {k: f.get(key, 0.0) for k, key, _ in MEMORY_PARTS}
     parts["peak_rss"] = f["peak_rss_bytes"]
     parts["unattributed"] = f["peak_rss_bytes"] - sum(f.get(key, 0.0) for _, key, _ in MEMORY_PARTS)
+    # Every rank's own peak beside the largest: spmd_train's per rank, the MPMD trainers' per
+    # device, pathways_train's controller.
+    for unit in ("rank", "device"):
+        if f.get(f"peak_resident_bytes_per_{unit}"):
+            parts[f"per_{unit}"] = f[f"peak_resident_bytes_per_{unit}"]
+    if "controller_peak_rss_bytes" in f:
+        parts["controller"] = f["controller_peak_rss_bytes"]
     return parts
 
 
 def memory_text(m):
     mib = lambda b: f"{b / 2**20:.0f}"
     shown = [f"{label} {mib(m[k])}" for k, _, label in MEMORY_PARTS if m[k] > 0]
+    ranks = "".join(f"; each {unit} " + " ".join(mib(x) for x in m[f"per_{unit}"])
+                    for unit in ("rank", "device") if m.get(f"per_{unit}"))
+    if "controller" in m:
+        ranks += f", controller {mib(m['controller'])}"
     return (f"peak RSS {mib(m['peak_rss'])} MiB/rank = " + " + ".join(shown) +
-            f" + unattributed {mib(m['unattributed'])} ({100 * m['unattributed'] / m['peak_rss']:.0f}%)")
+            f" + unattributed {mib(m['unattributed'])} ({100 * m['unattributed'] / m['peak_rss']:.0f}%)" + ranks)
 
 
 def verdict_lines(table, ref):

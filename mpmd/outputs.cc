@@ -150,14 +150,21 @@ void Trainer::report_layout_and_memory() {
   const std::vector<int> all = all_slices();
   const auto mem =
       rt_.fetch(on_slices(names_("memory"), all, [&](size_t) { return std::vector<int64_t>{tp}; }, "memory"), "memory");
-  for (const auto& a : mem) {
-    const std::vector<int64_t> m = a.as<int64_t>();
+  std::vector<double> per_device;  // index = device; 0: a device in no slice (a spare)
+  for (size_t k = 0; k < mem.size(); ++k) {
+    const std::vector<int64_t> m = mem[k].as<int64_t>();
+    const std::vector<int> devs = rt_.devices(all[k]);  // the slice's shards, in its device order
+    PWM_CHECK_EQ(m.size(), 2 * devs.size());
     for (size_t i = 0; i + 1 < m.size(); i += 2) {
       peak_rss = std::max(peak_rss, m[i]);
       gathered = std::max(gathered, m[i + 1]);
+      const auto d = static_cast<size_t>(devs[i / 2]);
+      if (per_device.size() <= d) per_device.resize(d + 1, 0.0);
+      per_device[d] = std::max(per_device[d], static_cast<double>(m[i]));
     }
   }
   report_->figures().peak_rss_bytes = static_cast<double>(peak_rss);
+  report_->figures().peak_resident_bytes_per_device = per_device;
   train::report_memory_estimate(cfg_, /*mpmd=*/true, report_->figures());
   be_.report(*report_, all, step_.get());  // the runtime's own: store, intermediates, messages
   if (pipe_) {  // the stage layout: S slices of dp x tp devices per replica, and the island of each

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/check.h"
+#include "common/memory.h"
 #include "mpmd/startup.h"
 #include "mpmd/trainer.h"
 #include "pathways/resource_manager.h"
@@ -159,6 +160,7 @@ void PathwaysBackend::report(train::TrainReport& r, const std::vector<int>& slic
   }
   r.figures().peak_store_bytes = store;
   r.figures().peak_intermediate_bytes = inter;
+  r.figures().controller_peak_rss_bytes = static_cast<double>(peak_resident_bytes());  // this rank's
 }
 
 std::vector<std::string> PathwaysBackend::trace_fragments(const std::vector<dataflow::Array>& per_slice, int64_t words) {

@@ -13,6 +13,7 @@ void RunFigures::for_each(const std::function<void(const char*, const Number&)>&
   PWM_NUMBER(bubble_bound);
   PWM_NUMBER(peak_rss_bytes);
   PWM_NUMBER(state_bytes);
+  PWM_NUMBER(controller_peak_rss_bytes);
   PWM_NUMBER(memory_estimate_bytes);
   PWM_NUMBER(memory_activations_bytes);
   PWM_NUMBER(memory_in_flight_bytes);
@@ -30,6 +31,7 @@ void RunFigures::for_each(const std::function<void(const char*, const Number&)>&
   PWM_LIST(recovery_s);
   PWM_LIST(recovery_steps_run_again);
   PWM_LIST(peak_resident_bytes_per_rank);
+  PWM_LIST(peak_resident_bytes_per_device);
   PWM_LIST(state_bytes_per_rank);
   PWM_LIST(peak_store_bytes);
   PWM_LIST(peak_intermediate_bytes);

@@ -25,6 +25,8 @@ struct RunFigures {
   Number memory_gathers_bytes;          //     --fsdp's gathered layers
   Number memory_runtime_bytes;          //     the MPMD runtimes' intermediates
   List peak_resident_bytes_per_rank;    // spmd_train, index = rank
+  List peak_resident_bytes_per_device;  // MPMD, index = device (pathways_train: rank d + 1; mpmd_train: rank d)
+  Number controller_peak_rss_bytes;     // pathways_train: the controller's (rank 0's) own
   List state_bytes_per_rank;            // spmd_train, index = rank
   List peak_store_bytes;                // pathways_train, per slice: the workers' object-store high-water mark
   List peak_intermediate_bytes;         // MPMD, per slice: a step's intermediates alive at once

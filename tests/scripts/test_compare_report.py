@@ -77,6 +77,13 @@ class CompareReport(unittest.TestCase):
         self.assertEqual(compare_report.memory_text(m), "peak RSS 300 MiB/rank = model state 60 + activations 150 + "
                          "runtime intermediates 40 + unattributed 50 (17%)")
         self.assertIsNone(compare_report.memory_breakdown({"peak_rss_bytes": 1.0, "state_bytes": 1.0}))
+        # Each rank's own peak beside the largest (the MPMD trainers': per device, and the controller's).
+        f.update(peak_resident_bytes_per_device=[300 * mib, 280 * mib], controller_peak_rss_bytes=90 * mib)
+        self.assertTrue(compare_report.memory_text(compare_report.memory_breakdown(f)).endswith(
+            "unattributed 50 (17%); each device 300 280, controller 90"))
+        f = {k: v for k, v in f.items() if k not in ("peak_resident_bytes_per_device", "controller_peak_rss_bytes")}
+        f["peak_resident_bytes_per_rank"] = [300 * mib, 299 * mib]
+        self.assertTrue(compare_report.memory_text(compare_report.memory_breakdown(f)).endswith("; each rank 300 299"))
 
     def test_paired_interval_and_verdicts(self):
         with tempfile.TemporaryDirectory() as d:
