@@ -26,6 +26,7 @@ Activations<S>::Activations(const ParamLayout& layout, int64_t B, int layer_begi
   dx_.assign(static_cast<size_t>(N * C), S(0));
   layers_.resize(static_cast<size_t>(l1_ - l0_));
   moe_.resize(static_cast<size_t>(l1_ - l0_));
+  moe_ptr_.resize(moe_.size());
   x_ptr_.resize(static_cast<size_t>(l1_ - l0_ + 1));
   arena_ = LazyArray<S>(static_cast<size_t>((l1_ - l0_) * layer_elements(layout, B)));
   unbind_all();
@@ -50,6 +51,7 @@ void Activations<S>::unbind_all() {
   for (int l = l0_; l <= l1_; ++l) x_ptr_[static_cast<size_t>(l - l0_)] = xs_.data() + static_cast<size_t>(l - l0_) * NC;
   const size_t per_layer = arena_.size() / std::max<size_t>(layers_.size(), 1);
   for (int l = l0_; l < l1_; ++l) bind_layer(l, arena_.data() + static_cast<size_t>(l - l0_) * per_layer);
+  for (size_t i = 0; i < moe_.size(); ++i) moe_ptr_[i] = &moe_[i];
 }
 
 template <typename S>
@@ -98,16 +100,21 @@ const typename Activations<S>::Layer& Activations<S>::layer(int l) const {
 template <typename S>
 MoeState<S>& Activations<S>::moe(int l) {
   PWM_CHECK(l >= l0_ && l < l1_, "layer {} outside this state's range [{}, {})", l, l0_, l1_);
-  return moe_[static_cast<size_t>(l - l0_)];
+  return *moe_ptr_[static_cast<size_t>(l - l0_)];
 }
 template <typename S>
 const MoeState<S>& Activations<S>::moe(int l) const {
   return const_cast<Activations<S>*>(this)->moe(l);
 }
 template <typename S>
+void Activations<S>::bind_moe(int l, MoeState<S>* state) {
+  PWM_CHECK(l >= l0_ && l < l1_ && state, "layer {} outside this state's range [{}, {})", l, l0_, l1_);
+  moe_ptr_[static_cast<size_t>(l - l0_)] = state;
+}
+template <typename S>
 MoeStats Activations<S>::moe_stats() const {
   MoeStats s;
-  for (const MoeState<S>& m : moe_) s.add(m.stats);
+  for (const MoeState<S>* m : moe_ptr_) s.add(m->stats);
   return s;
 }
 

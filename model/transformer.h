@@ -107,6 +107,10 @@ class Activations {
   // Mixture-of-Experts state of layer l (an MoE layer of the range): routing, expert rows.
   MoeState<S>& moe(int l);
   const MoeState<S>& moe(int l) const;
+  // Re-point layer l's MoE state at `state` (the caller keeps it alive while bound; unbind_all
+  // points it back). A forward that keeps nothing for a backward (an evaluation) may give every
+  // MoE layer one state: each layer's rows are dead once its block is done.
+  void bind_moe(int l, MoeState<S>* state);
   // The MoE layers' statistics of the last forward over the range (summed over its MoE layers).
   MoeStats moe_stats() const;
   // The grad_scale of the backward under way (head_backward sets it): the MoE layers scale their
@@ -130,6 +134,7 @@ class Activations {
   LazyArray<S> arena_;  // [(l1 - l0), layer_elements]
   std::vector<Layer> layers_;
   std::vector<MoeState<S>> moe_;  // per layer of the range (empty vectors for dense layers)
+  std::vector<MoeState<S>*> moe_ptr_;  // moe(l) for l in [l0, l1)
   std::vector<S*> x_ptr_;  // x(l) for l in [l0, l1]
   S* dx_ptr_ = nullptr;
   int64_t D_, Hs_, Rin_, Rout_;  // head dim, local heads, fused matrix rows (for bind_layer)

@@ -29,7 +29,10 @@ Value Trainer::merged(dataflow::Builder& b, const std::vector<ValueState>& st, c
   if (!experts.empty()) {
     kernel = "expert_merge";
     in.push_back(st[0].*which);
-    for (const ValueState& e : experts) in.push_back(e.*which);
+    // Each experts' device sends its experts' ranges only (expert_pack), not its whole array.
+    for (size_t j = 0; j < experts.size(); ++j)
+      in.push_back(b.call(names_("expert_pack"), expert_slices_.at(j), rt_.slice_size(expert_slices_.at(j)), {experts[j].*which},
+                          {cfg_.mesh.tp, static_cast<int64_t>(j)})[0]);
   } else if (pipe_) {
     for (int s = 0; s < S_; ++s) in.push_back(st[static_cast<size_t>(r * S_ + s)].*which);
   } else {

@@ -20,6 +20,8 @@
 // The experts' device keeps a layer's expert state (its rows, the SwiGLU inputs) from expert_fwd
 // to expert_bwd under the output's buffer (keep_moe/take_moe, as a block keeps its routing under
 // saved(l)); expert_bwd takes that output as an input, which also keeps it alive until then.
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "collectives/communicator.h"
@@ -277,14 +279,30 @@ void expert_update(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 // on every dense device); output: the dense device's array with its expert-parallel rank's
 // experts from the experts' device of that rank: the full state spmd_train's rank holds, for
 // evaluation, checkpoints and the weights hash.
+void expert_pack(TrainingDevice& dev, KernelContext& ctx, Scope&) {
+  const ParamLayout& layout =
+      dev.layout(Pos{dev.cfg().mesh.dp, static_cast<int>(ctx.attr(0)), static_cast<int>(ctx.attr(1)), 0});
+  const float* in = ctx.in<float>(0).data();
+  auto out = ctx.out<float>(0);
+  float* o = out.data();
+  for (const model::ParamInfo& q : layout.params())
+    if (q.expert) o = std::copy_n(in + q.offset, q.size, o);
+  PWM_CHECK_EQ(o - out.data(), static_cast<std::ptrdiff_t>(out.size()));
+}
+
 void expert_merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = Pos::of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = dev.layout(p);
   auto out = ctx.out<float>(0);
   std::memcpy(out.data(), ctx.in<float>(0).data(), sizeof(float) * out.size());
+  // Experts' device ep_rank's expert_pack: the same layout (both hold that rank's), so its ranges
+  // come back to back in the order they are visited here.
   const float* experts = ctx.in<float>(1 + static_cast<size_t>(dev.ep_rank(p))).data();
   for (const model::ParamInfo& q : layout.params())
-    if (q.expert) std::memcpy(out.data() + q.offset, experts + q.offset, sizeof(float) * static_cast<size_t>(q.size));
+    if (q.expert) {
+      std::memcpy(out.data() + q.offset, experts, sizeof(float) * static_cast<size_t>(q.size));
+      experts += q.size;
+    }
 }
 
 }  // namespace pwm::programs::kernels

@@ -68,8 +68,8 @@ using Attrs = std::span<const int64_t>;
 // Evaluation, checkpoints, hashing, merging, the GEMM peak probe and set-up run between steps:
 // their time is not a step's busy time.
 bool counts_as_step_work(const std::string& k) {
-  for (const char* n : {"init", "load", "copy_state", "eval", "val_total", "memory", "hash", "save", "merge", "expert_merge",
-                        "gemm_probe"})
+  for (const char* n : {"init", "load", "copy_state", "eval", "val_total", "memory", "hash", "save", "merge", "expert_pack",
+                        "expert_merge", "gemm_probe"})
     if (k == n) return false;
   return true;
 }
@@ -377,9 +377,12 @@ void add_island_kernels(const AddFn& add, const Shapes* S) {
     for (const ArgSpec& g : moe_pieces()) in.push_back(g);
     return in_place(sig(in, S->state(1)));
   }, expert_update);
+  int64_t expert_floats = 0;  // (an experts' device's expert ranges, back to back)
+  for (const model::ParamInfo& q : S->layout(1).params()) expert_floats += q.expert ? q.size : 0;
+  add("expert_pack", false, [=](Attrs) { return sig({rep_f32(S->total(1))}, {rep_f32(expert_floats)}); }, expert_pack);
   add("expert_merge", false, [=](Attrs) {
     std::vector<ArgSpec> in{params};
-    in.insert(in.end(), P, rep_f32(S->total(1)));
+    in.insert(in.end(), P, rep_f32(expert_floats));
     return sig(in, {params});
   }, expert_merge);
 }

@@ -134,6 +134,7 @@ void expert_bwd(TrainingDevice&, KernelContext&, Scope&);
 void block_bwd_remote(TrainingDevice&, KernelContext&, Scope&);
 void expert_sqnorm(TrainingDevice&, KernelContext&, Scope&);
 void expert_update(TrainingDevice&, KernelContext&, Scope&);
+void expert_pack(TrainingDevice&, KernelContext&, Scope&);
 void expert_merge(TrainingDevice&, KernelContext&, Scope&);
 
 // AdamW out of place on the parameters `mine` selects (the state's kParams, kAdamM, kAdamV inputs

@@ -48,6 +48,10 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
 // layers' arena resident beside the cached step buffers: compare.sh --moe --full's pw_static row,
 // 442 MiB a rank with an evaluation at step 10 against 386 without (docs/results/memory.md). A
 // fused step writes the workspace's own every step: left to it.
+// Likewise every MoE layer's state is the first MoE layer's: an experts' island's dense device
+// keeps no expert rows in its step (its experts' devices do), and an evaluation that gave each
+// layer its own made every layer's rows resident there (compare.sh --moe's isl_static: 408 MiB
+// on the dense devices with an evaluation at step 10, 278 without).
 class EvalActivations {
  public:
   EvalActivations(TrainingDevice& dev, const ParamLayout& layout) : bound_(dev) {
@@ -59,6 +63,12 @@ class EvalActivations {
     }
     for (int l = 0; l <= L; ++l) bound_.act.bind_x(l, data(l % 2));
     for (int l = 0; l < L; ++l) bound_.act.bind_layer(l, data(2));
+    model::MoeState<float>* shared = nullptr;
+    for (int l = 0; l < L; ++l) {
+      if (!layout.layer(l).moe) continue;
+      if (!shared) shared = &bound_.act.moe(l);
+      bound_.act.bind_moe(l, shared);
+    }
   }
 
  private:

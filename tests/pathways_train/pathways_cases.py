@@ -11,6 +11,7 @@ The cases of replicas (replicas_cases.py) and of in-job recovery (recovery_cases
 files of their own beside this one, imported here: CTest runs them all through this file. What
 every case file shares is tests/harness/.
 """
+import math
 import os
 import signal
 import subprocess
@@ -574,6 +575,39 @@ def case_mid_run_evaluation_holds_no_memory():
         assert val[2] == val[100], f"{exe}: the final validation loss moved with a mid-run evaluation: {val}"
         assert peak[2] <= 1.04 * peak[100], \
             f"{exe} chained: peak RSS {peak[2] / 2**20:.0f} MiB with an evaluation at step 2, {peak[100] / 2**20:.0f} without"
+
+
+
+def case_island_evaluation_holds_one_layer_of_rows():
+    # Issue 58: an experts' island's dense device keeps no expert rows in its step (its experts'
+    # devices do), but its evaluation runs the whole model: it gave every MoE layer its own rows,
+    # and expert_merge took each experts' device's whole state array. Now one MoE state serves
+    # every layer (a forward keeps nothing for a backward) and each experts' device sends its
+    # experts' ranges only: what a mid-run evaluation adds to the dense devices' peak is at most
+    # one layer's received rows, the merged parameters and the P packed ranges (+25%: the heap's
+    # and the other MPI's slack). Measured on a Zen 5, 2026-12-07: 80 MiB against a bound of 97;
+    # before the change (every MoE layer's rows and P + 1 whole arrays) 130.
+    C, F, E, K, P, B, T, cf, moe_layers = 256, 1024, 4, 2, 2, 4, 256, 1.25, 2
+    model = ["--d-model", str(C), "--layers", "4", "--heads", "4", "--head-dim", "64", "--d-ff", str(F),
+             "--seq-len", str(T), "--batch", str(2 * B), "--steps", "4", "--eval-batches", "1", "--log-every", "100",
+             "--peak-gflops", "50", "--dp", "2", "--experts", str(E), "--top-k", str(K), "--moe-every", "2",
+             "--expert-parallel", str(P), "--capacity-factor", str(cf), "--router-skew", "0",
+             "--expert-island", "--granularity", "chained"]
+    dense, val, state = {}, {}, 0
+    for every in (2, 100):
+        path = os.path.join(launch.TMP, f"island_eval_mem_{every}.jsonl")
+        run(5, model + ["--eval-every", str(every), "--metrics", path], exe="pathways", timeout=300)
+        _, vals, final = metrics(path)
+        dense[every], val[every] = max(final["peak_resident_bytes_per_device"][:2]), vals[max(vals)]
+        state = final["state_bytes"]
+    El = E // P
+    rows = P * El * math.ceil(cf * K * B * T / E)  # a dense device's received rows in one MoE layer
+    bound = 1.25 * 4 * (rows * (C + 3 * F) + state / 16 + P * moe_layers * El * 3 * F * C)
+    added = dense[2] - dense[100]
+    print(f"dense devices: peak RSS {dense[2] / 2**20:.1f} MiB evaluating at step 2, {dense[100] / 2**20:.1f} at the "
+          f"end only: {added / 2**20:.1f} added, bound {bound / 2**20:.1f}")
+    assert val[2] == val[100], f"the final validation loss moved with a mid-run evaluation: {val}"
+    assert added <= bound, f"a mid-run evaluation added {added / 2**20:.0f} MiB to the dense devices, over {bound / 2**20:.0f}"
 
 
 if __name__ == "__main__":
