@@ -102,9 +102,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, bool mpmd) {
     // spmd_train (counted once above). Beyond them, the blocks' rows cross between a traced MoE
     // layer's kernels as values beside the device's MoE state: the dispatched and the received
     // rows [sent + recv, C] forward and their gradients backward. (Measured, compare.sh --moe at
-    // skew 0, 2026-12-07: pw_static 37 MiB above spmd_train under the capacity, this 40 MiB;
-    // pw_controller 38 above dropless, this 48 MiB at its worst case of received rows. Counting
-    // the MoE rows once more, as before, put the breakdown's unattributed part at -20 to -109 MiB.)
+    // skew 0, 2026-12-07: pw_static 36 MiB above spmd_train under the capacity, this term 20 MiB;
+    // pw_controller 38 above dropless, this 24 at its worst case of received rows; the rest is
+    // unattributed, 20% and 10% of their peaks against spmd_train's 17% and 7%. Counting the MoE
+    // rows once more, as before, put the unattributed part at -20 to -109 MiB.)
     if (mpmd && c.mpmd.granularity != Granularity::kFused) e.runtime = 4 * s.Lm * 2 * (sent + recv) * s.C;
   }
   return e;
