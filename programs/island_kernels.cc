@@ -275,10 +275,8 @@ void expert_update(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   ctx.out<int64_t>(kStep)[0] = step + 1;
 }
 
-// inputs: a state array of the dense slice, then the same array of each experts' device (whole,
-// on every dense device); output: the dense device's array with its expert-parallel rank's
-// experts from the experts' device of that rank: the full state spmd_train's rank holds, for
-// evaluation, checkpoints and the weights hash.
+// On experts' device j (attrs: tp, j): a state array's expert ranges, back to back in layout
+// order, for expert_merge (a fraction of the whole array, which it would otherwise send).
 void expert_pack(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const ParamLayout& layout =
       dev.layout(Pos{dev.cfg().mesh.dp, static_cast<int>(ctx.attr(0)), static_cast<int>(ctx.attr(1)), 0});
@@ -290,6 +288,10 @@ void expert_pack(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   PWM_CHECK_EQ(o - out.data(), static_cast<std::ptrdiff_t>(out.size()));
 }
 
+// inputs: a state array of the dense slice, then each experts' device's expert_pack of the same
+// array (whole, on every dense device); output: the dense device's array with its
+// expert-parallel rank's experts from the experts' device of that rank: the full state
+// spmd_train's rank holds, for evaluation, checkpoints and the weights hash.
 void expert_merge(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = Pos::of(ctx, static_cast<int>(ctx.attr(0)));
   const ParamLayout& layout = dev.layout(p);
