@@ -90,6 +90,12 @@ void state_from(TrainingDevice& dev, KernelContext& ctx, const Pos& p, size_t ou
   dev.fsdp(ctx, p).take_shard(whole.data(), ctx.out<float>(out).data());
 }
 
+// Whether the device's step writes the layout-shaped gradient buffer, taken with the state: a
+// fused step's, except under --fsdp, whose step writes the gradient shard only (the whole buffer,
+// one more copy of the parameters, was resident beside it: ~15 MiB a device at the reference
+// model, docs/results/memory.md).
+bool fused_grads_buffer(const TrainingDevice& dev) { return !dev.steps_of_units() && !dev.cfg().mesh.fsdp; }
+
 }  // namespace
 
 // The state kernels' position: the slice's (no attrs[1], or -1), or (attrs[1] = j >= 0,
@@ -103,7 +109,7 @@ void init_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
-  if (!dev.steps_of_units()) dev.grads();
+  if (fused_grads_buffer(dev)) dev.grads();
   state_from(dev, ctx, p, kParams, [&](float* o) { model::init_params(layout, dev.cfg().model.seed, o); });
   for (size_t i : {kAdamM, kAdamV}) std::ranges::fill(ctx.out<float>(i), 0.0f);
   ctx.out<int64_t>(kStep)[0] = 0;
@@ -113,7 +119,7 @@ void load_state(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   const Pos p = state_pos(dev, ctx);
   const ParamLayout& layout = dev.layout(p);
   dev.step_memory(layout);
-  if (!dev.steps_of_units()) dev.grads();
+  if (fused_grads_buffer(dev)) dev.grads();
   // attrs[2] = 1: an in-job recovery (Trainer::recover) reads the checkpoint this run wrote,
   // without --resume.
   pwm::train::TrainConfig cfg = dev.cfg();
