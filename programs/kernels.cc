@@ -368,8 +368,14 @@ void add_island_kernels(const AddFn& add, const Shapes* S) {
       if (S->moe_layer(l)) v.push_back(piece(S, 1, model::StepPlan::layer_piece(l)));
     return v;
   };
-  int64_t expert_params = 0;  // (per experts' device: its squared norm per expert parameter)
-  for (const model::ParamInfo& q : S->layout(1).params()) expert_params += q.expert ? 1 : 0;
+  // Per experts' device: its expert parameters (expert_sqnorm's one squared norm each) and their
+  // floats (expert_pack's ranges, back to back).
+  int64_t expert_params = 0, expert_floats = 0;
+  for (const model::ParamInfo& q : S->layout(1).params())
+    if (q.expert) {
+      expert_params += 1;
+      expert_floats += q.size;
+    }
   add("expert_sqnorm", false, [=](Attrs) { return sig(moe_pieces(), {rep_f64(expert_params)}); }, expert_sqnorm);
   add("expert_update", false, [=](Attrs) {
     std::vector<ArgSpec> in = S->state(1);
@@ -377,8 +383,6 @@ void add_island_kernels(const AddFn& add, const Shapes* S) {
     for (const ArgSpec& g : moe_pieces()) in.push_back(g);
     return in_place(sig(in, S->state(1)));
   }, expert_update);
-  int64_t expert_floats = 0;  // (an experts' device's expert ranges, back to back)
-  for (const model::ParamInfo& q : S->layout(1).params()) expert_floats += q.expert ? q.size : 0;
   add("expert_pack", false, [=](Attrs) { return sig({rep_f32(S->total(1))}, {rep_f32(expert_floats)}); }, expert_pack);
   add("expert_merge", false, [=](Attrs) {
     std::vector<ArgSpec> in{params};

@@ -577,7 +577,6 @@ def case_mid_run_evaluation_holds_no_memory():
             f"{exe} chained: peak RSS {peak[2] / 2**20:.0f} MiB with an evaluation at step 2, {peak[100] / 2**20:.0f} without"
 
 
-
 def case_island_evaluation_holds_one_layer_of_rows():
     # Issue 58: an experts' island's dense device keeps no expert rows in its step (its experts'
     # devices do), but its evaluation runs the whole model: it gave every MoE layer its own rows,
