@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <iterator>
+#include <new>
 
 #include "common/check.h"
 #include "common/time.h"
@@ -18,41 +22,73 @@ std::string escape(const std::string& s) {
   }
   return o;
 }
+
+// Pages of 1 MiB (a traced run of the reference model records ~0.2 MB per rank), or one event's
+// size when larger.
+constexpr size_t kPageBytes = size_t{1} << 20;
 }  // namespace
 
 Trace::Trace(bool enabled, int pid, int64_t origin_us) : enabled_(enabled), pid_(pid), origin_(origin_us) {}
 
+void Trace::Unmap::operator()(char* p) const { munmap(p, bytes); }
+
+void Trace::append(std::string_view event) {
+  const std::string_view sep = text_bytes_ ? ",\n" : "";
+  const size_t n = sep.size() + event.size();
+  if (pages_.empty() || pages_.back().used + n > pages_.back().text.get_deleter().bytes) {
+    const size_t bytes = std::max(kPageBytes, n);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    pages_.push_back(Page{std::unique_ptr<char, Unmap>(static_cast<char*>(p), Unmap{bytes}), 0});
+  }
+  Page& page = pages_.back();
+  char* at = std::copy(sep.begin(), sep.end(), page.text.get() + page.used);
+  std::copy(event.begin(), event.end(), at);
+  page.used += n;
+  text_bytes_ += n;
+}
+
+namespace {
+// One event's text, formatted on the stack (no heap block outlives the call).
+template <typename... Args>
+fmt::memory_buffer text(fmt::format_string<Args...> f, Args&&... args) {
+  fmt::memory_buffer b;
+  fmt::format_to(std::back_inserter(b), f, std::forward<Args>(args)...);
+  return b;
+}
+std::string_view view(const fmt::memory_buffer& b) { return {b.data(), b.size()}; }
+}  // namespace
+
 void Trace::span(const std::string& name, const char* category, int64_t start_us, int64_t end_us,
                  int tid, const std::string& args_json) {
   if (!enabled_) return;
-  events_.push_back(fmt::format(R"({{"name":"{}","cat":"{}","ph":"X","ts":{},"dur":{},"pid":{},"tid":{}{}}})",
-                                escape(name), category, start_us - origin_, std::max<int64_t>(end_us - start_us, 0),
-                                pid_, tid, args_json.empty() ? "" : ",\"args\":" + args_json));
+  append(view(text(R"({{"name":"{}","cat":"{}","ph":"X","ts":{},"dur":{},"pid":{},"tid":{}{}{}}})", escape(name),
+                   category, start_us - origin_, std::max<int64_t>(end_us - start_us, 0), pid_, tid,
+                   args_json.empty() ? "" : ",\"args\":", args_json)));
 }
 
 void Trace::counter(const std::string& name, const std::string& series, int64_t ts_us, double value) {
   if (!enabled_) return;
-  events_.push_back(fmt::format(R"({{"name":"{}","ph":"C","ts":{},"pid":{},"args":{{"{}":{}}}}})", escape(name),
-                                ts_us - origin_, pid_, escape(series), value));
+  append(view(text(R"({{"name":"{}","ph":"C","ts":{},"pid":{},"args":{{"{}":{}}}}})", escape(name),
+                   ts_us - origin_, pid_, escape(series), value)));
 }
 
 void Trace::process_name(const std::string& name) {
   if (!enabled_) return;
-  events_.push_back(fmt::format(R"({{"name":"process_name","ph":"M","pid":{},"args":{{"name":"{}"}}}})", pid_, escape(name)));
-  events_.push_back(fmt::format(R"({{"name":"process_sort_index","ph":"M","pid":{},"args":{{"sort_index":{}}}}})", pid_, pid_));
+  append(view(text(R"({{"name":"process_name","ph":"M","pid":{},"args":{{"name":"{}"}}}})", pid_, escape(name))));
+  append(view(text(R"({{"name":"process_sort_index","ph":"M","pid":{},"args":{{"sort_index":{}}}}})", pid_, pid_)));
 }
 
 void Trace::thread_name(int tid, const std::string& name) {
   if (!enabled_) return;
-  events_.push_back(fmt::format(R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})", pid_, tid, escape(name)));
+  append(view(text(R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})", pid_, tid,
+                   escape(name))));
 }
 
 std::string Trace::fragment() const {
   std::string out;
-  for (size_t i = 0; i < events_.size(); ++i) {
-    if (i) out += ",\n";
-    out += events_[i];
-  }
+  out.reserve(text_bytes_);
+  for (const Page& p : pages_) out.append(p.text.get(), p.used);
   return out;
 }
 

@@ -1,10 +1,18 @@
 // Chrome / Perfetto trace events (the JSON "Trace Event Format"), recorded per process and
 // merged into one file with one process row per rank; ui.perfetto.dev and chrome://tracing open
-// it. Recording is cheap (an append to a vector) and off unless enabled.
+// it. Recording is cheap (an append of the event's text) and off unless enabled.
+//
+// The text goes to pages mapped for the trace alone, never to malloc's heap: a run records
+// thousands of small events that live to its end, and as heap blocks they sat between a
+// kernel's large temporaries, so the heap could not reuse what those freed (a traced pipeline
+// stage held 50-90 MiB more than an untraced one: docs/results/memory.md, "the trace's heap").
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/atomic_file.h"  // write_file_atomic, check_output_path
@@ -13,6 +21,7 @@ namespace pwm {
 
 class Trace {
  public:
+  // Move-only: the recorded text is owned (its pages are unmapped with the Trace).
   // `pid` is the row (a rank); timestamps are microseconds since `origin_us` (now_us() taken at
   // a common start, e.g. right after a barrier, so that rows line up).
   Trace(bool enabled, int pid, int64_t origin_us);
@@ -28,6 +37,8 @@ class Trace {
 
   // This process's events as a comma-separated JSON fragment (for merging).
   std::string fragment() const;
+  // Bytes of recorded text (the events and their separators).
+  size_t text_bytes() const { return text_bytes_; }
 
   // RAII span: records [construction, destruction).
   class Scope {
@@ -44,10 +55,21 @@ class Trace {
   };
 
  private:
+  struct Unmap {
+    size_t bytes;
+    void operator()(char* p) const;
+  };
+  struct Page {
+    std::unique_ptr<char, Unmap> text;  // mmap'd; its deleter knows the size
+    size_t used = 0;
+  };
+  void append(std::string_view event);  // (an event never spans two pages)
+
   bool enabled_;
   int pid_;
   int64_t origin_;
-  std::vector<std::string> events_;
+  std::vector<Page> pages_;
+  size_t text_bytes_ = 0;
 };
 
 // Writes {"traceEvents": [fragments...], "displayTimeUnit": "ms"} to `path` through an

@@ -2,6 +2,7 @@
 // temporary file removed on an error and on SIGTERM), the pre-run checks of output paths,
 // configurations and memory, the metrics file, and the checkpoint reader's tensor table.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 
 #include "common/atomic_file.h"
+#include "common/trace.h"
 #include "common/memory.h"
 #include "common/check.h"
 #include "train/checkpoint.h"
@@ -340,4 +342,44 @@ TEST(Memory, ResidentBytesSeeTouchedPages) {
   EXPECT_GE(peak1, now1 - (1 << 20));  // the high-water mark is at least what is resident now
   EXPECT_GE(peak1, peak0);
   EXPECT_EQ(block[4096], static_cast<char>(4096));
+}
+
+// common/trace.h: the events come back in order, as JSON, across pages (one event larger than a
+// page included), and recording them leaves no block in malloc's heap (glibc's count of bytes in
+// use; a sanitizer's allocator does not keep it, so the second half runs without one).
+TEST(Trace, EventsComeBackInOrderAndLeaveTheHeapAsItWas) {
+  constexpr int kEvents = 20000;  // ~2 MB of text: three pages
+  const std::string big_args = "{\"s\":\"" + std::string(3 << 20, 'x') + "\"}";
+  const auto record = [&](pwm::Trace& t) {
+    t.process_name("rank \"0\"");
+    for (int i = 0; i < kEvents; ++i) t.span(fmt::format("k{}", i), "kernel", 1000 + i, 1010 + i, i % 3);
+    t.span("big", "kernel", 5, 6, 0, big_args);
+    t.counter("live", "bytes", 7, 2.5);
+  };
+  pwm::Trace t(true, 3, 1000);
+  record(t);
+  const auto doc = nlohmann::json::parse("[" + t.fragment() + "]");
+  ASSERT_EQ(doc.size(), static_cast<size_t>(2 + kEvents + 2));
+  EXPECT_EQ(doc[0]["args"]["name"], "rank \"0\"");
+  for (int i = 0; i < kEvents; ++i) {
+    ASSERT_EQ(doc[2 + i]["name"], fmt::format("k{}", i));
+    ASSERT_EQ(doc[2 + i]["ts"], i);
+    ASSERT_EQ(doc[2 + i]["tid"], i % 3);
+  }
+  EXPECT_EQ(doc[2 + kEvents]["args"]["s"].get<std::string>().size(), size_t{3} << 20);
+  EXPECT_EQ(doc[3 + kEvents]["args"]["bytes"], 2.5);
+  EXPECT_EQ(t.text_bytes(), t.fragment().size());
+  pwm::Trace off(false, 0, 0);
+  record(off);
+  EXPECT_EQ(off.fragment(), "");
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "heap counts need glibc's allocator";
+#else
+  pwm::Trace heap(true, 1, 0);
+  const size_t before = mallinfo2().uordblks;
+  record(heap);
+  // The only heap block left is the list of pages (a few dozen bytes a page); one block per
+  // event, as before, was over 2 MB.
+  EXPECT_LT(mallinfo2().uordblks - before, size_t{4096});
+#endif
 }
