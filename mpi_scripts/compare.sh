@@ -45,6 +45,11 @@
 #                   --replicas 2 --dp 2 --fsdp on one host, the reference), spmd_hier (over the 2
 #                   hosts), pw_fused and pw_chained (pathways_train --replicas 2 --dp 2 --fsdp), static;
 #                   results in DIR/palm-fsdp-unshaped, DIR/palm-fsdp-RATE
+#   --tcp-eager B   with --palm or --palm-fsdp and OpenMPI: the TCP eager limit in bytes for every
+#                   row (default 8388608, above a layer's gradient: the exchange overlaps the next
+#                   kernel; 0: OpenMPI's own, 64 KiB). A piece sent eagerly lands in MPI's receive
+#                   buffers first, so the default costs memory on the MPMD rows
+#                   (docs/pathways_train.md, "Replicas")
 #   --moe           the Mixture-of-Experts model instead (docs/results/moe.md): E = 4 experts,
 #                   top-2, every other layer MoE, split over the NP devices (--expert-parallel NP),
 #                   rows spmd_capacity and spmd_dropless (spmd_train at --capacity-factor 1.25 and
@@ -64,6 +69,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NP=2; STEPS=""; ROUNDS=""; HOSTFILE=""; OUT="$PWM_ROOT/results"; EXTRA=(); PRESET=""; HOSTS=0; DCN_RATE=""; PALM=0; PALM_FSDP=0; MOE=0
 MOE_SKEW=
+TCP_EAGER=
 PRECISION=fp32
 ME=compare.sh  # (flags read by env.sh's pwm_value, pwm_count, pwm_decimal: before anything is installed)
 while [ $# -gt 0 ]; do
@@ -84,6 +90,7 @@ while [ $# -gt 0 ]; do
     --palm) PALM=1; shift ;;
     --palm-fsdp) PALM=1; PALM_FSDP=1; shift ;;
     --moe) MOE=1; shift ;;
+    --tcp-eager) TCP_EAGER=$(pwm_value "$ME" "$@") || exit 2; pwm_count "$ME" --tcp-eager "$TCP_EAGER" 0 1073741824; shift 2 ;;
     --moe-skew) MOE_SKEW=$(pwm_value "$ME" "$@") || exit 2
       pwm_decimal "$ME" --moe-skew "$MOE_SKEW" 0
       shift 2 ;;
@@ -102,6 +109,8 @@ if [ "$MOE" = 1 ]; then
 elif [ -n "$MOE_SKEW" ]; then
   echo "compare.sh: error: --moe-skew needs --moe" >&2; exit 2
 fi
+[ -z "$TCP_EAGER" ] || [ "$PALM" = 1 ] || { echo "compare.sh: error: --tcp-eager needs --palm or --palm-fsdp (their hosts talk over TCP)" >&2; exit 2; }
+TCP_EAGER=${TCP_EAGER:-8388608}
 # --palm keeps its long runs (30 steps, one round unless asked: each round builds two clusters).
 if [ "$PALM" = 1 ]; then STEPS=${STEPS:-30}; ROUNDS=${ROUNDS:-1}; fi
 STEPS=${STEPS:-5}; ROUNDS=${ROUNDS:-5}
@@ -230,14 +239,18 @@ palm_set() {  # palm_set RATE (empty: unshaped)
   # an eager limit above the largest piece (a layer's ~3.6 MB at the reference model) isend hands
   # the whole piece to the socket at once and the kernel moves it while the next layer computes.
   # Every row gets the same launcher flags (the SPMD rows' TCP messages too).
+  # --tcp-eager sets the limit (0: OpenMPI's own); MPICH's TCP channel has no such setting here.
   local tcp=()
-  [ "$PWM_MPI" = openmpi ] && tcp=(--mca btl_tcp_eager_limit 8388608 --mca btl_tcp_rndv_eager_limit 8388608
-                                   --mca btl_tcp_max_send_size 8388608)
+  [ "$PWM_MPI" = openmpi ] && [ "$TCP_EAGER" != 0 ] &&
+    tcp=(--mca btl_tcp_eager_limit "$TCP_EAGER" --mca btl_tcp_rndv_eager_limit "$TCP_EAGER" --mca btl_tcp_max_send_size "$TCP_EAGER")
   local one_host=("$PWM_MPIRUN" $PWM_MPIRUN_FLAGS "${tcp[@]}")
   one_host+=($PWM_MPIRUN_YIELD)  # as the cluster's launcher
   local two_hosts=(bash "$PWM_ROOT/mpi_scripts/cluster.sh" run --name "$cluster" --timeout 3600 -- bash -c '$PWM_CLUSTER_MPIRUN "$@"' _ "${tcp[@]}")
   local desc="2 emulated hosts ($cluster), one replica per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd dp=2 on one host"
   [ "$PALM_FSDP" = 1 ] && desc="2 emulated hosts ($cluster) of 2 slots, one replica of dp 2 --fsdp per host (pathways: controller on host 0), DCN ${rate:-unshaped}; reference: spmd --replicas 2 --dp 2 --fsdp on one host"
+  if [ "$PWM_MPI" = openmpi ]; then
+    if [ "$TCP_EAGER" = 0 ]; then desc+="; TCP eager limit OpenMPI's"; else desc+="; TCP eager limit $TCP_EAGER bytes"; fi
+  fi
   echo "palm: $desc"
   local one_ref=(--dp 2)
   [ "$PALM_FSDP" = 1 ] && one_ref=(--replicas 2 --dp 2 --fsdp)

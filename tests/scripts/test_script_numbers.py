@@ -20,6 +20,8 @@ CASES = [
     ("compare.sh", ["--moe-skew", "-1"], {}, ["--moe-skew must be a number from 0", "'-1'"]),
     ("compare.sh", ["--moe-skew", "x"], {}, ["--moe-skew must be a number"]),
     ("compare.sh", ["--np"], {}, ["--np needs a value"]),
+    ("compare.sh", ["--palm", "--tcp-eager", "8m"], {}, ["--tcp-eager must be a whole number"]),
+    ("compare.sh", ["--tcp-eager", "65536"], {}, ["--tcp-eager needs --palm or --palm-fsdp"]),
     ("failure_bench.sh", ["--steps", BIG], {}, ["--steps", "out of range"]),
     ("failure_bench.sh", ["--models", ""], {}, ["--models is empty"]),
     ("failure_bench.sh", ["--models", "spmd,bogus"], {}, ["--models takes", "'bogus'"]),
