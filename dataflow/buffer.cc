@@ -1,6 +1,9 @@
 #include "dataflow/buffer.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <iterator>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -16,63 +19,136 @@ namespace pwm::dataflow {
 namespace {
 std::atomic<int64_t> g_live{0}, g_live_bytes{0}, g_peak_bytes{0};
 
-// Freed buffers of kPoolMinBytes or more are kept for the next buffer of the same size, as a
-// device allocator keeps device memory instead of returning it. Why: a training step's outputs
-// (the next step's parameters and optimizer state, 3 x 15.6 MB per device for the reference
-// model) would otherwise come from fresh pages every step, and the kernel that writes them pays
-// a page fault per 4 KiB (perf on a fused worker: ~6k faults, ~45% of all its faults, in AdamW's
-// writes) where spmd_train updates in place. Smaller buffers are left to malloc, whose heap
-// reuses them anyway. The cache keeps at most the process's peak of live bytes plus 1 GiB: a step
-// frees no more than was live at its peak, so in steady state every buffer of a step comes from
-// the cache, at any batch size, and the 1 GiB leaves room for buffers of other sizes (other
-// programs, older steps). (With a fixed 1 GiB, a chained step of 128 sequences per device, ~4 GB
-// of buffers, took fresh pages for most of them every step: 1.6-1.8x slower steps and 1.6x the
-// resident memory on this VM, whose page faults are expensive.) PWM_PW_BUFFER_CACHE_MB sets a
-// fixed bound instead (0: no cache). The cache is not counted in live_bytes(), which a
-// memory cap limits.
+// Buffers of kPoolMinBytes or more come from segments the pool maps itself (kSegmentBytes, or one
+// buffer's size rounded up to 2 MiB): a buffer is cut from the smallest free block that holds it
+// (the rest stays free), and when it is freed it merges with its free neighbours. Free blocks
+// stay mapped for the next buffers of any size, as a device's caching allocator keeps device
+// memory. Why keep them: a training step's outputs (the next step's parameters and optimizer
+// state, 3 x 15.6 MB per device for the reference model) would otherwise come from fresh pages
+// every step, and the kernel that writes them pays a page fault per 4 KiB (perf on a fused
+// worker: ~6k faults, ~45% of all its faults, in AdamW's writes) where spmd_train updates in
+// place. Why split and merge: a cache of whole buffers matched by size held more than was ever
+// live at once, since a step's backward takes outputs of other sizes while its forward
+// activations sit freed (compare.sh --moe's pw_static: 174 MiB of buffers, 150 live at most);
+// and returning them to malloc fragmented its heap (docs/results/memory.md, 2026-12-07 19:35).
+// So the pool maps about the peak of live bytes, and never unmaps by default. Smaller buffers
+// are left to malloc, whose heap reuses them anyway. PWM_PW_BUFFER_CACHE_MB bounds the free
+// bytes kept instead: a segment wholly free beyond it is unmapped; 0 takes every buffer from
+// malloc, as AddressSanitizer's builds do (it then checks every buffer's bounds and lifetime).
+// Free bytes are not counted in live_bytes(), which a memory cap limits.
 constexpr size_t kPoolMinBytes = size_t{1} << 20;
-constexpr size_t kPoolHeadroomBytes = size_t{1} << 30;  // above the peak of live bytes
+constexpr size_t kSegmentBytes = size_t{32} << 20;
+constexpr size_t kSegmentRound = size_t{2} << 20;
+constexpr size_t kSplitMinBytes = size_t{64} << 10;  // a smaller rest stays with its buffer
 
 class Pool {
  public:
+  // A block of at least `alloc` bytes (a multiple of 64), 64-byte aligned.
   void* get(size_t alloc) {
-    if (alloc >= kPoolMinBytes) {
-      std::lock_guard lock(mu_);
-      if (auto it = free_.find(alloc); it != free_.end()) {
-        void* p = it->second;
-        free_.erase(it);
-        cached_ -= alloc;
-        return p;
-      }
+    if (alloc < kPoolMinBytes || fixed_ == 0) return heap(alloc);
+    std::lock_guard lock(mu_);
+    const auto f = free_.lower_bound(alloc);
+    char* at = f == free_.end() ? map_segment(alloc) : f->second;
+    if (f != free_.end()) free_.erase(f);
+    Block& b = blocks_.at(at);
+    if (b.size - alloc >= kSplitMinBytes) {
+      blocks_.emplace(at + alloc, Block{b.size - alloc, true, b.segment});
+      free_.emplace(b.size - alloc, at + alloc);
+      b.size = alloc;
     }
+    b.free = false;
+    free_bytes_ -= b.size;
+    return at;
+  }
+  void put(void* p, size_t alloc) {
+    if (alloc < kPoolMinBytes || fixed_ == 0) return std::free(p);
+    std::lock_guard lock(mu_);
+    auto it = blocks_.find(static_cast<char*>(p));
+    PWM_CHECK(it != blocks_.end() && !it->second.free, "a buffer freed twice, or not the pool's");
+    it->second.free = true;
+    free_bytes_ += it->second.size;
+    it = merge(it);
+    const size_t seg = segments_.at(it->second.segment);
+    if (fixed_ > 0 && it->first == it->second.segment && it->second.size == seg &&
+        free_bytes_ > static_cast<size_t>(fixed_)) {
+      munmap(it->first, seg);
+      free_bytes_ -= seg;
+      mapped_bytes_ -= seg;
+      segments_.erase(it->first);
+      blocks_.erase(it);
+      return;
+    }
+    free_.emplace(it->second.size, it->first);
+  }
+  size_t free_bytes() {
+    std::lock_guard lock(mu_);
+    return free_bytes_;
+  }
+  size_t mapped_bytes() {
+    std::lock_guard lock(mu_);
+    return mapped_bytes_;
+  }
+
+ private:
+  struct Block {
+    size_t size;
+    bool free;
+    char* segment;  // the start of its segment (blocks merge within one only)
+  };
+  using Blocks = std::map<char*, Block>;
+
+  static void* heap(size_t alloc) {
     void* p = std::aligned_alloc(64, alloc);
     if (!p) throw std::bad_alloc();
     return p;
   }
-  void put(void* p, size_t alloc) {
-    if (alloc >= kPoolMinBytes) {
-      std::lock_guard lock(mu_);
-      const size_t bound = fixed_ >= 0 ? static_cast<size_t>(fixed_)
-                                       : static_cast<size_t>(g_peak_bytes.load()) + kPoolHeadroomBytes;
-      if (cached_ + alloc <= bound) {
-        free_.emplace(alloc, p);
-        cached_ += alloc;
-        return;
+  char* map_segment(size_t alloc) {
+    const size_t seg = std::max(kSegmentBytes, (alloc + kSegmentRound - 1) / kSegmentRound * kSegmentRound);
+    void* m = mmap(nullptr, seg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    char* at = static_cast<char*>(m);
+    segments_.emplace(at, seg);
+    blocks_.emplace(at, Block{seg, true, at});
+    free_bytes_ += seg;
+    mapped_bytes_ += seg;
+    return at;
+  }
+  // Merges free block `it` with its free neighbours in the same segment; the merged block.
+  Blocks::iterator merge(Blocks::iterator it) {
+    if (const auto next = std::next(it); next != blocks_.end() && mergeable(it, next)) {
+      unlist(next);
+      it->second.size += next->second.size;
+      blocks_.erase(next);
+    }
+    if (it != blocks_.begin()) {
+      if (const auto prev = std::prev(it); mergeable(prev, it)) {
+        unlist(prev);
+        prev->second.size += it->second.size;
+        blocks_.erase(it);
+        return prev;
       }
     }
-    std::free(p);
+    return it;
   }
-  size_t cached() {
-    std::lock_guard lock(mu_);
-    return cached_;
+  static bool mergeable(Blocks::iterator a, Blocks::iterator b) {
+    return a->second.free && b->second.free && a->second.segment == b->second.segment;
+  }
+  void unlist(Blocks::iterator b) {  // out of the free list
+    for (auto [i, end] = free_.equal_range(b->second.size); i != end; ++i)
+      if (i->second == b->first) return void(free_.erase(i));
   }
 
- private:
-  // The bound in bytes when PWM_PW_BUFFER_CACHE_MB is set, else negative (the default bound).
+  // The bound in bytes when PWM_PW_BUFFER_CACHE_MB is set, else negative (no bound).
+#if defined(__SANITIZE_ADDRESS__)
+  const double fixed_ = 0;
+#else
   const double fixed_ = env_double("PWM_PW_BUFFER_CACHE_MB", -1.0) * (1 << 20);
+#endif
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // by allocation size
-  size_t cached_ = 0;
+  Blocks blocks_;                         // every block of every segment, by address
+  std::multimap<size_t, char*> free_;     // the free blocks, by size
+  std::map<char*, size_t> segments_;      // start -> bytes
+  size_t free_bytes_ = 0, mapped_bytes_ = 0;
 };
 // Never destroyed: a Buffer may outlive every other static (the process returns the memory).
 Pool& pool() {
@@ -111,6 +187,7 @@ Buffer::~Buffer() {
 int64_t Buffer::live() { return g_live.load(); }
 int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
 int64_t Buffer::peak_live_bytes() { return g_peak_bytes.load(); }
-int64_t Buffer::cached_bytes() { return static_cast<int64_t>(pool().cached()); }
+int64_t Buffer::cached_bytes() { return static_cast<int64_t>(pool().free_bytes()); }
+int64_t Buffer::mapped_bytes() { return static_cast<int64_t>(pool().mapped_bytes()); }
 
 }  // namespace pwm::dataflow

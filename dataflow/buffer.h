@@ -1,9 +1,9 @@
 // Buffer: one device buffer of a program's slot or an object, 64-byte aligned, from a
-// process-wide cache of freed buffers (both MPMD models allocate their slots here).
+// process-wide pool (both MPMD models allocate their slots here).
 //
-// A freed Buffer of 1 MiB or more is kept (up to the process's peak of live bytes plus 1 GiB;
-// PWM_PW_BUFFER_CACHE_MB sets a fixed bound) for the next Buffer of the same size, so a new
-// Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
+// A Buffer of 1 MiB or more is cut from memory the pool keeps mapped, freed Buffers' included
+// (merged, for the next Buffers of any size; PWM_PW_BUFFER_CACHE_MB bounds what is kept free,
+// 0: none), so a new Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
 // memory at its first data() (a run's intermediates: when their first writer starts), so a
 // program's buffers are not all allocated when its run arrives. Thread-safe (the cache is locked;
 // one Buffer is used by one thread at a time).
@@ -31,8 +31,10 @@ class Buffer {
   static int64_t live();
   static int64_t live_bytes();
   static int64_t peak_live_bytes();
-  // Bytes of freed buffers kept for reuse (process-wide).
+  // Bytes the pool keeps mapped and free for the next buffers (process-wide), and all it has
+  // mapped (free and live).
   static int64_t cached_bytes();
+  static int64_t mapped_bytes();
 
  private:
   void* allocate();

@@ -10,7 +10,7 @@ namespace pwm::mpmd {
 void keep_large_blocks_in_heap() {
   // Large blocks stay in the heap, where freed memory is reused, instead of mmap/munmap per
   // block. Added for speed (every node's outputs were fresh pages: chained steps 1002 -> 710 ms);
-  // a step's buffers of 1 MiB or more now come from the runtime's buffer cache (dataflow/buffer.h)
+  // a step's buffers of 1 MiB or more now come from the runtime's buffer pool (dataflow/buffer.h)
   // and the state is updated in place (donated), and without these two calls steps were as fast
   // (paired ratios 0.97-1.04) with the same peak RSS, except the pipeline's run with its final
   // evaluation: ~30 MiB more (median of 6 runs each, 2026-12-06, docs/results/memory.md). So they

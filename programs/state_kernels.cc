@@ -42,7 +42,7 @@ std::vector<pwm::train::TensorData> full(TrainingDevice& dev, KernelContext& ctx
 // An evaluation's activations when the step is of units (chained, opbyop, a pipeline's stages),
 // which bind the object store's buffers and never touch the workspace's own: buffers of the
 // step's sizes instead (Shapes::act; one layer's saved state, as Shapes::saved), which the
-// freed-buffer cache holds between steps, so the evaluation takes no pages beyond the step's.
+// buffer pool holds between steps, so the evaluation takes no pages beyond the step's.
 // Every layer's saved state in one buffer (a forward reads only its own layer's) and the
 // residual streams in two, by turns (block l reads x(l) and writes x(l+1)). With the workspace's own instead, the evaluation made its
 // layers' arena resident beside the cached step buffers: compare.sh --moe --full's pw_static row,
