@@ -23,21 +23,21 @@ std::atomic<int64_t> g_live{0}, g_live_bytes{0}, g_peak_bytes{0};
 // the smallest free block that holds it (the rest stays free), and when it is freed it merges
 // with its free neighbours. A new segment is kSegmentBytes, or for a buffer of more than half
 // that, the buffer's size rounded up to 2 MiB (a 32 MiB segment per 19.7 MB activation left
-// 13 MiB rests that other buffers then took: --fsdp's chained step held 247 MiB against 217). Free blocks
-// stay mapped for the next buffers of any size, as a device's caching allocator keeps device
-// memory. Why keep them: a training step's outputs (the next step's parameters and optimizer
-// state, 3 x 15.6 MB per device for the reference model) would otherwise come from fresh pages
-// every step, and the kernel that writes them pays a page fault per 4 KiB (perf on a fused
-// worker: ~6k faults, ~45% of all its faults, in AdamW's writes) where spmd_train updates in
-// place. Why split and merge: a cache of whole buffers matched by size held more than was ever
-// live at once, since a step's backward takes outputs of other sizes while its forward
-// activations sit freed (compare.sh --moe's pw_static: 174 MiB of buffers, 150 live at most);
+// 13 MiB rests that smaller buffers then took: --fsdp's chained step held 247 MiB, not 200).
+// Free blocks stay mapped for the next buffers of any size, as a device's caching allocator
+// keeps device memory. Why keep them: a training step's outputs (the next step's parameters and
+// optimizer state, 3 x 15.6 MB per device for the reference model) would otherwise come from
+// fresh pages every step, and the kernel that writes them pays a page fault per 4 KiB (perf on
+// a fused worker: ~6k faults, ~45% of all its faults, in AdamW's writes) where spmd_train
+// updates in place. Why split and merge: a cache of whole buffers matched by size held more than
+// was ever live at once, since a step's backward takes outputs of other sizes while its forward
+// activations sit freed (compare.sh --moe's pw_static: 174 MiB of buffers, 150 live at most),
 // and returning them to malloc fragmented its heap (docs/results/memory.md, 2026-12-07 19:35).
-// So the pool maps about the peak of live bytes, and never unmaps by default. Smaller buffers
-// are left to malloc, whose heap reuses them anyway. PWM_PW_BUFFER_CACHE_MB bounds the free
-// bytes kept instead: a segment wholly free beyond it is unmapped; 0 takes every buffer from
-// malloc, as AddressSanitizer's builds do (it then checks every buffer's bounds and lifetime).
-// Free bytes are not counted in live_bytes(), which a memory cap limits.
+// The pool never unmaps by default. Smaller buffers are left to malloc, whose heap reuses them
+// anyway. PWM_PW_BUFFER_CACHE_MB bounds the free bytes kept instead: a segment wholly free
+// beyond it is unmapped; 0 takes every buffer from malloc, as AddressSanitizer's builds do (it
+// then checks every buffer's bounds and lifetime). Free bytes are not counted in live_bytes(),
+// which a memory cap limits.
 constexpr size_t kPoolMinBytes = size_t{1} << 20;
 constexpr size_t kSegmentBytes = size_t{32} << 20;
 constexpr size_t kSegmentRound = size_t{2} << 20;

@@ -392,6 +392,26 @@ TEST(Buffer, FreedBlocksAreKeptAtAnySize) {
   EXPECT_EQ(Buffer::mapped_bytes(), mapped);
 }
 
+// PWM_PW_BUFFER_CACHE_MB=32 (its own ctest case, tests/pathways/CMakeLists.txt): a segment wholly
+// free is unmapped once the free bytes pass the bound, and kept up to it.
+TEST(Buffer, ABoundUnmapsWhollyFreeSegments) {
+  const char* bound = std::getenv("PWM_PW_BUFFER_CACHE_MB");
+#if defined(__SANITIZE_ADDRESS__)
+  bound = nullptr;  // (every buffer is malloc's)
+#endif
+  if (bound == nullptr || std::string(bound) != "32") GTEST_SKIP() << "runs with PWM_PW_BUFFER_CACHE_MB=32";
+  const int64_t mapped0 = Buffer::mapped_bytes();
+  {
+    Buffer a(size_t{64} << 20);  // a segment of its own: 66 MiB
+    EXPECT_EQ(Buffer::mapped_bytes(), mapped0 + (int64_t{66} << 20));
+  }
+  EXPECT_EQ(Buffer::mapped_bytes(), mapped0);  // 66 MiB free > 32: unmapped
+  {
+    Buffer b(size_t{2} << 20);  // from a 32 MiB segment
+  }
+  EXPECT_EQ(Buffer::mapped_bytes(), mapped0 + (int64_t{32} << 20));  // 32 MiB free: kept
+}
+
 TEST(InProcRuntime, ChainedProgramOverThreads) {
   testing::register_test_kernels();
   collectives::run_inproc(3, [](int rank, std::shared_ptr<collectives::Transport> t) {
