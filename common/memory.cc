@@ -1,9 +1,11 @@
 #include "common/memory.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <new>
 
 namespace pwm {
 
@@ -24,5 +26,13 @@ int64_t current_resident_bytes() {
   const long page = sysconf(_SC_PAGESIZE);
   return page > 0 ? resident * page : 0;
 }
+
+void* map_pages(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void unmap_pages(void* p, size_t bytes) { munmap(p, bytes); }
 
 }  // namespace pwm

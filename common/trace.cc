@@ -2,13 +2,11 @@
 
 #include <fmt/format.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <iterator>
-#include <new>
 
 #include "common/check.h"
+#include "common/memory.h"
 #include "common/time.h"
 
 namespace pwm {
@@ -30,16 +28,14 @@ constexpr size_t kPageBytes = size_t{1} << 20;
 
 Trace::Trace(bool enabled, int pid, int64_t origin_us) : enabled_(enabled), pid_(pid), origin_(origin_us) {}
 
-void Trace::Unmap::operator()(char* p) const { munmap(p, bytes); }
+void Trace::Unmap::operator()(char* p) const { unmap_pages(p, bytes); }
 
 void Trace::append(std::string_view event) {
   const std::string_view sep = text_bytes_ ? ",\n" : "";
   const size_t n = sep.size() + event.size();
   if (pages_.empty() || pages_.back().used + n > pages_.back().text.get_deleter().bytes) {
     const size_t bytes = std::max(kPageBytes, n);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    pages_.push_back(Page{std::unique_ptr<char, Unmap>(static_cast<char*>(p), Unmap{bytes}), 0});
+    pages_.push_back(Page{std::unique_ptr<char, Unmap>(static_cast<char*>(map_pages(bytes)), Unmap{bytes}), 0});
   }
   Page& page = pages_.back();
   char* at = std::copy(sep.begin(), sep.end(), page.text.get() + page.used);

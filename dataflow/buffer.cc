@@ -1,7 +1,5 @@
 #include "dataflow/buffer.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <iterator>
 #include <atomic>
@@ -13,6 +11,7 @@
 
 #include "common/check.h"
 #include "common/env.h"
+#include "common/memory.h"
 
 namespace pwm::dataflow {
 
@@ -73,7 +72,7 @@ class Pool {
     const size_t seg = segments_.at(it->second.segment);
     if (fixed_ > 0 && it->first == it->second.segment && it->second.size == seg &&
         free_bytes_ > static_cast<size_t>(fixed_)) {
-      munmap(it->first, seg);
+      unmap_pages(it->first, seg);
       free_bytes_ -= seg;
       mapped_bytes_ -= seg;
       segments_.erase(it->first);
@@ -107,9 +106,7 @@ class Pool {
   char* map_segment(size_t alloc) {
     const size_t rounded = (alloc + kSegmentRound - 1) / kSegmentRound * kSegmentRound;
     const size_t seg = alloc > kSegmentBytes / 2 ? rounded : kSegmentBytes;
-    void* m = mmap(nullptr, seg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) throw std::bad_alloc();
-    char* at = static_cast<char*>(m);
+    char* at = static_cast<char*>(map_pages(seg));
     segments_.emplace(at, seg);
     blocks_.emplace(at, Block{seg, true, at});
     free_bytes_ += seg;
