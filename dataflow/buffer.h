@@ -3,10 +3,10 @@
 //
 // A Buffer of 1 MiB or more is cut from memory the pool keeps mapped, freed Buffers' included
 // (merged, for the next Buffers of any size; PWM_PW_BUFFER_CACHE_MB bounds what is kept free,
-// 0: none), so a new Buffer's contents are undefined: its writers must write all of it. A lazy Buffer takes its
-// memory at its first data() (a run's intermediates: when their first writer starts), so a
-// program's buffers are not all allocated when its run arrives. Thread-safe (the cache is locked;
-// one Buffer is used by one thread at a time).
+// 0: none), so a new Buffer's contents are undefined: its writers must write all of it. A lazy
+// Buffer takes its memory at its first data() (a run's intermediates: when their first writer
+// starts), so a program's buffers are not all allocated when its run arrives. Thread-safe (the
+// pool is locked; one Buffer is used by one thread at a time).
 #pragma once
 
 #include <cstddef>
