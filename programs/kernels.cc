@@ -265,7 +265,8 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   using namespace kernels;
   // Replicas (step_kernels_replicas.cc): attrs[0] = tp; fused_grads [1] = the island, [2] = the shards
   // (1 or dp); island_loss [1] = the micro-batches; replica_add [1] = the piece's (or chunk's)
-  // size, [2] = the replicas; dp_reduce_scatter and dp_allgather [1] = the piece's size, [2] =
+  // size, [2] = the replicas, [3] = the input whose buffer the sum may take (replica_add_attrs:
+  // a received copy; the walk hands it over when nothing else holds it); dp_reduce_scatter and dp_allgather [1] = the piece's size, [2] =
   // the island's dp.
   add("fused_grads", true, [S](Attrs a) {
     const int tp = tp_of(a), shards = static_cast<int>(a[ReplicaAttrs::kFusedShards]);
@@ -282,7 +283,9 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
   }, island_loss);
   add("replica_add", false, [](Attrs a) {
-    return sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
+    Signature s = sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
+    if (a.size() > ReplicaAttrs::kAddInto) s.reuse = {static_cast<int32_t>(a[ReplicaAttrs::kAddInto])};
+    return s;
   }, replica_add);
   add("dp_reduce_scatter", true, [](Attrs a) {
     return sig({split_f32(a[1])}, {split_f32(static_cast<int64_t>(replica_chunk(a[1], static_cast<int>(a[2]))))});

@@ -274,7 +274,7 @@ std::vector<dataflow::Value> trace_pipeline_step(const Shapes& sh, const KernelN
     if (R == 1) return pick(0);
     std::vector<dataflow::Value> in;
     for (int q = 0; q < R; ++q) in.push_back(pick(q));
-    return slice_call(r * S + s, names("replica_add"), in, {tp, sh.piece(tp, piece), R})[0];
+    return slice_call(r * S + s, names("replica_add"), in, replica_add_attrs(tp, sh.piece(tp, piece), R, r))[0];
   };
   for (int r = 0; r < R; ++r) {
     auto call = [&](int s, const std::string& k, std::vector<dataflow::Value> in, std::vector<int64_t> attrs) {

@@ -65,7 +65,7 @@ void fsdp_chained(const SliceCall& b_call, std::vector<Value>& out, const Shapes
     for (int i : order) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(chunks[static_cast<size_t>(q)][static_cast<size_t>(i)]);
-      sum[static_cast<size_t>(i)] = b_call(r, names("replica_add"), in, {tp, sh.fsdp_chunk(tp, i), R})[0];
+      sum[static_cast<size_t>(i)] = b_call(r, names("replica_add"), in, replica_add_attrs(tp, sh.fsdp_chunk(tp, i), R, r))[0];
     }
     for (auto& v : b_call(r, names("replica_update"),
                           replica_update_args(sh, tp, true).pack<Value>(st[static_cast<size_t>(r)], nullptr, sum, loss),
@@ -159,7 +159,7 @@ std::vector<Value> trace_replica_step(const Shapes& sh, const KernelNames& names
     for (int r = 0; r < R; ++r) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(pieces[q][0]);
-      Value s = slice_call(r, names("replica_add"), in, {tp, sh.state_floats(tp), R})[0];
+      Value s = slice_call(r, names("replica_add"), in, replica_add_attrs(tp, sh.state_floats(tp), R, r))[0];
       for (auto& v : slice_call(r, names("replica_update"), replica_update_args(sh, tp).pack<Value>(st[r], nullptr, {s}, loss),
                                 {tp}))
         out.push_back(v);
@@ -171,7 +171,7 @@ std::vector<Value> trace_replica_step(const Shapes& sh, const KernelNames& names
     for (int i : order) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(pieces[q][static_cast<size_t>(i)]);
-      Value s = slice_call(r, names("replica_add"), in, {tp, xchg_size(i), R})[0];
+      Value s = slice_call(r, names("replica_add"), in, replica_add_attrs(tp, xchg_size(i), R, r))[0];
       sum[static_cast<size_t>(i)] = D > 1 ? slice_call(r, names("dp_allgather"), {s}, {tp, sh.piece(tp, i), D})[0] : s;
     }
     for (auto& v : slice_call(r, names("replica_update"), replica_update_args(sh, tp).pack<Value>(st[r], nullptr, sum, loss),

@@ -254,7 +254,15 @@ struct ReplicaAttrs {
   static constexpr size_t kBatchReplica = 2;  // batch: tp, micro-batch, replica
   static constexpr size_t kFusedReplica = 1;  // fused_grads: tp, replica, shards
   static constexpr size_t kFusedShards = 2;   // 1: whole pieces; dp: each device's chunk
+  static constexpr size_t kAddInto = 3;       // replica_add: tp, size, replicas, the input it sums into
 };
+
+// replica_add's attrs on replica r: a piece (or chunk) of `size` floats from each of `replicas`.
+// The sum is written over another replica's copy (kAddInto): a received one, which the kernel
+// alone reads (r's own is also read by its sends), so the sum takes no buffer of its own.
+inline std::vector<int64_t> replica_add_attrs(int tp, int64_t size, int replicas, int r) {
+  return {tp, size, replicas, r == 0 ? 1 : 0};
+}
 
 // With dp > 1 devices per island, the islands exchange each piece in dp chunks, device k of one
 // island with device k of the other (1/dp of the piece each): chunk k is elements

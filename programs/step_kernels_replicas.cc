@@ -6,6 +6,7 @@
 // the same bits and applies the same update (docs/pathways_train.md, "Replicas"). The update
 // is finish_step's (step_kernels.cc), with --fsdp shard_update's (step_kernels_fsdp.cc).
 #include <cstring>
+#include <vector>
 
 #include "common/time.h"
 #include "train/step.h"
@@ -117,14 +118,23 @@ void island_loss(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 
 // The islands' copies of one piece, summed in island order (attrs: tp, size, replicas): every
 // island adds the same inputs in the same order, so all hold the same bits. With two islands
-// the sum is a + b, SPMD's two-rank AllReduce, bit for bit.
+// the sum is a + b, SPMD's two-rank AllReduce, bit for bit. The output may be one of the
+// inputs' buffers (replica_add_attrs): element i is written after every input's element i is read.
 void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
-  auto o = ctx.out<float>(0);
-  auto a = ctx.in<float>(0);
-  std::memcpy(o.data(), a.data(), sizeof(float) * o.size());
-  for (size_t r = 1; r < ctx.num_inputs(); ++r) {
-    auto b = ctx.in<float>(r);
-    for (size_t i = 0; i < o.size(); ++i) o[i] += b[i];
+  float* o = ctx.out<float>(0).data();
+  const size_t n = ctx.out<float>(0).size(), R = ctx.num_inputs();
+  const float* a = ctx.in<float>(0).data();
+  if (R == 2) {
+    const float* b = ctx.in<float>(1).data();
+    for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+    return;
+  }
+  std::vector<const float*> in(R);
+  for (size_t r = 0; r < R; ++r) in[r] = ctx.in<float>(r).data();
+  for (size_t i = 0; i < n; ++i) {
+    float s = in[0][i];
+    for (size_t r = 1; r < R; ++r) s += in[r][i];
+    o[i] = s;
   }
 }
 
