@@ -107,9 +107,13 @@ pwm::train::Fsdp& TrainingDevice::fsdp(KernelContext& ctx, const Pos& p) {
   if (!fsdp_) {
     // One island: no replicas' communicator (a cross-island sum is the program's, not a kernel's).
     fsdp_ = std::make_unique<pwm::train::Fsdp>(cfg(), layout(p), shapes_.plan(p.tp), dp_comm(ctx, p), nullptr);
-    fsdp_grads_.assign(static_cast<size_t>(fsdp_->shard_total()), 0.0f);
   }
   return *fsdp_;
+}
+
+float* TrainingDevice::fsdp_grads(KernelContext& ctx, const Pos& p) {
+  if (fsdp_grads_.empty()) fsdp_grads_.assign(static_cast<size_t>(fsdp(ctx, p).shard_total()), 0.0f);
+  return fsdp_grads_.data();
 }
 
 model::GemmProbe* TrainingDevice::gemm_probe() {

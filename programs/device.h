@@ -97,10 +97,12 @@ class TrainingDevice {
   // A tp reduction for the model that adds its time to *comm_s.
   model::TpReduce<float> tp_reducer(collectives::Communicator* c, double* comm_s);
   // --fsdp: the sharding of this device's tp layout over its dp group
-  // (train/fsdp.h), made on first use over the dp communicator; its gradient shard is
-  // fsdp_grads(). Which devices call: every member of the dp group, in the same order.
+  // (train/fsdp.h), made on first use over the dp communicator. Which devices call: every
+  // member of the dp group, in the same order.
   pwm::train::Fsdp& fsdp(KernelContext& ctx, const Pos& p);
-  float* fsdp_grads() { return fsdp_grads_.data(); }
+  // Its gradient shard (shard_total() floats), made on first use: a step whose kernel writes the
+  // gradient into its own output (the replicas' shard_grads) never makes it.
+  float* fsdp_grads(KernelContext& ctx, const Pos& p);
   // Fsdp::peak_gathered_bytes() (0 without --fsdp): what the device held beyond its shards.
   int64_t fsdp_held_bytes() const { return fsdp_ ? fsdp_->peak_gathered_bytes() : 0; }
 

@@ -41,7 +41,7 @@ double fused_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, co
 
 // step_kernels_fsdp.cc
 double fsdp_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step, int data_index,
-                      double* comm_s);
+                      float* grads, double* comm_s);
 pwm::train::UpdateResult shard_update(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step,
                                      const float* grads, double local_loss, const double* loss_sum, double* comm_s,
                                      double* loss_out);

@@ -16,15 +16,15 @@ namespace pwm::programs::kernels {
 
 // --fsdp: the step on the dp shards, spmd_train's own (train/fsdp.h). The gradients: every layer
 // gathered before its forward and its backward, its gradient reduce-scattered over the island's
-// dp group into the device's gradient shard (dev.fsdp_grads()); reads data-parallel index
-// `data_index`; returns the device's mean loss.
+// dp group into `grads` (shard_total() floats: the device's gradient shard, dev.fsdp_grads(), or a
+// kernel's output); reads data-parallel index `data_index`; returns the device's mean loss.
 double fsdp_gradients(TrainingDevice& dev, KernelContext& ctx, const Pos& p, int64_t step, int data_index,
-                      double* comm_s) {
+                      float* grads, double* comm_s) {
   pwm::train::Fsdp& f = dev.fsdp(ctx, p);
   pwm::train::StepHooks hooks;
   trace_units(dev, hooks);
   hooks.tp_reduce = dev.tp_reducer(dev.tp_comm(ctx, p), comm_s);
-  const double local = f.accumulate(dev.data(), step, data_index, ctx.in<float>(kParams).data(), dev.fsdp_grads(),
+  const double local = f.accumulate(dev.data(), step, data_index, ctx.in<float>(kParams).data(), grads,
                                     dev.step_memory(dev.layout(p)), dev.tokens(), hooks);
   *comm_s += f.comm_seconds();
   return local;
@@ -145,17 +145,17 @@ void sharded_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const int64_t step = ctx.in<int64_t>(kStep)[0];
   constexpr size_t kArgs = kStep + 1;  // the state's arrays
   const size_t chunks = static_cast<size_t>(dev.cfg().model.n_layers) + 2, M = ctx.num_inputs() - kArgs - chunks;
-  float* g = dev.fsdp_grads();
+  float* g = dev.fsdp_grads(ctx, p);
   for (size_t i = 0; i < chunks; ++i) {
     auto c = ctx.in<float>(kArgs + i);
     g = std::copy(c.begin(), c.end(), g);
   }
-  PWM_CHECK_EQ(g - dev.fsdp_grads(), dev.fsdp(ctx, p).shard_total());
+  PWM_CHECK_EQ(g - dev.fsdp_grads(ctx, p), dev.fsdp(ctx, p).shard_total());
   double local = 0;
   for (size_t m = 0; m < M; ++m) local += ctx.in<double>(kArgs + chunks + m)[0];
   local /= static_cast<double>(M);
   double comm_s = 0, loss = 0;
-  const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(), local, nullptr, &comm_s, &loss);
+  const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(ctx, p), local, nullptr, &comm_s, &loss);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
 }

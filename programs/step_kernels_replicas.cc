@@ -87,18 +87,20 @@ void dp_allgather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 
 // --fsdp: the whole island step on the shards (attrs: tp, replica): the device's gradient shard
 // summed over the island's dp group (Fsdp's reduce-scatters; the flat view's data index and
-// scale, as fused_grads), which is what it exchanges with its peers, and the island's loss.
+// scale, as fused_grads), which is what it exchanges with its peers, and the island's loss. The
+// reduce-scatters write into the output itself: the device keeps no second gradient shard.
 void shard_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   const Pos p = pos(ctx);
   const int replica = static_cast<int>(ctx.attr(ReplicaAttrs::kFusedReplica));
+  auto out = ctx.out<float>(0);
+  PWM_CHECK_EQ(static_cast<int64_t>(out.size()), dev.fsdp(ctx, p).shard_total());
   double comm_s = 0;
-  double loss = fsdp_gradients(dev, ctx, p, ctx.in<int64_t>(kStep)[0], replica * p.dp + p.dp_rank, &comm_s);
+  double loss =
+      fsdp_gradients(dev, ctx, p, ctx.in<int64_t>(kStep)[0], replica * p.dp + p.dp_rank, out.data(), &comm_s);
   const double t0 = now_s();
   dev.dp_comm(ctx, p)->allreduce(&loss, &loss, 1, collectives::DataType::kFloat64, ReduceOp::kSum,
                                  Algorithm::kRecursiveDoubling);
   dev.add_comm(comm_s + now_s() - t0);
-  auto out = ctx.out<float>(0);
-  std::memcpy(out.data(), dev.fsdp_grads(), sizeof(float) * out.size());
   ctx.out<double>(1)[0] = loss;
   dev.backward_done(scope);
 }
@@ -154,13 +156,13 @@ void replica_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
     for (size_t r = 0; r < args.losses; ++r) total += ctx.in<double>(args.loss(r))[0];
     const float* g = ctx.in<float>(args.piece(0)).data();
     if (args.pieces > 1) {  // the chunks, in shard order, into the device's gradient shard
-      float* to = dev.fsdp_grads();
+      float* to = dev.fsdp_grads(ctx, p);
       for (size_t i = 0; i < args.pieces; ++i) {
         auto c = ctx.in<float>(args.piece(i));
         to = std::copy(c.begin(), c.end(), to);
       }
-      PWM_CHECK_EQ(to - dev.fsdp_grads(), dev.fsdp(ctx, p).shard_total());
-      g = dev.fsdp_grads();
+      PWM_CHECK_EQ(to - dev.fsdp_grads(ctx, p), dev.fsdp(ctx, p).shard_total());
+      g = dev.fsdp_grads(ctx, p);
     }
     double comm_s = 0, loss = 0;
     const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, g, 0.0, &total, &comm_s, &loss);
