@@ -56,33 +56,41 @@ void fused_grads(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
 // rank (attrs: tp, size, dp): a ReduceScatter of the piece zero-padded to dp x replica_chunk
 // elements. Replaces dp_allreduce when the islands exchange 1/dp of each piece (dp_allgather
 // makes it whole after the exchange): at dp = 2 each element is a + b, the bits of the
-// AllReduce and of spmd_train's hierarchical ReduceScatter.
+// AllReduce and of spmd_train's hierarchical ReduceScatter. A padded copy only when dp does not
+// divide the piece.
 void dp_reduce_scatter(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto in = ctx.in<float>(0);
   auto out = ctx.out<float>(0);
   Communicator* c = dev.dp_comm(ctx, pos(ctx));
   PWM_CHECK(c != nullptr && out.size() == replica_chunk(static_cast<int64_t>(in.size()), c->size()),
             "dp_reduce_scatter: {} elements into chunks of {}", in.size(), out.size());
-  std::vector<float> padded(out.size() * static_cast<size_t>(c->size()), 0.0f);
-  std::memcpy(padded.data(), in.data(), sizeof(float) * in.size());
+  const size_t whole = out.size() * static_cast<size_t>(c->size());
+  std::vector<float> padded;
+  if (whole != in.size()) {
+    padded.assign(whole, 0.0f);
+    std::memcpy(padded.data(), in.data(), sizeof(float) * in.size());
+  }
   const double t0 = now_s();
-  c->reduce_scatter(padded.data(), out.data(), out.size(), collectives::DataType::kFloat32, ReduceOp::kSum);
+  c->reduce_scatter(padded.empty() ? in.data() : padded.data(), out.data(), out.size(), collectives::DataType::kFloat32,
+                    ReduceOp::kSum);
   dev.add_comm(now_s() - t0);
 }
 
 // The whole piece again from the dp group's chunks (attrs: tp, size, dp): an AllGather, the padding
-// dropped. No arithmetic: every device ends with the same bits.
+// dropped (gathered into the output itself when dp divides the piece). No arithmetic: every
+// device ends with the same bits.
 void dp_allgather(TrainingDevice& dev, KernelContext& ctx, Scope&) {
   auto in = ctx.in<float>(0);
   auto out = ctx.out<float>(0);
   Communicator* c = dev.dp_comm(ctx, pos(ctx));
   PWM_CHECK(c != nullptr && in.size() == replica_chunk(static_cast<int64_t>(out.size()), c->size()),
             "dp_allgather: chunks of {} into {} elements", in.size(), out.size());
-  std::vector<float> all(in.size() * static_cast<size_t>(c->size()));
+  const size_t whole = in.size() * static_cast<size_t>(c->size());
+  std::vector<float> all(whole == out.size() ? 0 : whole);
   const double t0 = now_s();
-  c->allgather(in.data(), all.data(), in.size(), collectives::DataType::kFloat32);
+  c->allgather(in.data(), all.empty() ? out.data() : all.data(), in.size(), collectives::DataType::kFloat32);
   dev.add_comm(now_s() - t0);
-  std::memcpy(out.data(), all.data(), sizeof(float) * out.size());
+  if (!all.empty()) std::memcpy(out.data(), all.data(), sizeof(float) * out.size());
 }
 
 // --fsdp: the whole island step on the shards (attrs: tp, replica): the device's gradient shard
