@@ -12,8 +12,8 @@ void keep_large_blocks_in_heap() {
   // block. Added for speed (every node's outputs were fresh pages: chained steps 1002 -> 710 ms).
   // A step's buffers of 1 MiB or more now come from the runtime's buffer pool (dataflow/buffer.h);
   // what is left to malloc is the kernels' temporaries (Eigen's, the collectives' scratch). With
-  // the pool, without these two calls, compare.sh's default rows have the same peak RSS (within 2 MiB)
-  // and the same step time, except the pipeline's step: 1.034x slower (median of 7 paired
+  // the pool, without these two calls, compare.sh's default rows have the same peak RSS (within
+  // 2 MiB) and the same step time, except the pipeline's step: 1.034x slower (median of 7 paired
   // ratios, 1.012-1.064; 2026-12-07, docs/results/memory.md; why was not taken apart). So they
   // stay, for speed: they inflate no peak measured here. (MPI's buffer rules do not rest on them:
   // a send left posted keeps its buffer, Transport::abandon.)

@@ -266,8 +266,8 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
   // Replicas (step_kernels_replicas.cc): attrs[0] = tp; fused_grads [1] = the island, [2] = the shards
   // (1 or dp); island_loss [1] = the micro-batches; replica_add [1] = the piece's (or chunk's)
   // size, [2] = the replicas, [3] = the input whose buffer the sum may take (replica_add_attrs:
-  // a received copy; the walk hands it over when nothing else holds it); dp_reduce_scatter and dp_allgather [1] = the piece's size, [2] =
-  // the island's dp.
+  // a received copy; the walk hands it over when nothing else holds it); dp_reduce_scatter and
+  // dp_allgather [1] = the piece's size, [2] = the island's dp.
   add("fused_grads", true, [S](Attrs a) {
     const int tp = tp_of(a), shards = static_cast<int>(a[ReplicaAttrs::kFusedShards]);
     std::vector<ArgSpec> out;

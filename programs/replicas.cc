@@ -65,7 +65,8 @@ void fsdp_chained(const SliceCall& b_call, std::vector<Value>& out, const Shapes
     for (int i : order) {
       std::vector<Value> in;
       for (int q = 0; q < R; ++q) in.push_back(chunks[static_cast<size_t>(q)][static_cast<size_t>(i)]);
-      sum[static_cast<size_t>(i)] = b_call(r, names("replica_add"), in, replica_add_attrs(tp, sh.fsdp_chunk(tp, i), R, r))[0];
+      sum[static_cast<size_t>(i)] =
+          b_call(r, names("replica_add"), in, replica_add_attrs(tp, sh.fsdp_chunk(tp, i), R, r))[0];
     }
     for (auto& v : b_call(r, names("replica_update"),
                           replica_update_args(sh, tp, true).pack<Value>(st[static_cast<size_t>(r)], nullptr, sum, loss),

@@ -155,7 +155,8 @@ void fused_step(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   if (dev.cfg().mesh.fsdp) {
     double loss = 0;
     const double local = fsdp_gradients(dev, ctx, p, step, p.dp_rank, dev.fsdp_grads(ctx, p), &comm_s);
-    const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(ctx, p), local, nullptr, &comm_s, &loss);
+    const pwm::train::UpdateResult u =
+        shard_update(dev, ctx, p, step, dev.fsdp_grads(ctx, p), local, nullptr, &comm_s, &loss);
     ctx.out<int64_t>(kStep)[0] = step + 1;
     dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
     return;

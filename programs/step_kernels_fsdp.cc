@@ -155,7 +155,8 @@ void sharded_update(TrainingDevice& dev, KernelContext& ctx, Scope& scope) {
   for (size_t m = 0; m < M; ++m) local += ctx.in<double>(kArgs + chunks + m)[0];
   local /= static_cast<double>(M);
   double comm_s = 0, loss = 0;
-  const pwm::train::UpdateResult u = shard_update(dev, ctx, p, step, dev.fsdp_grads(ctx, p), local, nullptr, &comm_s, &loss);
+  const pwm::train::UpdateResult u =
+      shard_update(dev, ctx, p, step, dev.fsdp_grads(ctx, p), local, nullptr, &comm_s, &loss);
   ctx.out<int64_t>(kStep)[0] = step + 1;
   dev.report(scope, u, loss, comm_s, ctx.out<double>(StepOutputs<int>::kStats));
 }
