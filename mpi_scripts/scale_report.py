@@ -182,6 +182,20 @@ def gnuplot(script):
         print(f"scale_report: warning: gnuplot failed ({e}); the plot is missing", file=sys.stderr)
 
 
+def ddp_verdict(sizes):
+    """The target's verdict line: where spmd_train misses it, or that it holds, naming the sizes
+    with no DDP rows (a sweep run with --no-ddp, or a size whose peer runs are missing)."""
+    unmeasured = [s["size"] for s in sizes if not s["ddp_rows"]]
+    if len(unmeasured) == len(sizes):
+        return "not measured (no DDP rows: scale_bench.sh --no-ddp, or the peer's runs are missing)"
+    misses = [f"{s['size']} {d['name']} {d['ratio']['median']:.2f}x"
+              for s in sizes for d in s["ddp_rows"] if not d["meets_target"]]
+    gap = f" (no DDP rows at {', '.join(unmeasured)})" if unmeasured else ""
+    if misses:
+        return "not at " + ", ".join(misses) + gap
+    return "at every size and precision" + (" measured" + gap if gap else "")
+
+
 def main(argv):
     if len(argv) < 2:
         print("usage: scale_report.py OUT SIZE...", file=sys.stderr)
@@ -203,8 +217,7 @@ def main(argv):
     with open(os.path.join(out, "scale.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     plots(out, sizes)
-    misses = [f"{s['size']} {d['name']} {d['ratio']['median']:.2f}x" for s in sizes for d in s["ddp_rows"] if not d["meets_target"]]
-    print(f"\nspmd_train >= {TARGET}x DDP: " + ("at every size and precision" if not misses else "not at " + ", ".join(misses)))
+    print(f"\nspmd_train >= {TARGET}x DDP: " + ddp_verdict(sizes))
     print(f"wrote {out}/scale.json, scale.md, scale_throughput.png, scale_memory.png")
     bad = mfu_errors(sizes)
     if bad:

@@ -74,6 +74,22 @@ class ScaleReport(unittest.TestCase):
             with open(os.path.join(out, "scale.md")) as f:
                 self.assertIn("**no**", f.read())
 
+    def test_no_ddp_rows_is_not_a_pass(self):
+        # A sweep run with --no-ddp has no DDP rows: the verdict says so instead of claiming the
+        # target at every size; a size without them is named beside the others' verdict.
+        with tempfile.TemporaryDirectory() as out:
+            write_size(out, "4m", [110, 110], [300, 300], [], [])
+            code, text = report(out, "4m")
+            self.assertEqual(code, 0)
+            self.assertIn("spmd_train >= 1.2x DDP: not measured (no DDP rows", text)
+            self.assertNotIn("at every size and precision", text)
+        with tempfile.TemporaryDirectory() as out:
+            write_size(out, "4m", [150, 150], [300, 300], [100, 100], [200, 200])
+            write_size(out, "30m", [110, 110], [300, 300], [], [])
+            code, text = report(out, "4m", "30m")
+            self.assertEqual(code, 0)
+            self.assertIn("at every size and precision measured (no DDP rows at 30m)", text)
+
     def test_mfu_over_100_percent_is_an_error(self):
         with tempfile.TemporaryDirectory() as out:
             write_size(out, "4m", [110, 110], [300, 300], [100, 100], [200, 200], mfu=1.02)
