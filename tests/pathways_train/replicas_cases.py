@@ -119,9 +119,9 @@ def case_replicas_hold_one_step_of_pieces():
     # when it arrives (dataflow/interpreter.cc, Walk::may_post_recv), so a device holds one
     # step's pieces at most: its own copies and the other island's (received), each sum written
     # over the received copy (replica_add's donor, programs/step_io.h: replica_add_attrs): 2 x
-    # the bytes it sends (3 x when each sum took a buffer of its own). Posted on arrival, the next
-    # step's receives came on top while the islands' first steps ran apart: 62.6 MiB on island 1
-    # at this workload (4.2 x 14.75 MiB).
+    # the bytes it sends (2.25 x here when each sum took a buffer of its own). Posted on
+    # arrival, the next step's receives came on top while the islands' first steps ran apart:
+    # 62.6 MiB on island 1 at this workload (4.2 x 14.75 MiB).
     path = os.path.join(launch.TMP, "r2_fused_pieces.jsonl")
     model = ["--d-model", "256", "--layers", "4", "--heads", "4", "--head-dim", "64", "--d-ff", "1024",
              "--seq-len", "128", "--batch", "32", "--steps", "6", "--eval-batches", "1", "--eval-every", "100",
