@@ -117,11 +117,14 @@ def case_replicas_exchange_overlaps_backward():
 def case_replicas_hold_one_step_of_pieces():
     # Issue 58: a step dispatched ahead posts its receives when it starts its first kernel, not
     # when it arrives (dataflow/interpreter.cc, Walk::may_post_recv), so a device holds one
-    # step's pieces at most: its own copies and the other island's (received), each sum written
-    # over the received copy (replica_add's donor, programs/step_io.h: replica_add_attrs): 2 x
-    # the bytes it sends (2.25 x here when each sum took a buffer of its own). Posted on
-    # arrival, the next step's receives came on top while the islands' first steps ran apart:
-    # 62.6 MiB on island 1 at this workload (4.2 x 14.75 MiB).
+    # step's pieces: its own copies and the other island's (received), each sum written over
+    # the received copy (replica_add's donor, programs/step_io.h: replica_add_attrs), 2 x the
+    # bytes it sends; plus, at most, the last step's own copies while their sends are not yet
+    # done (a send keeps its buffer until MPI is done with it): 3 x. Measured: 2.00 x with
+    # OpenMPI, 2.26 x and 2.75 x with MPICH, whose sends here can end after the next step's
+    # first kernel; 2.25 x with OpenMPI before the sums were written in place, so this bound
+    # does not tell the two apart. Posted on arrival, the next step's receives came on top while
+    # the islands' first steps ran apart: 62.6 MiB on island 1 at this workload (4.2 x 14.75 MiB).
     path = os.path.join(launch.TMP, "r2_fused_pieces.jsonl")
     model = ["--d-model", "256", "--layers", "4", "--heads", "4", "--head-dim", "64", "--d-ff", "1024",
              "--seq-len", "128", "--batch", "32", "--steps", "6", "--eval-batches", "1", "--eval-every", "100",
@@ -133,7 +136,7 @@ def case_replicas_hold_one_step_of_pieces():
     peak = max(f["peak_intermediate_bytes"])
     print(f"peak intermediates {[round(b / 2**20, 1) for b in f['peak_intermediate_bytes']]} MiB; "
           f"each island sends {sent / 2**20:.2f} MiB a step")
-    assert peak <= 2 * sent * 1.02, f"a device held {peak / sent:.2f} x its pieces' bytes (one step holds 2)"
+    assert peak <= 3 * sent * 1.02, f"a device held {peak / sent:.2f} x its pieces' bytes (one step and sends: 3)"
 
 
 def case_replicas_resume_across_meshes():
