@@ -283,6 +283,10 @@ void add_replica_kernels(const AddFn& add, const Shapes* S) {
     return sig(std::vector<ArgSpec>(static_cast<size_t>(a[1]), split_f64(1)), {split_f64(1)});
   }, island_loss);
   add("replica_add", false, [](Attrs a) {
+    PWM_CHECK(a[2] >= 2 && (a.size() <= ReplicaAttrs::kAddInto || a[ReplicaAttrs::kAddInto] == 0 ||
+                            a[ReplicaAttrs::kAddInto] == 1),
+              "replica_add: {} replicas, sum into input {} (want >= 2 replicas, into input 0 or 1)", a[2],
+              a.size() > ReplicaAttrs::kAddInto ? a[ReplicaAttrs::kAddInto] : -1);
     Signature s = sig(std::vector<ArgSpec>(static_cast<size_t>(a[2]), split_f32(a[1])), {split_f32(a[1])});
     if (a.size() > ReplicaAttrs::kAddInto) s.reuse = {static_cast<int32_t>(a[ReplicaAttrs::kAddInto])};
     return s;

@@ -128,23 +128,16 @@ void island_loss(TrainingDevice& dev, KernelContext& ctx, Scope&) {
 
 // The islands' copies of one piece, summed in island order (attrs: tp, size, replicas): every
 // island adds the same inputs in the same order, so all hold the same bits. With two islands
-// the sum is a + b, SPMD's two-rank AllReduce, bit for bit. The output may be one of the
-// inputs' buffers (replica_add_attrs): element i is written after every input's element i is read.
+// the sum is a + b, SPMD's two-rank AllReduce, bit for bit. The output may be input 0's or 1's
+// buffer (replica_add_attrs): the first pass reads both before it writes, the others read
+// inputs 2.. only.
 void replica_add(TrainingDevice&, KernelContext& ctx, Scope&) {
-  float* o = ctx.out<float>(0).data();
-  const size_t n = ctx.out<float>(0).size(), R = ctx.num_inputs();
-  const float* a = ctx.in<float>(0).data();
-  if (R == 2) {
-    const float* b = ctx.in<float>(1).data();
-    for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-    return;
-  }
-  std::vector<const float*> in(R);
-  for (size_t r = 0; r < R; ++r) in[r] = ctx.in<float>(r).data();
-  for (size_t i = 0; i < n; ++i) {
-    float s = in[0][i];
-    for (size_t r = 1; r < R; ++r) s += in[r][i];
-    o[i] = s;
+  auto o = ctx.out<float>(0);
+  auto a = ctx.in<float>(0), b = ctx.in<float>(1);
+  for (size_t i = 0; i < o.size(); ++i) o[i] = a[i] + b[i];
+  for (size_t r = 2; r < ctx.num_inputs(); ++r) {
+    auto c = ctx.in<float>(r);
+    for (size_t i = 0; i < o.size(); ++i) o[i] += c[i];
   }
 }
 
